@@ -1,0 +1,1 @@
+"""Async chunk: stages stream chunks to the next stage instead of waiting for whole outputs."""

@@ -1,0 +1,76 @@
+"""Frame accumulation for frame-producing edges (talker -> code2wav).
+
+Frames are buffered until a chunk is due: the first chunk after ``initial_chunk_frames`` (small, to cut time to
+first audio), then every ``codec_chunk_frames``. Each chunk carries up to ``left_context_frames`` frames before it
+so the vocoder can decode the seam without a click; the consumer drops the audio of the context frames. The last
+chunk takes whatever is left.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from omnipipe.chunk.context import ChunkContext
+
+
+def choose_initial_chunk_frames(
+    requested: int | str | None, codec_chunk_frames: int, active_requests: int, max_num_seqs: int
+) -> int:
+    """Resolve the first-chunk size. An explicit integer wins; ``"auto"`` picks from the current load.
+
+    Lightly loaded: a small first chunk (a fifth of a regular one) gets audio out at once. As the producing stage
+    fills up, small chunks cost more per-call overhead than they save, so the first chunk grows toward a full one.
+    """
+    if isinstance(requested, int) and not isinstance(requested, bool):
+        return max(1, min(requested, codec_chunk_frames))
+    smallest = max(2, codec_chunk_frames // 5)
+    load = min(1.0, max(0, active_requests - 1) / max(1, max_num_seqs - 1))
+    return int(round(smallest + load * (codec_chunk_frames - smallest)))
+
+
+class FrameAccumulator:
+    """Collects [D, T] frame blocks and cuts them into windows with left context."""
+
+    def __init__(self) -> None:
+        self.frames: np.ndarray | None = None  # all frames not yet fully emitted, plus context
+        self.emitted = 0  # frames already shipped
+        self.offset = 0  # absolute index of self.frames[:, 0]
+        self.chunks_sent = 0
+
+    def add(self, block: np.ndarray) -> None:
+        if block.ndim != 2:
+            raise ValueError(f"frames must be [dim, T], got shape {block.shape}")
+        self.frames = block if self.frames is None else np.concatenate([self.frames, block], axis=1)
+
+    def pending(self) -> int:
+        total = 0 if self.frames is None else self.offset + self.frames.shape[1]
+        return total - self.emitted
+
+    def cut(self, ctx: ChunkContext, is_last: bool) -> list[dict[str, Any]]:
+        """Return the chunks due now: ``{"frames": [D, L+N], "context_frames": L, "start_frame": k}``."""
+        chunks = []
+        while True:
+            due = ctx.initial_chunk_frames if self.chunks_sent == 0 else ctx.codec_chunk_frames
+            pending = self.pending()
+            if pending <= 0 or (pending < due and not is_last):
+                break
+            take = min(due, pending) if not is_last else (due if pending > due else pending)
+            chunks.append(self._emit(take, ctx.left_context_frames))
+        return chunks
+
+    def _emit(self, count: int, left_context: int) -> dict[str, Any]:
+        assert self.frames is not None
+        context = min(left_context, self.emitted)
+        start = self.emitted - context - self.offset
+        window = self.frames[:, start : self.emitted - self.offset + count]
+        chunk = {"frames": np.ascontiguousarray(window), "context_frames": context, "start_frame": self.emitted}
+        self.emitted += count
+        self.chunks_sent += 1
+        # keep only what the next window's context can need
+        keep_from = max(0, self.emitted - left_context - self.offset)
+        if keep_from:
+            self.frames = self.frames[:, keep_from:]
+            self.offset += keep_from
+        return chunk

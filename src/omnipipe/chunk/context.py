@@ -1,0 +1,12 @@
+"""What a chunk processor knows about the edge and the request when it decides to cut a chunk."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChunkContext:
+    codec_chunk_frames: int
+    left_context_frames: int
+    initial_chunk_frames: int  # size of this request's first chunk (already resolved from "auto")

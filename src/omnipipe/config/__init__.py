@@ -1,0 +1,1 @@
+"""Topology in code (PipelineSpec), deployment in YAML (DeployConfig)."""

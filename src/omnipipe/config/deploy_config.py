@@ -1,0 +1,215 @@
+"""Deployment knobs, read from YAML and validated at start.
+
+Every problem is reported with the file and the dotted key, e.g.
+``deploy.yaml: stages.talker.max_num_seqs: must be an integer >= 1, got 0``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.transport.relay.registry import RELAY_BACKENDS
+
+TRANSPORTS = ("ipc", "tcp")
+
+
+class DeployConfigError(ValueError):
+    """A deploy file or dict is invalid; the message names the file and the key."""
+
+
+@dataclass
+class StageDeploy:
+    device: str = "cpu"
+    threads: int = 1
+    max_num_seqs: int = 8
+    restart_on_failure: bool = True
+    max_restarts: int = 3
+    options: dict[str, Any] = field(default_factory=dict)  # runner-specific
+
+
+@dataclass
+class EdgeDeploy:
+    relay: str | None = None  # defaults to relay.backend
+    inline_threshold_bytes: int | None = None  # defaults to relay.inline_threshold_bytes
+
+
+@dataclass
+class RelayDeploy:
+    backend: str = "shm"
+    inline_threshold_bytes: int = 64 * 1024
+    shm_slot_bytes: int = 4 << 20
+    shm_num_slots: int = 8
+
+
+@dataclass
+class DeployConfig:
+    async_chunk: bool = True
+    transport: str = "ipc"
+    host: str = "127.0.0.1"
+    codec_chunk_frames: int = 25
+    left_context_frames: int = 8
+    initial_codec_chunk_frames: int | str = "auto"  # an int, or "auto" (chosen from load)
+    stage_start_timeout_s: float = 600.0
+    max_pending_requests: int = 1024
+    relay: RelayDeploy = field(default_factory=RelayDeploy)
+    stages: dict[str, StageDeploy] = field(default_factory=dict)
+    edges: dict[str, EdgeDeploy] = field(default_factory=dict)
+    source: str = "<defaults>"
+
+    def stage(self, name: str) -> StageDeploy:
+        return self.stages.setdefault(name, StageDeploy())
+
+    def edge_relay(self, source: str, target: str) -> tuple[str, int]:
+        edge = self.edges.get(f"{source}->{target}", EdgeDeploy())
+        backend = edge.relay or self.relay.backend
+        threshold = edge.inline_threshold_bytes
+        return backend, self.relay.inline_threshold_bytes if threshold is None else threshold
+
+    def relay_options(self) -> dict[str, Any]:
+        return {"shm_slot_bytes": self.relay.shm_slot_bytes, "shm_num_slots": self.relay.shm_num_slots}
+
+
+def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def load_deploy(
+    source: str | Path | dict[str, Any] | DeployConfig | None, pipeline: PipelineSpec
+) -> DeployConfig:
+    """Read a deploy YAML (path), a dict or None (pipeline defaults) and validate it against ``pipeline``."""
+    if isinstance(source, DeployConfig):
+        raw: dict[str, Any] = {}
+        config = copy.deepcopy(source)
+        _validate_against_pipeline(config, pipeline, config.source)
+        return config
+    origin = "<dict>"
+    if source is None:
+        raw = {}
+        origin = f"<defaults of {pipeline.name}>"
+    elif isinstance(source, dict):
+        raw = source
+    else:
+        path = Path(source)
+        origin = str(path)
+        if not path.is_file():
+            raise DeployConfigError(f"{origin}: deploy file not found")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise DeployConfigError(f"{origin}: not valid YAML: {exc}") from exc
+        if not isinstance(raw, dict):
+            raise DeployConfigError(f"{origin}: the top level must be a mapping of keys, got {type(raw).__name__}")
+    merged = _merge(pipeline.default_deploy, raw)
+    config = _build(DeployConfig, merged, origin, "")
+    config.source = origin
+    _validate_against_pipeline(config, pipeline, origin)
+    return config
+
+
+def _fail(origin: str, key: str, message: str) -> DeployConfigError:
+    return DeployConfigError(f"{origin}: {key}: {message}" if key else f"{origin}: {message}")
+
+
+def _build(cls: type, raw: Any, origin: str, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise _fail(origin, prefix.rstrip("."), f"must be a mapping, got {type(raw).__name__}")
+    known = {f.name: f for f in fields(cls) if f.name != "source"}
+    for key in raw:
+        if key not in known:
+            raise _fail(origin, f"{prefix}{key}", f"unknown key (expected one of: {', '.join(known)})")
+    kwargs: dict[str, Any] = {}
+    for name, value in raw.items():
+        key = f"{prefix}{name}"
+        kwargs[name] = _convert(cls, name, value, origin, key)
+    return cls(**kwargs)
+
+
+def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
+    if cls is DeployConfig and name == "relay":
+        return _build(RelayDeploy, value, origin, f"{key}.")
+    if cls is DeployConfig and name in ("stages", "edges"):
+        if not isinstance(value, dict):
+            raise _fail(origin, key, f"must be a mapping of {name[:-1]} name -> settings")
+        item_cls = StageDeploy if name == "stages" else EdgeDeploy
+        return {str(k): _build(item_cls, v if v is not None else {}, origin, f"{key}.{k}.") for k, v in value.items()}
+    if name == "options":
+        if not isinstance(value, dict):
+            raise _fail(origin, key, "must be a mapping")
+        return dict(value)
+    checks: dict[str, Any] = {
+        "async_chunk": bool,
+        "restart_on_failure": bool,
+        "transport": TRANSPORTS,
+        "backend": RELAY_BACKENDS,
+        "relay": RELAY_BACKENDS + ("local",),
+        "host": str,
+        "device": str,
+        "threads": (int, 1),
+        "max_num_seqs": (int, 1),
+        "max_restarts": (int, 0),
+        "codec_chunk_frames": (int, 1),
+        "left_context_frames": (int, 0),
+        "inline_threshold_bytes": (int, 0),
+        "shm_slot_bytes": (int, 4096),
+        "shm_num_slots": (int, 1),
+        "max_pending_requests": (int, 1),
+        "stage_start_timeout_s": (float, 1),
+    }
+    if name == "initial_codec_chunk_frames":
+        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise _fail(origin, key, f'must be "auto" or an integer >= 1, got {value!r}')
+    if name == "device":
+        if not isinstance(value, str) or not (value == "cpu" or value.startswith("cuda")):
+            raise _fail(origin, key, f'must be "cpu" or "cuda[:N]", got {value!r}')
+        return value
+    check = checks.get(name)
+    if check is bool:
+        if not isinstance(value, bool):
+            raise _fail(origin, key, f"must be true or false, got {value!r}")
+    elif check is str:
+        if not isinstance(value, str) or not value:
+            raise _fail(origin, key, f"must be a non-empty string, got {value!r}")
+    elif isinstance(check, tuple) and len(check) == 2 and check[0] in (int, float):
+        kind, minimum = check
+        ok = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
+        if isinstance(value, bool) or not ok or value < minimum:
+            noun = "an integer" if kind is int else "a number"
+            raise _fail(origin, key, f"must be {noun} >= {minimum}, got {value!r}")
+        return kind(value)
+    elif isinstance(check, tuple):
+        if value not in check:
+            raise _fail(origin, key, f"must be one of {', '.join(check)}, got {value!r}")
+    return value
+
+
+def _validate_against_pipeline(config: DeployConfig, pipeline: PipelineSpec, origin: str) -> None:
+    for name in config.stages:
+        if name not in pipeline.stage_names:
+            raise _fail(origin, f"stages.{name}", f"no such stage in pipeline {pipeline.name!r} "
+                        f"(stages: {', '.join(pipeline.stage_names)})")
+    edge_names = [e.name for e in pipeline.edges]
+    for name, edge in config.edges.items():
+        if name not in edge_names:
+            raise _fail(origin, f"edges.{name}", f"no such edge in pipeline {pipeline.name!r} "
+                        f"(edges: {', '.join(edge_names) or 'none'})")
+        if edge.relay == "local":
+            raise _fail(origin, f"edges.{name}.relay", "local needs both stages in one process; "
+                        "every stage runs in its own process here, use shm or inline")
+    for stage in pipeline.stages:
+        config.stage(stage.name)
+        merged = dict(stage.default_options)
+        merged.update(config.stages[stage.name].options)
+        config.stages[stage.name].options = merged

@@ -1,0 +1,189 @@
+"""A model family's topology, written in code: its stages, which feeds which, and the glue functions.
+
+Glue functions are named by dotted path (``package.module.function``) so the model-specific handoff of a family
+is visible in one file:
+
+- ``prompt_processor(prompt: dict) -> EntryInput``: runs in the engine (main process) and decides where a
+  request enters and with what input.
+- an edge's ``input_processor(outputs: list[dict]) -> list[dict]``: the whole upstream output (its step data,
+  in order) -> the downstream stage's input chunks. Runs in the orchestrator when the edge does not stream.
+- an edge's ``chunk_processor(state: dict, output: dict, is_last: bool, ctx: ChunkContext) -> list[dict]``: runs
+  in the producing stage after every step when async chunk is on; returns the chunks ready to ship now.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal
+
+StageKind = Literal["ar", "generation", "encoder", "diffusion"]
+STAGE_KINDS = ("ar", "generation", "encoder", "diffusion")
+MODALITIES = ("text", "audio", "image")
+
+
+class PipelineSpecError(ValueError):
+    """The topology itself is inconsistent (a developer error in a model family)."""
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    kind: StageKind
+    runner: str  # dotted path of a StageRunner subclass
+    final_output: str | None = None  # modality this stage delivers to the user, if any
+    default_options: dict[str, Any] = field(default_factory=dict)
+    sample_rate_hz: int | None = None  # for audio-producing stages
+
+
+@dataclass(frozen=True)
+class EdgeSpec:
+    source: str
+    target: str
+    input_processor: str
+    chunk_processor: str | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.source}->{self.target}"
+
+
+@dataclass(frozen=True)
+class EntryInput:
+    """Where a request enters the pipeline and what the entry stage receives."""
+
+    stage: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    name: str
+    description: str
+    stages: tuple[StageSpec, ...]
+    edges: tuple[EdgeSpec, ...]
+    prompt_processor: str
+    input_modalities: tuple[str, ...]
+    default_deploy: dict[str, Any] = field(default_factory=dict)
+    comprehension_stage: str | None = None  # receives SamplingParams given without a stage name
+
+    def __post_init__(self) -> None:
+        names = [s.name for s in self.stages]
+        for name in names:
+            if not re.fullmatch(r"[A-Za-z0-9_]+", name):
+                raise PipelineSpecError(f"pipeline {self.name}: stage name {name!r} must match [A-Za-z0-9_]+")
+        if len(set(names)) != len(names):
+            raise PipelineSpecError(f"pipeline {self.name}: duplicate stage names in {names}")
+        for stage in self.stages:
+            if stage.kind not in STAGE_KINDS:
+                raise PipelineSpecError(f"pipeline {self.name}: stage {stage.name} has unknown kind {stage.kind!r}")
+            if stage.final_output is not None and stage.final_output not in MODALITIES:
+                raise PipelineSpecError(f"pipeline {self.name}: stage {stage.name} outputs unknown {stage.final_output!r}")
+        for edge in self.edges:
+            for end in (edge.source, edge.target):
+                if end not in names:
+                    raise PipelineSpecError(f"pipeline {self.name}: edge {edge.name} names unknown stage {end!r}")
+        if self.comprehension_stage is not None and self.comprehension_stage not in names:
+            raise PipelineSpecError(f"pipeline {self.name}: comprehension stage {self.comprehension_stage!r} unknown")
+        self._check_acyclic()
+
+    def _check_acyclic(self) -> None:
+        state: dict[str, int] = {}
+
+        def visit(name: str) -> None:
+            if state.get(name) == 1:
+                raise PipelineSpecError(f"pipeline {self.name}: edges form a cycle through {name}")
+            if state.get(name) == 2:
+                return
+            state[name] = 1
+            for edge in self.edges_from(name):
+                visit(edge.target)
+            state[name] = 2
+
+        for stage in self.stages:
+            visit(stage.name)
+
+    # ------------------------------------------------------------------ queries
+    def stage(self, name: str) -> StageSpec:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(name)
+
+    @property
+    def stage_names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    def edges_from(self, name: str) -> list[EdgeSpec]:
+        return [e for e in self.edges if e.source == name]
+
+    def edges_into(self, name: str) -> list[EdgeSpec]:
+        return [e for e in self.edges if e.target == name]
+
+    def edge(self, source: str, target: str) -> EdgeSpec:
+        for edge in self.edges:
+            if edge.source == source and edge.target == target:
+                return edge
+        raise KeyError(f"{source}->{target}")
+
+    @property
+    def output_modalities(self) -> list[str]:
+        return sorted({s.final_output for s in self.stages if s.final_output})
+
+    def plan(self, entry: str, modalities: list[str]) -> list[str]:
+        """The stages a request entering at ``entry`` needs to produce ``modalities``, in topological order."""
+        reachable = self._reachable(entry)
+        needed: set[str] = set()
+        for modality in modalities:
+            producers = [s.name for s in self.stages if s.final_output == modality and s.name in reachable]
+            if not producers:
+                raise ValueError(
+                    f"output_modalities: pipeline {self.name!r} cannot produce {modality!r} "
+                    f"(it produces {', '.join(self.output_modalities)})"
+                )
+            for producer in producers:
+                needed |= self._path(entry, producer)
+        return [name for name in self._topological_order() if name in needed]
+
+    def _reachable(self, start: str) -> set[str]:
+        seen, todo = {start}, [start]
+        while todo:
+            for edge in self.edges_from(todo.pop()):
+                if edge.target not in seen:
+                    seen.add(edge.target)
+                    todo.append(edge.target)
+        return seen
+
+    def _path(self, start: str, goal: str) -> set[str]:
+        return {name for name in self._reachable(start) if goal in self._reachable(name)}
+
+    def _topological_order(self) -> list[str]:
+        order: list[str] = []
+        indegree = {s.name: len(self.edges_into(s.name)) for s in self.stages}
+        ready = [name for name in self.stage_names if indegree[name] == 0]
+        while ready:
+            name = ready.pop(0)
+            order.append(name)
+            for edge in self.edges_from(name):
+                indegree[edge.target] -= 1
+                if indegree[edge.target] == 0:
+                    ready.append(edge.target)
+        return order
+
+
+def resolve(dotted: str) -> Callable[..., Any]:
+    """Import ``package.module.attr`` or ``package.module:attr``."""
+    module_name, sep, attr = dotted.partition(":")
+    if not sep:
+        module_name, _, attr = dotted.rpartition(".")
+    if not module_name or not attr:
+        raise PipelineSpecError(f"{dotted!r} is not a dotted path to a function or class")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise PipelineSpecError(f"cannot import {module_name!r} for {dotted!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise PipelineSpecError(f"{module_name!r} has no attribute {attr!r} (from {dotted!r})") from exc

@@ -1,0 +1,1 @@
+"""Engine proxy (AsyncOmniEngine) and the Orchestrator thread that drives the stages."""

@@ -1,0 +1,95 @@
+"""AsyncOmniEngine: the thin proxy between the API layer and the orchestrator thread.
+
+It owns the two janus queues (requests in, outputs out), runs input processing (the pipeline's prompt processor:
+decoding media, choosing the entry stage) in the caller's process, and starts/stops the orchestrator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import uuid
+from typing import Any
+
+import janus
+
+from omnipipe.config.deploy_config import DeployConfig
+from omnipipe.config.pipeline_spec import EntryInput, PipelineSpec, resolve
+from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
+from omnipipe.engine.orchestrator import Orchestrator
+
+logger = logging.getLogger(__name__)
+
+
+class EngineOverloadedError(RuntimeError):
+    """The engine already holds ``max_pending_requests`` requests."""
+
+
+class AsyncOmniEngine:
+    def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, log_level: str = "WARNING") -> None:
+        self.pipeline = pipeline
+        self.deploy = deploy
+        self.run_id = f"{os.getpid():x}{uuid.uuid4().hex[:6]}"
+        self._prompt_processor = resolve(pipeline.prompt_processor)
+        self._ids = itertools.count(1)
+        self.output_queue: janus.Queue[EngineEvent] | None = None
+        self.orchestrator: Orchestrator | None = None
+        self.log_level = log_level
+        self.in_flight = 0
+
+    async def start(self) -> None:
+        """Create the output queue in the caller's loop and start the orchestrator (blocks until stages load)."""
+        self.output_queue = janus.Queue()
+        queue = self.output_queue
+        self.orchestrator = Orchestrator(self.pipeline, self.deploy, self.run_id,
+                                         emit=lambda event: queue.sync_q.put(event), log_level=self.log_level)
+        await asyncio.to_thread(self.orchestrator.start)
+
+    def new_internal_id(self, request_id: str) -> str:
+        return f"{next(self._ids):x}.{request_id}"
+
+    def process_inputs(self, prompt: Any) -> EntryInput:
+        """Run the pipeline's prompt processor (may decode audio/images: call off the event loop)."""
+        entry = self._prompt_processor(prompt)
+        if not isinstance(entry, EntryInput):
+            raise TypeError(f"{self.pipeline.prompt_processor} returned {type(entry).__name__}, not EntryInput")
+        return entry
+
+    def add_request(self, command: AddRequest) -> None:
+        assert self.orchestrator is not None
+        if self.in_flight >= self.deploy.max_pending_requests:
+            raise EngineOverloadedError(
+                f"the engine is at its admission limit of {self.deploy.max_pending_requests} requests "
+                "(max_pending_requests); retry later")
+        self.in_flight += 1
+        self.orchestrator.submit(command)
+
+    def request_done(self) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+
+    def abort(self, request_ids: list[str]) -> None:
+        if self.orchestrator is not None and self.orchestrator.is_alive:
+            self.orchestrator.submit(AbortRequests(request_ids))
+
+    async def get_output_async(self) -> EngineEvent:
+        assert self.output_queue is not None
+        return await self.output_queue.async_q.get()
+
+    async def query_state(self) -> dict[str, Any]:
+        assert self.orchestrator is not None
+        command = QueryState()
+        self.orchestrator.submit(command)
+        return await asyncio.wrap_future(command.result)
+
+    async def shutdown(self) -> None:
+        if self.orchestrator is None:
+            return
+        orchestrator, self.orchestrator = self.orchestrator, None
+        if orchestrator.is_alive:
+            orchestrator.submit(ShutdownEngine())
+        await asyncio.to_thread(orchestrator.join)
+        if self.output_queue is not None:
+            self.output_queue.close()
+            await self.output_queue.wait_closed()

@@ -1,0 +1,54 @@
+"""Messages between the engine proxy and the orchestrator thread (same process: plain objects)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omnipipe.config.pipeline_spec import EntryInput
+
+
+@dataclass
+class AddRequest:
+    request_id: str  # internal, unique for the engine's life
+    entry: EntryInput
+    plan: list[str]
+    modalities: list[str]
+    params: dict[str, dict[str, Any]]  # stage -> sampling params dict
+    chunk_options: dict[str, Any]
+
+
+@dataclass
+class AbortRequests:
+    request_ids: list[str]
+    reason: str = "aborted"
+
+
+@dataclass
+class QueryState:
+    result: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class ShutdownEngine:
+    done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass
+class EngineEvent:
+    """Orchestrator -> caller: something happened to a request."""
+
+    request_id: str
+    kind: str  # "text" | "audio" | "done" | "error"
+    stage: str
+    text_delta: str = ""
+    num_tokens: int = 0
+    audio: np.ndarray | None = None
+    sample_rate_hz: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    stage_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    edge_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -1,0 +1,1 @@
+"""User-facing entry points: AsyncOmni, Omni and the CLI."""

@@ -1,0 +1,26 @@
+"""The toy thinker -> talker -> code2wav pipeline."""
+
+from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, StageSpec
+from omnipipe.models.toy.vocoder import SAMPLE_RATE_HZ
+
+_P = "omnipipe.models.toy"
+
+PIPELINE = PipelineSpec(
+    name="toy",
+    description="deterministic test stages: copy-upper thinker, char->frames talker, causal conv vocoder",
+    stages=(
+        StageSpec("thinker", "ar", f"{_P}.thinker:ToyThinkerRunner", final_output="text"),
+        StageSpec("talker", "generation", f"{_P}.talker:ToyTalkerRunner"),
+        StageSpec("code2wav", "generation", f"{_P}.vocoder:ToyVocoderRunner", final_output="audio",
+                  sample_rate_hz=SAMPLE_RATE_HZ),
+    ),
+    edges=(
+        EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker", f"{_P}.processors.thinker2talker_async_chunk"),
+        EdgeSpec("talker", "code2wav", f"{_P}.processors.talker2code2wav",
+                 f"{_P}.processors.talker2code2wav_async_chunk"),
+    ),
+    prompt_processor=f"{_P}.processors.text_prompt",
+    input_modalities=("text",),
+    comprehension_stage="thinker",
+    default_deploy={"codec_chunk_frames": 8, "left_context_frames": 2},
+)

@@ -1,0 +1,50 @@
+"""Stage handoff for the toy family: whole-output input processors and async-chunk processors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from omnipipe.chunk.accumulation import FrameAccumulator
+from omnipipe.chunk.context import ChunkContext
+from omnipipe.config.pipeline_spec import EntryInput
+from omnipipe.models.toy.talker import FRAME_DIM
+
+
+def text_prompt(prompt: dict[str, Any]) -> EntryInput:
+    return EntryInput("thinker", {"text": prompt["prompt"]})
+
+
+def tts_prompt(prompt: dict[str, Any]) -> EntryInput:
+    return EntryInput("talker", {"text": prompt["prompt"]})
+
+
+def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"text": "".join(o.get("text", "") for o in outputs)}]
+
+
+def thinker2talker_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: bool,
+                               ctx: ChunkContext) -> list[dict[str, Any]]:
+    """Ship text word by word: a chunk at every space, the rest at the end."""
+    state["buffer"] = state.get("buffer", "") + output.get("text", "")
+    buffer: str = state["buffer"]
+    cut = len(buffer) if is_last else buffer.rfind(" ") + 1
+    if cut <= 0:
+        return []
+    state["buffer"] = buffer[cut:]
+    return [{"text": buffer[:cut]}]
+
+
+def talker2code2wav(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    blocks = [o["frames"] for o in outputs if "frames" in o]
+    frames = np.concatenate(blocks, axis=1) if blocks else np.zeros((FRAME_DIM, 0), np.float32)
+    return [{"frames": frames, "context_frames": 0, "start_frame": 0}]
+
+
+def talker2code2wav_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: bool,
+                                ctx: ChunkContext) -> list[dict[str, Any]]:
+    accumulator: FrameAccumulator = state.setdefault("frames", FrameAccumulator())
+    if "frames" in output:
+        accumulator.add(np.asarray(output["frames"]))
+    return accumulator.cut(ctx, is_last)

@@ -1,0 +1,48 @@
+"""Toy talker: text -> 8-dim frames, ``frames_per_char`` per character, one batched call for many requests."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from omnipipe.stage.request import StageRequest
+from omnipipe.stage.runner import RunnerOutput, StageRunner
+
+FRAME_DIM = 8
+
+
+class ToyTalkerModel(torch.nn.Module):
+    def __init__(self, frames_per_char: int) -> None:
+        super().__init__()
+        self.frames_per_char = frames_per_char
+        generator = torch.Generator().manual_seed(1234)
+        self.embed = torch.nn.Parameter(torch.rand(256, FRAME_DIM * frames_per_char, generator=generator) - 0.5)
+
+    def forward(self, char_ids: torch.Tensor) -> torch.Tensor:
+        """[N] -> [FRAME_DIM, N * frames_per_char]"""
+        frames = self.embed[char_ids].reshape(-1, self.frames_per_char, FRAME_DIM)
+        return frames.reshape(-1, FRAME_DIM).T.contiguous()
+
+
+class ToyTalkerRunner(StageRunner):
+    def load(self) -> None:
+        self.frames_per_char = int(self.context.options.get("frames_per_char", 4))
+        self.model = ToyTalkerModel(self.frames_per_char).eval()
+        self.call_delay_s = float(self.context.options.get("call_delay_ms", 0)) / 1000
+
+    @torch.inference_mode()
+    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+        pieces = [list(request.take_input().get("text", "").encode("latin-1", errors="replace")) for request in batch]
+        flat = torch.tensor([c for piece in pieces for c in piece], dtype=torch.long)
+        frames = self.model(flat).numpy() if len(flat) else np.zeros((FRAME_DIM, 0), np.float32)
+        if self.call_delay_s:
+            time.sleep(self.call_delay_s)
+        outputs, start = [], 0
+        for request, piece in zip(batch, pieces):
+            count = len(piece) * self.frames_per_char
+            block = np.ascontiguousarray(frames[:, start : start + count])
+            start += count
+            outputs.append(RunnerOutput(request.request_id, data={"frames": block}, num_units=count))
+        return outputs

@@ -1,0 +1,98 @@
+"""Toy thinker: a one-head attention model with a real per-request KV cache that copies its prompt upper-cased.
+
+Prompt character ``p`` is cached with key one-hot(p) and value one-hot(token); decode step ``t`` queries
+one-hot(t), so attention picks prompt character ``t``; an output matrix maps it to upper case. Generated tokens
+are appended to the cache under a key no query matches. The prompt ends with EOS, so the copy ends with it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from omnipipe.stage.request import StageRequest
+from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner
+
+VOCAB = 257  # bytes + EOS
+EOS = 256
+MAX_POSITIONS = 1024
+SHARPNESS = 40.0
+
+
+def encode_text(text: str) -> list[int]:
+    return list(text.encode("utf-8", errors="replace")[: MAX_POSITIONS - 2])
+
+
+class ToyThinkerModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.values = torch.nn.Embedding(VOCAB, VOCAB)
+        self.out = torch.nn.Linear(VOCAB, VOCAB, bias=False)
+        with torch.no_grad():
+            self.values.weight.copy_(torch.eye(VOCAB))
+            upper = torch.eye(VOCAB)
+            for c in range(ord("a"), ord("z") + 1):
+                upper[c, c] = 0
+                upper[c, c - 32] = 1
+            self.out.weight.copy_(upper.T)
+
+    def keys(self, positions: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.one_hot(positions, MAX_POSITIONS).float() * SHARPNESS
+
+    def prefill(self, token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = torch.tensor(token_ids)
+        return self.keys(torch.arange(len(token_ids))), self.values(ids)
+
+    def decode(self, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+        """k [B, L, P], v [B, L, V], mask [B, L] (True = real), steps [B] -> logits [B, V]."""
+        q = torch.nn.functional.one_hot(steps, MAX_POSITIONS).float()
+        scores = torch.einsum("bp,blp->bl", q, k).masked_fill(~mask, float("-inf"))
+        attended = torch.einsum("bl,blv->bv", scores.softmax(-1), v)
+        return self.out(attended)
+
+
+class ToyThinkerRunner(StageRunner):
+    def load(self) -> None:
+        self.model = ToyThinkerModel().eval()
+        self.step_delay_s = float(self.context.options.get("step_delay_ms", 0)) / 1000
+        self.prefill_delay_s = float(self.context.options.get("prefill_delay_ms", 0)) / 1000
+
+    @torch.inference_mode()
+    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+        if is_prefill:
+            for request in batch:
+                text = "".join(item.get("text", "") for item in request.take_all_inputs())
+                ids = encode_text(text) + [EOS]
+                k, v = self.model.prefill(ids)
+                request.runner_state = {"k": k, "v": v, "step": 0}
+                request.prefilled = True
+            if self.prefill_delay_s:
+                time.sleep(self.prefill_delay_s)
+        states = [r.runner_state for r in batch]
+        length = max(s["k"].shape[0] for s in states)
+        k = torch.zeros(len(batch), length, MAX_POSITIONS)
+        v = torch.zeros(len(batch), length, VOCAB)
+        mask = torch.zeros(len(batch), length, dtype=torch.bool)
+        for i, s in enumerate(states):
+            n = s["k"].shape[0]
+            k[i, :n], v[i, :n], mask[i, :n] = s["k"], s["v"], True
+        logits = self.model.decode(k, v, mask, torch.tensor([s["step"] for s in states]))
+        tokens = logits.argmax(-1).tolist()
+        if self.step_delay_s:
+            time.sleep(self.step_delay_s)
+        outputs = []
+        for request, state, token in zip(batch, states, tokens):
+            state["step"] += 1
+            max_tokens = int(request.params.get("max_tokens", 1 << 30))
+            if token == EOS:
+                outputs.append(RunnerOutput(request.request_id, finished=True, finish_reason="stop"))
+                continue
+            # append the generated token to the cache under the never-queried last position
+            state["k"] = torch.cat([state["k"], self.model.keys(torch.tensor([MAX_POSITIONS - 1]))])
+            state["v"] = torch.cat([state["v"], self.model.values(torch.tensor([token]))])
+            char = bytes([token]).decode("latin-1")
+            done = state["step"] >= max_tokens
+            outputs.append(RunnerOutput(request.request_id, text_delta=char, data={"text": char}, num_units=1,
+                                        finished=done, finish_reason="length" if done else None))
+        return outputs

@@ -1,0 +1,64 @@
+"""What callers receive: one ``OmniRequestOutput`` per text delta, audio chunk, or final result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request timings in seconds (see docs/architecture.md for definitions)."""
+
+    e2e_s: float = 0.0
+    ttft_s: float | None = None  # first text token
+    tpot_s: float | None = None  # mean time per output token after the first
+    itl_s: list[float] = field(default_factory=list)  # gaps between consecutive text outputs
+    ttfp_s: float | None = None  # first audio packet
+    audio_duration_s: float = 0.0
+    rtf: float | None = None  # e2e / audio duration
+    num_output_tokens: int = 0
+    stages: dict[str, dict[str, Any]] = field(default_factory=dict)  # queue/compute time, tokens/frames
+    edges: dict[str, dict[str, Any]] = field(default_factory=dict)  # bytes, chunks, transfer time
+
+    def summary(self) -> dict[str, Any]:
+        itl_mean = float(np.mean(self.itl_s)) if self.itl_s else None
+        return {
+            "e2e_s": self.e2e_s,
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "itl_mean_s": itl_mean,
+            "ttfp_s": self.ttfp_s,
+            "rtf": self.rtf,
+            "audio_duration_s": self.audio_duration_s,
+            "num_output_tokens": self.num_output_tokens,
+        }
+
+
+@dataclass
+class OmniRequestOutput:
+    """One event of a request's stream, or (``finished=True``) its final summary.
+
+    ``text`` is the cumulative text so far; ``text_delta`` what this event added. ``audio`` is this event's
+    chunk (float32 mono at ``sample_rate_hz``). The final output of ``Omni.generate`` carries the whole audio.
+    """
+
+    request_id: str
+    stage: str
+    modality: str  # "text" | "audio" | "final" | "error"
+    text: str = ""
+    text_delta: str = ""
+    audio: np.ndarray | None = None
+    sample_rate_hz: int | None = None
+    finished: bool = False
+    error: str | None = None
+    finish_reason: str | None = None
+    metrics: RequestMetrics | None = None
+
+    @property
+    def audio_duration_s(self) -> float:
+        if self.audio is None or not self.sample_rate_hz:
+            return 0.0
+        return len(self.audio) / self.sample_rate_hz

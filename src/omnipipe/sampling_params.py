@@ -1,0 +1,62 @@
+"""Per-stage sampling parameters, validated with messages that name the field."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class SamplingParams:
+    """Decoding controls for one stage. ``temperature=0`` is greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_tokens: int = 64
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)  # stage-specific knobs (e.g. voice, speed)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def need(ok: bool, name: str, rule: str, value: Any) -> None:
+            if not ok:
+                raise ValueError(f"sampling_params.{name}: {rule}, got {value!r}")
+
+        def number(value: Any) -> bool:
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+        def integer(value: Any) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool)
+
+        need(number(self.temperature) and 0 <= self.temperature <= 10, "temperature", "must be in [0, 10]", self.temperature)
+        need(number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
+        need(integer(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0", self.top_k)
+        need(integer(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1", self.max_tokens)
+        need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16,
+             "stop", "must be a list of at most 16 non-empty strings", self.stop)
+        need(self.seed is None or integer(self.seed), "seed", "must be an integer or null", self.seed)
+        need(number(self.repetition_penalty) and 0 < self.repetition_penalty <= 10, "repetition_penalty",
+             "must be in (0, 10]", self.repetition_penalty)
+        need(number(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty",
+             "must be in [-2, 2]", self.presence_penalty)
+        need(number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty",
+             "must be in [-2, 2]", self.frequency_penalty)
+        need(isinstance(self.extra, dict), "extra", "must be a mapping", self.extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "SamplingParams":
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"sampling_params.{unknown[0]}: unknown field (expected one of: {', '.join(sorted(known))})")
+        return cls(**raw)

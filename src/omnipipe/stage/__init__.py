@@ -1,0 +1,1 @@
+"""One process per stage: control loop, schedulers, and the runner a model family implements."""

@@ -1,0 +1,44 @@
+"""Everything a stage process needs to start, sent to it as msgpack bytes (no pickled objects)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class ChunkLink(msgspec.Struct, frozen=True):
+    address: str  # the consumer stage's chunk socket
+    relay: str
+    inline_threshold_bytes: int
+    chunk_processor: str  # dotted path
+
+
+class StageLaunch(msgspec.Struct, frozen=True):
+    run_id: str
+    stage: str
+    kind: str
+    runner: str
+    device: str
+    threads: int
+    max_num_seqs: int
+    options: dict[str, Any]
+    ctrl_address: str  # orchestrator PUSH (bound) -> stage PULL
+    out_address: str  # stage PUSH -> orchestrator PULL (bound)
+    abort_address: str  # orchestrator PUB (bound) -> stage SUB
+    chunk_listen_address: str | None  # this stage's PULL for incoming chunks (bound here)
+    chunk_links: dict[str, ChunkLink]  # target stage -> link
+    out_relay: str
+    out_inline_threshold_bytes: int
+    relay_options: dict[str, Any]
+    codec_chunk_frames: int
+    left_context_frames: int
+    initial_codec_chunk_frames: int | str
+    log_level: str = "WARNING"
+
+    def encode(self) -> bytes:
+        return msgspec.msgpack.encode(self)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "StageLaunch":
+        return msgspec.msgpack.decode(raw, type=cls)

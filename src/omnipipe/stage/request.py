@@ -1,0 +1,55 @@
+"""A request as one stage sees it."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # admitted input, not yet scheduled
+    RUNNING = "running"
+    WAITING_FOR_CHUNK = "waiting_for_chunk"  # needs the next input chunk; never blocks the batch
+    FINISHED = "finished"
+
+
+@dataclass
+class StageRequest:
+    request_id: str
+    params: dict[str, Any]
+    emit_final: bool
+    emit_data: bool
+    chunk_targets: list[str]
+    chunk_options: dict[str, Any]
+    status: RequestStatus = RequestStatus.WAITING
+    inputs: deque[dict[str, Any]] = field(default_factory=deque)  # input chunks not consumed yet
+    input_finished: bool = False
+    consumed_inputs: int = 0
+    prefilled: bool = False
+    runner_state: Any = None  # owned by the runner
+    chunk_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # per target, owned by chunk processors
+    seq: int = 0
+    num_units: int = 0  # tokens or frames produced
+    arrival_s: float = field(default_factory=time.perf_counter)
+    first_scheduled_s: float | None = None
+    compute_s: float = 0.0
+    edge_stats: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def take_input(self) -> dict[str, Any] | None:
+        if not self.inputs:
+            return None
+        self.consumed_inputs += 1
+        return self.inputs.popleft()
+
+    def take_all_inputs(self) -> list[dict[str, Any]]:
+        items = list(self.inputs)
+        self.inputs.clear()
+        self.consumed_inputs += len(items)
+        return items
+
+    @property
+    def input_exhausted(self) -> bool:
+        return self.input_finished and not self.inputs

@@ -1,0 +1,347 @@
+"""The body of one stage process: a control loop around a scheduler and a runner.
+
+The loop blocks on its sockets (control, abort broadcast, chunk wake-ups) whenever the scheduler has nothing
+runnable, and polls them without blocking between steps otherwise. Chunk IO runs on the transfer adapter's
+threads, so the loop only computes and routes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from collections import OrderedDict
+from typing import Any, Callable
+
+import zmq
+
+from omnipipe.chunk.accumulation import choose_initial_chunk_frames
+from omnipipe.chunk.connector import ChunkConnector, EdgeLink, ReceivedChunk
+from omnipipe.chunk.context import ChunkContext
+from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
+from omnipipe.config.pipeline_spec import resolve
+from omnipipe.stage.ar_scheduler import ARScheduler
+from omnipipe.stage.generation_scheduler import GenerationScheduler
+from omnipipe.stage.launch import StageLaunch
+from omnipipe.stage.request import StageRequest
+from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner
+from omnipipe.transport import control_plane
+from omnipipe.transport.messages import (
+    Abort,
+    HealthCheck,
+    HealthReply,
+    Shutdown,
+    StageError,
+    StageOutput,
+    StageReady,
+    Submit,
+)
+from omnipipe.transport.relay.base import Relay, RelayError
+from omnipipe.transport.relay.inline import InlineRelay
+from omnipipe.transport.relay.registry import create_relay
+from omnipipe.transport.relay.shm import ShmRelay
+from omnipipe.transport.relay_io import read_payload, write_payload
+
+logger = logging.getLogger(__name__)
+
+_ABORTED_MEMORY = 4096
+ChunkProcessor = Callable[[dict[str, Any], dict[str, Any], bool, ChunkContext], list[dict[str, Any]]]
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the engine process dies, so no stage outlives it."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def run_stage_process(launch_bytes: bytes) -> None:
+    """Entry point of a spawned stage process."""
+    launch = StageLaunch.decode(launch_bytes)
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(launch.threads)
+    logging.basicConfig(level=launch.log_level, format=f"%(asctime)s %(levelname)s [stage {launch.stage}] %(message)s")
+    try:
+        import torch
+
+        torch.set_num_threads(launch.threads)
+    except ImportError:  # pragma: no cover
+        pass
+    proc = StageCoreProc(launch)
+    try:
+        proc.run()
+    finally:
+        proc.close()
+
+
+class StageCoreProc:
+    def __init__(self, launch: StageLaunch) -> None:
+        self.launch = launch
+        self.stage = launch.stage
+        self.ctx = zmq.Context()
+        self.ctrl = control_plane.make_socket(self.ctx, zmq.PULL, launch.ctrl_address, bind=False)
+        self.out = control_plane.make_socket(self.ctx, zmq.PUSH, launch.out_address, bind=False)
+        self.abort_sub = control_plane.make_socket(self.ctx, zmq.SUB, launch.abort_address, bind=False)
+        wake_address = f"inproc://wake-{self.stage}"
+        self.wake = control_plane.make_socket(self.ctx, zmq.PULL, wake_address, bind=True)
+
+        relay_options = dict(launch.relay_options)
+        self.out_relay: Relay = create_relay(launch.out_relay, run_id=launch.run_id, owner=f"{self.stage}-out",
+                                             options=relay_options)
+        self.send_relays: dict[str, Relay] = {
+            target: create_relay(link.relay, run_id=launch.run_id, owner=f"{self.stage}-to-{target}",
+                                 options=relay_options)
+            for target, link in launch.chunk_links.items()
+        }
+        # receive side: shm needs no pool of its own, only mappings
+        self.recv_relays_main: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(launch.run_id, f"{self.stage}-rx")}
+        recv_relays_chunks: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(launch.run_id, f"{self.stage}-rxc")}
+        links = {t: EdgeLink(l.address, self.send_relays[t], l.inline_threshold_bytes) for t, l in launch.chunk_links.items()}
+        connector = ChunkConnector(self.ctx, self.stage, links, launch.chunk_listen_address, recv_relays_chunks)
+        self._recv_relays_chunks = recv_relays_chunks
+        self.adapter = ChunkTransferAdapter(self.ctx, connector, self.stage, wake_address)
+        self.chunk_processors: dict[str, ChunkProcessor] = {
+            t: resolve(l.chunk_processor) for t, l in launch.chunk_links.items()
+        }
+
+        self.scheduler: ARScheduler | GenerationScheduler = (
+            ARScheduler(launch.max_num_seqs) if launch.kind == "ar" else GenerationScheduler(launch.max_num_seqs)
+        )
+        self.requests: dict[str, StageRequest] = {}
+        self.chunk_contexts: dict[str, ChunkContext] = {}
+        self.edge_stats: dict[str, dict[str, dict[str, float]]] = {}
+        self.aborted: OrderedDict[str, None] = OrderedDict()
+        self.runner: StageRunner | None = None
+        self.running = True
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> None:
+        start = time.perf_counter()
+        context = RunnerContext(self.stage, self.launch.device, self.launch.threads, self.launch.max_num_seqs,
+                                dict(self.launch.options))
+        try:
+            runner_cls = resolve(self.launch.runner)
+            self.runner = runner_cls(context)
+            self.runner.load()
+        except Exception as exc:
+            logger.exception("loading the runner failed")
+            self._send(StageError("", self.stage, f"failed to load {self.launch.runner}: {type(exc).__name__}: {exc}"))
+            raise SystemExit(3) from exc
+        self.adapter.start()
+        self._send(StageReady(self.stage, os.getpid(), time.perf_counter() - start))
+        logger.info("ready in %.2f s", time.perf_counter() - start)
+
+        poller = zmq.Poller()
+        for sock in (self.ctrl, self.abort_sub, self.wake):
+            poller.register(sock, zmq.POLLIN)
+        while self.running:
+            busy = self.scheduler.has_work()
+            events = dict(poller.poll(0 if busy else None))
+            if self.abort_sub in events:
+                self._drain(self.abort_sub, control_plane.BROADCAST, self._handle_control)
+            if self.ctrl in events:
+                self._drain(self.ctrl, control_plane.TO_STAGE, self._handle_control)
+            if self.wake in events:
+                while self.wake.poll(0):
+                    self.wake.recv()
+                self._report_save_errors()
+            self._collect_chunks()
+            if not self.running:
+                break
+            if isinstance(self.scheduler, GenerationScheduler):
+                for request in self.scheduler.exhausted():
+                    self._route(request, RunnerOutput(request.request_id), finished=True)
+            if self.scheduler.has_work():
+                self._step()
+
+    def close(self) -> None:
+        self.adapter.close()
+        for relay in [self.out_relay, *self.send_relays.values(), *self.recv_relays_main.values(),
+                      *self._recv_relays_chunks.values()]:
+            relay.close()
+        self.out.close(linger=1000)  # let a last error or output leave
+        for sock in (self.ctrl, self.abort_sub, self.wake):
+            sock.close(0)
+        self.ctx.term()
+
+    def _send(self, message: Any) -> None:
+        self.out.send(control_plane.encode(message), copy=False)
+
+    def _drain(self, sock: zmq.Socket, decoder: Any, handler: Callable[[Any], None]) -> None:
+        while sock.poll(0):
+            message = control_plane.decode(decoder, sock.recv(), f"stage {self.stage}")
+            if message is not None:
+                handler(message)
+
+    # ------------------------------------------------------------------ control
+    def _handle_control(self, message: Any) -> None:
+        if isinstance(message, Submit):
+            self._add_request(message)
+        elif isinstance(message, Abort):
+            for request_id in message.request_ids:
+                self._abort(request_id)
+        elif isinstance(message, HealthCheck):
+            running, waiting, for_chunk = self.scheduler.counts()
+            slots = self.out_relay.slots_in_use() + sum(r.slots_in_use() for r in self.send_relays.values())
+            self._send(HealthReply(self.stage, message.nonce, sorted(self.requests), running, waiting, for_chunk,
+                                   slots, self.adapter.pending_chunks()))
+        elif isinstance(message, Shutdown):
+            self.running = False
+
+    def _add_request(self, message: Submit) -> None:
+        request_id = message.request_id
+        if request_id in self.aborted or request_id in self.requests:
+            return
+        request = StageRequest(request_id, dict(message.params), message.emit_final, message.emit_data,
+                               list(message.chunk_targets), dict(message.chunk_options))
+        try:
+            for payload in message.inputs:
+                request.inputs.append(read_payload(payload, self.recv_relays_main, request_id))
+        except (RelayError, ValueError) as exc:
+            self._send(StageError(request_id, self.stage, f"input unreadable: {exc}"))
+            return
+        request.input_finished = message.input_finished
+        self.requests[request_id] = request
+        if message.chunk_sources:
+            self.adapter.register(request_id, list(message.chunk_sources))
+        if request.chunk_targets:
+            requested = message.chunk_options.get("initial_codec_chunk_frames") or self.launch.initial_codec_chunk_frames
+            initial = choose_initial_chunk_frames(requested, self.launch.codec_chunk_frames, len(self.requests),
+                                                  self.launch.max_num_seqs)
+            self.chunk_contexts[request_id] = ChunkContext(self.launch.codec_chunk_frames,
+                                                           self.launch.left_context_frames, initial)
+        self.scheduler.add(request)
+
+    def _collect_chunks(self) -> None:
+        for request_id, chunks in self.adapter.take_ready().items():
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            for chunk in chunks:
+                self._count_edge(request_id, chunk)
+                if chunk.data is not None:
+                    request.inputs.append(chunk.data)
+                if chunk.is_last:
+                    request.input_finished = True
+            self.scheduler.on_input(request)
+
+    def _count_edge(self, request_id: str, chunk: ReceivedChunk) -> None:
+        stats = self.edge_stats.setdefault(request_id, {}).setdefault(
+            f"{chunk.from_stage}->{self.stage}", {"chunks": 0, "bytes": 0, "transfer_s": 0.0})
+        stats["chunks"] += 1
+        stats["bytes"] += chunk.nbytes
+        stats["transfer_s"] += chunk.transfer_s
+
+    def _report_save_errors(self) -> None:
+        while not self.adapter.save_errors.empty():
+            request_id, message = self.adapter.save_errors.get()
+            if request_id in self.requests:
+                self._send(StageError(request_id, self.stage, message))
+                self._abort(request_id)
+
+    def _abort(self, request_id: str) -> None:
+        self.aborted[request_id] = None
+        while len(self.aborted) > _ABORTED_MEMORY:
+            self.aborted.popitem(last=False)
+        request = self.requests.pop(request_id, None)
+        self.scheduler.remove(request_id)
+        if request is not None and self.runner is not None:
+            self.runner.free(request)
+        self.adapter.cleanup(request_id, aborted=True)
+        self.chunk_contexts.pop(request_id, None)
+        self.edge_stats.pop(request_id, None)
+        self.out_relay.cleanup(request_id)
+        for relay in self.send_relays.values():
+            relay.cleanup(request_id)
+
+    # ------------------------------------------------------------------ compute
+    def _step(self) -> None:
+        assert self.runner is not None
+        batch, is_prefill = self.scheduler.schedule()
+        if not batch:
+            return
+        start = time.perf_counter()
+        try:
+            outputs = self.runner.execute(batch, is_prefill)
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"runner returned {len(outputs)} outputs for a batch of {len(batch)}")
+        except Exception as exc:  # a model error fails this batch's requests; the stage lives on
+            logger.exception("runner failed on a batch of %d", len(batch))
+            for request in batch:
+                self._send(StageError(request.request_id, self.stage, f"{type(exc).__name__}: {exc}"))
+                self._abort(request.request_id)
+            return
+        elapsed = time.perf_counter() - start
+        for request, output in zip(batch, outputs):
+            request.compute_s += elapsed
+            request.num_units += output.num_units
+            finished = output.finished or (self.launch.kind != "ar" and request.input_exhausted)
+            self._route(request, output, finished)
+
+    def _route(self, request: StageRequest, output: RunnerOutput, finished: bool) -> None:
+        request_id = request.request_id
+        if not finished and (output.needs_input or self.launch.kind != "ar"):
+            self.scheduler.park(request)
+        body: dict[str, Any] = {}
+        if request.emit_final and output.audio is not None:
+            body["audio"] = output.audio
+        if request.emit_data and output.data is not None:
+            body["data"] = output.data
+        text = output.text_delta if request.emit_final else ""
+        if body or text or finished:
+            try:
+                payload = (write_payload(body, self.out_relay, request_id, self.launch.out_inline_threshold_bytes)
+                           if body else None)
+            except (RelayError, ValueError) as exc:
+                self._send(StageError(request_id, self.stage, f"output could not be sent: {exc}"))
+                self._abort(request_id)
+                return
+            metrics = self._metrics(request) if finished else None
+            self._send(StageOutput(request_id, self.stage, request.seq, finished, text, output.num_units, payload,
+                                   output.finish_reason if finished else None, metrics))
+            request.seq += 1
+        if request.chunk_targets and (output.data is not None or finished):
+            context = self.chunk_contexts[request_id]
+            for target in request.chunk_targets:
+                state = request.chunk_state.setdefault(target, {})
+                try:
+                    chunks = self.chunk_processors[target](state, output.data or {}, finished, context)
+                except Exception as exc:
+                    logger.exception("chunk processor for %s failed on %s", target, request_id)
+                    self._send(StageError(request_id, self.stage, f"chunk processor for {target} failed: {exc}"))
+                    self._abort(request_id)
+                    return
+                for index, chunk in enumerate(chunks):
+                    self.adapter.save_async(request_id, target, chunk, finished and index == len(chunks) - 1)
+                if finished and not chunks:
+                    self.adapter.save_async(request_id, target, None, True)
+        if finished:
+            self.scheduler.finish(request)
+            if self.runner is not None:
+                self.runner.free(request)
+            self.requests.pop(request_id, None)
+            self.adapter.cleanup(request_id, aborted=False)
+            self.chunk_contexts.pop(request_id, None)
+            self.edge_stats.pop(request_id, None)
+
+    def _metrics(self, request: StageRequest) -> dict[str, Any]:
+        queue_s = (request.first_scheduled_s or time.perf_counter()) - request.arrival_s
+        return {
+            "queue_s": queue_s,
+            "compute_s": request.compute_s,
+            "units": request.num_units,
+            "edges": self.edge_stats.get(request.request_id, {}),
+            "initial_chunk_frames": (self.chunk_contexts[request.request_id].initial_chunk_frames
+                                     if request.request_id in self.chunk_contexts else None),
+        }
+
+
+if __name__ == "__main__":  # started by StageClient.spawn with the launch spec on stdin
+    run_stage_process(sys.stdin.buffer.read())

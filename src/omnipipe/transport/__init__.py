@@ -1,0 +1,1 @@
+"""Control plane (ZMQ + msgspec messages), payload codec and relay backends."""

@@ -1,0 +1,118 @@
+"""Typed control-plane messages. Every message is a msgspec Struct encoded as msgpack; no pickle anywhere.
+
+Bulky data never rides here directly: a ``Payload`` carries the tensor-free skeleton of a nested object, the
+``TensorInfo`` of every tensor pulled out of it, and either the bytes themselves (``inline``) or the relay
+metadata needed to fetch them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class TensorInfo(msgspec.Struct, array_like=True, frozen=True):
+    """Where one tensor of a payload lives in the payload's flat byte buffer."""
+
+    path: str
+    dtype: str
+    shape: list[int]
+    offset: int
+    nbytes: int
+    kind: str  # "numpy" | "torch"
+
+
+class Payload(msgspec.Struct, frozen=True):
+    """A nested object split into a msgpack skeleton and one flat tensor buffer."""
+
+    skeleton: bytes
+    tensors: list[TensorInfo]
+    nbytes: int
+    backend: str  # "inline" | "shm" | "local"
+    data: bytes | None = None  # inline bytes
+    relay: dict[str, Any] | None = None  # backend metadata to fetch the buffer
+
+
+class Submit(msgspec.Struct, tag="submit", frozen=True):
+    """Orchestrator -> stage: a new request (or a prewarm registration with no input yet)."""
+
+    request_id: str
+    inputs: list[Payload]
+    input_finished: bool
+    params: dict[str, Any]
+    emit_final: bool  # send text/audio outputs to the orchestrator
+    emit_data: bool  # send step data to the orchestrator (non-async forwarding)
+    chunk_targets: list[str]  # downstream stages to stream chunks to (async chunk)
+    chunk_sources: list[str]  # upstream stages that stream chunks into this request (async chunk)
+    chunk_options: dict[str, Any]
+    arrival_time_s: float
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
+    reason: str = ""
+
+
+class HealthCheck(msgspec.Struct, tag="health", frozen=True):
+    nonce: int
+
+
+class Abort(msgspec.Struct, tag="abort", frozen=True):
+    """Broadcast over PUB/SUB to every stage."""
+
+    request_ids: list[str]
+
+
+class ChunkReady(msgspec.Struct, tag="chunk", frozen=True):
+    """Stage -> stage (async chunk): one chunk of a request is ready under ``key``."""
+
+    key: str
+    request_id: str
+    from_stage: str
+    to_stage: str
+    chunk_id: int
+    is_last: bool
+    payload: Payload | None
+    sent_at_s: float
+
+
+class StageReady(msgspec.Struct, tag="ready", frozen=True):
+    stage: str
+    pid: int
+    load_time_s: float
+
+
+class StageOutput(msgspec.Struct, tag="output", frozen=True):
+    """Stage -> orchestrator: one step's result for one request."""
+
+    request_id: str
+    stage: str
+    seq: int
+    finished: bool
+    text_delta: str = ""
+    num_tokens: int = 0
+    payload: Payload | None = None  # final audio and/or data for forwarding
+    finish_reason: str | None = None
+    metrics: dict[str, Any] | None = None
+
+
+class StageError(msgspec.Struct, tag="error", frozen=True):
+    request_id: str
+    stage: str
+    message: str
+
+
+class HealthReply(msgspec.Struct, tag="health_reply", frozen=True):
+    stage: str
+    nonce: int
+    request_ids: list[str]
+    num_running: int
+    num_waiting: int
+    num_waiting_for_chunk: int
+    relay_slots_in_use: int
+    pending_chunks: int
+
+
+ToStage = Submit | Shutdown | HealthCheck
+FromStage = StageOutput | StageError | StageReady | HealthReply
+Broadcast = Abort

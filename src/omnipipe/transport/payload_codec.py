@@ -1,0 +1,160 @@
+"""Pull every tensor / ndarray out of a nested payload into one contiguous buffer, and put them back.
+
+The skeleton left behind is plain msgpack (dicts, lists, str, int, float, bool, None, bytes); each tensor is
+replaced by ``{"__tensor__": index}`` and described by a ``TensorInfo`` (path, dtype, shape, offset, nbytes).
+Tuples come back as lists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from omnipipe.transport.messages import TensorInfo
+
+try:  # torch is optional for the codec itself
+    import torch
+except ImportError:  # pragma: no cover - torch is a hard dependency of the package
+    torch = None  # type: ignore[assignment]
+
+TENSOR_MARKER = "__tensor__"
+_ALIGN_BYTES = 64
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+class PayloadCodecError(ValueError):
+    """Raised for a payload that cannot be encoded or a buffer that does not match its tensor_info."""
+
+
+@dataclass
+class EncodedPayload:
+    skeleton: bytes
+    tensors: list[TensorInfo]
+    buffers: list[memoryview]  # one per tensor, in order, each placed at tensors[i].offset
+    nbytes: int
+
+    def join(self) -> bytes:
+        """The flat buffer as one bytes object (for inline transport)."""
+        out = bytearray(self.nbytes)
+        for info, buf in zip(self.tensors, self.buffers):
+            out[info.offset : info.offset + info.nbytes] = buf
+        return bytes(out)
+
+
+def _torch_dtype_name(t: Any) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def encode(obj: Any) -> EncodedPayload:
+    tensors: list[TensorInfo] = []
+    buffers: list[memoryview] = []
+    offset = 0
+
+    def add(array: np.ndarray, path: str, kind: str, dtype_name: str) -> dict[str, int]:
+        nonlocal offset
+        contiguous = np.ascontiguousarray(array)
+        nbytes = contiguous.nbytes
+        tensors.append(TensorInfo(path, dtype_name, list(contiguous.shape), offset, nbytes, kind))
+        buffers.append(memoryview(contiguous.reshape(-1).view(np.uint8)) if nbytes else memoryview(b""))
+        offset += (nbytes + _ALIGN_BYTES - 1) // _ALIGN_BYTES * _ALIGN_BYTES
+        return {TENSOR_MARKER: len(tensors) - 1}
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, np.ndarray):
+            if value.dtype.hasobject:
+                raise PayloadCodecError(f"{path or '<root>'}: object arrays cannot be sent")
+            return add(value, path, "numpy", value.dtype.str)
+        if isinstance(value, np.generic):
+            return value.item()
+        if torch is not None and isinstance(value, torch.Tensor):
+            t = value.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            name = _torch_dtype_name(t)
+            if t.dtype == torch.bfloat16:
+                array = t.contiguous().view(torch.int16).numpy()
+            else:
+                array = t.contiguous().numpy()
+            return add(array, path, "torch", name)
+        if isinstance(value, dict):
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise PayloadCodecError(f"{path or '<root>'}: dict keys must be str, got {type(key).__name__}")
+                if key == TENSOR_MARKER:
+                    raise PayloadCodecError(f"{path or '<root>'}: the key {TENSOR_MARKER!r} is reserved")
+                out[key] = walk(item, f"{path}.{key}" if path else key)
+            return out
+        if isinstance(value, (list, tuple)):
+            return [walk(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        if value is None or isinstance(value, (str, int, float, bool, bytes)):
+            return value
+        raise PayloadCodecError(f"{path or '<root>'}: cannot send a value of type {type(value).__name__}")
+
+    skeleton = _encoder.encode(walk(obj, ""))
+    return EncodedPayload(skeleton, tensors, buffers, offset)
+
+
+def decode(skeleton: bytes, tensors: list[TensorInfo], buffer: bytes | bytearray | memoryview) -> Any:
+    """Rebuild the nested object. Arrays are views into ``buffer`` (no copy); keep it alive and read-only."""
+    view = memoryview(buffer).cast("B") if not isinstance(buffer, memoryview) else buffer.cast("B")
+    restored: list[Any] = []
+    for info in tensors:
+        end = info.offset + info.nbytes
+        if info.offset < 0 or end > len(view):
+            raise PayloadCodecError(f"{info.path}: tensor bytes [{info.offset}, {end}) outside a {len(view)}-byte buffer")
+        if info.kind == "torch":
+            restored.append(_restore_torch(view[info.offset : end], info))
+        elif info.kind == "numpy":
+            dtype = np.dtype(info.dtype)
+            array = np.frombuffer(view[info.offset : end], dtype=dtype) if info.nbytes else np.empty(0, dtype)
+            restored.append(_reshape(array, info))
+        else:
+            raise PayloadCodecError(f"{info.path}: unknown tensor kind {info.kind!r}")
+
+    def walk(value: Any) -> Any:
+        if isinstance(value, dict):
+            if len(value) == 1 and TENSOR_MARKER in value:
+                index = value[TENSOR_MARKER]
+                if not isinstance(index, int) or not 0 <= index < len(restored):
+                    raise PayloadCodecError(f"tensor placeholder {index!r} has no tensor_info")
+                return restored[index]
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return value
+
+    try:
+        tree = _decoder.decode(skeleton)
+    except msgspec.DecodeError as exc:
+        raise PayloadCodecError(f"payload skeleton is not valid msgpack: {exc}") from exc
+    return walk(tree)
+
+
+def _reshape(array: np.ndarray, info: TensorInfo) -> np.ndarray:
+    expected = int(np.prod(info.shape)) if info.shape else 1
+    if array.size != expected:
+        raise PayloadCodecError(f"{info.path}: {array.size} elements do not fit shape {info.shape}")
+    return array.reshape(info.shape)
+
+
+def _restore_torch(raw: memoryview, info: TensorInfo) -> Any:
+    if torch is None:
+        raise PayloadCodecError(f"{info.path}: a torch tensor was sent but torch is not installed")
+    name = info.dtype
+    if name == "bfloat16":
+        array = _reshape(np.frombuffer(raw, dtype=np.int16) if info.nbytes else np.empty(0, np.int16), info)
+        return torch.from_numpy(array.copy()).view(torch.bfloat16)
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise PayloadCodecError(f"{info.path}: unknown torch dtype {name!r}")
+    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    array = _reshape(np.frombuffer(raw, dtype=np_dtype) if info.nbytes else np.empty(0, np_dtype), info)
+    # torch.from_numpy needs a writable array; copy only for read-only views (e.g. bytes buffers)
+    if not array.flags.writeable:
+        array = array.copy()
+    return torch.from_numpy(array)

@@ -1,0 +1,29 @@
+"""Inline relay: the bytes ride inside the control message itself. For payloads under the inline threshold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnipipe.transport.relay.base import Relay, RelayError, RelayOperation
+
+
+class InlineRelay(Relay):
+    name = "inline"
+
+    def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> RelayOperation:
+        buffer = bytearray(nbytes)
+        for offset, piece in pieces:
+            buffer[offset : offset + len(piece)] = piece
+        return RelayOperation({"data": bytes(buffer)}, done=True)
+
+    def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> bytearray:
+        data = metadata.get("data")
+        if not isinstance(data, (bytes, bytearray)) or len(data) != nbytes:
+            raise RelayError(f"inline payload carries {len(data) if isinstance(data, (bytes, bytearray)) else 'no'} bytes, expected {nbytes}")
+        return bytearray(data)
+
+    def cleanup(self, request_id: str) -> None:
+        return None
+
+    def close(self) -> None:
+        return None

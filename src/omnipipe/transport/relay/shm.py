@@ -1,0 +1,283 @@
+"""Shared-memory relay: one reusable pool of fixed-size slots per sender, credits freed by the receiver.
+
+Layout of a pool segment: a header of ``num_slots`` records ``(state, generation)`` (two uint64 each), padded to a
+page, then the slots. The sender takes a free slot (a credit), copies the payload in, marks it FULL and sends the
+metadata over the control plane. The receiver copies the bytes out and marks the slot FREE again: that is its
+acknowledgement, and the sender reuses the slot on its next put. A payload larger than a slot gets a one-off
+segment of its own with the same one-slot layout, unlinked by the sender once the receiver has freed it.
+
+Segments are files under /dev/shm named ``omnipipe-{run_id}-{owner}-...`` so the engine can sweep everything an
+owner left behind if that process is killed. Only the sender creates and unlinks; receivers only map.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omnipipe.transport.relay.base import Relay, RelayError, RelayOperation
+
+logger = logging.getLogger(__name__)
+
+SHM_DIR = "/dev/shm"
+SEGMENT_PREFIX = "omnipipe-"
+_HEADER_RECORD_WORDS = 2
+_PAGE_BYTES = 4096
+_FREE, _FULL = 0, 1
+
+
+def segment_prefix(run_id: str, owner: str | None = None) -> str:
+    return f"{SEGMENT_PREFIX}{run_id}-" + (f"{owner}-" if owner else "")
+
+
+def sweep_segments(prefix: str) -> list[str]:
+    """Unlink every segment whose name starts with ``prefix`` (after a crash, or at shutdown)."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass
+    return removed
+
+
+class _Segment:
+    """A mapped /dev/shm file holding a header of slot records and the slots."""
+
+    def __init__(self, name: str, num_slots: int, slot_bytes: int, create: bool) -> None:
+        self.name = name
+        self.num_slots = num_slots
+        self.slot_bytes = slot_bytes
+        header = num_slots * _HEADER_RECORD_WORDS * 8
+        self.data_offset = (header + _PAGE_BYTES - 1) // _PAGE_BYTES * _PAGE_BYTES
+        self.size = self.data_offset + num_slots * slot_bytes
+        path = os.path.join(SHM_DIR, name)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, self.size)
+            elif os.fstat(fd).st_size < self.size:
+                raise RelayError(f"shm segment {name} is smaller than its metadata says")
+            self.mm = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+        self.header = np.frombuffer(self.mm, dtype=np.uint64, count=num_slots * _HEADER_RECORD_WORDS).reshape(
+            num_slots, _HEADER_RECORD_WORDS
+        )
+
+    def slot_view(self, slot: int, nbytes: int) -> memoryview:
+        start = self.data_offset + slot * self.slot_bytes
+        return memoryview(self.mm)[start : start + nbytes]
+
+    def close(self) -> None:
+        self.header = None  # type: ignore[assignment]
+        try:
+            self.mm.close()
+        except BufferError:  # a view is still alive; the mapping goes when it does
+            pass
+
+
+@dataclass
+class _Held:
+    segment: _Segment
+    slot: int
+    generation: int
+    request_id: str
+    one_off: bool
+    operation: RelayOperation = field(repr=False, default=None)  # type: ignore[assignment]
+
+
+class ShmRelay(Relay):
+    name = "shm"
+
+    def __init__(
+        self,
+        run_id: str,
+        owner: str,
+        slot_bytes: int = 4 << 20,
+        num_slots: int = 8,
+        acquire_timeout_s: float = 30.0,
+    ) -> None:
+        self.prefix = f"{segment_prefix(run_id, owner)}{os.getpid()}-"
+        self.slot_bytes = slot_bytes
+        self.num_slots = num_slots
+        self.acquire_timeout_s = acquire_timeout_s
+        self._pool: _Segment | None = None
+        self._free: list[int] = []
+        self._held: dict[tuple[str, int], _Held] = {}
+        self._generation = 0
+        self._one_off_count = 0
+        self._mapped: dict[str, _Segment] = {}  # receiver side
+        self._lock = threading.Lock()
+        self._closed = False
+
+    # ---------------------------------------------------------------- sender
+    def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> RelayOperation:
+        with self._lock:
+            if self._closed:
+                raise RelayError("relay is closed")
+            if nbytes > self.slot_bytes:
+                segment, slot = self._new_one_off(nbytes), 0
+                one_off = True
+            else:
+                segment, slot = self._acquire_slot()
+                one_off = False
+            self._generation += 1
+            generation = self._generation
+            target = segment.slot_view(slot, nbytes)
+            for offset, piece in pieces:
+                target[offset : offset + len(piece)] = piece
+            del target
+            segment.header[slot, 1] = generation
+            segment.header[slot, 0] = _FULL
+            metadata = {
+                "segment": segment.name,
+                "slot": slot,
+                "num_slots": segment.num_slots,
+                "slot_bytes": segment.slot_bytes,
+                "generation": generation,
+            }
+            held = _Held(segment, slot, generation, request_id, one_off)
+            held.operation = RelayOperation(metadata)
+            self._held[(segment.name, slot)] = held
+            return held.operation
+
+    def _pool_segment(self) -> _Segment:
+        if self._pool is None:
+            self._pool = _Segment(f"{self.prefix}pool", self.num_slots, self.slot_bytes, create=True)
+            self._free = list(range(self.num_slots))
+        return self._pool
+
+    def _new_one_off(self, nbytes: int) -> _Segment:
+        self._reap()
+        self._one_off_count += 1
+        return _Segment(f"{self.prefix}big{self._one_off_count}", 1, nbytes, create=True)
+
+    def _acquire_slot(self) -> tuple[_Segment, int]:
+        pool = self._pool_segment()
+        self._reap()
+        if not self._free:
+            # Back-pressure only: every credit is out. Wait for a receiver to free one.
+            deadline = time.monotonic() + self.acquire_timeout_s
+            pause_s = 50e-6
+            while not self._free:
+                if time.monotonic() > deadline:
+                    raise RelayError(
+                        f"shm relay pool exhausted: {self.num_slots} slots held for {self.acquire_timeout_s:.0f} s "
+                        "without the receiver freeing one"
+                    )
+                self._lock.release()
+                try:
+                    time.sleep(pause_s)
+                finally:
+                    self._lock.acquire()
+                pause_s = min(pause_s * 2, 5e-3)
+                self._reap()
+        return pool, self._free.pop()
+
+    def _reap(self) -> None:
+        """Take back every slot a receiver has freed."""
+        for key, held in list(self._held.items()):
+            if held.segment.header[held.slot, 0] == _FREE:
+                self._release(key, held)
+
+    def _release(self, key: tuple[str, int], held: _Held) -> None:
+        del self._held[key]
+        held.operation.mark_done()
+        if held.one_off:
+            held.segment.close()
+            _unlink(held.segment.name)
+        else:
+            held.segment.header[held.slot, 0] = _FREE
+            self._free.append(held.slot)
+
+    def cleanup(self, request_id: str) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            for key, held in list(self._held.items()):
+                if held.request_id == request_id:
+                    self._release(key, held)
+
+    def slots_in_use(self) -> int:
+        with self._lock:
+            if self._closed:
+                return 0
+            self._reap()
+            return len(self._held)
+
+    # -------------------------------------------------------------- receiver
+    def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> bytearray:
+        try:
+            name = str(metadata["segment"])
+            slot = int(metadata["slot"])
+            num_slots = int(metadata["num_slots"])
+            slot_bytes = int(metadata["slot_bytes"])
+            generation = int(metadata["generation"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise RelayError(f"malformed shm relay metadata: {exc!r}") from exc
+        if not name.startswith(SEGMENT_PREFIX) or "/" in name or not 0 <= slot < num_slots or nbytes > slot_bytes:
+            raise RelayError(f"shm relay metadata out of range: {metadata!r}")
+        one_off = "-big" in name
+        with self._lock:
+            segment = self._mapped.get(name)
+            if segment is None:
+                try:
+                    segment = _Segment(name, num_slots, slot_bytes, create=False)
+                except FileNotFoundError as exc:
+                    raise RelayError(f"shm segment {name} is gone (its sender exited)") from exc
+                if not one_off:
+                    self._mapped[name] = segment
+            try:
+                if segment.header[slot, 0] != _FULL or segment.header[slot, 1] != generation:
+                    raise RelayError(f"shm slot {name}[{slot}] was released before it was read")
+                out = bytearray(nbytes)
+                out[:] = segment.slot_view(slot, nbytes)
+                if segment.header[slot, 1] != generation:
+                    raise RelayError(f"shm slot {name}[{slot}] was reused while it was read")
+                segment.header[slot, 0] = _FREE  # acknowledgement: the sender may reuse the slot
+                return out
+            finally:
+                if one_off:
+                    segment.close()
+
+    # ---------------------------------------------------------------- common
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for held in self._held.values():
+                held.operation.mark_done()
+                if held.one_off:
+                    held.segment.close()
+                    _unlink(held.segment.name)
+            self._held.clear()
+            if self._pool is not None:
+                self._pool.close()
+                _unlink(self._pool.name)
+                self._pool = None
+            for segment in self._mapped.values():
+                segment.close()
+            self._mapped.clear()
+
+
+def _unlink(name: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        pass
