@@ -2,8 +2,9 @@
 
 Frames are buffered until a chunk is due: the first chunk after ``initial_chunk_frames`` (small, to cut time to
 first audio), then every ``codec_chunk_frames``. Each chunk carries up to ``left_context_frames`` frames before it
-so the vocoder can decode the seam without a click; the consumer drops the audio of the context frames. The last
-chunk takes whatever is left.
+and, for vocoders that look ahead, ``right_context_frames`` after it (a chunk then waits until those frames
+exist), so the seam decodes without a click; the consumer drops the audio of the context frames. The last chunk
+takes whatever is left.
 """
 
 from __future__ import annotations
@@ -49,23 +50,31 @@ class FrameAccumulator:
         return total - self.emitted
 
     def cut(self, ctx: ChunkContext, is_last: bool) -> list[dict[str, Any]]:
-        """Return the chunks due now: ``{"frames": [D, L+N], "context_frames": L, "start_frame": k}``."""
+        """Return the chunks due now: ``{"frames": [D, L+N+R], "context_frames": L, "lookahead_frames": R,
+        "start_frame": k}`` where the N frames from ``start_frame`` on are new."""
         chunks = []
         while True:
             due = ctx.initial_chunk_frames if self.chunks_sent == 0 else ctx.codec_chunk_frames
             pending = self.pending()
-            if pending <= 0 or (pending < due and not is_last):
+            if pending <= 0:
                 break
-            take = min(due, pending) if not is_last else (due if pending > due else pending)
-            chunks.append(self._emit(take, ctx.left_context_frames))
+            if is_last:
+                take = min(due, pending)
+            elif pending >= due + ctx.right_context_frames:
+                take = due
+            else:
+                break
+            lookahead = min(ctx.right_context_frames, pending - take)
+            chunks.append(self._emit(take, ctx.left_context_frames, lookahead))
         return chunks
 
-    def _emit(self, count: int, left_context: int) -> dict[str, Any]:
+    def _emit(self, count: int, left_context: int, lookahead: int) -> dict[str, Any]:
         assert self.frames is not None
         context = min(left_context, self.emitted)
         start = self.emitted - context - self.offset
-        window = self.frames[:, start : self.emitted - self.offset + count]
-        chunk = {"frames": np.ascontiguousarray(window), "context_frames": context, "start_frame": self.emitted}
+        window = self.frames[:, start : self.emitted - self.offset + count + lookahead]
+        chunk = {"frames": np.ascontiguousarray(window), "context_frames": context, "lookahead_frames": lookahead,
+                 "start_frame": self.emitted}
         self.emitted += count
         self.chunks_sent += 1
         # keep only what the next window's context can need

@@ -9,4 +9,5 @@ from dataclasses import dataclass
 class ChunkContext:
     codec_chunk_frames: int
     left_context_frames: int
+    right_context_frames: int  # lookahead frames a window carries after its new frames (0 for causal vocoders)
     initial_chunk_frames: int  # size of this request's first chunk (already resolved from "auto")

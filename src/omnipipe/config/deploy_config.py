@@ -54,6 +54,7 @@ class DeployConfig:
     host: str = "127.0.0.1"
     codec_chunk_frames: int = 25
     left_context_frames: int = 8
+    right_context_frames: int = 0
     initial_codec_chunk_frames: int | str = "auto"  # an int, or "auto" (chosen from load)
     stage_start_timeout_s: float = 600.0
     max_pending_requests: int = 1024
@@ -161,6 +162,7 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
         "max_restarts": (int, 0),
         "codec_chunk_frames": (int, 1),
         "left_context_frames": (int, 0),
+        "right_context_frames": (int, 0),
         "inline_threshold_bytes": (int, 0),
         "shm_slot_bytes": (int, 4096),
         "shm_num_slots": (int, 1),

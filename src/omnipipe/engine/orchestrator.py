@@ -155,6 +155,7 @@ class Orchestrator:
                 out_relay=self.deploy.relay.backend, out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
                 relay_options=self.deploy.relay_options(), codec_chunk_frames=self.deploy.codec_chunk_frames,
                 left_context_frames=self.deploy.left_context_frames,
+                right_context_frames=self.deploy.right_context_frames,
                 initial_codec_chunk_frames=self.deploy.initial_codec_chunk_frames, log_level=self.log_level,
             )
         return launches

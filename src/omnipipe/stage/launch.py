@@ -33,6 +33,7 @@ class StageLaunch(msgspec.Struct, frozen=True):
     relay_options: dict[str, Any]
     codec_chunk_frames: int
     left_context_frames: int
+    right_context_frames: int
     initial_codec_chunk_frames: int | str
     log_level: str = "WARNING"
 

@@ -36,6 +36,7 @@ class StageRequest:
     arrival_s: float = field(default_factory=time.perf_counter)
     first_scheduled_s: float | None = None
     compute_s: float = 0.0
+    max_batch_size: int = 0
     edge_stats: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def take_input(self) -> dict[str, Any] | None:

@@ -216,7 +216,8 @@ class StageCoreProc:
             initial = choose_initial_chunk_frames(requested, self.launch.codec_chunk_frames, len(self.requests),
                                                   self.launch.max_num_seqs)
             self.chunk_contexts[request_id] = ChunkContext(self.launch.codec_chunk_frames,
-                                                           self.launch.left_context_frames, initial)
+                                                           self.launch.left_context_frames,
+                                                           self.launch.right_context_frames, initial)
         self.scheduler.add(request)
 
     def _collect_chunks(self) -> None:
@@ -281,6 +282,7 @@ class StageCoreProc:
         elapsed = time.perf_counter() - start
         for request, output in zip(batch, outputs):
             request.compute_s += elapsed
+            request.max_batch_size = max(request.max_batch_size, len(batch))
             request.num_units += output.num_units
             finished = output.finished or (self.launch.kind != "ar" and request.input_exhausted)
             self._route(request, output, finished)
@@ -337,6 +339,7 @@ class StageCoreProc:
             "queue_s": queue_s,
             "compute_s": request.compute_s,
             "units": request.num_units,
+            "max_batch_size": request.max_batch_size,
             "edges": self.edge_stats.get(request.request_id, {}),
             "initial_chunk_frames": (self.chunk_contexts[request.request_id].initial_chunk_frames
                                      if request.request_id in self.chunk_contexts else None),

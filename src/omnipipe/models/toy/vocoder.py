@@ -63,7 +63,8 @@ class ToyVocoderRunner(StageRunner):
         outputs = []
         for request, chunk, window, wave in zip(batch, chunks, windows, waves):
             context = int(chunk.get("context_frames", 0))
-            audio = np.ascontiguousarray(wave[context * HOP_SAMPLES : window.shape[1] * HOP_SAMPLES])
-            outputs.append(RunnerOutput(request.request_id, audio=audio, num_units=window.shape[1] - context,
+            new_frames = window.shape[1] - context - int(chunk.get("lookahead_frames", 0))
+            audio = np.ascontiguousarray(wave[context * HOP_SAMPLES : (context + new_frames) * HOP_SAMPLES])
+            outputs.append(RunnerOutput(request.request_id, audio=audio, num_units=new_frames,
                                         data={"batch_size": len(batch)}))
         return outputs
