@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import shutil
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import janus
+import msgspec
 import zmq
 import zmq.asyncio
 
@@ -90,6 +92,7 @@ class Orchestrator:
         self._nonce = 0
         self._input_processors = {e.name: resolve(e.input_processor) for e in pipeline.edges}
         self._stopping = False
+        self._recently_ended: collections.deque[str] = collections.deque(maxlen=1024)  # aborted or failed
 
     # ================================================================== thread entry
     def start(self) -> None:
@@ -321,6 +324,7 @@ class Orchestrator:
         if not request_ids:
             return
         await self.abort_pub.send(control_plane.encode(Abort(list(request_ids))))
+        self._recently_ended.extend(request_ids)
         for rid in known:
             request = self.requests.pop(rid)
             for relay in self.send_relays.values():
@@ -332,6 +336,7 @@ class Orchestrator:
     def _fail(self, request: _Request, stage: str, message: str) -> None:
         if self.requests.pop(request.request_id, None) is None:
             return
+        self._recently_ended.append(request.request_id)
         for relay in self.send_relays.values():
             relay.cleanup(request.request_id)
         self._emit(EngineEvent(request.request_id, "error", stage, error=message))
@@ -446,6 +451,7 @@ class Orchestrator:
         if self._restartable(client.name):
             client.restarts += 1
             logger.warning("restarting stage %s (restart %d)", client.name, client.restarts)
+            client.launch = msgspec.structs.replace(client.launch, aborted_request_ids=list(self._recently_ended))
             client.spawn()
             self._watch(client)
 

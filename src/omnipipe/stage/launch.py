@@ -36,6 +36,7 @@ class StageLaunch(msgspec.Struct, frozen=True):
     right_context_frames: int
     initial_codec_chunk_frames: int | str
     log_level: str = "WARNING"
+    aborted_request_ids: list[str] = []  # a restarted stage drops late chunks of these
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

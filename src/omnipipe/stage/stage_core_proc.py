@@ -118,6 +118,9 @@ class StageCoreProc:
         self.chunk_contexts: dict[str, ChunkContext] = {}
         self.edge_stats: dict[str, dict[str, dict[str, float]]] = {}
         self.aborted: OrderedDict[str, None] = OrderedDict()
+        for request_id in launch.aborted_request_ids:
+            self.aborted[request_id] = None
+            self.adapter.cleanup(request_id, aborted=True)
         self.runner: StageRunner | None = None
         self.running = True
 

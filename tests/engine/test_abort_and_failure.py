@@ -1,0 +1,187 @@
+"""Abort at every stage, stage processes killed mid-request, and nothing left behind afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import numpy as np
+import pytest
+
+from omnipipe import AsyncOmni, RequestFailedError
+from omnipipe.config.pipeline_spec import PipelineSpec, StageSpec
+from omnipipe.engine.orchestrator import EngineStartError
+from omnipipe.models.registry import get_pipeline
+from tests.conftest import child_processes, collect, shm_segments, state_is_idle, wait_until_idle
+from tests.engine.expected import expected_audio
+
+SLOW = {
+    "stages": {
+        "thinker": {"options": {"step_delay_ms": 10}},
+        "talker": {"options": {"call_delay_ms": 10}},
+        "code2wav": {"options": {"call_delay_ms": 10}},
+    }
+}
+PROMPT = "a prompt long enough to be caught in the middle of every stage " * 2
+
+
+@pytest.fixture(scope="module")
+def slow(request):
+    from tests.conftest import EngineHarness
+
+    harness = EngineHarness("toy", SLOW)
+    yield harness
+    harness.close()
+
+
+@pytest.mark.parametrize("when", ["first_text", "tenth_text", "first_audio", "third_audio"])
+def test_abort_mid_stream_frees_every_stage(slow, when: str) -> None:
+    kind, count = {"first_text": ("text", 1), "tenth_text": ("text", 10), "first_audio": ("audio", 1),
+                   "third_audio": ("audio", 3)}[when]
+
+    async def run() -> dict:
+        engine = slow.engine
+        seen = 0
+        with pytest.raises(RequestFailedError, match="aborted"):
+            async for out in engine.generate(PROMPT, request_id=f"abort-{when}"):
+                if out.modality == kind:
+                    seen += 1
+                    if seen == count:
+                        await engine.abort(f"abort-{when}")
+        return await wait_until_idle(engine)
+
+    state = slow.run(run())
+    assert state_is_idle(state), state
+    # the engine keeps serving
+    outputs = slow.run(collect(slow.engine, "still works"))
+    assert outputs[-1].text == "STILL WORKS"
+
+
+def test_client_that_stops_iterating_aborts_the_request(slow) -> None:
+    async def run() -> dict:
+        agen = slow.engine.generate(PROMPT, request_id="walk-away")
+        async for out in agen:
+            if out.modality == "audio":
+                break
+        await agen.aclose()
+        return await wait_until_idle(slow.engine)
+
+    assert state_is_idle(slow.run(run()))
+
+
+def test_cancelled_task_aborts_the_request(slow) -> None:
+    async def run() -> dict:
+        task = asyncio.create_task(collect(slow.engine, PROMPT, request_id="cancelled"))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return await wait_until_idle(slow.engine)
+
+    assert state_is_idle(slow.run(run()))
+
+
+def test_abort_of_one_request_leaves_the_others_intact(slow) -> None:
+    prompts = [f"neighbour {i} keeps going" for i in range(4)]
+
+    async def run() -> list:
+        async def victim() -> None:
+            with pytest.raises(RequestFailedError):
+                async for out in slow.engine.generate(PROMPT, request_id="victim"):
+                    if out.modality == "audio":
+                        await slow.engine.abort("victim")
+        results = await asyncio.gather(victim(), *(collect(slow.engine, p) for p in prompts))
+        return results[1:]
+
+    for prompt, outputs in zip(prompts, slow.run(run())):
+        assert outputs[-1].text == prompt.upper()
+        np.testing.assert_allclose(outputs[-1].audio, expected_audio(prompt.upper()), atol=1e-5)
+
+
+@pytest.mark.parametrize("victim_stage", ["talker", "code2wav", "thinker"])
+def test_killed_stage_fails_its_requests_and_is_restarted(harness_factory, victim_stage: str) -> None:
+    harness = harness_factory("toy", SLOW)
+    engine = harness.engine
+
+    async def run() -> tuple[BaseException | None, list, dict, dict]:
+        before = await engine.debug_state()
+        pid = before["pids"][victim_stage]
+        error: BaseException | None = None
+        bystander = None
+        if victim_stage != "thinker":  # a text-only request never touches talker/code2wav
+            bystander = asyncio.create_task(collect(engine, "text only bystander " * 3, output_modalities=["text"]))
+        try:
+            async for out in engine.generate(PROMPT, request_id="doomed"):
+                if out.modality == "audio" or (victim_stage == "thinker" and out.modality == "text"):
+                    os.kill(pid, signal.SIGKILL)
+        except RequestFailedError as exc:
+            error = exc
+        others = await bystander if bystander else []
+        for _ in range(200):  # wait for the restarted stage to come back
+            after = await engine.debug_state()
+            if after["pids"].get(victim_stage) not in (None, pid) and victim_stage in after["stages"]:
+                break
+            await asyncio.sleep(0.05)
+        return error, others, before, after
+
+    error, others, before, after = harness.run(run())
+    assert error is not None, "the request on the killed stage must fail"
+    assert f"stage '{victim_stage}' died" in str(error) and "-9" in str(error)
+    if others:
+        assert others[-1].text == ("text only bystander " * 3).upper()
+    assert after["restarts"][victim_stage] == 1
+    assert after["pids"][victim_stage] != before["pids"][victim_stage]
+    assert not [s for s in shm_segments(harness.engine.engine.run_id) if f"-{victim_stage}-" in s and
+                str(before["pids"][victim_stage]) in s]
+    outputs = harness.run(collect(engine, "after the crash"))
+    assert outputs[-1].text == "AFTER THE CRASH"
+    np.testing.assert_allclose(outputs[-1].audio, expected_audio("AFTER THE CRASH"), atol=1e-5)
+    final_state = harness.run(wait_until_idle(engine))
+    assert state_is_idle(final_state), repr(final_state["stages"]) + repr(final_state["client_requests"])
+
+
+def test_shutdown_leaves_no_segment_socket_or_process() -> None:
+    async def run() -> tuple[str, str, list[int]]:
+        engine = AsyncOmni("toy", {"relay": {"inline_threshold_bytes": 0}})  # force everything through shm
+        await engine.start()
+        state = await engine.debug_state()
+        await collect(engine, "use the relays")
+        agen = engine.generate(PROMPT)
+        async for out in agen:
+            if out.modality == "audio":
+                break
+        await agen.aclose()
+        assert shm_segments(engine.engine.run_id), "shm pools should exist while running"
+        run_dir = engine.engine.orchestrator.run_dir
+        await engine.shutdown()
+        return engine.engine.run_id, run_dir, list(state["pids"].values())
+
+    run_id, run_dir, pids = asyncio.run(run())
+    assert shm_segments(run_id) == []
+    assert not os.path.exists(run_dir)
+    alive = [p.pid for p in child_processes() if p.pid in pids]
+    assert alive == []
+
+
+def test_a_stage_that_fails_to_load_is_named() -> None:
+    toy = get_pipeline("toy")
+    broken = PipelineSpec(
+        name="broken", description="", prompt_processor=toy.prompt_processor, input_modalities=("text",),
+        stages=(toy.stages[0], StageSpec("talker", "generation", "omnipipe.models.toy.talker:NoSuchRunner"),
+                toy.stages[2]),
+        edges=toy.edges,
+    )
+
+    before = {p.pid for p in child_processes()}
+
+    async def run() -> None:
+        engine = AsyncOmni(broken)
+        try:
+            await engine.start()
+        finally:
+            await engine.shutdown()
+
+    with pytest.raises(EngineStartError, match=r"stage 'talker' failed to start.*NoSuchRunner"):
+        asyncio.run(run())
+    assert {p.pid for p in child_processes()} <= before
