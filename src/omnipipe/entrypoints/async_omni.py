@@ -99,7 +99,7 @@ class AsyncOmni:
         initial_codec_chunk_frames: int | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         """Stream one request's outputs. Raises ValueError for bad arguments, RequestFailedError on failure."""
-        request_id = request_id or uuid.uuid4().hex
+        request_id = uuid.uuid4().hex if request_id is None else request_id
         if not isinstance(request_id, str) or not request_id or len(request_id) > 256:
             raise ValueError("request_id: must be a non-empty string of at most 256 characters")
         if request_id in self._user_ids:

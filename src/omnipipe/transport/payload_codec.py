@@ -56,7 +56,7 @@ def encode(obj: Any) -> EncodedPayload:
 
     def add(array: np.ndarray, path: str, kind: str, dtype_name: str) -> dict[str, int]:
         nonlocal offset
-        contiguous = np.ascontiguousarray(array)
+        contiguous = array if array.flags.c_contiguous else np.array(array, order="C")
         nbytes = contiguous.nbytes
         tensors.append(TensorInfo(path, dtype_name, list(contiguous.shape), offset, nbytes, kind))
         buffers.append(memoryview(contiguous.reshape(-1).view(np.uint8)) if nbytes else memoryview(b""))

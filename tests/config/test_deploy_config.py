@@ -1,0 +1,97 @@
+"""Deploy files are validated at start; every error names the file and the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from omnipipe.config.deploy_config import DeployConfigError, load_deploy
+from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, PipelineSpecError, StageSpec
+from omnipipe.models.registry import UnknownPipelineError, get_pipeline
+
+TOY = get_pipeline("toy")
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "deploy.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_fill_every_stage() -> None:
+    config = load_deploy(None, TOY)
+    assert set(config.stages) == {"thinker", "talker", "code2wav"}
+    assert config.codec_chunk_frames == 8  # the toy pipeline's own default
+    assert config.edge_relay("talker", "code2wav") == ("shm", 64 * 1024)
+
+
+def test_yaml_overrides_and_per_edge_relay(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+async_chunk: false
+codec_chunk_frames: 25
+initial_codec_chunk_frames: 4
+stages:
+  thinker: {threads: 2, max_num_seqs: 4, options: {step_delay_ms: 3}}
+edges:
+  talker->code2wav: {relay: inline}
+""")
+    config = load_deploy(path, TOY)
+    assert config.async_chunk is False and config.codec_chunk_frames == 25
+    assert config.stages["thinker"].threads == 2 and config.stages["thinker"].options["step_delay_ms"] == 3
+    assert config.edge_relay("talker", "code2wav")[0] == "inline"
+    assert config.initial_codec_chunk_frames == 4
+
+
+@pytest.mark.parametrize("text, message", [
+    ("max_num_seqs: 3", "deploy.yaml: max_num_seqs: unknown key"),
+    ("stages: {thinker: {max_num_seqs: 0}}", "deploy.yaml: stages.thinker.max_num_seqs: must be an integer >= 1, got 0"),
+    ("stages: {thinker: {threads: two}}", "stages.thinker.threads: must be an integer >= 1"),
+    ("stages: {thinker: {device: tpu}}", "stages.thinker.device: must be \"cpu\" or \"cuda[:N]\""),
+    ("stages: {thinker: {max_num_seq: 2}}", "stages.thinker.max_num_seq: unknown key"),
+    ("stages: {speaker: {}}", "stages.speaker: no such stage in pipeline 'toy'"),
+    ("edges: {thinker->code2wav: {relay: shm}}", "edges.thinker->code2wav: no such edge"),
+    ("edges: {talker->code2wav: {relay: carrier-pigeon}}", "edges.talker->code2wav.relay: must be one of"),
+    ("edges: {talker->code2wav: {relay: local}}", "edges.talker->code2wav.relay: local needs both stages"),
+    ("async_chunk: maybe", "async_chunk: must be true or false"),
+    ("transport: udp", "transport: must be one of ipc, tcp"),
+    ("initial_codec_chunk_frames: 0", 'initial_codec_chunk_frames: must be "auto" or an integer >= 1'),
+    ("relay: {backend: shm, shm_num_slots: -1}", "relay.shm_num_slots: must be an integer >= 1"),
+    ("relay: [1, 2]", "relay: must be a mapping"),
+    ("- just\n- a list", "the top level must be a mapping"),
+    ("key: [unclosed", "not valid YAML"),
+])
+def test_invalid_deploy_files_name_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(DeployConfigError) as excinfo:
+        load_deploy(write(tmp_path, text), TOY)
+    assert message in str(excinfo.value)
+    assert str(tmp_path / "deploy.yaml") in str(excinfo.value)
+
+
+def test_missing_deploy_file(tmp_path: Path) -> None:
+    with pytest.raises(DeployConfigError, match="deploy file not found"):
+        load_deploy(tmp_path / "nope.yaml", TOY)
+
+
+def test_unknown_pipeline_lists_the_known_ones() -> None:
+    with pytest.raises(UnknownPipelineError, match="available: .*toy"):
+        get_pipeline("nonexistent")
+
+
+def test_pipeline_topology_errors() -> None:
+    stage = StageSpec("a", "ar", "x:Y", final_output="text")
+    with pytest.raises(PipelineSpecError, match="unknown stage 'b'"):
+        PipelineSpec("p", "", (stage,), (EdgeSpec("a", "b", "m.f"),), "m.f", ("text",))
+    with pytest.raises(PipelineSpecError, match="cycle"):
+        PipelineSpec("p", "", (stage, StageSpec("b", "generation", "x:Y")),
+                     (EdgeSpec("a", "b", "m.f"), EdgeSpec("b", "a", "m.f")), "m.f", ("text",))
+    with pytest.raises(PipelineSpecError, match="must match"):
+        PipelineSpec("p", "", (StageSpec("bad-name", "ar", "x:Y"),), (), "m.f", ("text",))
+
+
+def test_plan_covers_only_the_stages_a_request_needs() -> None:
+    assert TOY.plan("thinker", ["text"]) == ["thinker"]
+    assert TOY.plan("thinker", ["text", "audio"]) == ["thinker", "talker", "code2wav"]
+    assert TOY.plan("thinker", ["audio"]) == ["thinker", "talker", "code2wav"]
+    with pytest.raises(ValueError, match="output_modalities: pipeline 'toy' cannot produce 'image'"):
+        TOY.plan("thinker", ["image"])

@@ -1,0 +1,54 @@
+"""Bad arguments to the Python API get clear errors naming the field, and the engine keeps serving."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnipipe import SamplingParams
+from tests.conftest import collect
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompt": 42}, "prompt: must be a string or a dict"),
+    ({"prompt": {"text": "hi"}}, "prompt.text: unknown key"),
+    ({"prompt": {"prompt": 5}}, "prompt.prompt: must be a string"),
+    ({"prompt": {"prompt": "hi", "multi_modal_data": {"audio": b"x"}}},
+     "prompt.multi_modal_data.audio: this pipeline does not accept audio input"),
+    ({"prompt": {"prompt": "hi", "multi_modal_data": {"smell": 1}}}, "prompt.multi_modal_data.smell: unknown modality"),
+    ({"prompt": "   "}, "prompt: is empty"),
+    ({"prompt": "hi", "output_modalities": ["image"]}, "output_modalities: 'image' is not produced"),
+    ({"prompt": "hi", "output_modalities": []}, "output_modalities: must be a non-empty list"),
+    ({"prompt": "hi", "sampling_params": {"speaker": SamplingParams()}}, "sampling_params.speaker: no such stage"),
+    ({"prompt": "hi", "sampling_params": {"thinker": {"max_tokens": 0}}}, "sampling_params.max_tokens: must be"),
+    ({"prompt": "hi", "sampling_params": {"thinker": {"bogus": 1}}}, "sampling_params.bogus: unknown field"),
+    ({"prompt": "hi", "sampling_params": "greedy"}, "sampling_params: must be SamplingParams"),
+    ({"prompt": "hi", "initial_codec_chunk_frames": 0}, "initial_codec_chunk_frames: must be an integer >= 1"),
+    ({"prompt": "hi", "request_id": ""}, "request_id: must be a non-empty string"),
+])
+def test_bad_generate_arguments(toy, kwargs, message) -> None:
+    prompt = kwargs.pop("prompt")
+    with pytest.raises(ValueError) as excinfo:
+        toy.run(collect(toy.engine, prompt, **kwargs))
+    assert message in str(excinfo.value)
+    assert toy.run(collect(toy.engine, "fine"))[-1].text == "FINE"
+
+
+@pytest.mark.parametrize("field, value", [("temperature", -1), ("top_p", 0), ("top_k", -2), ("max_tokens", 1.5),
+                                          ("stop", "x"), ("seed", "s"), ("repetition_penalty", 0),
+                                          ("presence_penalty", 3)])
+def test_sampling_params_validation_names_the_field(field, value) -> None:
+    with pytest.raises(ValueError, match=f"sampling_params.{field}"):
+        SamplingParams(**{field: value})
+
+
+def test_duplicate_running_request_id_is_refused(toy) -> None:
+    async def run() -> None:
+        agen = toy.engine.generate("a long one " * 5, request_id="dup")
+        await agen.__anext__()
+        try:
+            with pytest.raises(ValueError, match="request_id: 'dup' is already running"):
+                await collect(toy.engine, "again", request_id="dup")
+        finally:
+            await agen.aclose()
+
+    toy.run(run())
