@@ -40,3 +40,33 @@ class RequestClock:
             audio_duration_s=duration, rtf=(e2e / duration) if duration > 0 else None,
             num_output_tokens=self.num_tokens, stages=stages, edges=edges,
         )
+
+
+def format_request_metrics(metrics: RequestMetrics) -> str:
+    """A readable table of one request's metrics (what ``omnipipe generate --stats`` prints)."""
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value * 1000:.1f} ms"
+
+    summary = metrics.summary()
+    rows = [
+        ("E2E", ms(metrics.e2e_s)),
+        ("TTFT (first text)", ms(metrics.ttft_s)),
+        ("TPOT (per token)", ms(metrics.tpot_s)),
+        ("ITL (mean)", ms(summary["itl_mean_s"])),
+        ("TTFP (first audio)", ms(metrics.ttfp_s)),
+        ("audio", f"{metrics.audio_duration_s:.2f} s"),
+        ("RTF", "-" if metrics.rtf is None else f"{metrics.rtf:.3f}"),
+        ("output tokens", str(metrics.num_output_tokens)),
+    ]
+    lines = ["request", *(f"  {name:<20} {value}" for name, value in rows), "stages"]
+    lines.append(f"  {'stage':<12} {'queue':>10} {'compute':>10} {'units':>7} {'max batch':>9}")
+    for stage, m in metrics.stages.items():
+        lines.append(f"  {stage:<12} {ms(m.get('queue_s')):>10} {ms(m.get('compute_s')):>10} "
+                     f"{m.get('units', 0):>7} {m.get('max_batch_size', 0):>9}")
+    if metrics.edges:
+        lines.append("edges")
+        lines.append(f"  {'edge':<22} {'chunks':>6} {'bytes':>10} {'transfer':>10}")
+        for edge, m in metrics.edges.items():
+            lines.append(f"  {edge:<22} {m.get('chunks', 0):>6} {m.get('bytes', 0):>10} {ms(m.get('transfer_s')):>10}")
+    return "\n".join(lines)

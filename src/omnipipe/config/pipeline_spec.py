@@ -67,6 +67,8 @@ class PipelineSpec:
     input_modalities: tuple[str, ...]
     default_deploy: dict[str, Any] = field(default_factory=dict)
     comprehension_stage: str | None = None  # receives SamplingParams given without a stage name
+    prepare_weights: str | None = None  # dotted path: (progress: bool) -> None, idempotent
+    weights_status: str | None = None  # dotted path: () -> (ready: bool, detail: str)
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.stages]

@@ -1,0 +1,174 @@
+"""The ``omnipipe`` command.
+
+    omnipipe generate "What is the capital of France?" --output answer.wav [--stats]
+    omnipipe models | download | bench engine
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from omnipipe.models.registry import PIPELINES, UnknownPipelineError, get_pipeline
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, PermissionError)
+
+
+class CLIError(Exception):
+    """A mistake the user can fix; printed as one line, exit code 2."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from omnipipe.entrypoints.async_omni import RequestFailedError
+    from omnipipe.engine.orchestrator import EngineStartError
+    from omnipipe.models.preparation import ModelPreparationError
+
+    return (*USER_ERRORS, CLIError, UnknownPipelineError, RequestFailedError, EngineStartError, ModelPreparationError)
+
+
+# ---------------------------------------------------------------------------------------------- generate
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="answer one question (text and/or spoken) and write the spoken answer")
+    p.add_argument("prompt", nargs="?", default="", help="the question as text")
+    p.add_argument("--audio-in", type=Path, help="a spoken question (wav/flac/ogg/mp3)")
+    p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV)")
+    p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
+    p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
+    p.add_argument("--no-async-chunk", action="store_true", help="hand whole outputs between stages")
+    p.add_argument("--text-only", action="store_true", help="produce text only")
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stats", action="store_true", help="print the request's metrics table")
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _deploy_source(args: argparse.Namespace) -> Any:
+    from omnipipe.config.deploy_config import DeployConfigError, load_deploy
+
+    pipeline = get_pipeline(args.pipeline)
+    if args.deploy is not None and not args.deploy.is_file():
+        raise CLIError(f"--deploy: file not found: {args.deploy}")
+    try:
+        config = load_deploy(args.deploy, pipeline)
+    except DeployConfigError as exc:
+        raise CLIError(str(exc)) from exc
+    if args.no_async_chunk:
+        config.async_chunk = False
+    return pipeline, config
+
+
+async def _generate(args: argparse.Namespace) -> int:
+    from omnipipe import AsyncOmni, SamplingParams
+    from omnipipe.audio import load_audio, write_wav
+
+    pipeline, deploy = _deploy_source(args)
+    prompt: Any = args.prompt
+    if args.audio_in is not None:
+        if not args.audio_in.is_file():
+            raise CLIError(f"--audio-in: file not found: {args.audio_in}")
+        audio, rate = load_audio(args.audio_in)
+        prompt = {"prompt": args.prompt, "multi_modal_data": {"audio": (audio, rate)}}
+    elif not args.prompt.strip():
+        raise CLIError("give a question as text, or --audio-in FILE")
+    params = None
+    overrides = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature),
+                                   ("seed", args.seed)) if v is not None}
+    if overrides:
+        params = SamplingParams(**overrides)
+    modalities = ["text"] if args.text_only else None
+    if args.output is not None and args.output.parent and not args.output.parent.exists():
+        raise CLIError(f"--output: directory does not exist: {args.output.parent}")
+    final = None
+    async with AsyncOmni(pipeline, deploy, log_level="INFO" if args.verbose else "WARNING") as engine:
+        async for out in engine.generate(prompt, sampling_params=params, output_modalities=modalities):
+            if out.modality == "text":
+                print(out.text_delta, end="", flush=True)
+            if out.finished:
+                final = out
+    print()
+    assert final is not None
+    if final.audio is not None and final.audio.size:
+        if args.output is not None:
+            write_wav(args.output, final.audio, final.sample_rate_hz or 0)
+            print(f"wrote {args.output} ({final.audio_duration_s:.2f} s of audio)", file=sys.stderr)
+    elif args.output is not None:
+        print("no audio was produced (text-only pipeline or output)", file=sys.stderr)
+    if args.stats and final.metrics is not None:
+        from omnipipe.metrics import format_request_metrics
+
+        print(format_request_metrics(final.metrics))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- models
+def _models(args: argparse.Namespace) -> int:
+    from omnipipe.models.preparation import pipeline_status
+
+    for name in sorted(PIPELINES):
+        pipeline = get_pipeline(name)
+        ready, detail = pipeline_status(name)
+        print(f"{name:<10} {'ready' if ready else 'not ready':<10} {pipeline.description}")
+        if detail:
+            print(f"{'':<10} {detail}")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from omnipipe.models.preparation import prepare_pipeline
+
+    names = [args.pipeline] if args.pipeline else sorted(PIPELINES)
+    for name in names:
+        get_pipeline(name)
+        prepare_pipeline(name, progress=True)
+        print(f"{name}: ready")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnipipe", description="Serve multi-stage omni-modal models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    sub.add_parser("models", help="list pipelines and whether their weights are ready")
+    d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
+    d.add_argument("--pipeline", default=None)
+    b = sub.add_parser("bench", help="benchmarks (print a table)")
+    b.add_argument("suite", choices=["engine", "offline"], help="engine: framework costs on test stages; "
+                   "offline: the default pipeline vs a sequential baseline")
+    b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (see --help of the suite)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "generate":
+            return asyncio.run(_generate(args))
+        if args.command == "models":
+            return _models(args)
+        if args.command == "download":
+            return _download(args)
+        if args.command == "bench":
+            if args.suite == "engine":
+                from omnipipe.bench.engine import main as bench_main
+            else:
+                from omnipipe.bench.offline import main as bench_main
+            return bench_main(args.rest)
+    except KeyboardInterrupt:
+        print("omnipipe: interrupted", file=sys.stderr)
+        return 130
+    except _user_errors() as exc:
+        print(f"omnipipe: error: {exc}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
