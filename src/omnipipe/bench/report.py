@@ -7,8 +7,9 @@ import math
 import os
 import platform
 import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 Cell = str | int | float | None
 

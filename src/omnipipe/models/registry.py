@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
+from omnipipe.config.pipeline_spec import PipelineSpec, resolve
 
-from omnipipe.config.pipeline_spec import PipelineSpec
-
-# name -> module with a module-level ``PIPELINE``
+# name -> dotted path of a PipelineSpec
 PIPELINES: dict[str, str] = {
-    "toy": "omnipipe.models.toy.pipeline",
-    "toy_tts": "omnipipe.models.toy.tts_pipeline",
+    "default": "omnipipe.models.default.pipelines:DEFAULT",
+    "tts": "omnipipe.models.default.pipelines:TTS",
+    "asr": "omnipipe.models.default.pipelines:ASR",
+    "toy": "omnipipe.models.toy.pipeline:PIPELINE",
+    "toy_tts": "omnipipe.models.toy.tts_pipeline:PIPELINE",
 }
 
 
@@ -18,11 +19,14 @@ class UnknownPipelineError(ValueError):
 
 
 def get_pipeline(name: str) -> PipelineSpec:
-    module_name = PIPELINES.get(name)
-    if module_name is None:
+    dotted = PIPELINES.get(name) if isinstance(name, str) else None
+    if dotted is None:
         raise UnknownPipelineError(f"unknown pipeline {name!r}; available: {', '.join(sorted(PIPELINES))}")
-    return importlib.import_module(module_name).PIPELINE
+    pipeline = resolve(dotted)
+    assert isinstance(pipeline, PipelineSpec)
+    return pipeline
 
 
-def register_pipeline(name: str, module_name: str) -> None:
-    PIPELINES[name] = module_name
+def register_pipeline(name: str, dotted_path: str) -> None:
+    """Make a PipelineSpec (``package.module:NAME``) available by name to the API and the CLI."""
+    PIPELINES[name] = dotted_path

@@ -23,6 +23,7 @@ class RunnerOutput:
     finished: bool = False
     finish_reason: str | None = None
     needs_input: bool = False  # AR stage: wait (WAITING_FOR_CHUNK) until the next input chunk arrives
+    error: str | None = None  # this request failed (e.g. its input is too long); the rest of the batch goes on
 
 
 @dataclass

@@ -284,6 +284,10 @@ class StageCoreProc:
             return
         elapsed = time.perf_counter() - start
         for request, output in zip(batch, outputs):
+            if output.error is not None:
+                self._send(StageError(request.request_id, self.stage, output.error))
+                self._abort(request.request_id)
+                continue
             request.compute_s += elapsed
             request.max_batch_size = max(request.max_batch_size, len(batch))
             request.num_units += output.num_units

@@ -352,11 +352,14 @@ class GemmaThinker:
             return views[0][0][None], views[0][1][None], None
         lengths = torch.tensor([key.shape[1] for key, _ in views])
         longest = int(lengths.max())
-        keys = k.new_zeros(len(views), k.shape[1], longest, k.shape[3])
-        values = torch.zeros_like(keys)
+        keys = k.new_empty(len(views), k.shape[1], longest, k.shape[3])
+        values = torch.empty_like(keys)
         for b, (key, value) in enumerate(views):
-            keys[b, :, : key.shape[1]] = key
-            values[b, :, : value.shape[1]] = value
+            length = key.shape[1]
+            keys[b, :, :length] = key
+            values[b, :, :length] = value
+            keys[b, :, length:] = 0  # padding must stay finite: masked weights are 0, and 0 * nan = nan
+            values[b, :, length:] = 0
         mask = (torch.arange(longest)[None, :] < lengths[:, None])[:, None, None, :]
         return keys, values, mask
 

@@ -44,8 +44,7 @@ DECODER_FIRST_NODE_PREFIX = "/dec/"
 FALLBACK_SPLIT_TENSOR = "/Mul_7_output_0"
 
 
-class ModelPreparationError(RuntimeError):
-    """A model could not be found, converted or loaded."""
+from omnipipe.models.preparation import ModelPreparationError  # noqa: E402  (re-exported)
 
 
 @dataclass(frozen=True)

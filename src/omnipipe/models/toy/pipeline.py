@@ -16,8 +16,8 @@ PIPELINE = PipelineSpec(
     ),
     edges=(
         EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker", f"{_P}.processors.thinker2talker_async_chunk"),
-        EdgeSpec("talker", "code2wav", f"{_P}.processors.talker2code2wav",
-                 f"{_P}.processors.talker2code2wav_async_chunk"),
+        EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_processors.frames_whole",
+                 "omnipipe.chunk.frame_processors.frames_async_chunk"),
     ),
     prompt_processor=f"{_P}.processors.text_prompt",
     input_modalities=("text",),

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from omnipipe.chunk.accumulation import FrameAccumulator
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.config.pipeline_spec import EntryInput
-from omnipipe.models.toy.talker import FRAME_DIM
 
 
 def text_prompt(prompt: dict[str, Any]) -> EntryInput:
@@ -34,17 +30,3 @@ def thinker2talker_async_chunk(state: dict[str, Any], output: dict[str, Any], is
         return []
     state["buffer"] = buffer[cut:]
     return [{"text": buffer[:cut]}]
-
-
-def talker2code2wav(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    blocks = [o["frames"] for o in outputs if "frames" in o]
-    frames = np.concatenate(blocks, axis=1) if blocks else np.zeros((FRAME_DIM, 0), np.float32)
-    return [{"frames": frames, "context_frames": 0, "start_frame": 0}]
-
-
-def talker2code2wav_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: bool,
-                                ctx: ChunkContext) -> list[dict[str, Any]]:
-    accumulator: FrameAccumulator = state.setdefault("frames", FrameAccumulator())
-    if "frames" in output:
-        accumulator.add(np.asarray(output["frames"]))
-    return accumulator.cut(ctx, is_last)

@@ -1,0 +1,587 @@
+"""Engine benchmarks on the toy stages.
+
+    python -m omnipipe.bench.engine [--quick] [--json PATH]
+
+1. latency: one control-plane hop (half a PUSH->PULL round trip between two processes over ipc://, with the real
+   msgspec codec and relay_io), and the per-token cost of the whole engine (mean inter-token latency of a
+   text-only toy request, whose thinker is nearly free).
+2. relay: throughput of ``write_payload`` in one process + ``read_payload`` in another, per backend, next to an
+   in-process ``np.copyto`` of the same size (the physical limit).
+3. ttfp: time to first audio packet with async chunk on vs off at several concurrencies, with per-call delays
+   standing in for model compute, and the ratio that pure compute would give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import msgspec
+import numpy as np
+import zmq
+
+from omnipipe.bench.report import format_table, machine_info, mean, median, percentile, summarize, write_json
+from omnipipe.entrypoints.async_omni import AsyncOmni
+from omnipipe.outputs import RequestMetrics
+from omnipipe.transport import control_plane
+from omnipipe.transport.messages import StageOutput
+from omnipipe.transport.relay.base import Relay
+from omnipipe.transport.relay.inline import InlineRelay
+from omnipipe.transport.relay.shm import ShmRelay, segment_prefix, sweep_segments
+from omnipipe.transport.relay_io import read_payload, write_payload
+
+SECTIONS = ("latency", "relay", "ttfp")
+HOP_TARGET_P50_MS = 0.3
+SHM_TARGET_PCT_OF_MEMCPY = 40.0
+SMALL_AUDIO_SAMPLES = 256  # one toy code2wav chunk of 8 frames: 1 KiB of float32
+ONE_OFF_SLOT_BYTES = 4096  # a pool this small sends every measured payload through a one-off segment
+ITL_PROMPT = "the quick brown fox jumps over the lazy dog " * 3
+_STOP = b"stop"
+_RECV_TIMEOUT_MS = 60_000
+_ack = msgspec.msgpack.Encoder()
+_ack_decoder = msgspec.msgpack.Decoder()
+
+
+@dataclass
+class BenchConfig:
+    sections: tuple[str, ...] = SECTIONS
+    hop_iterations: int = 5000
+    itl_requests: int = 8
+    relay_sizes: tuple[int, ...] = (1 << 20, 64 << 20)
+    relay_iterations: tuple[int, ...] = (100, 20)  # per size
+    concurrency: tuple[int, ...] = (1, 4, 16)
+    num_prompts: int = 16
+    thinker_step_ms: float = 20.0
+    talker_call_ms: float = 20.0
+    code2wav_call_ms: float = 10.0
+    max_num_seqs: int | None = None  # per stage; None: the highest concurrency, so no request waits for a slot
+    quick: bool = False
+
+    @classmethod
+    def quick_config(cls, **overrides: Any) -> BenchConfig:
+        base = cls(hop_iterations=300, itl_requests=2, relay_sizes=(64 << 10, 1 << 20), relay_iterations=(5, 5),
+                   concurrency=(1, 2), num_prompts=2, thinker_step_ms=2.0, talker_call_ms=2.0,
+                   code2wav_call_ms=1.0, quick=True)
+        for key, value in overrides.items():
+            setattr(base, key, value)
+        return base
+
+
+# ====================================================================== helpers
+def _ms(seconds: float) -> float:
+    return seconds * 1e3
+
+
+def _human_bytes(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}"
+    return f"{nbytes} B"
+
+
+@contextlib.contextmanager
+def _peer(target: Callable[..., None], *args: Any) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
+    """Start ``target(to_peer, from_peer, *args)`` in a spawned process; yield (push to it, pull from it).
+
+    This end binds and the peer connects, as the orchestrator and the stages do. The peer says b"ready" first
+    and stops on b"stop".
+    """
+    run_dir = tempfile.mkdtemp(prefix="omnipipe-bench-")
+    to_peer, from_peer = f"ipc://{run_dir}/to-peer", f"ipc://{run_dir}/from-peer"
+    ctx = zmq.Context()
+    push = control_plane.make_socket(ctx, zmq.PUSH, to_peer, bind=True)
+    pull = control_plane.make_socket(ctx, zmq.PULL, from_peer, bind=True)
+    pull.setsockopt(zmq.RCVTIMEO, _RECV_TIMEOUT_MS)
+    push.setsockopt(zmq.SNDTIMEO, _RECV_TIMEOUT_MS)
+    process = multiprocessing.get_context("spawn").Process(target=target, args=(to_peer, from_peer, *args),
+                                                           daemon=True)
+    process.start()
+    try:
+        if pull.recv() != b"ready":
+            raise RuntimeError("benchmark peer did not start")
+        yield push, pull
+        push.send(_STOP)
+        process.join(30)
+    finally:
+        if process.is_alive():
+            process.terminate()
+            process.join(5)
+        push.close(0)
+        pull.close(0)
+        ctx.term()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _connect_peer(to_peer: str, from_peer: str) -> tuple[zmq.Context, zmq.Socket, zmq.Socket]:
+    ctx = zmq.Context()
+    pull = control_plane.make_socket(ctx, zmq.PULL, to_peer, bind=False)
+    push = control_plane.make_socket(ctx, zmq.PUSH, from_peer, bind=False)
+    push.send(b"ready")
+    return ctx, pull, push
+
+
+# ====================================================================== 1. control-plane hop latency
+def _echo_peer(to_peer: str, from_peer: str) -> None:
+    """Answer each frame: phase ``raw`` sends the bytes back; phase ``message`` decodes the StageOutput, reads its
+    payload and answers with a new StageOutput that writes the payload again. A phase header b"raw:N" or
+    b"message:N" precedes its N frames."""
+    ctx, pull, push = _connect_peer(to_peer, from_peer)
+    relays: dict[str, Relay] = {"inline": InlineRelay()}
+    inline = InlineRelay()
+    try:
+        while True:
+            header = pull.recv()
+            if header == _STOP:
+                return
+            phase, count = header.decode().split(":")
+            for _ in range(int(count)):
+                frame = pull.recv()
+                if phase == "raw":
+                    push.send(frame, copy=False)
+                    continue
+                msg = control_plane.decode(control_plane.FROM_STAGE, frame, "bench echo")
+                if not isinstance(msg, StageOutput):
+                    raise TypeError("benchmark echo peer got something other than a StageOutput")
+                payload = None
+                if msg.payload is not None:
+                    body = read_payload(msg.payload, relays, msg.request_id)
+                    payload = write_payload(body, inline, msg.request_id, 1 << 16)
+                reply = StageOutput(msg.request_id, "echo", msg.seq, False, msg.text_delta, msg.num_tokens, payload)
+                push.send(control_plane.encode(reply), copy=False)
+    finally:
+        pull.close(0)
+        push.close(0)
+        ctx.term()
+
+
+def _hop_round_trips(push: zmq.Socket, pull: zmq.Socket, phase: str, iterations: int,
+                     audio: np.ndarray | None) -> tuple[list[float], int]:
+    """Round trips of one phase; returns (one-hop times in seconds, bytes of one request frame)."""
+    warmup = max(20, iterations // 10)
+    inline = InlineRelay()
+    relays: dict[str, Relay] = {"inline": inline}
+    raw_frame = control_plane.encode(StageOutput("r-bench", "thinker", 0, False, "x", 1,
+                                                 write_payload({"audio": audio}, inline, "r-bench", 1 << 16)
+                                                 if audio is not None else None))
+    push.send(f"{phase}:{warmup + iterations}".encode())
+    hops: list[float] = []
+    frame_bytes = 0
+    for i in range(warmup + iterations):
+        start = time.perf_counter()
+        if phase == "raw":
+            push.send(raw_frame, copy=False)
+            pull.recv()
+            frame_bytes = len(raw_frame)
+        else:
+            payload = write_payload({"audio": audio}, inline, "r-bench", 1 << 16) if audio is not None else None
+            frame = control_plane.encode(StageOutput("r-bench", "thinker", i, False, "x", 1, payload))
+            push.send(frame, copy=False)
+            reply = control_plane.decode(control_plane.FROM_STAGE, pull.recv(), "bench")
+            if reply is not None and reply.payload is not None:
+                read_payload(reply.payload, relays, reply.request_id)
+            frame_bytes = len(frame)
+        if i >= warmup:
+            hops.append((time.perf_counter() - start) / 2)
+    return hops, frame_bytes
+
+
+def bench_hop_latency(iterations: int) -> list[dict[str, Any]]:
+    audio = np.linspace(-1, 1, SMALL_AUDIO_SAMPLES, dtype=np.float32)
+    cases = [
+        ("zmq only: same bytes, no codec", "raw", audio),
+        ("StageOutput, text delta", "message", None),
+        (f"StageOutput + {SMALL_AUDIO_SAMPLES * 4 // 1024} KiB inline payload", "message", audio),
+    ]
+    rows = []
+    with _peer(_echo_peer) as (push, pull):
+        for label, phase, data in cases:
+            hops, frame_bytes = _hop_round_trips(push, pull, phase, iterations, data)
+            stats = summarize(hops, 1e3)
+            rows.append({"message": label, "framework": phase == "message", "frame_bytes": frame_bytes,
+                         "iterations": iterations,
+                         "p50_ms": stats["median"], "p99_ms": stats["p99"], "mean_ms": stats["mean"],
+                         "samples_ms": [_ms(h) for h in hops]})
+    return rows
+
+
+# ====================================================================== 1b. per-token engine overhead
+async def _collect_final(engine: AsyncOmni, prompt: str, **kwargs: Any) -> RequestMetrics:
+    final = None
+    async for out in engine.generate(prompt, **kwargs):
+        if out.finished:
+            final = out
+    if final is None or final.metrics is None:
+        raise RuntimeError("request ended without a final output")
+    return final.metrics
+
+
+async def bench_token_overhead(requests: int) -> dict[str, Any]:
+    """Mean ITL of sequential text-only requests (thinker only), minus the thinker's own compute per step."""
+    gaps: list[float] = []
+    compute_per_step: list[float] = []
+    async with AsyncOmni("toy", {}) as engine:
+        await _collect_final(engine, "warm up", output_modalities=["text"])
+        for _ in range(requests):
+            metrics = await _collect_final(engine, ITL_PROMPT, output_modalities=["text"])
+            gaps.extend(metrics.itl_s)
+            thinker = metrics.stages["thinker"]
+            steps = int(thinker["units"]) + (1 if thinker.get("finish_reason") == "stop" else 0)  # + the EOS step
+            compute_per_step.append(float(thinker["compute_s"]) / max(1, steps))
+    itl = summarize(gaps, 1e3)
+    compute_ms = _ms(mean(compute_per_step))
+    return {"requests": requests, "tokens_per_request": len(ITL_PROMPT), "gaps": len(gaps),
+            "itl_mean_ms": itl["mean"], "itl_median_ms": itl["median"], "itl_p99_ms": itl["p99"],
+            "thinker_compute_per_token_ms": compute_ms, "framework_per_token_ms": itl["mean"] - compute_ms,
+            "itl_samples_ms": [_ms(g) for g in gaps]}
+
+
+# ====================================================================== 2. relay throughput
+def _relay_receiver_peer(to_peer: str, from_peer: str, run_id: str) -> None:
+    """Receive StageOutputs, read their payloads, and answer with the timestamps and a content check."""
+    ctx, pull, push = _connect_peer(to_peer, from_peer)
+    relays: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(run_id, "bench-rx")}
+    try:
+        while True:
+            frame = pull.recv()
+            received = time.perf_counter()
+            if frame == _STOP:
+                return
+            msg = control_plane.decode(control_plane.FROM_STAGE, frame, "bench relay")
+            decoded = time.perf_counter()
+            if not isinstance(msg, StageOutput) or msg.payload is None:
+                raise RuntimeError("benchmark relay peer got something other than a StageOutput with a payload")
+            body = read_payload(msg.payload, relays, msg.request_id)
+            read = time.perf_counter()
+            array = body["x"]
+            push.send(_ack.encode({"received": received, "decoded": decoded, "read": read,
+                                   "first": float(array[0]), "last": float(array[-1]), "size": int(array.size)}))
+            del body, array, msg, frame
+    finally:
+        for relay in relays.values():
+            relay.close()
+        pull.close(0)
+        push.close(0)
+        ctx.term()
+
+
+def _memcpy_seconds(nbytes: int, iterations: int) -> list[float]:
+    src = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)  # fault every page in before timing
+    times = []
+    for _ in range(iterations + 2):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return times[2:]
+
+
+def _relay_transfers(push: zmq.Socket, pull: zmq.Socket, relay: Relay, nbytes: int,
+                     iterations: int) -> dict[str, list[float]]:
+    """Send ``iterations`` payloads of ``nbytes`` one at a time (each waits for the receiver's answer)."""
+    array = np.random.default_rng(1).random(nbytes // 4, dtype=np.float32)
+    phases: dict[str, list[float]] = {k: [] for k in ("total", "write", "send", "transit", "recv_decode", "read")}
+    warmup = 2
+    for i in range(warmup + iterations):
+        array[0], array[-1] = i, -i
+        start = time.perf_counter()
+        payload = write_payload({"x": array}, relay, f"r{i}", inline_threshold_bytes=0)
+        written = time.perf_counter()
+        push.send(control_plane.encode(StageOutput(f"r{i}", "bench", i, False, payload=payload)), copy=False)
+        sent = time.perf_counter()
+        ack = _ack_decoder.decode(pull.recv())
+        if ack["first"] != i or ack["last"] != -i or ack["size"] != array.size:
+            raise RuntimeError(f"relay {relay.name}: the receiver read the wrong bytes (iteration {i})")
+        if i < warmup:
+            continue
+        phases["total"].append(ack["read"] - start)  # perf_counter is CLOCK_MONOTONIC: comparable across processes
+        phases["write"].append(written - start)
+        phases["send"].append(sent - written)
+        phases["transit"].append(ack["received"] - sent)
+        phases["recv_decode"].append(ack["decoded"] - ack["received"])
+        phases["read"].append(ack["read"] - ack["decoded"])
+    return phases
+
+
+def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int]) -> dict[str, Any]:
+    run_id = f"bench{uuid.uuid4().hex[:8]}"
+    slot_bytes = max(sizes)
+    # each sender relay gets its own owner name: a receiver keeps its mapping of a pool by segment name
+    backends: list[tuple[str, Callable[[str], Relay]]] = [
+        ("inline", lambda owner: InlineRelay()),
+        ("shm", lambda owner: ShmRelay(run_id, owner, slot_bytes=slot_bytes, num_slots=2)),
+        ("shm one-off", lambda owner: ShmRelay(run_id, owner, slot_bytes=ONE_OFF_SLOT_BYTES, num_slots=1)),
+    ]
+    memcpy: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    try:
+        with _peer(_relay_receiver_peer, run_id) as (push, pull):
+            for nbytes, count in zip(sizes, iterations):
+                copy_s = median(_memcpy_seconds(nbytes, count))
+                memcpy_gbps = nbytes / copy_s / 1e9
+                memcpy.append({"size_bytes": nbytes, "median_ms": _ms(copy_s), "gbps": memcpy_gbps})
+                for name, make in backends:
+                    relay = make(f"tx{len(rows)}")
+                    try:
+                        phases = _relay_transfers(push, pull, relay, nbytes, count)
+                    finally:
+                        relay.close()
+                    total = median(phases["total"])
+                    gbps = nbytes / total / 1e9
+                    rows.append({
+                        "size_bytes": nbytes, "backend": name, "iterations": count, "gbps": gbps,
+                        "pct_of_memcpy": 100 * gbps / memcpy_gbps, "median_ms": _ms(total),
+                        "p99_ms": _ms(percentile(phases["total"], 99)),
+                        "phases_median_ms": {k: _ms(median(v)) for k, v in phases.items() if k != "total"},
+                        "samples_ms": [_ms(t) for t in phases["total"]],
+                    })
+    finally:
+        sweep_segments(segment_prefix(run_id))
+    return {"pool_slot_bytes": slot_bytes, "one_off_slot_bytes": ONE_OFF_SLOT_BYTES, "memcpy": memcpy, "rows": rows,
+            "target_shm_pct_of_memcpy": SHM_TARGET_PCT_OF_MEMCPY}
+
+
+# ====================================================================== 3. TTFP with async chunk on vs off
+def ttfp_prompts(count: int) -> list[str]:
+    return [f"tell me about stage {i:03d} and what it computes" for i in range(count)]
+
+
+def expected_ttfp_ms(prompts: Sequence[str], think_ms: float, talk_ms: float, wav_ms: float) -> dict[str, float]:
+    """What compute alone gives one request. Off: the thinker runs every token plus its EOS step, then one talker
+    and one code2wav call. On: the first word and its space reach the talker, then one talker and one code2wav call.
+    """
+    off = mean([(len(p.encode()) + 1) * think_ms + talk_ms + wav_ms for p in prompts])
+    on = mean([(p.index(" ") + 1) * think_ms + talk_ms + wav_ms for p in prompts])
+    return {"on_ms": on, "off_ms": off, "ratio": on / off}
+
+
+def _ttfp_deploy(config: BenchConfig, async_chunk: bool) -> dict[str, Any]:
+    seqs = config.max_num_seqs or max(config.concurrency)
+    options = {"thinker": {"step_delay_ms": config.thinker_step_ms},
+               "talker": {"call_delay_ms": config.talker_call_ms},
+               "code2wav": {"call_delay_ms": config.code2wav_call_ms}}
+    return {"async_chunk": async_chunk,
+            "stages": {name: {"max_num_seqs": seqs, "options": opts} for name, opts in options.items()}}
+
+
+async def _run_concurrent(engine: AsyncOmni, prompts: Sequence[str], concurrency: int) -> list[RequestMetrics]:
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(prompt: str) -> RequestMetrics:
+        async with gate:
+            return await _collect_final(engine, prompt)
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def _ttfp_row(async_chunk: bool, concurrency: int, metrics: list[RequestMetrics], wall_s: float) -> dict[str, Any]:
+    row: dict[str, Any] = {"async_chunk": async_chunk, "concurrency": concurrency, "prompts": len(metrics),
+                           "wall_s": wall_s}
+    for name in ("e2e", "ttft", "ttfp"):
+        values = [getattr(m, f"{name}_s") for m in metrics]
+        if any(v is None for v in values):
+            raise RuntimeError(f"a request finished without {name}")
+        stats = summarize(values, 1e3)
+        row |= {f"{name}_mean_ms": stats["mean"], f"{name}_median_ms": stats["median"],
+                f"{name}_p99_ms": stats["p99"], f"{name}_samples_ms": [_ms(v) for v in values]}
+    return row
+
+
+async def bench_ttfp(config: BenchConfig) -> dict[str, Any]:
+    """Both settings live at once and take turns per concurrency, so load drift hits them alike."""
+    prompts = ttfp_prompts(config.num_prompts)
+    rows: list[dict[str, Any]] = []
+    engines = {flag: AsyncOmni("toy", _ttfp_deploy(config, flag)) for flag in (True, False)}
+    try:
+        for engine in engines.values():
+            await engine.start()
+            await _run_concurrent(engine, ["warm up the stages"], 1)
+        for concurrency in config.concurrency:
+            for flag, engine in engines.items():
+                start = time.perf_counter()
+                metrics = await _run_concurrent(engine, prompts, concurrency)
+                rows.append(_ttfp_row(flag, concurrency, metrics, time.perf_counter() - start))
+    finally:
+        await asyncio.gather(*(engine.shutdown() for engine in engines.values()))
+    ratios = []
+    for concurrency in config.concurrency:
+        on, off = (next(r for r in rows if r["concurrency"] == concurrency and r["async_chunk"] is flag)
+                   for flag in (True, False))
+        ratios.append({"concurrency": concurrency, "ttfp_on_mean_ms": on["ttfp_mean_ms"],
+                       "ttfp_off_mean_ms": off["ttfp_mean_ms"], "ratio": on["ttfp_mean_ms"] / off["ttfp_mean_ms"]})
+    delays = {"thinker_step_ms": config.thinker_step_ms, "talker_call_ms": config.talker_call_ms,
+              "code2wav_call_ms": config.code2wav_call_ms}
+    return {"delays": delays, "max_num_seqs": config.max_num_seqs or max(config.concurrency), "rows": rows,
+            "ratios": ratios,
+            "expected": expected_ttfp_ms(prompts, config.thinker_step_ms, config.talker_call_ms,
+                                         config.code2wav_call_ms)}
+
+
+# ====================================================================== driver
+def run_engine_bench(config: BenchConfig | None = None,
+                     on_section: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the chosen sections; ``on_section(name, results)`` is called as each one finishes."""
+    config = config or BenchConfig()
+    unknown = set(config.sections) - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"unknown sections {sorted(unknown)}; expected some of {', '.join(SECTIONS)}")
+    results: dict[str, Any] = {"meta": {"config": asdict(config), "machine_at_start": machine_info()}}
+
+    def done(name: str, value: dict[str, Any]) -> None:
+        results[name] = value
+        if on_section is not None:
+            on_section(name, value)
+
+    if "latency" in config.sections:
+        hops = bench_hop_latency(config.hop_iterations)
+        token = asyncio.run(bench_token_overhead(config.itl_requests))
+        done("latency", {"target_p50_ms": HOP_TARGET_P50_MS, "hops": hops, "token_overhead": token})
+    if "relay" in config.sections:
+        done("relay", bench_relay_throughput(config.relay_sizes, config.relay_iterations))
+    if "ttfp" in config.sections:
+        done("ttfp", asyncio.run(bench_ttfp(config)))
+    results["meta"]["machine_at_end"] = machine_info()
+    return results
+
+
+def format_section(name: str, data: dict[str, Any]) -> str:
+    if name == "latency":
+        return _format_latency(data)
+    if name == "relay":
+        return _format_relay(data)
+    if name == "ttfp":
+        return _format_ttfp(data)
+    raise ValueError(f"unknown section {name!r}")
+
+
+def _format_latency(data: dict[str, Any]) -> str:
+    target = data["target_p50_ms"]
+    hops = format_table(
+        ["message", "frame bytes", "iterations", "p50 ms", "p99 ms", "mean ms", f"p50 < {target} ms"],
+        [[h["message"], h["frame_bytes"], h["iterations"], h["p50_ms"], h["p99_ms"], h["mean_ms"],
+          ("yes" if h["p50_ms"] < target else "NO") if h["framework"] else "(baseline)"] for h in data["hops"]],
+        digits=3, title="Control-plane hop latency (one hop = half a PUSH->PULL round trip, two processes, ipc://)")
+    t = data["token_overhead"]
+    token = format_table(
+        ["requests", "tokens/request", "mean ITL ms", "median ITL ms", "p99 ITL ms", "thinker compute ms/token",
+         "framework ms/token"],
+        [[t["requests"], t["tokens_per_request"], t["itl_mean_ms"], t["itl_median_ms"], t["itl_p99_ms"],
+          t["thinker_compute_per_token_ms"], t["framework_per_token_ms"]]],
+        digits=3, title="Engine per-token overhead (toy pipeline, text only, sequential requests, no delays)")
+    return f"{hops}\n\n{token}"
+
+
+def _format_relay(data: dict[str, Any]) -> str:
+    memcpy = {m["size_bytes"]: m for m in data["memcpy"]}
+    rows: list[list[Any]] = []
+    for size, m in memcpy.items():
+        rows.append([_human_bytes(size), "memcpy (np.copyto, one process)", m["gbps"], 100.0, m["median_ms"],
+                     None, None, None, None, None])
+        for r in (r for r in data["rows"] if r["size_bytes"] == size):
+            p = r["phases_median_ms"]
+            rows.append([_human_bytes(size), r["backend"], r["gbps"], r["pct_of_memcpy"], r["median_ms"],
+                         p["write"], p["send"], p["transit"], p["recv_decode"], p["read"]])
+    table = format_table(
+        ["size", "path", "GB/s", "% memcpy", "median ms", "write_payload ms", "encode+send ms", "transit ms",
+         "recv+decode ms", "read_payload ms"],
+        rows, title="Relay throughput (sender write_payload -> ZMQ -> receiver read_payload, two processes)")
+    shm = [r for r in data["rows"] if r["backend"] == "shm" and r["size_bytes"] == max(memcpy)]
+    notes = [(f"shm pool slot {_human_bytes(data['pool_slot_bytes'])}; 'shm one-off' uses a "
+              f"{_human_bytes(data['one_off_slot_bytes'])} pool, so each payload gets a segment of its own.")]
+    for r in shm:
+        verdict = "meets" if r["pct_of_memcpy"] >= data["target_shm_pct_of_memcpy"] else "MISSES"
+        notes.append(f"shm at {_human_bytes(r['size_bytes'])}: {r['pct_of_memcpy']:.0f}% of memcpy ({verdict} the "
+                     f"{data['target_shm_pct_of_memcpy']:.0f}% target).")
+    return table + "\n" + "\n".join(notes)
+
+
+def _format_ttfp(data: dict[str, Any]) -> str:
+    d = data["delays"]
+    table = format_table(
+        ["async_chunk", "concurrency", "prompts", "mean E2E ms", "mean TTFT ms", "mean TTFP ms", "median TTFP ms",
+         "p99 TTFP ms", "median E2E ms", "p99 E2E ms", "median TTFT ms", "p99 TTFT ms"],
+        [[r["async_chunk"], r["concurrency"], r["prompts"], r["e2e_mean_ms"], r["ttft_mean_ms"], r["ttfp_mean_ms"],
+          r["ttfp_median_ms"], r["ttfp_p99_ms"], r["e2e_median_ms"], r["e2e_p99_ms"], r["ttft_median_ms"],
+          r["ttft_p99_ms"]] for r in data["rows"]],
+        digits=1, title=f"TTFP, async chunk on vs off (toy: thinker step {d['thinker_step_ms']:g} ms, talker call "
+                        f"{d['talker_call_ms']:g} ms, code2wav call {d['code2wav_call_ms']:g} ms; "
+                        f"max_num_seqs {data['max_num_seqs']})")
+    e = data["expected"]
+    ratios = format_table(
+        ["concurrency", "mean TTFP on ms", "mean TTFP off ms", "on/off", "expected on/off (compute only)"],
+        [[r["concurrency"], r["ttfp_on_mean_ms"], r["ttfp_off_mean_ms"], r["ratio"], e["ratio"]]
+         for r in data["ratios"]], digits=3)
+    note = (f"expected from the stage delays alone, one request: TTFP on {e['on_ms']:.1f} ms, "
+            f"off {e['off_ms']:.1f} ms, ratio {e['ratio']:.3f}")
+    return f"{table}\n\n{ratios}\n{note}"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run: few iterations, small sizes")
+    parser.add_argument("--json", metavar="PATH", help="also write the raw figures to PATH")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS), help="what to run")
+    parser.add_argument("--num-prompts", type=int, help="prompts per concurrency for ttfp (default 16; quick 2)")
+    parser.add_argument("--concurrency", type=int, nargs="+", help="ttfp concurrencies (default 1 4 16; quick 1 2)")
+    parser.add_argument("--thinker-step-ms", type=float, help="toy thinker delay per step (default 20; quick 2)")
+    parser.add_argument("--talker-call-ms", type=float, help="toy talker delay per call (default 20; quick 2)")
+    parser.add_argument("--code2wav-call-ms", type=float, help="toy code2wav delay per call (default 10; quick 1)")
+    parser.add_argument("--max-num-seqs", type=int, help="per-stage batch limit (default: the highest concurrency)")
+    parser.add_argument("--hop-iterations", type=int, help="round trips per hop case (default 5000; quick 300)")
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    overrides = {key: value for key, value in {
+        "num_prompts": args.num_prompts,
+        "concurrency": tuple(args.concurrency) if args.concurrency else None,
+        "thinker_step_ms": args.thinker_step_ms,
+        "talker_call_ms": args.talker_call_ms,
+        "code2wav_call_ms": args.code2wav_call_ms,
+        "max_num_seqs": args.max_num_seqs,
+        "hop_iterations": args.hop_iterations,
+    }.items() if value is not None}
+    for key in ("num_prompts", "max_num_seqs", "hop_iterations"):
+        if key in overrides and overrides[key] < 1:
+            raise ValueError(f"--{key.replace('_', '-')}: must be >= 1")
+    if any(c < 1 for c in overrides.get("concurrency", ())):
+        raise ValueError("--concurrency: every value must be >= 1")
+    overrides["sections"] = tuple(dict.fromkeys(args.sections))
+    if args.quick:
+        return BenchConfig.quick_config(**overrides)
+    return BenchConfig(**overrides)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m omnipipe.bench.engine", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    info = machine_info()
+    print(f"omnipipe engine benchmark ({'quick' if config.quick else 'full'}): {info['cpu_count']} cpus, "
+          f"load average {' '.join(f'{x:.2f}' for x in info['load_avg_1_5_15'])}", flush=True)
+
+    def show(name: str, data: dict[str, Any]) -> None:
+        print(f"\n{format_section(name, data)}", flush=True)
+
+    results = run_engine_bench(config, on_section=show)
+    end = results["meta"]["machine_at_end"]["load_avg_1_5_15"]
+    print(f"\nload average at the end {' '.join(f'{x:.2f}' for x in end)}")
+    if args.json:
+        write_json(args.json, results)
+        print(f"raw figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

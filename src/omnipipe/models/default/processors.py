@@ -1,0 +1,101 @@
+"""Stage handoff for the default family: where a request enters, and how text flows thinker -> talker."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from omnipipe.audio import load_audio
+from omnipipe.chunk.context import ChunkContext
+from omnipipe.config.pipeline_spec import EntryInput
+
+WHISPER_RATE_HZ = 16_000
+MAX_AUDIO_S = 120.0
+_SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+")
+_CLAUSE_END = re.compile(r"[,;:]\s+")
+MIN_CLAUSE_WORDS = 3  # shorter fragments make the voice sound choppy
+MAX_RUN_WORDS = 16  # cut an unpunctuated run anyway after this many words
+
+
+def _decode_audio(value: Any) -> np.ndarray:
+    """``(samples, rate)``, a path, encoded bytes or a data URI -> float32 mono at 16 kHz."""
+    field = "prompt.multi_modal_data.audio"
+    if isinstance(value, tuple):
+        if len(value) != 2 or not isinstance(value[1], int) or isinstance(value[1], bool) or value[1] <= 0:
+            raise ValueError(f"{field}: give (samples, sample_rate_hz) with a positive integer rate")
+        audio, _ = load_audio(np.asarray(value[0]), WHISPER_RATE_HZ, source_rate_hz=value[1])
+    elif isinstance(value, np.ndarray):
+        raise ValueError(f"{field}: raw samples need their rate: pass (samples, sample_rate_hz)")
+    elif isinstance(value, (str, Path)):
+        if isinstance(value, Path) or not value.startswith("data:"):
+            if not Path(value).is_file():
+                raise ValueError(f"{field}: file not found: {value}")
+        audio, _ = load_audio(value, WHISPER_RATE_HZ)
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        audio, _ = load_audio(bytes(value), WHISPER_RATE_HZ)
+    else:
+        raise ValueError(f"{field}: expected (samples, rate), a path or encoded bytes, got {type(value).__name__}")
+    if audio.size == 0:
+        raise ValueError(f"{field}: the audio is empty")
+    if audio.size > MAX_AUDIO_S * WHISPER_RATE_HZ:
+        raise ValueError(f"{field}: longer than {MAX_AUDIO_S:.0f} s")
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def default_prompt(prompt: dict[str, Any]) -> EntryInput:
+    audio = prompt["multi_modal_data"].get("audio")
+    if audio is None:
+        return EntryInput("thinker", {"text": prompt["prompt"]})
+    return EntryInput("encoder", {"audio": _decode_audio(audio), "sample_rate_hz": WHISPER_RATE_HZ,
+                                  "instruction": prompt["prompt"]})
+
+
+def tts_prompt(prompt: dict[str, Any]) -> EntryInput:
+    return EntryInput("talker", {"text": prompt["prompt"]})
+
+
+def asr_prompt(prompt: dict[str, Any]) -> EntryInput:
+    return EntryInput("encoder", {"audio": _decode_audio(prompt["multi_modal_data"]["audio"]),
+                                  "sample_rate_hz": WHISPER_RATE_HZ, "instruction": ""})
+
+
+def encoder2thinker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The transcript (after any written instruction) becomes the thinker's question."""
+    transcript = " ".join(o.get("text", "") for o in outputs).strip()
+    instruction = next((o.get("instruction", "") for o in outputs if o.get("instruction")), "")
+    return [{"text": f"{instruction} {transcript}".strip()}]
+
+
+def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    text = "".join(o.get("text", "") for o in outputs).strip()
+    return [{"text": text}] if text else []
+
+
+def speakable_cut(buffer: str, is_last: bool) -> int:
+    """How much of ``buffer`` to speak now: up to the last sentence end, else a clause end, else nothing."""
+    if is_last:
+        return len(buffer)
+    sentence_ends = [m.end() for m in _SENTENCE_END.finditer(buffer)]
+    if sentence_ends:
+        return sentence_ends[-1]
+    clause_ends = [m.end() for m in _CLAUSE_END.finditer(buffer) if len(buffer[: m.end()].split()) >= MIN_CLAUSE_WORDS]
+    if clause_ends:
+        return clause_ends[-1]
+    if len(buffer.split()) > MAX_RUN_WORDS:
+        return buffer.rstrip().rfind(" ") + 1
+    return 0
+
+
+def thinker2talker_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: bool,
+                               ctx: ChunkContext) -> list[dict[str, Any]]:
+    """Stream text to the talker a sentence or clause at a time, as the thinker writes it."""
+    state["buffer"] = state.get("buffer", "") + output.get("text", "")
+    buffer: str = state["buffer"]
+    cut = speakable_cut(buffer, is_last)
+    if cut <= 0:
+        return []
+    piece, state["buffer"] = buffer[:cut].strip(), buffer[cut:]
+    return [{"text": piece}] if piece else []
