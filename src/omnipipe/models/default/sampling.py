@@ -1,0 +1,115 @@
+"""Pick the next token from a logits vector: greedy, temperature, top-k/top-p and penalties."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+
+_MAX_SEED = 2**64 - 1
+
+
+@dataclass(frozen=True)
+class TokenSamplingParams:
+    """Per-request sampling settings; ``temperature == 0`` means greedy.
+
+    Penalties follow the usual conventions: ``repetition_penalty`` divides positive
+    (multiplies negative) logits of already generated tokens; ``presence_penalty`` and
+    ``frequency_penalty`` subtract a constant, and a constant per occurrence.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_float("temperature", self.temperature, low=0.0)
+        _check_float("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 disables it), got {self.top_k!r}")
+        _check_float("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0.0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty!r}")
+        _check_float("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
+        _check_float("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= _MAX_SEED
+        ):
+            raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def make_generator(self) -> torch.Generator | None:
+        """A generator seeded with ``seed``, or None to use torch's global RNG."""
+        if self.seed is None:
+            return None
+        generator = torch.Generator()
+        generator.manual_seed(self.seed)
+        return generator
+
+
+def _check_float(name: str, value: object, low: float | None = None, high: float | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if low is not None and value < low:
+        raise ValueError(f"{name} must be >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be <= {high}, got {value!r}")
+
+
+def apply_penalties(logits: torch.Tensor, params: TokenSamplingParams, generated_ids: list[int]) -> torch.Tensor:
+    """Return a float32 copy of ``logits`` [vocab] with repetition/presence/frequency penalties applied."""
+    logits = logits.detach().to(torch.float32).clone()
+    if not generated_ids:
+        return logits
+    counts = Counter(generated_ids)
+    ids = torch.tensor(list(counts), dtype=torch.long)
+    if params.repetition_penalty != 1.0:
+        seen = logits[ids]
+        logits[ids] = torch.where(seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty)
+    if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+        occurrences = torch.tensor(list(counts.values()), dtype=torch.float32)
+        logits[ids] -= params.presence_penalty + params.frequency_penalty * occurrences
+    return logits
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    params: TokenSamplingParams,
+    generated_ids: list[int],
+    generator: torch.Generator | None = None,
+) -> int:
+    """Choose the next token id from ``logits`` [vocab].
+
+    ``generated_ids`` are the tokens the penalties apply to (usually this request's
+    output so far). With ``generator`` from ``params.make_generator()`` the result is
+    reproducible for a given seed.
+    """
+    if logits.dim() != 1:
+        raise ValueError(f"logits must have shape [vocab], got {tuple(logits.shape)}")
+    scores = apply_penalties(logits, params, generated_ids)
+    if params.greedy:
+        return int(torch.argmax(scores))
+    scores = (scores - scores.max()) / params.temperature  # shifted first so tiny temperatures cannot overflow
+    if 0 < params.top_k < scores.numel():
+        kth_best = torch.topk(scores, params.top_k).values[-1]
+        scores = scores.masked_fill(scores < kth_best, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, descending=True)
+        sorted_probs = torch.softmax(sorted_scores, dim=-1)
+        # drop a token once the tokens ranked above it already cover top_p; the best token always stays
+        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return int(torch.multinomial(probs, num_samples=1, generator=generator))
