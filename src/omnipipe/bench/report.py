@@ -70,8 +70,8 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Cell]], digits:
     for row in body:
         if len(row) != len(headers):
             raise ValueError(f"row has {len(row)} cells, the table {len(headers)} columns: {row!r}")
-    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in body) and bool(body)
-               for i in range(len(headers))]
+    numeric = [bool(body) and all(row[i] is None or (isinstance(row[i], (int, float)) and not isinstance(row[i], bool))
+                                  for row in body) for i in range(len(headers))]
     cells = [[fmt(cell, digits) for cell in row] for row in body]
     widths = [max([len(h), *(len(row[i]) for row in cells)]) for i, h in enumerate(headers)]
 

@@ -1,0 +1,189 @@
+"""``omnipipe bench offline``: the default pipeline through the engine, async chunk on and off side by side, next
+to a sequential baseline (the same models called one after another in one process with plain transformers and
+piper/onnxruntime code, as a user would write it without omnipipe).
+
+    omnipipe bench offline --pipeline default --num-prompts 20 --concurrency 1,4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from omnipipe import AsyncOmni, SamplingParams
+from omnipipe.bench.report import format_table, machine_info, mean, summarize, write_json
+from omnipipe.outputs import RequestMetrics
+
+QUESTIONS = [
+    "What is the capital of France?", "What color is the sky on a clear day?", "How many legs does a dog have?",
+    "What do bees make?", "Why do leaves change color in autumn?", "What is the largest planet in our solar system?",
+    "How do fish breathe under water?", "What is the boiling point of water?", "Who wrote Romeo and Juliet?",
+    "What is the tallest animal in the world?", "Why is the ocean salty?", "How many days are in a leap year?",
+    "What language is spoken in Brazil?", "What is the main ingredient of bread?", "How far away is the moon?",
+    "What do plants need to grow?", "What is the fastest land animal?", "How many continents are there?",
+    "What is ice made of?", "Where do penguins live?",
+]
+METRICS = ("e2e_s", "ttft_s", "tpot_s", "itl_s", "ttfp_s", "rtf")
+
+
+def _row(setting: str, concurrency: int, metrics: list[RequestMetrics], wall_s: float) -> dict[str, Any]:
+    values: dict[str, list[float]] = {name: [] for name in METRICS}
+    for m in metrics:
+        for name in METRICS:
+            value = getattr(m, name)
+            if name == "itl_s":
+                values[name].extend(value)
+            elif value is not None:
+                values[name].append(value)
+    row: dict[str, Any] = {"setting": setting, "concurrency": concurrency, "prompts": len(metrics),
+                           "throughput_rps": len(metrics) / wall_s if wall_s else 0.0,
+                           "audio_s_mean": mean([m.audio_duration_s for m in metrics])}
+    for name, series in values.items():
+        scale = 1.0 if name == "rtf" else 1000.0
+        row[name.removesuffix("_s")] = summarize(series, scale) if series else None
+    return row
+
+
+async def _engine_rows(pipeline: str, async_chunk: bool, prompts: list[str], concurrencies: list[int],
+                       max_tokens: int) -> list[dict[str, Any]]:
+    params = SamplingParams(max_tokens=max_tokens)
+    rows = []
+    async with AsyncOmni(pipeline, {"async_chunk": async_chunk}) as engine:
+        async for _ in engine.generate("Hello?", sampling_params=params):  # warm-up
+            pass
+        for concurrency in concurrencies:
+            gate = asyncio.Semaphore(concurrency)
+            metrics: list[RequestMetrics] = []
+
+            async def one(prompt: str) -> None:
+                async with gate:
+                    async for out in engine.generate(prompt, sampling_params=params):
+                        if out.finished and out.metrics is not None:
+                            metrics.append(out.metrics)
+
+            start = time.perf_counter()
+            await asyncio.gather(*(one(p) for p in prompts))
+            rows.append(_row(f"async chunk {'on' if async_chunk else 'off'}", concurrency, metrics,
+                             time.perf_counter() - start))
+    return rows
+
+
+def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
+    """One process, no framework: transformers greedy generate, then Piper speaks the whole answer."""
+    import torch
+    from piper import PiperVoice
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.generation.streamers import BaseStreamer
+
+    from omnipipe.models.default.prompting import build_prompt, stop_strings
+    from omnipipe.models.default.thinker_weights import prepare_thinker
+    from omnipipe.models.default.voice_weights import PACKAGED_VOICES
+
+    torch.set_num_threads(2)
+    model_dir = prepare_thinker(progress=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, torch_dtype=torch.float32)
+    model.eval()
+    voice_files = PACKAGED_VOICES["joe"]
+    voice = PiperVoice.load(voice_files.model_path(), voice_files.config_path())
+
+    class TokenClock(BaseStreamer):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+            self.prompt_seen = False
+
+        def put(self, value: Any) -> None:
+            if not self.prompt_seen:
+                self.prompt_seen = True
+                return
+            self.times.append(time.perf_counter())
+
+        def end(self) -> None:
+            return None
+
+    metrics = []
+    start_all = time.perf_counter()
+    for question in prompts:
+        start = time.perf_counter()
+        ids = tokenizer(build_prompt(question), return_tensors="pt")
+        clock = TokenClock()
+        with torch.inference_mode():
+            out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=False, streamer=clock,
+                                 stop_strings=stop_strings(), tokenizer=tokenizer)
+        text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        for stop in stop_strings():
+            text = text.split(stop)[0]
+        audio = np.concatenate([chunk.audio_float_array for chunk in voice.synthesize(text.strip() or ".")])
+        end = time.perf_counter()
+        duration = len(audio) / voice.config.sample_rate
+        times = [t - start for t in clock.times]
+        metrics.append(RequestMetrics(
+            e2e_s=end - start, ttft_s=times[0] if times else None,
+            tpot_s=(times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None,
+            itl_s=[b - a for a, b in zip(times, times[1:])], ttfp_s=end - start, audio_duration_s=duration,
+            rtf=(end - start) / duration if duration else None, num_output_tokens=len(times)))
+    return _row("sequential baseline", 1, metrics, time.perf_counter() - start_all)
+
+
+def format_report(rows: list[dict[str, Any]]) -> str:
+    def m(row: dict[str, Any], name: str, stat: str = "mean") -> float | None:
+        return row[name][stat] if row.get(name) else None
+
+    headers = ["Setting", "Max_Concurrency", "Prompts", "Mean E2E (ms)", "Mean TTFT (ms)", "Mean TPOT (ms)",
+               "Mean TTFP (ms)", "Mean RTF", "Mean ITL (ms)", "req/s"]
+    main = format_table(headers, [[r["setting"], r["concurrency"], r["prompts"], m(r, "e2e"), m(r, "ttft"),
+                                   m(r, "tpot"), m(r, "ttfp"), m(r, "rtf"), m(r, "itl"), r["throughput_rps"]]
+                                  for r in rows])
+    detail_headers = ["Setting", "Conc."] + [f"{n} {s}" for n in ("E2E", "TTFT", "TTFP", "RTF")
+                                               for s in ("median", "p99")]
+    detail = format_table(detail_headers, [[r["setting"], r["concurrency"],
+                                            *[m(r, n, s) for n in ("e2e", "ttft", "ttfp", "rtf")
+                                              for s in ("median", "p99")]] for r in rows])
+    lines = [main, "", detail]
+    baseline = next((r for r in rows if r["setting"] == "sequential baseline"), None)
+    on1 = next((r for r in rows if r["setting"] == "async chunk on" and r["concurrency"] == 1), None)
+    off1 = next((r for r in rows if r["setting"] == "async chunk off" and r["concurrency"] == 1), None)
+    if on1 and baseline:
+        lines.append(f"\nTTFP async chunk on / sequential baseline at concurrency 1: "
+                     f"{m(on1, 'ttfp') / m(baseline, 'ttfp'):.3f} (aim <= 0.25)")
+    if on1 and off1:
+        lines.append(f"TTFP async chunk on / off at concurrency 1: {m(on1, 'ttfp') / m(off1, 'ttfp'):.3f}")
+    if on1:
+        lines.append(f"RTF at concurrency 1 with async chunk: {m(on1, 'rtf'):.3f} (aim < 1)")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="omnipipe bench offline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pipeline", default="default")
+    parser.add_argument("--num-prompts", type=int, default=20)
+    parser.add_argument("--concurrency", default="1,4", help="comma-separated, e.g. 1,4")
+    parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--no-baseline", action="store_true", help="skip the sequential baseline")
+    parser.add_argument("--json", help="also write the raw figures here")
+    args = parser.parse_args(argv)
+    try:
+        concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        parser.error("--concurrency: comma-separated integers, e.g. 1,4")
+    if args.num_prompts < 1 or not concurrencies or min(concurrencies) < 1:
+        parser.error("--num-prompts and --concurrency must be >= 1")
+    prompts = [QUESTIONS[i % len(QUESTIONS)] for i in range(args.num_prompts)]
+    rows: list[dict[str, Any]] = []
+    for async_chunk in (True, False):
+        rows += asyncio.run(_engine_rows(args.pipeline, async_chunk, prompts, concurrencies, args.max_tokens))
+    if not args.no_baseline and args.pipeline == "default":
+        rows.append(sequential_baseline(prompts, args.max_tokens))
+    print(format_report(rows))
+    if args.json:
+        write_json(args.json, {"machine": machine_info(), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
