@@ -92,3 +92,22 @@ def test_sweep_removes_what_a_killed_owner_left() -> None:
     removed = sweep_segments(segment_prefix("sweep", "stage1"))
     assert removed and segments("sweep") == []
     sender.close()
+
+
+def test_zero_copy_receive_holds_the_slot_until_the_data_is_dropped() -> None:
+    import gc
+
+    sender, receiver = ShmRelay("zc", "tx", slot_bytes=1 << 20, num_slots=1), ShmRelay("zc", "rx", zero_copy=True)
+    try:
+        data = {"x": np.arange(1000, dtype=np.float32)}
+        out = read_payload(write_payload(data, sender, "r", 0), {"shm": receiver}, "r")
+        np.testing.assert_array_equal(out["x"], data["x"])
+        assert not out["x"].flags.writeable  # read-only contract
+        assert sender.slots_in_use() == 1  # still in use: the receiver reads it in place
+        del out
+        gc.collect()
+        assert sender.slots_in_use() == 0
+    finally:
+        sender.close()
+        receiver.close()
+    assert segments("zc") == []

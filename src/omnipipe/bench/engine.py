@@ -3,8 +3,8 @@
     python -m omnipipe.bench.engine [--quick] [--json PATH]
 
 1. latency: one control-plane hop (half a PUSH->PULL round trip between two processes over ipc://, with the real
-   msgspec codec and relay_io), and the per-token cost of the whole engine (mean inter-token latency of a
-   text-only toy request, whose thinker is nearly free).
+   msgspec codec and relay_io), and the per-token cost of the whole engine: the mean inter-token latency of a
+   text-only toy request, less the toy thinker's own measured compute per step.
 2. relay: throughput of ``write_payload`` in one process + ``read_payload`` in another, per backend, next to an
    in-process ``np.copyto`` of the same size (the physical limit).
 3. ttfp: time to first audio packet with async chunk on vs off at several concurrencies, with per-call delays
@@ -42,12 +42,14 @@ from omnipipe.transport.relay_io import read_payload, write_payload
 
 SECTIONS = ("latency", "relay", "ttfp")
 HOP_TARGET_P50_MS = 0.3
+HOP_ROUNDS = 5
 SHM_TARGET_PCT_OF_MEMCPY = 40.0
 SMALL_AUDIO_SAMPLES = 256  # one toy code2wav chunk of 8 frames: 1 KiB of float32
 ONE_OFF_SLOT_BYTES = 4096  # a pool this small sends every measured payload through a one-off segment
 ITL_PROMPT = "the quick brown fox jumps over the lazy dog " * 3
 _STOP = b"stop"
 _RECV_TIMEOUT_MS = 60_000
+_PEER_IDLE_TIMEOUT_MS = 300_000  # a peer whose benchmark process is gone exits after this long
 _ack = msgspec.msgpack.Encoder()
 _ack_decoder = msgspec.msgpack.Decoder()
 
@@ -89,9 +91,26 @@ def _human_bytes(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
+@dataclass
+class _Peer:
+    push: zmq.Socket  # to the peer
+    pull: zmq.Socket  # from the peer
+    process: subprocess.Popen[bytes]
+
+    def recv(self) -> bytes:
+        """Receive one frame, failing at once if the peer process has died."""
+        deadline = time.monotonic() + _RECV_TIMEOUT_MS / 1e3
+        while not self.pull.poll(200):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"benchmark peer exited with code {self.process.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"benchmark peer sent nothing for {_RECV_TIMEOUT_MS / 1e3:.0f} s")
+        return self.pull.recv()
+
+
 @contextlib.contextmanager
-def _peer(target: Callable[..., None], *args: str) -> Iterator[tuple[zmq.Socket, zmq.Socket]]:
-    """Run ``target(to_peer, from_peer, *args)`` in a fresh interpreter; yield (push to it, pull from it).
+def _peer(target: Callable[..., None], *args: str) -> Iterator[_Peer]:
+    """Run ``target(to_peer, from_peer, *args)`` in a fresh interpreter and yield the sockets to talk to it.
 
     This end binds and the peer connects, as the orchestrator and the stages do. The peer says b"ready" first
     and stops on b"stop".
@@ -105,10 +124,11 @@ def _peer(target: Callable[..., None], *args: str) -> Iterator[tuple[zmq.Socket,
     push.setsockopt(zmq.SNDTIMEO, _RECV_TIMEOUT_MS)
     code = f"import sys; from omnipipe.bench.engine import {target.__name__} as peer; peer(*sys.argv[1:])"
     process = subprocess.Popen([sys.executable, "-c", code, to_peer, from_peer, *args], stdin=subprocess.DEVNULL)
+    peer = _Peer(push, pull, process)
     try:
-        if pull.recv() != b"ready":
+        if peer.recv() != b"ready":
             raise RuntimeError("benchmark peer did not start")
-        yield push, pull
+        yield peer
         push.send(_STOP)
         process.wait(30)
     finally:
@@ -124,6 +144,7 @@ def _peer(target: Callable[..., None], *args: str) -> Iterator[tuple[zmq.Socket,
 def _connect_peer(to_peer: str, from_peer: str) -> tuple[zmq.Context, zmq.Socket, zmq.Socket]:
     ctx = zmq.Context()
     pull = control_plane.make_socket(ctx, zmq.PULL, to_peer, bind=False)
+    pull.setsockopt(zmq.RCVTIMEO, _PEER_IDLE_TIMEOUT_MS)
     push = control_plane.make_socket(ctx, zmq.PUSH, from_peer, bind=False)
     push.send(b"ready")
     return ctx, pull, push
@@ -201,15 +222,21 @@ def bench_hop_latency(iterations: int) -> list[dict[str, Any]]:
         ("StageOutput, text delta", "message", None),
         (f"StageOutput + {SMALL_AUDIO_SAMPLES * 4 // 1024} KiB inline payload", "message", audio),
     ]
+    samples: list[list[float]] = [[] for _ in cases]
+    sizes = [0] * len(cases)
+    rounds = min(HOP_ROUNDS, iterations)
+    with _peer(_echo_peer) as peer:
+        for index in range(rounds):  # the cases take turns, so load drift hits them alike
+            share = iterations // rounds + (1 if index < iterations % rounds else 0)
+            for case, (_, phase, data) in enumerate(cases):
+                hops, sizes[case] = _hop_round_trips(peer.push, peer.pull, phase, share, data)
+                samples[case].extend(hops)
     rows = []
-    with _peer(_echo_peer) as (push, pull):
-        for label, phase, data in cases:
-            hops, frame_bytes = _hop_round_trips(push, pull, phase, iterations, data)
-            stats = summarize(hops, 1e3)
-            rows.append({"message": label, "framework": phase == "message", "frame_bytes": frame_bytes,
-                         "iterations": iterations,
-                         "p50_ms": stats["median"], "p99_ms": stats["p99"], "mean_ms": stats["mean"],
-                         "samples_ms": [_ms(h) for h in hops]})
+    for (label, phase, _), hops, frame_bytes in zip(cases, samples, sizes, strict=True):
+        stats = summarize(hops, 1e3)
+        rows.append({"message": label, "framework": phase == "message", "frame_bytes": frame_bytes,
+                     "iterations": len(hops), "p50_ms": stats["median"], "p99_ms": stats["p99"],
+                     "mean_ms": stats["mean"], "samples_ms": [_ms(h) for h in hops]})
     return rows
 
 
@@ -285,8 +312,7 @@ def _memcpy_seconds(nbytes: int, iterations: int) -> list[float]:
     return times[2:]
 
 
-def _relay_transfers(push: zmq.Socket, pull: zmq.Socket, relay: Relay, nbytes: int,
-                     iterations: int) -> dict[str, list[float]]:
+def _relay_transfers(peer: _Peer, relay: Relay, nbytes: int, iterations: int) -> dict[str, list[float]]:
     """Send ``iterations`` payloads of ``nbytes`` one at a time (each waits for the receiver's answer).
 
     Phases per transfer, in seconds, adding up to ``total``: ``write`` (sender write_payload), ``send`` (encode,
@@ -301,8 +327,8 @@ def _relay_transfers(push: zmq.Socket, pull: zmq.Socket, relay: Relay, nbytes: i
         start = time.perf_counter()
         payload = write_payload({"x": array}, relay, f"r{i}", inline_threshold_bytes=0)
         written = time.perf_counter()
-        push.send(control_plane.encode(StageOutput(f"r{i}", "bench", i, False, payload=payload)), copy=False)
-        ack = _ack_decoder.decode(pull.recv())
+        peer.push.send(control_plane.encode(StageOutput(f"r{i}", "bench", i, False, payload=payload)), copy=False)
+        ack = _ack_decoder.decode(peer.recv())
         if ack["first"] != i or ack["last"] != -i or ack["size"] != array.size:
             raise RuntimeError(f"relay {relay.name}: the receiver read the wrong bytes (iteration {i})")
         if i < warmup:
@@ -327,7 +353,7 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int]) -> d
     memcpy: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
     try:
-        with _peer(_relay_receiver_peer, run_id) as (push, pull):
+        with _peer(_relay_receiver_peer, run_id) as peer:
             for nbytes, count in zip(sizes, iterations, strict=True):
                 copies = _memcpy_seconds(nbytes, count)
                 memcpy_gbps = nbytes / median(copies) / 1e9
@@ -336,7 +362,7 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int]) -> d
                 for name, make in backends:
                     relay = make(f"tx{len(rows)}")
                     try:
-                        phases = _relay_transfers(push, pull, relay, nbytes, count)
+                        phases = _relay_transfers(peer, relay, nbytes, count)
                     finally:
                         relay.close()
                     total = phases["total"]

@@ -123,6 +123,7 @@ class ChunkTransferAdapter:
                         chunk = self.connector.receive()
                         if chunk is not None and self._file(chunk):
                             got = True
+                        del chunk  # a zero-copy chunk holds its relay slot for as long as anything refers to it
                     if got:
                         wake.send(b"", zmq.NOBLOCK)
         finally:

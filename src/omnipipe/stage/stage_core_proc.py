@@ -102,7 +102,9 @@ class StageCoreProc:
         }
         # receive side: shm needs no pool of its own, only mappings
         self.recv_relays_main: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(launch.run_id, f"{self.stage}-rx")}
-        recv_relays_chunks: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(launch.run_id, f"{self.stage}-rxc")}
+        # chunks are consumed by the runner and dropped: read them in place, the slot frees when they go
+        recv_relays_chunks: dict[str, Relay] = {"inline": InlineRelay(),
+                                                "shm": ShmRelay(launch.run_id, f"{self.stage}-rxc", zero_copy=True)}
         links = {t: EdgeLink(l.address, self.send_relays[t], l.inline_threshold_bytes) for t, l in launch.chunk_links.items()}
         connector = ChunkConnector(self.ctx, self.stage, links, launch.chunk_listen_address, recv_relays_chunks)
         self._recv_relays_chunks = recv_relays_chunks

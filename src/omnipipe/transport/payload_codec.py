@@ -50,53 +50,48 @@ def _torch_dtype_name(t: Any) -> str:
 
 
 def encode(obj: Any) -> EncodedPayload:
-    tensors: list[TensorInfo] = []
-    buffers: list[memoryview] = []
-    offset = 0
+    state = EncodedPayload(b"", [], [], 0)
+    skeleton = _encoder.encode(_extract(obj, "", state))
+    return EncodedPayload(skeleton, state.tensors, state.buffers, state.nbytes)
 
-    def add(array: np.ndarray, path: str, kind: str, dtype_name: str) -> dict[str, int]:
-        nonlocal offset
-        contiguous = array if array.flags.c_contiguous else np.array(array, order="C")
-        nbytes = contiguous.nbytes
-        tensors.append(TensorInfo(path, dtype_name, list(contiguous.shape), offset, nbytes, kind))
-        buffers.append(memoryview(contiguous.reshape(-1).view(np.uint8)) if nbytes else memoryview(b""))
-        offset += (nbytes + _ALIGN_BYTES - 1) // _ALIGN_BYTES * _ALIGN_BYTES
-        return {TENSOR_MARKER: len(tensors) - 1}
 
-    def walk(value: Any, path: str) -> Any:
-        if isinstance(value, np.ndarray):
-            if value.dtype.hasobject:
-                raise PayloadCodecError(f"{path or '<root>'}: object arrays cannot be sent")
-            return add(value, path, "numpy", value.dtype.str)
-        if isinstance(value, np.generic):
-            return value.item()
-        if torch is not None and isinstance(value, torch.Tensor):
-            t = value.detach()
-            if t.device.type != "cpu":
-                t = t.cpu()
-            name = _torch_dtype_name(t)
-            if t.dtype == torch.bfloat16:
-                array = t.contiguous().view(torch.int16).numpy()
-            else:
-                array = t.contiguous().numpy()
-            return add(array, path, "torch", name)
-        if isinstance(value, dict):
-            out = {}
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise PayloadCodecError(f"{path or '<root>'}: dict keys must be str, got {type(key).__name__}")
-                if key == TENSOR_MARKER:
-                    raise PayloadCodecError(f"{path or '<root>'}: the key {TENSOR_MARKER!r} is reserved")
-                out[key] = walk(item, f"{path}.{key}" if path else key)
-            return out
-        if isinstance(value, (list, tuple)):
-            return [walk(item, f"{path}[{i}]") for i, item in enumerate(value)]
-        if value is None or isinstance(value, (str, int, float, bool, bytes)):
-            return value
-        raise PayloadCodecError(f"{path or '<root>'}: cannot send a value of type {type(value).__name__}")
+def _add(array: np.ndarray, path: str, kind: str, dtype_name: str, state: EncodedPayload) -> dict[str, int]:
+    contiguous = array if array.flags.c_contiguous else np.array(array, order="C")
+    nbytes = contiguous.nbytes
+    state.tensors.append(TensorInfo(path, dtype_name, list(contiguous.shape), state.nbytes, nbytes, kind))
+    state.buffers.append(memoryview(contiguous.reshape(-1).view(np.uint8)) if nbytes else memoryview(b""))
+    state.nbytes += (nbytes + _ALIGN_BYTES - 1) // _ALIGN_BYTES * _ALIGN_BYTES
+    return {TENSOR_MARKER: len(state.tensors) - 1}
 
-    skeleton = _encoder.encode(walk(obj, ""))
-    return EncodedPayload(skeleton, tensors, buffers, offset)
+
+def _extract(value: Any, path: str, state: EncodedPayload) -> Any:
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise PayloadCodecError(f"{path or '<root>'}: object arrays cannot be sent")
+        return _add(value, path, "numpy", value.dtype.str, state)
+    if isinstance(value, np.generic):
+        return value.item()
+    if torch is not None and isinstance(value, torch.Tensor):
+        t = value.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        name = _torch_dtype_name(t)
+        array = t.contiguous().view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.contiguous().numpy()
+        return _add(array, path, "torch", name, state)
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PayloadCodecError(f"{path or '<root>'}: dict keys must be str, got {type(key).__name__}")
+            if key == TENSOR_MARKER:
+                raise PayloadCodecError(f"{path or '<root>'}: the key {TENSOR_MARKER!r} is reserved")
+            out[key] = _extract(item, f"{path}.{key}" if path else key, state)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_extract(item, f"{path}[{i}]", state) for i, item in enumerate(value)]
+    if value is None or isinstance(value, (str, int, float, bool, bytes)):
+        return value
+    raise PayloadCodecError(f"{path or '<root>'}: cannot send a value of type {type(value).__name__}")
 
 
 def decode(skeleton: bytes, tensors: list[TensorInfo], buffer: bytes | bytearray | memoryview) -> Any:
@@ -116,23 +111,26 @@ def decode(skeleton: bytes, tensors: list[TensorInfo], buffer: bytes | bytearray
         else:
             raise PayloadCodecError(f"{info.path}: unknown tensor kind {info.kind!r}")
 
-    def walk(value: Any) -> Any:
-        if isinstance(value, dict):
-            if len(value) == 1 and TENSOR_MARKER in value:
-                index = value[TENSOR_MARKER]
-                if not isinstance(index, int) or not 0 <= index < len(restored):
-                    raise PayloadCodecError(f"tensor placeholder {index!r} has no tensor_info")
-                return restored[index]
-            return {k: walk(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [walk(v) for v in value]
-        return value
-
     try:
         tree = _decoder.decode(skeleton)
     except msgspec.DecodeError as exc:
         raise PayloadCodecError(f"payload skeleton is not valid msgpack: {exc}") from exc
-    return walk(tree)
+    return _restore(tree, restored)
+
+
+def _restore(value: Any, restored: list[Any]) -> Any:
+    # a plain recursive function, not a closure: a self-referencing closure would keep ``restored`` (and any
+    # zero-copy relay slot under it) alive until the cycle collector runs
+    if isinstance(value, dict):
+        if len(value) == 1 and TENSOR_MARKER in value:
+            index = value[TENSOR_MARKER]
+            if not isinstance(index, int) or not 0 <= index < len(restored):
+                raise PayloadCodecError(f"tensor placeholder {index!r} has no tensor_info")
+            return restored[index]
+        return {k: _restore(v, restored) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_restore(v, restored) for v in value]
+    return value
 
 
 def _reshape(array: np.ndarray, info: TensorInfo) -> np.ndarray:

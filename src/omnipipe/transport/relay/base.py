@@ -41,8 +41,9 @@ class Relay(ABC):
         """Write ``pieces`` (offset, bytes) into a buffer of ``nbytes``; return an operation with its metadata."""
 
     @abstractmethod
-    def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> bytearray:
-        """Read the buffer described by ``metadata`` into a new private bytearray and acknowledge it."""
+    def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> Any:
+        """Return the buffer described by ``metadata`` (any object with the buffer protocol) and acknowledge it,
+        at once for a private copy, or when the returned buffer is released for a zero-copy view."""
 
     @abstractmethod
     def cleanup(self, request_id: str) -> None:

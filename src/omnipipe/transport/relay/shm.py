@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import itertools
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +33,7 @@ SEGMENT_PREFIX = "omnipipe-"
 _HEADER_RECORD_WORDS = 2
 _PAGE_BYTES = 4096
 _FREE, _FULL = 0, 1
+_instances = itertools.count()
 
 
 def segment_prefix(run_id: str, owner: str | None = None) -> str:
@@ -111,8 +114,10 @@ class ShmRelay(Relay):
         slot_bytes: int = 4 << 20,
         num_slots: int = 8,
         acquire_timeout_s: float = 30.0,
+        zero_copy: bool = False,
     ) -> None:
-        self.prefix = f"{segment_prefix(run_id, owner)}{os.getpid()}-"
+        self.prefix = f"{segment_prefix(run_id, owner)}{os.getpid()}.{next(_instances)}-"
+        self.zero_copy = zero_copy
         self.slot_bytes = slot_bytes
         self.num_slots = num_slots
         self.acquire_timeout_s = acquire_timeout_s
@@ -150,6 +155,7 @@ class ShmRelay(Relay):
                 "num_slots": segment.num_slots,
                 "slot_bytes": segment.slot_bytes,
                 "generation": generation,
+                "one_off": one_off,
             }
             held = _Held(segment, slot, generation, request_id, one_off)
             held.operation = RelayOperation(metadata)
@@ -221,7 +227,9 @@ class ShmRelay(Relay):
             return len(self._held)
 
     # -------------------------------------------------------------- receiver
-    def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> bytearray:
+    def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> Any:
+        """Return the bytes of a slot. Copying (default): a private copy, the slot is freed at once.
+        Zero-copy: a read-only uint8 array over the slot itself, freed when the last view of it is dropped."""
         try:
             name = str(metadata["segment"])
             slot = int(metadata["slot"])
@@ -232,7 +240,7 @@ class ShmRelay(Relay):
             raise RelayError(f"malformed shm relay metadata: {exc!r}") from exc
         if not name.startswith(SEGMENT_PREFIX) or "/" in name or not 0 <= slot < num_slots or nbytes > slot_bytes:
             raise RelayError(f"shm relay metadata out of range: {metadata!r}")
-        one_off = "-big" in name
+        one_off = bool(metadata.get("one_off", False))
         with self._lock:
             segment = self._mapped.get(name)
             if segment is None:
@@ -242,18 +250,23 @@ class ShmRelay(Relay):
                     raise RelayError(f"shm segment {name} is gone (its sender exited)") from exc
                 if not one_off:
                     self._mapped[name] = segment
-            try:
-                if segment.header[slot, 0] != _FULL or segment.header[slot, 1] != generation:
-                    raise RelayError(f"shm slot {name}[{slot}] was released before it was read")
-                out = bytearray(nbytes)
-                out[:] = segment.slot_view(slot, nbytes)
-                if segment.header[slot, 1] != generation:
-                    raise RelayError(f"shm slot {name}[{slot}] was reused while it was read")
-                segment.header[slot, 0] = _FREE  # acknowledgement: the sender may reuse the slot
-                return out
-            finally:
+            if segment.header[slot, 0] != _FULL or segment.header[slot, 1] != generation:
                 if one_off:
                     segment.close()
+                raise RelayError(f"shm slot {name}[{slot}] was released before it was read")
+            start = segment.data_offset + slot * segment.slot_bytes
+            if self.zero_copy:
+                view = np.frombuffer(segment.mm, dtype=np.uint8, count=nbytes, offset=start)
+                view.flags.writeable = False
+                weakref.finalize(view, _release_slot, segment, slot, generation, one_off)
+                return view
+            out = np.empty(nbytes, dtype=np.uint8)
+            np.copyto(out, np.frombuffer(segment.mm, dtype=np.uint8, count=nbytes, offset=start))
+            reused = segment.header[slot, 1] != generation
+            _release_slot(segment, slot, generation, one_off)
+            if reused:
+                raise RelayError(f"shm slot {name}[{slot}] was reused while it was read")
+            return out
 
     # ---------------------------------------------------------------- common
     def close(self) -> None:
@@ -274,6 +287,15 @@ class ShmRelay(Relay):
             for segment in self._mapped.values():
                 segment.close()
             self._mapped.clear()
+
+
+def _release_slot(segment: _Segment, slot: int, generation: int, one_off: bool) -> None:
+    """The receiver's acknowledgement: the sender may reuse the slot (a one-off mapping is dropped)."""
+    header = segment.header
+    if header is not None and header[slot, 1] == generation:
+        header[slot, 0] = _FREE
+    if one_off:
+        segment.close()
 
 
 def _unlink(name: str) -> None:

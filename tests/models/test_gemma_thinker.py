@@ -1,0 +1,279 @@
+"""Tests of the Gemma thinker: batched KV-cache decoding, sampling and the Q/A prompt format."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+import torch
+
+from omnipipe.models.default.prompting import (
+    build_prompt,
+    clean_answer,
+    should_stop,
+    stop_strings,
+    stream_safe_length,
+)
+from omnipipe.models.default.sampling import TokenSamplingParams, sample_next_token
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+PROMPTS = (
+    "The capital of France is",
+    "Once upon a time, in a small village near the mountains, there lived a",
+    "def fibonacci(n):",
+)
+DECODE_STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def thinker():
+    from omnipipe.models.default.gemma_model import GemmaThinker
+    from omnipipe.models.default.thinker_weights import prepare_thinker
+
+    return GemmaThinker(prepare_thinker(progress=False), num_threads=2)
+
+
+def _encode(thinker, text: str) -> list[int]:
+    return thinker.tokenizer(text).input_ids
+
+
+def _greedy_alone(thinker, request_id: str, ids: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    logits = [thinker.prefill(request_id, ids)]
+    tokens: list[int] = []
+    for _ in range(steps):
+        tokens.append(int(logits[-1].argmax()))
+        logits.append(thinker.decode([request_id], [tokens[-1]])[0])
+    thinker.free(request_id)
+    return tokens, logits
+
+
+def _greedy_together(thinker, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[list[torch.Tensor]]]:
+    ids = [f"together-{i}" for i in range(len(prompts))]
+    logits = [[thinker.prefill(rid, p)] for rid, p in zip(ids, prompts, strict=True)]
+    tokens: list[list[int]] = [[] for _ in prompts]
+    for _ in range(steps):
+        step = [int(per_request[-1].argmax()) for per_request in logits]
+        for i, token in enumerate(step):
+            tokens[i].append(token)
+        out = thinker.decode(ids, step)
+        for i in range(len(prompts)):
+            logits[i].append(out[i])
+    for rid in ids:
+        thinker.free(rid)
+    return tokens, logits
+
+
+# --- model ------------------------------------------------------------------
+
+
+@pytest.mark.models
+def test_batched_decode_matches_individual_decode(thinker) -> None:
+    prompts = [_encode(thinker, p) for p in PROMPTS]
+    assert len({len(p) for p in prompts}) == len(prompts)  # different positions in one batch
+    alone = [_greedy_alone(thinker, f"alone-{i}", p, DECODE_STEPS) for i, p in enumerate(prompts)]
+    together_tokens, together_logits = _greedy_together(thinker, prompts, DECODE_STEPS)
+    for i, (tokens, logits) in enumerate(alone):
+        assert together_tokens[i] == tokens
+        for a, b in zip(logits, together_logits[i], strict=True):
+            torch.testing.assert_close(a, b, atol=1e-3, rtol=0)
+
+
+@pytest.mark.models
+def test_sliding_window_batch_with_long_and_short_prompts(thinker) -> None:
+    """A prompt longer than the 512-token window decoded next to one that crosses it and a short one."""
+    rng = random.Random(0)
+    words = ("the", "cat", "sat", "on", "a", "mat", "while", "rain", "fell", "over", "quiet", "hills", "and", "rivers")
+    window = thinker.config.sliding_window
+    long_ids = _encode(thinker, " ".join(rng.choice(words) for _ in range(window + 20)))
+    crossing_ids = long_ids[: window - 3]
+    short_ids = _encode(thinker, PROMPTS[0])
+    assert len(long_ids) > window
+    prompts = [long_ids, crossing_ids, short_ids]
+    alone = [_greedy_alone(thinker, f"alone-{i}", p, 6) for i, p in enumerate(prompts)]
+    together_tokens, _ = _greedy_together(thinker, prompts, 6)
+    assert together_tokens == [tokens for tokens, _ in alone]
+
+
+@pytest.mark.models
+def test_matches_transformers_reference(thinker) -> None:
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(str(thinker.model_dir), dtype=torch.float32).eval()
+    ids = _encode(thinker, PROMPTS[1])
+    tokens, logits = _greedy_alone(thinker, "reference", ids, 6)
+    with torch.inference_mode():
+        expected = reference(torch.tensor([ids + tokens])).logits[0, len(ids) - 1 :]
+    assert expected.argmax(-1)[:-1].tolist() == tokens
+    torch.testing.assert_close(torch.stack(logits), expected, atol=2e-3, rtol=0)
+
+
+@pytest.mark.models
+def test_free_releases_the_cache(thinker) -> None:
+    thinker.prefill("a", _encode(thinker, PROMPTS[0]))
+    thinker.prefill("b", _encode(thinker, PROMPTS[1]))
+    thinker.decode(["a", "b"], [5, 6])
+    assert sorted(thinker.active_requests()) == ["a", "b"]
+    assert thinker.kv_cache_bytes() > 0
+    assert thinker.free("a") is True
+    assert thinker.active_requests() == ["b"]
+    assert thinker.free("a") is False
+    with pytest.raises(KeyError, match="a"):
+        thinker.decode(["a"], [5])
+    thinker.free("b")
+    assert thinker.active_requests() == []
+    assert thinker.kv_cache_bytes() == 0
+
+
+@pytest.mark.models
+def test_request_bookkeeping_errors(thinker) -> None:
+    thinker.prefill("dup", [2, 818])
+    try:
+        with pytest.raises(ValueError, match="already active"):
+            thinker.prefill("dup", [2, 818])
+        with pytest.raises(ValueError, match="unique"):
+            thinker.decode(["dup", "dup"], [5, 5])
+        assert thinker.num_cached_tokens("dup") == 2
+    finally:
+        thinker.free("dup")
+    with pytest.raises(ValueError, match="empty"):
+        thinker.prefill("empty", [])
+
+
+@pytest.mark.models
+def test_prompt_format_answers_briefly_and_stops(thinker) -> None:
+    greedy = TokenSamplingParams()
+    request_id = "qa"
+    logits = thinker.prefill(request_id, _encode(thinker, build_prompt("What is the capital of France?")))
+    generated: list[int] = []
+    stopped = False
+    try:
+        for _ in range(40):
+            token = sample_next_token(logits, greedy, generated)
+            if token in thinker.eos_token_ids:
+                stopped = True
+                break
+            generated.append(token)
+            stopped, _ = should_stop(thinker.tokenizer.decode(generated))
+            if stopped:
+                break
+            logits = thinker.decode([request_id], [token])[0]
+    finally:
+        thinker.free(request_id)
+    answer = clean_answer(thinker.tokenizer.decode(generated))
+    assert stopped, f"no stop string within 40 tokens: {answer!r}"
+    assert answer and "\n" not in answer
+    assert "Paris" in answer
+
+
+@pytest.mark.models
+def test_seeded_sampling_with_the_model_is_reproducible(thinker) -> None:
+    params = TokenSamplingParams(temperature=1.0, top_p=0.95, top_k=50, seed=1234)
+
+    def run() -> list[int]:
+        logits = thinker.prefill("seeded", _encode(thinker, PROMPTS[1]))
+        generator, tokens = params.make_generator(), []
+        for _ in range(6):
+            tokens.append(sample_next_token(logits, params, tokens, generator))
+            logits = thinker.decode(["seeded"], [tokens[-1]])[0]
+        thinker.free("seeded")
+        return tokens
+
+    assert run() == run()
+
+
+# --- sampling (no model needed) ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.1),
+        ("temperature", float("nan")),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -1),
+        ("top_k", 2.5),
+        ("repetition_penalty", 0.0),
+        ("presence_penalty", 2.5),
+        ("frequency_penalty", -3.0),
+        ("seed", -1),
+        ("seed", "42"),
+    ],
+)
+def test_sampling_validation_names_the_field(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=field):
+        TokenSamplingParams(**{field: value})
+
+
+def _logits(vocab: int = 1000, seed: int = 0) -> torch.Tensor:
+    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 3
+
+
+def test_seeded_sampling_is_reproducible() -> None:
+    logits = _logits()
+    params = TokenSamplingParams(temperature=1.0, top_p=0.9, top_k=100, seed=7)
+
+    def draw(p: TokenSamplingParams) -> list[int]:
+        generator = p.make_generator()
+        return [sample_next_token(logits, p, [], generator) for _ in range(30)]
+
+    first = draw(params)
+    assert first == draw(params)
+    assert first != draw(TokenSamplingParams(temperature=1.0, top_p=0.9, top_k=100, seed=8))
+    assert len(set(first)) > 1
+
+
+def test_greedy_and_degenerate_filters_pick_the_argmax() -> None:
+    logits = _logits()
+    best = int(logits.argmax())
+    assert sample_next_token(logits, TokenSamplingParams(), []) == best
+    assert sample_next_token(logits, TokenSamplingParams(temperature=1.0, top_k=1, seed=0), []) == best
+    assert sample_next_token(logits, TokenSamplingParams(temperature=1.0, top_p=1e-6, seed=0), []) == best
+
+
+def test_top_k_and_top_p_restrict_the_support() -> None:
+    logits = _logits()
+    top5 = set(torch.topk(logits, 5).indices.tolist())
+    params = TokenSamplingParams(temperature=2.0, top_k=5, seed=3)
+    generator = params.make_generator()
+    assert {sample_next_token(logits, params, [], generator) for _ in range(200)} <= top5
+    probs = torch.softmax(logits, -1)
+    order = torch.argsort(probs, descending=True)
+    nucleus_size = int((probs[order].cumsum(0) < 0.5).sum()) + 1
+    nucleus = set(order[:nucleus_size].tolist())
+    params = TokenSamplingParams(temperature=1.0, top_p=0.5, seed=3)
+    generator = params.make_generator()
+    assert {sample_next_token(logits, params, [], generator) for _ in range(200)} <= nucleus
+
+
+def test_penalties_push_repeated_tokens_down() -> None:
+    logits = torch.tensor([2.0, 1.9, -1.0, 0.5])
+    original = logits.clone()
+    assert sample_next_token(logits, TokenSamplingParams(), [0]) == 0
+    assert sample_next_token(logits, TokenSamplingParams(repetition_penalty=1.2), [0]) == 1
+    assert sample_next_token(logits, TokenSamplingParams(presence_penalty=0.2), [0]) == 1
+    assert sample_next_token(logits, TokenSamplingParams(frequency_penalty=0.06), [0]) == 0
+    assert sample_next_token(logits, TokenSamplingParams(frequency_penalty=0.06), [0, 0]) == 1
+    assert torch.equal(logits, original)  # the caller's logits are not modified
+
+
+# --- prompt format (no model needed) -------------------------------------------
+
+
+def test_prompt_ends_with_the_question_slot() -> None:
+    prompt = build_prompt("  What is\nwater made of? ")
+    assert prompt.endswith("Q: What is water made of?\nA:")
+    with pytest.raises(ValueError, match="question"):
+        build_prompt(" \n ")
+
+
+def test_stop_helpers_trim_and_hold_back() -> None:
+    assert "\n\n" in stop_strings()
+    assert should_stop(" Paris is the capital.") == (False, " Paris is the capital.")
+    assert should_stop(" Paris.\n\nQ: next") == (True, " Paris.")
+    assert should_stop(" Paris.\nQ: next") == (True, " Paris.")
+    assert clean_answer(" Paris.\n\n") == "Paris."
+    assert stream_safe_length(" Paris.\n") == len(" Paris.")  # may become a stop string
+    assert stream_safe_length(" Paris.") == len(" Paris.")
