@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -11,3 +12,4 @@ class ChunkContext:
     left_context_frames: int
     right_context_frames: int  # lookahead frames a window carries after its new frames (0 for causal vocoders)
     initial_chunk_frames: int  # size of this request's first chunk (already resolved from "auto")
+    options: dict[str, Any] = field(default_factory=dict)  # the edge's deploy options (processor-specific)

@@ -37,6 +37,7 @@ class StageDeploy:
 class EdgeDeploy:
     relay: str | None = None  # defaults to relay.backend
     inline_threshold_bytes: int | None = None  # defaults to relay.inline_threshold_bytes
+    options: dict[str, Any] = field(default_factory=dict)  # for the edge's chunk processor
 
 
 @dataclass

@@ -28,7 +28,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from omnipipe.config.deploy_config import DeployConfig
+from omnipipe.config.deploy_config import DeployConfig, EdgeDeploy
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, resolve
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
 from omnipipe.stage.launch import ChunkLink, StageLaunch
@@ -149,7 +149,8 @@ class Orchestrator:
                 if self._streams(edge):
                     backend, threshold = self.deploy.edge_relay(edge.source, edge.target)
                     links[edge.target] = ChunkLink(chunk_inputs[edge.target], backend, threshold,
-                                                   edge.chunk_processor or "")
+                                                   edge.chunk_processor or "",
+                                                   dict(self.deploy.edges.get(edge.name, EdgeDeploy()).options))
             launches[stage.name] = StageLaunch(
                 run_id=self.run_id, stage=stage.name, kind=stage.kind, runner=stage.runner, device=settings.device,
                 threads=settings.threads, max_num_seqs=settings.max_num_seqs, options=settings.options,

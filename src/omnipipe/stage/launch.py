@@ -12,6 +12,7 @@ class ChunkLink(msgspec.Struct, frozen=True):
     relay: str
     inline_threshold_bytes: int
     chunk_processor: str  # dotted path
+    options: dict[str, Any] = {}
 
 
 class StageLaunch(msgspec.Struct, frozen=True):

@@ -55,6 +55,9 @@ class StageRunner(ABC):
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
         """Run one step for every request of ``batch``; return one output per request, in order."""
 
+    def warmup(self) -> None:
+        """Run the model once on a dummy input so the first real request does not pay one-time costs."""
+
     def free(self, request: StageRequest) -> None:
         """Drop whatever per-request state (KV cache, buffers) the runner holds for ``request``."""
         request.runner_state = None

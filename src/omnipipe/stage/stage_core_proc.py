@@ -135,6 +135,8 @@ class StageCoreProc:
             runner_cls = resolve(self.launch.runner)
             self.runner = runner_cls(context)
             self.runner.load()
+            if self.launch.options.get("warmup", True):
+                self.runner.warmup()
         except Exception as exc:
             logger.exception("loading the runner failed")
             self._send(StageError("", self.stage, f"failed to load {self.launch.runner}: {type(exc).__name__}: {exc}"))
@@ -220,9 +222,10 @@ class StageCoreProc:
             requested = message.chunk_options.get("initial_codec_chunk_frames") or self.launch.initial_codec_chunk_frames
             initial = choose_initial_chunk_frames(requested, self.launch.codec_chunk_frames, len(self.requests),
                                                   self.launch.max_num_seqs)
+            options = {k: v for link in self.launch.chunk_links.values() for k, v in link.options.items()}
             self.chunk_contexts[request_id] = ChunkContext(self.launch.codec_chunk_frames,
                                                            self.launch.left_context_frames,
-                                                           self.launch.right_context_frames, initial)
+                                                           self.launch.right_context_frames, initial, options)
         self.scheduler.add(request)
 
     def _collect_chunks(self) -> None:

@@ -19,6 +19,9 @@ class PiperCode2WavRunner(StageRunner):
                                f"{VOICE_SAMPLE_RATE_HZ} Hz")
         self.decoder = PiperDecoder(paths, num_threads=self.context.threads)
 
+    def warmup(self) -> None:
+        self.decoder.decode_batch([DecoderWindow(np.zeros((self.decoder.latent_channels, 30), np.float32), 10, 10)])
+
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
         windows = []
         for request in batch:

@@ -11,6 +11,11 @@ class WhisperEncoderRunner(StageRunner):
     def load(self) -> None:
         self.asr = WhisperASR(num_threads=self.context.threads)
 
+    def warmup(self) -> None:
+        import numpy as np
+
+        self.asr.transcribe(np.zeros(16_000, np.float32), 16_000)
+
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
         outputs = []
         for request in batch:

@@ -18,6 +18,7 @@ _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+")
 _CLAUSE_END = re.compile(r"[,;:]\s+")
 MIN_CLAUSE_WORDS = 3  # shorter fragments make the voice sound choppy
 MAX_RUN_WORDS = 16  # cut an unpunctuated run anyway after this many words
+FIRST_CHUNK_WORDS = 4  # the first piece may end at a plain word boundary, to start speaking sooner
 
 
 def _decode_audio(value: Any) -> np.ndarray:
@@ -74,8 +75,9 @@ def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"text": text}] if text else []
 
 
-def speakable_cut(buffer: str, is_last: bool) -> int:
-    """How much of ``buffer`` to speak now: up to the last sentence end, else a clause end, else nothing."""
+def speakable_cut(buffer: str, is_last: bool, first_chunk_words: int = 0) -> int:
+    """How much of ``buffer`` to speak now: up to the last sentence end, else a clause end, else (for the first
+    piece of an answer, ``first_chunk_words`` > 0) the first words, else nothing."""
     if is_last:
         return len(buffer)
     sentence_ends = [m.end() for m in _SENTENCE_END.finditer(buffer)]
@@ -84,7 +86,11 @@ def speakable_cut(buffer: str, is_last: bool) -> int:
     clause_ends = [m.end() for m in _CLAUSE_END.finditer(buffer) if len(buffer[: m.end()].split()) >= MIN_CLAUSE_WORDS]
     if clause_ends:
         return clause_ends[-1]
-    if len(buffer.split()) > MAX_RUN_WORDS:
+    words = buffer.split()
+    if first_chunk_words and len(words) > first_chunk_words:
+        # the last word may still be growing: cut before it once the first words are complete
+        return buffer.rstrip().rfind(" ") + 1
+    if len(words) > MAX_RUN_WORDS:
         return buffer.rstrip().rfind(" ") + 1
     return 0
 
@@ -94,8 +100,12 @@ def thinker2talker_async_chunk(state: dict[str, Any], output: dict[str, Any], is
     """Stream text to the talker a sentence or clause at a time, as the thinker writes it."""
     state["buffer"] = state.get("buffer", "") + output.get("text", "")
     buffer: str = state["buffer"]
-    cut = speakable_cut(buffer, is_last)
+    first_words = 0 if state.get("sent") else int(ctx.options.get("first_chunk_words", FIRST_CHUNK_WORDS))
+    cut = speakable_cut(buffer, is_last, first_words)
     if cut <= 0:
         return []
     piece, state["buffer"] = buffer[:cut].strip(), buffer[cut:]
-    return [{"text": piece}] if piece else []
+    if not piece:
+        return []
+    state["sent"] = True
+    return [{"text": piece}]

@@ -19,6 +19,9 @@ class PiperTalkerRunner(StageRunner):
         self.noise_scale = float(self.context.options.get("noise_scale", 0.667))
         self.noise_w = float(self.context.options.get("noise_w", 0.8))
 
+    def warmup(self) -> None:
+        self.talker.synthesize_latents("Hello there.", noise_scale=self.noise_scale, noise_w=self.noise_w)
+
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
         outputs = []
         for request in batch:

@@ -49,6 +49,13 @@ class GemmaThinkerRunner(StageRunner):
         self.tokenizer = self.model.tokenizer
         self.max_prompt_tokens = int(self.context.options.get("max_prompt_tokens", MAX_PROMPT_TOKENS))
 
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        ids = self.tokenizer.encode(build_prompt("Hello?"))
+        logits = self.model.prefill("__warmup__", ids)
+        self.model.decode(["__warmup__"], [int(logits.argmax())])
+        self.model.free("__warmup__")
+
     def _start(self, request: StageRequest) -> tuple[_Decoding, list[int]] | str:
         params = request.params
         question = " ".join(str(item.get("text", "")) for item in request.take_all_inputs()).strip()
