@@ -71,8 +71,16 @@ def encoder2thinker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The whole answer, cut into the same pieces the streaming processor would have sent, so the talker speaks
+    the same utterances whether or not async chunk is on (only the timing differs)."""
     text = "".join(o.get("text", "") for o in outputs).strip()
-    return [{"text": text}] if text else []
+    state: dict[str, Any] = {}
+    ctx = ChunkContext(0, 0, 0, 0)
+    words = re.findall(r"\S+\s*", text)
+    pieces: list[dict[str, Any]] = []
+    for index, word in enumerate(words):
+        pieces += thinker2talker_async_chunk(state, {"text": word}, index == len(words) - 1, ctx)
+    return pieces
 
 
 def speakable_cut(buffer: str, is_last: bool, first_chunk_words: int = 0) -> int:
