@@ -119,3 +119,13 @@ def test_tts_pipeline_runs_talker_and_vocoder_only(harness_factory) -> None:
     text, audio = assemble(outputs)
     assert text == ""
     np.testing.assert_allclose(audio, expected_audio("speak this"), atol=1e-5)
+
+
+def test_tcp_transport_carries_the_same_results(harness_factory) -> None:
+    harness = harness_factory("toy", {"transport": "tcp", "host": "127.0.0.1"})
+    launch = harness.engine.engine.orchestrator.clients["talker"].launch
+    assert launch.ctrl_address.startswith("tcp://127.0.0.1:") and launch.chunk_listen_address.startswith("tcp://")
+    outputs = harness.run(collect(harness.engine, "over tcp"))
+    text, audio = assemble(outputs)
+    assert text == "OVER TCP"
+    np.testing.assert_allclose(audio, expected_audio(text), atol=1e-5)

@@ -174,7 +174,8 @@ def _echo_peer(to_peer: str, from_peer: str) -> None:
                     raise TypeError("benchmark echo peer got something other than a StageOutput")
                 payload = None
                 if msg.payload is not None:
-                    body = read_payload(msg.payload, relays, msg.request_id)
+                    body = read_payload(msg.payload, zero_copy if msg.request_id.startswith("zc") else relays,
+                                msg.request_id)
                     payload = write_payload(body, inline, msg.request_id, 1 << 16)
                 reply = StageOutput(msg.request_id, "echo", msg.seq, False, msg.text_delta, msg.num_tokens, payload)
                 push.send(control_plane.encode(reply), copy=False)
@@ -276,6 +277,8 @@ def _relay_receiver_peer(to_peer: str, from_peer: str, run_id: str) -> None:
     """Receive StageOutputs, read their payloads, and answer with the timestamps and a content check."""
     ctx, pull, push = _connect_peer(to_peer, from_peer)
     relays: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(run_id, "bench-rx")}
+    # what stages use for incoming chunks: read in place, the slot is freed when the data is dropped
+    zero_copy: dict[str, Relay] = {"shm": ShmRelay(run_id, "bench-rxz", zero_copy=True)}
     try:
         while True:
             frame = pull.recv()
@@ -286,14 +289,15 @@ def _relay_receiver_peer(to_peer: str, from_peer: str, run_id: str) -> None:
             decoded = time.perf_counter()
             if not isinstance(msg, StageOutput) or msg.payload is None:
                 raise RuntimeError("benchmark relay peer got something other than a StageOutput with a payload")
-            body = read_payload(msg.payload, relays, msg.request_id)
+            body = read_payload(msg.payload, zero_copy if msg.request_id.startswith("zc") else relays,
+                                msg.request_id)
             read = time.perf_counter()
             array = body["x"]
             push.send(_ack.encode({"received": received, "decoded": decoded, "read": read,
                                    "first": float(array[0]), "last": float(array[-1]), "size": int(array.size)}))
             del body, array, msg, frame
     finally:
-        for relay in relays.values():
+        for relay in [*relays.values(), *zero_copy.values()]:
             relay.close()
         pull.close(0)
         push.close(0)
@@ -312,7 +316,8 @@ def _memcpy_seconds(nbytes: int, iterations: int) -> list[float]:
     return times[2:]
 
 
-def _relay_transfers(peer: _Peer, relay: Relay, nbytes: int, iterations: int) -> dict[str, list[float]]:
+def _relay_transfers(peer: _Peer, relay: Relay, nbytes: int, iterations: int,
+                     id_prefix: str = "r") -> dict[str, list[float]]:
     """Send ``iterations`` payloads of ``nbytes`` one at a time (each waits for the receiver's answer).
 
     Phases per transfer, in seconds, adding up to ``total``: ``write`` (sender write_payload), ``send`` (encode,
@@ -325,9 +330,10 @@ def _relay_transfers(peer: _Peer, relay: Relay, nbytes: int, iterations: int) ->
     for i in range(warmup + iterations):
         array[0], array[-1] = i, -i
         start = time.perf_counter()
-        payload = write_payload({"x": array}, relay, f"r{i}", inline_threshold_bytes=0)
+        payload = write_payload({"x": array}, relay, f"{id_prefix}{i}", inline_threshold_bytes=0)
         written = time.perf_counter()
-        peer.push.send(control_plane.encode(StageOutput(f"r{i}", "bench", i, False, payload=payload)), copy=False)
+        peer.push.send(control_plane.encode(StageOutput(f"{id_prefix}{i}", "bench", i, False, payload=payload)),
+                       copy=False)
         ack = _ack_decoder.decode(peer.recv())
         if ack["first"] != i or ack["last"] != -i or ack["size"] != array.size:
             raise RuntimeError(f"relay {relay.name}: the receiver read the wrong bytes (iteration {i})")
@@ -349,6 +355,7 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int]) -> d
         ("inline", lambda owner: InlineRelay()),
         ("shm", lambda owner: ShmRelay(run_id, owner, slot_bytes=slot_bytes, num_slots=2)),
         ("shm one-off", lambda owner: ShmRelay(run_id, owner, slot_bytes=ONE_OFF_SLOT_BYTES, num_slots=1)),
+        ("shm zero-copy", lambda owner: ShmRelay(run_id, owner, slot_bytes=slot_bytes, num_slots=2)),
     ]
     memcpy: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
@@ -362,7 +369,7 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int]) -> d
                 for name, make in backends:
                     relay = make(f"tx{len(rows)}")
                     try:
-                        phases = _relay_transfers(peer, relay, nbytes, count)
+                        phases = _relay_transfers(peer, relay, nbytes, count, "zc" if "zero-copy" in name else "r")
                     finally:
                         relay.close()
                     total = phases["total"]
@@ -528,10 +535,12 @@ def _format_relay(data: dict[str, Any]) -> str:
     notes = [("GB/s and % memcpy from the median transfer; the four phase columns are means in ms that add up to "
               "the mean."),
              (f"shm pool slot {_human_bytes(data['pool_slot_bytes'])}; 'shm one-off' uses a "
-              f"{_human_bytes(data['one_off_slot_bytes'])} pool, so each payload gets a segment of its own.")]
-    for r in (r for r in data["rows"] if r["backend"] == "shm" and r["size_bytes"] == max(memcpy)):
+              f"{_human_bytes(data['one_off_slot_bytes'])} pool, so each payload gets a segment of its own; "
+              "'shm zero-copy' is how stages read incoming chunks: in place, the slot freed when the data is dropped.")]
+    for r in (r for r in data["rows"] if r["backend"].startswith("shm") and r["size_bytes"] == max(memcpy)
+              and "one-off" not in r["backend"]):
         verdict = "meets" if r["pct_of_memcpy"] >= data["target_shm_pct_of_memcpy"] else "MISSES"
-        notes.append(f"shm at {_human_bytes(r['size_bytes'])}: {r['pct_of_memcpy']:.0f}% of memcpy ({verdict} the "
+        notes.append(f"{r['backend']} at {_human_bytes(r['size_bytes'])}: {r['pct_of_memcpy']:.0f}% of memcpy ({verdict} the "
                      f"{data['target_shm_pct_of_memcpy']:.0f}% target).")
     return table + "\n" + "\n".join(notes)
 
