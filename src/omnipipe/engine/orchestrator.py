@@ -415,7 +415,7 @@ class Orchestrator:
             logger.exception("input processor %s failed", edge.input_processor)
             self._fail(request, edge.source, f"input processor for {edge.name} failed: {exc}")
             return False
-        request.edge_metrics[edge.name] = {"chunks": len(payloads), "bytes": sum(p.nbytes for p in payloads),
+        request.edge_metrics[edge.name] = {"chunks": len(payloads), "bytes": sum(len(p.skeleton) + p.nbytes for p in payloads),
                                            "transfer_s": time.perf_counter() - start}
         await self._send(edge.target, self._submit_for(request, edge.target, payloads, True), request)
         return True
