@@ -87,7 +87,7 @@ def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
     torch.set_num_threads(2)
     model_dir = prepare_thinker(progress=True)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
     model.eval()
     voice_files = PACKAGED_VOICES["joe"]
     voice = PiperVoice.load(voice_files.model_path(), voice_files.config_path())

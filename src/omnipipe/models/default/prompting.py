@@ -7,6 +7,8 @@ generation stops at the first stop string. The answer text starts with a space
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import re
 
 FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
@@ -42,21 +44,21 @@ def stop_strings() -> list[str]:
     return list(STOP_STRINGS)
 
 
-def should_stop(text_so_far: str) -> tuple[bool, str]:
+def should_stop(text_so_far: str, stops: Sequence[str] = STOP_STRINGS) -> tuple[bool, str]:
     """Whether the generated text contains a stop string, and the text cut before the earliest one."""
-    cut = min((index for s in STOP_STRINGS if (index := text_so_far.find(s)) != -1), default=-1)
+    cut = min((index for s in stops if (index := text_so_far.find(s)) != -1), default=-1)
     if cut == -1:
         return False, text_so_far
     return True, text_so_far[:cut]
 
 
-def stream_safe_length(text_so_far: str) -> int:
+def stream_safe_length(text_so_far: str, stops: Sequence[str] = STOP_STRINGS) -> int:
     """How many leading characters can be streamed: a trailing partial stop string is held back."""
-    stopped, kept = should_stop(text_so_far)
+    stopped, kept = should_stop(text_so_far, stops)
     if stopped:
         return len(kept)
     held = 0
-    for stop in STOP_STRINGS:
+    for stop in stops:
         for size in range(min(len(stop) - 1, len(text_so_far)), 0, -1):
             if text_so_far.endswith(stop[:size]):
                 held = max(held, size)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from omnipipe.models.default.gemma_model import GemmaThinker
-from omnipipe.models.default.prompting import build_prompt, stop_strings
+from omnipipe.models.default.prompting import build_prompt, should_stop, stop_strings, stream_safe_length
 from omnipipe.models.default.sampling import TokenSamplingParams, sample_next_token
 from omnipipe.models.default.thinker_weights import prepare_thinker
 from omnipipe.stage.request import StageRequest
@@ -29,17 +29,6 @@ class _Decoding:
     generator: torch.Generator | None
     generated: list[int] = field(default_factory=list)
     emitted_chars: int = 0  # of the answer text already sent
-
-
-def _held_back(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
-    longest = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:size]):
-                longest = max(longest, size)
-                break
-    return longest
 
 
 class GemmaThinkerRunner(StageRunner):
@@ -100,13 +89,13 @@ class GemmaThinkerRunner(StageRunner):
             state.generated.append(token)
         answer = self.tokenizer.decode(state.generated, skip_special_tokens=True).lstrip()
         finish_reason = "stop" if eos else None
-        hits = [answer.find(stop) for stop in state.stops if stop in answer]
-        if hits:
-            answer, finish_reason = answer[: min(hits)].rstrip(), "stop"
+        stopped, kept = should_stop(answer, state.stops)
+        if stopped:
+            answer, finish_reason = kept.rstrip(), "stop"
         elif not eos and len(state.generated) >= state.max_tokens:
             finish_reason = "length"
         if finish_reason is None:
-            ready = len(answer) - _held_back(answer, state.stops)
+            ready = stream_safe_length(answer, state.stops)
             if answer.endswith("\ufffd"):  # an incomplete multi-byte character
                 ready = min(ready, len(answer) - 1)
         else:

@@ -1,0 +1,39 @@
+"""How the default family cuts the thinker's text for the talker, streaming or whole."""
+
+from __future__ import annotations
+
+from omnipipe.chunk.context import ChunkContext
+from omnipipe.models.default.processors import encoder2thinker, thinker2talker, thinker2talker_async_chunk
+
+ANSWER = "The sky on a clear day is blue. It looks nice, really very nice indeed."
+
+
+def stream(tokens: list[str]) -> list[str]:
+    state: dict = {}
+    ctx = ChunkContext(25, 10, 10, 5)
+    pieces = []
+    for i, token in enumerate(tokens):
+        pieces += [c["text"] for c in thinker2talker_async_chunk(state, {"text": token}, i == len(tokens) - 1, ctx)]
+    return pieces
+
+
+def test_streaming_speaks_the_first_words_then_sentences_and_clauses() -> None:
+    tokens = [" " + w if i else w for i, w in enumerate(ANSWER.split(" "))]
+    pieces = stream(tokens)
+    assert pieces == ["The sky on a", "clear day is blue.", "It looks nice,", "really very nice indeed."]
+    assert " ".join(pieces) == ANSWER
+
+
+def test_whole_output_is_cut_into_the_same_pieces() -> None:
+    tokens = [" " + w if i else w for i, w in enumerate(ANSWER.split(" "))]
+    assert [c["text"] for c in thinker2talker([{"text": t} for t in tokens])] == stream(tokens)
+
+
+def test_short_answer_is_one_piece_and_empty_answer_none() -> None:
+    assert stream(["Yes", "."]) == ["Yes."]
+    assert thinker2talker([{"text": "  "}]) == []
+
+
+def test_transcript_follows_the_written_instruction() -> None:
+    assert encoder2thinker([{"text": " what is two plus two", "instruction": "Answer briefly:"}]) == [
+        {"text": "Answer briefly: what is two plus two"}]
