@@ -277,3 +277,23 @@ def test_stop_helpers_trim_and_hold_back() -> None:
     assert clean_answer(" Paris.\n\n") == "Paris."
     assert stream_safe_length(" Paris.\n") == len(" Paris.")  # may become a stop string
     assert stream_safe_length(" Paris.") == len(" Paris.")
+
+
+@pytest.mark.models
+def test_shared_prefix_cache_gives_the_same_tokens_as_a_full_prefill(thinker) -> None:
+    from omnipipe.models.default.prompting import prompt_parts
+
+    preamble = thinker.tokenizer.encode(prompt_parts("x")[0])
+    prompts = [preamble + thinker.tokenizer.encode(prompt_parts(q)[1], add_special_tokens=False)
+               for q in ("What is the capital of France?", "Tell me about owls and their eyes.")]
+    thinker.set_shared_prefix([])
+    full, full_logits = _greedy_together(thinker, prompts, 6)
+    thinker.set_shared_prefix(preamble)
+    try:
+        cached, cached_logits = _greedy_together(thinker, prompts, 6)
+    finally:
+        thinker.set_shared_prefix([])
+    assert cached == full
+    for a, b in zip(full_logits, cached_logits):
+        for x, y in zip(a, b):
+            assert (x - y).abs().max().item() < 1e-3

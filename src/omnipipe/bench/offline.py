@@ -78,6 +78,7 @@ def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
     import torch
     from piper import PiperVoice
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import StoppingCriteria, StoppingCriteriaList
     from transformers.generation.streamers import BaseStreamer
 
     from omnipipe.models.default.prompting import build_prompt, stop_strings
@@ -106,6 +107,17 @@ def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
         def end(self) -> None:
             return None
 
+    class StopAtStrings(StoppingCriteria):
+        """Stop once the answer contains a stop string (decodes only the generated tail: cheap per step)."""
+
+        def __init__(self, prompt_length: int) -> None:
+            self.prompt_length = prompt_length
+
+        def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+            text = tokenizer.decode(input_ids[0, self.prompt_length:], skip_special_tokens=True)
+            done = any(stop in text for stop in stop_strings())
+            return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
+
     metrics = []
     start_all = time.perf_counter()
     for question in prompts:
@@ -114,7 +126,7 @@ def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
         clock = TokenClock()
         with torch.inference_mode():
             out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=False, streamer=clock,
-                                 stop_strings=stop_strings(), tokenizer=tokenizer)
+                                 stopping_criteria=StoppingCriteriaList([StopAtStrings(ids["input_ids"].shape[1])]))
         text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
         for stop in stop_strings():
             text = text.split(stop)[0]

@@ -1,6 +1,7 @@
 """The ``omnipipe`` command.
 
     omnipipe generate "What is the capital of France?" --output answer.wav [--stats]
+    omnipipe serve --pipeline default --port 8091
     omnipipe models | download | bench engine
 """
 
@@ -129,11 +130,66 @@ def _download(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- serve
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
+    p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8091)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /debug routes")
+    p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger request bodies get 413")
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from omnipipe.config.deploy_config import DeployConfigError, load_deploy
+    from omnipipe.entrypoints.openai import ServerConfig, create_app
+
+    pipeline = get_pipeline(args.pipeline)
+    if args.deploy is not None and not args.deploy.is_file():
+        raise CLIError(f"--deploy: file not found: {args.deploy}")
+    try:
+        load_deploy(args.deploy, pipeline)
+    except DeployConfigError as exc:
+        raise CLIError(str(exc)) from exc
+    if not 0 < args.port < 65536:
+        raise CLIError(f"--port: must be in 1..65535, got {args.port}")
+    if args.max_body_bytes < 1:
+        raise CLIError(f"--max-body-bytes: must be >= 1, got {args.max_body_bytes}")
+    config = ServerConfig(pipeline=args.pipeline, deploy=args.deploy, host=args.host, port=args.port,
+                          api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                          log_level="INFO" if args.verbose else "WARNING")
+    failures: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_engine_failure(message: str) -> None:
+        failures.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, on_engine_failure)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose
+                                           else "warning", timeout_graceful_shutdown=5))
+    print(f"omnipipe: serving pipeline {args.pipeline!r} on http://{args.host}:{args.port} (loading models)",
+          file=sys.stderr)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the signal it stopped on, after a clean shutdown
+    if failures:
+        raise CLIError(f"the engine failed to start: {failures[0]}")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnipipe", description="Serve multi-stage omni-modal models.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
+    _add_serve(sub)
     sub.add_parser("models", help="list pipelines and whether their weights are ready")
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
@@ -151,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "generate":
             return asyncio.run(_generate(args))
+        if args.command == "serve":
+            return _serve(args)
         if args.command == "models":
             return _models(args)
         if args.command == "download":

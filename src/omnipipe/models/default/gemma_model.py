@@ -131,6 +131,12 @@ class _LayerCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    def clone(self) -> "_LayerCache":
+        copy = _LayerCache.__new__(_LayerCache)
+        copy.keep_last, copy.start, copy.end = self.keep_last, self.start, self.end
+        copy.k, copy.v = self.k.clone(), self.v.clone()
+        return copy
+
 
 @dataclass
 class _Request:
@@ -236,6 +242,23 @@ class GemmaThinker:
     # -- forward passes ------------------------------------------------------
 
     @torch.inference_mode()
+    def set_shared_prefix(self, token_ids: list[int]) -> None:
+        """Compute once the KV cache of a prefix many prompts start with (a few-shot preamble); ``prefill`` then
+        copies it and runs only the rest of such a prompt. Prefixes longer than the sliding window are ignored."""
+        self._shared_prefix = None
+        if not token_ids or len(token_ids) >= self.config.sliding_window:
+            return
+        self.prefill("\0shared-prefix", token_ids)
+        cached = self._requests.pop("\0shared-prefix")
+        self._shared_prefix = (tuple(token_ids), cached.caches)
+
+    def _prefix_for(self, token_ids: list[int]) -> tuple[tuple[int, ...], list[_LayerCache]] | None:
+        prefix = getattr(self, "_shared_prefix", None)
+        if prefix is None or not len(prefix[0]) < len(token_ids) <= self.config.sliding_window:
+            return None
+        return prefix if tuple(token_ids[: len(prefix[0])]) == prefix[0] else None
+
+    @torch.inference_mode()
     def prefill(self, request_id: str, token_ids: list[int]) -> torch.Tensor:
         """Run the prompt of a new request, create its cache, return float32 logits [vocab] of the last position."""
         if request_id in self._requests:
@@ -245,17 +268,23 @@ class GemmaThinker:
         self._check_tokens(token_ids, len(token_ids))
         cfg = self.config
         num_tokens = len(token_ids)
-        caches = [
-            _LayerCache(cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.sliding_window if sliding else None)
-            for sliding in cfg.layer_is_sliding
-        ]
-        positions = torch.arange(num_tokens).unsqueeze(0)
-        distance = positions.T - positions  # [query, key]: how far back the key is
+        prefix = self._prefix_for(token_ids)
+        if prefix is not None:  # reuse the shared prefix's cache; run only the new tokens against it
+            start = len(prefix[0])
+            caches = [cache.clone() for cache in prefix[1]]
+        else:
+            start = 0
+            caches = [
+                _LayerCache(cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.sliding_window if sliding else None)
+                for sliding in cfg.layer_is_sliding
+            ]
+        positions = torch.arange(start, num_tokens).unsqueeze(0)
+        distance = positions.T - torch.arange(num_tokens).unsqueeze(0)  # [query, key]: how far back the key is
         causal = distance >= 0
         local = causal & (distance < cfg.sliding_window)
         masks = (local[None, None], causal[None, None])
-        ids = torch.tensor([token_ids], dtype=torch.long)
-        hidden = self._forward(ids, positions, [caches], masks, padded=False)
+        ids = torch.tensor([token_ids[start:]], dtype=torch.long)
+        hidden = self._forward(ids, positions, [caches], masks, padded=False, extend=prefix is not None)
         self._requests[request_id] = _Request(caches=caches, num_tokens=num_tokens)
         return self._logits(hidden[0, -1])
 
@@ -306,6 +335,7 @@ class GemmaThinker:
         caches: list[list[_LayerCache]],
         masks: tuple[torch.Tensor, torch.Tensor] | None,
         padded: bool,
+        extend: bool = False,
     ) -> torch.Tensor:
         """Run all layers on ids [batch, seq]; prefill passes masks, decode (seq 1) attends to padded caches."""
         cfg = self.config
@@ -328,6 +358,11 @@ class GemmaThinker:
             k = k * cos + _rotate_half(k) * sin
             if padded:
                 keys, values, mask = self._gather_cache([c[index] for c in caches], k, v)
+            elif extend:  # one request whose cache already holds earlier tokens (all within the window)
+                cache = caches[0][index]
+                cache.append(k[0], v[0])
+                key, value = cache.view()
+                keys, values, mask = key[None], value[None], masks[0] if sliding else masks[1]  # type: ignore[index]
             else:
                 for b, request_caches in enumerate(caches):
                     cache = request_caches[index]

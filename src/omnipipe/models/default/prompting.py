@@ -32,11 +32,17 @@ _WHITESPACE = re.compile(r"\s+")
 
 def build_prompt(question: str) -> str:
     """The few-shot prompt for ``question`` (newlines in it are folded to spaces)."""
+    preamble, turn = prompt_parts(question)
+    return preamble + turn
+
+
+def prompt_parts(question: str) -> tuple[str, str]:
+    """The prompt as (the preamble every prompt shares, this question's turn), for prefix caching."""
     question = _WHITESPACE.sub(" ", question).strip()
     if not question:
         raise ValueError("question must not be empty")
     shots = "".join(f"Q: {q}\nA: {a}\n\n" for q, a in FEW_SHOT_EXAMPLES)
-    return f"{shots}Q: {question}\nA:"
+    return shots, f"Q: {question}\nA:"
 
 
 def stop_strings() -> list[str]:

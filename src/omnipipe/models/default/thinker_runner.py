@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from omnipipe.models.default.gemma_model import GemmaThinker
-from omnipipe.models.default.prompting import build_prompt, should_stop, stop_strings, stream_safe_length
+from omnipipe.models.default.prompting import prompt_parts, should_stop, stop_strings, stream_safe_length
 from omnipipe.models.default.sampling import TokenSamplingParams, sample_next_token
 from omnipipe.models.default.thinker_weights import prepare_thinker
 from omnipipe.stage.request import StageRequest
@@ -37,10 +37,18 @@ class GemmaThinkerRunner(StageRunner):
         self.model = GemmaThinker(model_dir, num_threads=self.context.threads)
         self.tokenizer = self.model.tokenizer
         self.max_prompt_tokens = int(self.context.options.get("max_prompt_tokens", MAX_PROMPT_TOKENS))
+        # every prompt starts with the same few-shot preamble: compute its KV cache once
+        self.preamble_ids = self.tokenizer.encode(prompt_parts("x")[0])
+        if self.context.options.get("prefix_cache", True):
+            self.model.set_shared_prefix(self.preamble_ids)
+
+    def encode_prompt(self, question: str) -> list[int]:
+        """Preamble and turn tokenised apart, so every prompt starts with exactly the cached preamble tokens."""
+        return self.preamble_ids + self.tokenizer.encode(prompt_parts(question)[1], add_special_tokens=False)
 
     @torch.inference_mode()
     def warmup(self) -> None:
-        ids = self.tokenizer.encode(build_prompt("Hello?"))
+        ids = self.encode_prompt("Hello?")
         logits = self.model.prefill("__warmup__", ids)
         self.model.decode(["__warmup__"], [int(logits.argmax())])
         self.model.free("__warmup__")
@@ -50,7 +58,7 @@ class GemmaThinkerRunner(StageRunner):
         question = " ".join(str(item.get("text", "")) for item in request.take_all_inputs()).strip()
         if not question:
             return "the question is empty"
-        ids = self.tokenizer.encode(build_prompt(question))
+        ids = self.encode_prompt(question)
         if len(ids) > self.max_prompt_tokens:
             return f"prompt: {len(ids)} tokens is longer than the limit of {self.max_prompt_tokens}"
         sampling = TokenSamplingParams(

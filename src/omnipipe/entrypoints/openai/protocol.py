@@ -1,0 +1,199 @@
+"""Request and response bodies of the OpenAI-compatible API (pydantic models, strict types).
+
+Unknown top-level fields are ignored (clients send many optional ones); fields omnipipe reads are checked strictly,
+so ``"max_tokens": "10"`` is a 400 naming ``max_tokens`` rather than a silent conversion.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_STRICT = ConfigDict(strict=True, extra="ignore")
+_CLOSED = ConfigDict(strict=True, extra="forbid")
+
+ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus"]
+InputAudioFormat = Literal["wav", "mp3", "flac", "ogg"]
+SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+TranscriptionFormat = Literal["json", "text", "verbose_json"]
+
+
+# ---------------------------------------------------------------------------------------------- chat: request
+class TextPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["text"]
+    text: str
+
+
+class InputAudio(BaseModel):
+    model_config = _STRICT
+    data: str = Field(min_length=1, description="base64 of the encoded audio file")
+    format: InputAudioFormat
+
+
+class InputAudioPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+
+class ImageUrl(BaseModel):
+    model_config = _STRICT
+    url: str
+    detail: str | None = None
+
+
+class ImageUrlPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+ContentPart = Annotated[TextPart | InputAudioPart | ImageUrlPart, Field(discriminator="type")]
+
+
+class ChatMessage(BaseModel):
+    model_config = _STRICT
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class AudioOutputParams(BaseModel):
+    model_config = _STRICT
+    voice: str = "default"
+    format: ChatAudioFormat = "wav"
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class OmnipipeExtension(BaseModel):
+    """The ``omnipipe`` field: per-stage sampling parameters and the first vocoder chunk size."""
+
+    model_config = _CLOSED
+    sampling_params: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    initial_codec_chunk_frames: int | None = Field(None, ge=1)
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = _STRICT
+    model: str = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1)
+    audio: AudioOutputParams | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    n: int = Field(1, ge=1, le=1, description="only 1 choice is supported")
+    omnipipe: OmnipipeExtension | None = None
+
+
+# ---------------------------------------------------------------------------------------------- chat: response
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ResponseAudio(BaseModel):
+    id: str
+    data: str
+    transcript: str
+    expires_at: int
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+    audio: ResponseAudio | None = None
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: ResponseMessage
+    finish_reason: str | None = "stop"
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class DeltaAudio(BaseModel):
+    id: str
+    data: str | None = None
+    transcript: str | None = None
+    expires_at: int | None = None
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    audio: DeltaAudio | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: Delta
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+# ---------------------------------------------------------------------------------------------- speech
+class SpeechRequest(BaseModel):
+    model_config = _STRICT
+    model: str = Field(min_length=1)
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str = "default"
+    response_format: SpeechFormat = "wav"
+    speed: float = Field(1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
+    instructions: str | None = None
+
+
+# ---------------------------------------------------------------------------------------------- models
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "omnipipe"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---------------------------------------------------------------------------------------------- errors
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

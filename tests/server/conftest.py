@@ -1,0 +1,128 @@
+"""A real ``omnipipe serve`` subprocess on a free loopback port, and helpers to talk to it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import state_is_idle
+
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+MAX_BODY_BYTES = 2_000_000
+# the toy thinker sleeps a little per token, so streams last long enough to be cut at random points
+TOY_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 2}}}}
+# deterministic speech; greedy text
+DEFAULT_DEPLOY = {"stages": {"talker": {"options": {"noise_scale": 0.0, "noise_w": 0.0}}}}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(self, pipeline: str, deploy: dict[str, Any] | None, tmp: Path, api_key: str | None = API_KEY,
+                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        self.log_path = tmp / f"server-{pipeline}-{self.port}.log"
+        command = [sys.executable, "-m", "omnipipe.entrypoints.cli", "serve", "--pipeline", pipeline,
+                   "--host", "127.0.0.1", "--port", str(self.port), "--max-body-bytes", str(max_body_bytes)]
+        if deploy is not None:
+            deploy_path = tmp / f"deploy-{pipeline}.yaml"
+            deploy_path.write_text(yaml.safe_dump(deploy))
+            command += ["--deploy", str(deploy_path)]
+        if api_key is not None:
+            command += ["--api-key", api_key]
+        self.log = self.log_path.open("wb")
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        saw_loading = False
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}: {self.log_text()}")
+            try:
+                response = httpx.get(f"{self.url}/health", timeout=5)
+            except httpx.TransportError:
+                time.sleep(0.1)
+                continue
+            if response.status_code == 200:
+                self.saw_loading = saw_loading
+                return
+            assert response.status_code == 503 and response.json()["status"] == "loading", response.text
+            saw_loading = True
+            time.sleep(0.1)
+        raise RuntimeError(f"server not ready after {timeout_s} s: {self.log_text()}")
+
+    def client(self, timeout_s: float = 120) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout_s)
+
+    def debug_state(self) -> dict[str, Any]:
+        response = httpx.get(f"{self.url}/debug/state", headers=self.headers, timeout=30)
+        response.raise_for_status()
+        return response.json()
+
+    def wait_idle(self, timeout_s: float = 20.0) -> dict[str, Any]:
+        """Poll /debug/state until every started engine holds nothing (bounded); return the last state."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.debug_state()
+            if engines_idle(state) or time.monotonic() > deadline:
+                return state
+            time.sleep(0.05)
+
+    def log_text(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=30)
+        self.log.close()
+
+
+def engines_idle(state: dict[str, Any]) -> bool:
+    return all(info["state"] is None or state_is_idle(info["state"]) for info in state["engines"].values())
+
+
+@pytest.fixture(scope="session")
+def toy_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    server = ServerProcess("toy", TOY_DEPLOY, tmp_path_factory.mktemp("toy-server"))
+    try:
+        server.wait_ready(120)
+        yield server
+    finally:
+        server.stop()
+    assert server.process.returncode == 0, server.log_text()
+
+
+@pytest.fixture(scope="session")
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    server = ServerProcess("default", DEFAULT_DEPLOY, tmp_path_factory.mktemp("default-server"))
+    try:
+        server.wait_ready(600)
+        yield server
+    finally:
+        server.stop()

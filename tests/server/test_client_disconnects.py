@@ -1,0 +1,54 @@
+"""Streaming clients that go away mid-answer leave nothing behind in any stage."""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from tests.server.conftest import ServerProcess, engines_idle
+
+LONG_QUESTION = " ".join(f"word{i}" for i in range(60))
+
+
+def disconnect_after(server: ServerProcess, kind: str, events_to_read: int) -> int:
+    """Open a stream, read ``events_to_read`` pieces, then drop the connection; return how many were read."""
+    if kind == "chat":
+        path, body = "/v1/chat/completions", {
+            "model": "toy", "messages": [{"role": "user", "content": LONG_QUESTION}], "max_tokens": 500,
+            "stream": True, "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
+    else:
+        path, body = "/v1/audio/speech", {"model": "toy", "input": LONG_QUESTION, "response_format": "pcm"}
+    read = 0
+    with (httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as http,
+          http.stream("POST", path, json=body) as response):
+        assert response.status_code == 200
+        pieces = response.iter_lines() if kind == "chat" else response.iter_raw(256)
+        for _ in pieces:
+            if read >= events_to_read:
+                break
+            read += 1
+    return read
+
+
+def test_ten_clients_disconnecting_at_random_points_leave_no_state(toy_server: ServerProcess) -> None:
+    rng = random.Random(1234)
+    plans = [("chat" if i % 3 else "speech", rng.choice([0, 1, 2, 5, 10, 25, 60])) for i in range(10)]
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        reads = list(pool.map(lambda plan: disconnect_after(toy_server, *plan), plans))
+    assert len(reads) == 10
+    state = toy_server.wait_idle(timeout_s=30)
+    assert engines_idle(state), state
+    # and the server still answers in full
+    with toy_server.client() as http:
+        response = http.post("/v1/chat/completions", json={
+            "model": "toy", "messages": [{"role": "user", "content": "still here"}], "max_tokens": 50})
+    assert response.status_code == 200 and response.json()["choices"][0]["message"]["content"] == "STILL HERE"
+
+
+def test_disconnect_during_every_phase_of_one_stream(toy_server: ServerProcess) -> None:
+    for events in (0, 3, 30, 200):
+        disconnect_after(toy_server, "chat", events)
+        state = toy_server.wait_idle(timeout_s=30)
+        assert engines_idle(state), (events, state)

@@ -1,0 +1,164 @@
+"""The real default family behind the server, through the official ``openai`` client.
+
+Speech is judged the way a listener would: transcribed by the packaged whisper model and compared with the text it
+should say (word error rate after normalising case and punctuation).
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from omnipipe.audio import load_audio, word_error_rate
+from omnipipe.models.default.whisper_asr import WhisperASR
+from tests.server.conftest import API_KEY, ServerProcess, engines_idle
+
+pytestmark = pytest.mark.models
+
+QUESTION = "What is the capital of France?"
+SENTENCE = "The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def asr() -> WhisperASR:
+    return WhisperASR(num_threads=2)
+
+
+@pytest.fixture(scope="module")
+def client(default_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{default_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def spoken_sentence(client: openai.OpenAI) -> bytes:
+    """SENTENCE read aloud by the speech endpoint, streamed as WAV."""
+    with client.audio.speech.with_streaming_response.create(model="tts", input=SENTENCE, voice="default",
+                                                            response_format="wav") as response:
+        return b"".join(response.iter_bytes())
+
+
+def streamed_wav_samples(data: bytes) -> tuple[np.ndarray, int]:
+    """A streaming WAV (lengths unknown): the rate from the header, int16 samples after it."""
+    assert data[:4] == b"RIFF" and data[36:40] == b"data"
+    rate = int.from_bytes(data[24:28], "little")
+    return np.frombuffer(data[44:], dtype="<i2").astype(np.float32) / 32768.0, rate
+
+
+def test_models_list(client: openai.OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == ["default", "tts", "asr"]
+
+
+def test_chat_text_only(client: openai.OpenAI, default_server: ServerProcess) -> None:
+    completion = client.chat.completions.create(model="default", messages=[{"role": "user", "content": QUESTION}],
+                                                max_tokens=40, temperature=0)
+    message = completion.choices[0].message
+    assert message.content and message.content.strip()
+    assert message.audio is None
+    assert completion.usage.completion_tokens > 0
+    # text only: the talker and the vocoder were never involved
+    assert engines_idle(default_server.wait_idle())
+
+
+def test_chat_text_and_audio_non_streaming(client: openai.OpenAI, asr: WhisperASR) -> None:
+    completion = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": QUESTION}], modalities=["text", "audio"],
+        audio={"voice": "default", "format": "wav"}, max_tokens=40)
+    message = completion.choices[0].message
+    assert message.content and message.audio is not None
+    assert message.audio.transcript == message.content
+    audio, rate = soundfile.read(io.BytesIO(base64.b64decode(message.audio.data)), dtype="float32")
+    assert rate == 22050 and len(audio) > 0.3 * rate
+    heard = asr.transcribe(audio, rate)
+    assert word_error_rate(message.audio.transcript, heard) <= 0.25, (message.audio.transcript, heard)
+
+
+def test_chat_streaming_audio_deltas(client: openai.OpenAI, asr: WhisperASR, default_server: ServerProcess) -> None:
+    stream = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": QUESTION}], modalities=["text", "audio"],
+        audio={"voice": "joe", "format": "pcm16"}, stream=True, stream_options={"include_usage": True},
+        max_tokens=40)
+    text, transcript, pcm, finish, usage = "", "", b"", None, None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        if delta.audio:
+            audio = delta.audio if isinstance(delta.audio, dict) else delta.audio.model_dump()
+            transcript += audio.get("transcript") or ""
+            pcm += base64.b64decode(audio["data"]) if audio.get("data") else b""
+        finish = chunk.choices[0].finish_reason or finish
+    assert text.strip() and transcript == text
+    assert finish in ("stop", "length") and usage is not None
+    samples = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0
+    assert len(samples) > 0.3 * 24000
+    heard = asr.transcribe(samples, 24000)
+    assert word_error_rate(text, heard) <= 0.25, (text, heard)
+    assert engines_idle(default_server.wait_idle())
+
+
+def test_speech_streaming(spoken_sentence: bytes, asr: WhisperASR) -> None:
+    samples, rate = streamed_wav_samples(spoken_sentence)
+    assert rate == 22050 and len(samples) > 1.0 * rate
+    assert word_error_rate(SENTENCE, asr.transcribe(samples, rate)) <= 0.25
+
+
+def test_speech_pcm_is_24khz(client: openai.OpenAI, asr: WhisperASR) -> None:
+    response = client.audio.speech.create(model="default", input=SENTENCE, voice="joe", response_format="pcm",
+                                          speed=1.25)
+    samples = np.frombuffer(response.content, dtype="<i2").astype(np.float32) / 32768.0
+    assert len(samples) > 1.0 * 24000
+    assert word_error_rate(SENTENCE, asr.transcribe(samples, 24000)) <= 0.25
+
+
+def test_transcription_of_speech_the_server_made(client: openai.OpenAI, spoken_sentence: bytes) -> None:
+    samples, rate = streamed_wav_samples(spoken_sentence)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format="WAV", subtype="PCM_16")
+    result = client.audio.transcriptions.create(model="asr", file=("sentence.wav", buffer.getvalue(), "audio/wav"))
+    assert word_error_rate(SENTENCE, result.text) <= 0.25, result.text
+    verbose = client.audio.transcriptions.create(model="default", file=("s.wav", buffer.getvalue(), "audio/wav"),
+                                                 response_format="verbose_json")
+    assert verbose.text == result.text and verbose.duration > 1.0
+    plain = client.audio.transcriptions.create(model="asr", file=("s.wav", buffer.getvalue(), "audio/wav"),
+                                               response_format="text")
+    assert plain.strip() == result.text
+
+
+def test_spoken_question_in_chat(client: openai.OpenAI, spoken_sentence: bytes) -> None:
+    samples, rate = streamed_wav_samples(spoken_sentence)
+    audio, _ = load_audio(samples, source_rate_hz=rate)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, audio, rate, format="FLAC")
+    completion = client.chat.completions.create(
+        model="default", max_tokens=30, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "Answer briefly."},
+            {"type": "input_audio", "input_audio": {"data": base64.b64encode(buffer.getvalue()).decode(),
+                                                    "format": "flac"}}]}])
+    assert completion.choices[0].message.content.strip()
+
+
+@pytest.mark.parametrize("path,kwargs,param", [
+    ("/v1/chat/completions", {"json": {"model": "default", "messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"not audio at all" * 8).decode(),
+                                                "format": "wav"}}]}]}}, "messages[0].content[0].input_audio.data"),
+    ("/v1/audio/transcriptions", {"data": {"model": "asr"}, "files": {"file": ("x.wav", b"garbage" * 20, "audio/wav")}},
+     "file"),
+    ("/v1/audio/speech", {"json": {"model": "tts", "input": "hi", "voice": "alloy"}}, "voice"),
+    ("/v1/chat/completions", {"json": {"model": "default", "messages": [{"role": "user", "content": "hi"}],
+                                       "modalities": ["text", "audio"], "audio": {"voice": "nobody"}}},
+     "audio.voice"),
+])
+def test_audio_input_errors(default_server: ServerProcess, path: str, kwargs: dict, param: str) -> None:
+    with httpx.Client(base_url=default_server.url, headers=default_server.headers, timeout=120) as http:
+        response = http.post(path, **kwargs)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+    assert engines_idle(default_server.wait_idle())

@@ -1,0 +1,201 @@
+"""The OpenAI protocol against a live server running the fast deterministic ``toy`` pipeline.
+
+The toy thinker answers with the question upper-cased; its vocoder produces 8 kHz audio.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from tests.server.conftest import API_KEY, ServerProcess
+
+TOY_RATE_HZ = 8000
+
+
+@pytest.fixture(scope="module")
+def client(toy_server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{toy_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+def sse_events(response: httpx.Response) -> list[Any]:
+    events = []
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            payload = line[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def test_health_models_openapi(toy_server: ServerProcess, client: openai.OpenAI) -> None:
+    assert httpx.get(f"{toy_server.url}/health").json() == {"status": "ready", "pipeline": "toy"}
+    ids = [m.id for m in client.models.list().data]
+    assert ids == ["toy", "toy_tts"]
+    spec = httpx.get(f"{toy_server.url}/openapi.json").json()
+    assert {"/v1/chat/completions", "/v1/audio/speech", "/v1/audio/transcriptions", "/v1/models"} <= set(spec["paths"])
+
+
+def test_chat_text_only(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(
+        model="toy", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
+        max_tokens=100, temperature=0)
+    choice = completion.choices[0]
+    assert choice.message.content == "HELLO THERE"
+    assert choice.message.audio is None
+    assert choice.finish_reason == "stop"
+    assert completion.object == "chat.completion" and completion.id.startswith("chatcmpl-")
+    assert completion.usage is not None and completion.usage.completion_tokens > 0
+
+
+def test_chat_text_parts_and_max_tokens(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(
+        model="toy", max_completion_tokens=4,
+        messages=[{"role": "user", "content": "ignored"}, {"role": "assistant", "content": "IGNORED"},
+                  {"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "text", "text": "def"}]}])
+    assert completion.choices[0].message.content == "ABC "
+    assert completion.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "pcm16"])
+def test_chat_audio_non_streaming(client: openai.OpenAI, fmt: str) -> None:
+    completion = client.chat.completions.create(
+        model="toy", messages=[{"role": "user", "content": "say hi"}], modalities=["text", "audio"],
+        audio={"voice": "default", "format": fmt}, max_tokens=100)
+    message = completion.choices[0].message
+    assert message.content == "SAY HI"
+    assert message.audio is not None and message.audio.transcript == "SAY HI"
+    assert message.audio.id and message.audio.expires_at > 0
+    data = base64.b64decode(message.audio.data)
+    if fmt == "pcm16":
+        audio = np.frombuffer(data, dtype="<i2")
+        rate = 24000
+    else:
+        audio, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    assert rate == {"wav": TOY_RATE_HZ, "flac": TOY_RATE_HZ, "mp3": TOY_RATE_HZ, "opus": 24000, "pcm16": 24000}[fmt]
+    assert len(audio) > 0.05 * rate and np.abs(audio).max() > 0
+
+
+def test_chat_streaming_with_audio_deltas(client: openai.OpenAI, toy_server: ServerProcess) -> None:
+    stream = client.chat.completions.create(
+        model="toy", messages=[{"role": "user", "content": "stream me please"}], modalities=["text", "audio"],
+        audio={"voice": "default", "format": "pcm16"}, stream=True, stream_options={"include_usage": True},
+        max_tokens=100)
+    text, transcript, pcm, finish, usage, audio_ids = "", "", b"", None, None, set()
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        text += delta.content or ""
+        audio = getattr(delta, "audio", None)
+        if audio:
+            audio = audio if isinstance(audio, dict) else audio.model_dump()
+            audio_ids.add(audio["id"])
+            transcript += audio.get("transcript") or ""
+            if audio.get("data"):
+                pcm += base64.b64decode(audio["data"])
+        if chunk.choices[0].finish_reason:
+            finish = chunk.choices[0].finish_reason
+    assert text == transcript == "STREAM ME PLEASE"
+    assert finish == "stop" and usage is not None and usage.completion_tokens > 0
+    assert len(audio_ids) == 1
+    # the whole answer's audio, resampled to 24 kHz as one stream, equals the non-streamed pcm16
+    whole = client.chat.completions.create(
+        model="toy", messages=[{"role": "user", "content": "stream me please"}], modalities=["text", "audio"],
+        audio={"voice": "default", "format": "pcm16"}, max_tokens=100)
+    expected = np.frombuffer(base64.b64decode(whole.choices[0].message.audio.data), dtype="<i2")
+    got = np.frombuffer(pcm, dtype="<i2")
+    assert abs(len(got) - len(expected)) <= 2
+    n = min(len(got), len(expected))
+    assert np.abs(got[:n].astype(np.int32) - expected[:n]).max() <= 200  # resampling seams only
+    assert toy_server.wait_idle()["engines"]
+
+
+def test_chat_streaming_raw_sse_format(toy_server: ServerProcess) -> None:
+    body = {"model": "toy", "messages": [{"role": "user", "content": "ab"}], "stream": True}
+    with toy_server.client() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = sse_events(response)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "AB"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_omnipipe_extension_fields(toy_server: ServerProcess) -> None:
+    body = {"model": "toy", "messages": [{"role": "user", "content": "abcdef"}], "modalities": ["text", "audio"],
+            "omnipipe": {"sampling_params": {"thinker": {"max_tokens": 3}}, "initial_codec_chunk_frames": 2}}
+    with toy_server.client() as http:
+        response = http.post("/v1/chat/completions", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == "ABC"
+
+
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "flac", "mp3", "opus"])
+def test_speech_streams_audio(toy_server: ServerProcess, fmt: str) -> None:
+    body = {"model": "toy", "input": "read this aloud", "voice": "default", "response_format": fmt}
+    with toy_server.client() as http, http.stream("POST", "/v1/audio/speech", json=body) as response:
+        assert response.status_code == 200
+        data = b"".join(response.iter_raw())
+    if fmt == "pcm":
+        assert response.headers["content-type"] == "audio/pcm"
+        audio = np.frombuffer(data, dtype="<i2")
+        assert len(audio) > 0.1 * 24000
+        return
+    if fmt == "wav":
+        assert data[:4] == b"RIFF" and data[8:12] == b"WAVE"
+        assert int.from_bytes(data[40:44], "little") == 0xFFFFFFFF  # streaming: length unknown
+        audio = np.frombuffer(data[44:], dtype="<i2")
+        assert int.from_bytes(data[24:28], "little") == TOY_RATE_HZ
+        assert len(audio) > 0.1 * TOY_RATE_HZ
+        return
+    audio, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    assert len(audio) > 0.1 * rate
+
+
+def test_speech_with_openai_client_and_speed(client: openai.OpenAI) -> None:
+    normal = client.audio.speech.create(model="toy_tts", input="hello world", voice="default", response_format="pcm")
+    fast = client.audio.speech.create(model="toy", input="hello world", voice="default", response_format="pcm",
+                                      speed=2.0)
+    assert len(normal.content) > 0 and len(fast.content) > 0
+
+
+def test_speech_sse(toy_server: ServerProcess) -> None:
+    body = {"model": "toy", "input": "hi", "response_format": "pcm", "stream_format": "sse"}
+    with toy_server.client() as http, http.stream("POST", "/v1/audio/speech", json=body) as response:
+        assert response.status_code == 200
+        events = sse_events(response)
+    assert events[-1]["type"] == "speech.audio.done"
+    deltas = [e for e in events if e["type"] == "speech.audio.delta"]
+    assert deltas and sum(len(base64.b64decode(e["audio"])) for e in deltas) > 0
+
+
+def test_transcription_not_available_on_toy(toy_server: ServerProcess) -> None:
+    with toy_server.client() as http:
+        response = http.post("/v1/audio/transcriptions", data={"model": "toy"},
+                             files={"file": ("a.wav", b"RIFF", "audio/wav")})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "endpoint_not_available"
+
+
+def test_metrics_and_debug_state(toy_server: ServerProcess) -> None:
+    with toy_server.client() as http:
+        http.post("/v1/chat/completions", json={"model": "toy", "messages": [{"role": "user", "content": "x"}]})
+        text = http.get("/metrics").text
+        state = http.get("/debug/state").json()
+    assert 'omnipipe_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
+    assert "omnipipe_request_e2e_seconds_bucket" in text and "omnipipe_request_ttft_seconds_count" in text
+    assert 'omnipipe_stage_requests{pipeline="toy",stage="thinker"}' in text
+    assert state["engines"]["toy"]["status"] == "ready"
+    assert set(state["engines"]["toy"]["state"]["stages"]) == {"thinker", "talker", "code2wav"}
