@@ -194,8 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")
-    b.add_argument("suite", choices=["engine", "offline"], help="engine: framework costs on test stages; "
-                   "offline: the default pipeline vs a sequential baseline")
+    b.add_argument("suite", choices=["engine", "offline", "serve"], help="engine: framework costs on test stages; "
+                   "offline: the default pipeline vs a sequential baseline; serve: load on a running server")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (see --help of the suite)")
     return parser
 
@@ -216,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             if args.suite == "engine":
                 from omnipipe.bench.engine import main as bench_main
+            elif args.suite == "serve":
+                from omnipipe.bench.serve import main as bench_main
             else:
                 from omnipipe.bench.offline import main as bench_main
             return bench_main(args.rest)

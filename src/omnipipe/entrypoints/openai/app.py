@@ -16,7 +16,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from omnipipe.entrypoints.openai import chat, speech, transcription
+from omnipipe.entrypoints.openai import chat, realtime, speech, transcription
 from omnipipe.entrypoints.openai.engines import EnginePool, ServerConfig
 from omnipipe.entrypoints.openai.errors import install_error_handlers
 from omnipipe.entrypoints.openai.guard import RequestGuard
@@ -54,6 +54,7 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     app.include_router(chat.router)
     app.include_router(speech.router)
     app.include_router(transcription.router)
+    app.include_router(realtime.router)
 
     @app.get("/v1/models", response_model=ModelList)
     async def list_models() -> ModelList:

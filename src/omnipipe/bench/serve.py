@@ -1,0 +1,275 @@
+"""``omnipipe bench serve``: load on a running server through streaming chat completions (text + pcm16 audio).
+
+    omnipipe bench serve --base-url http://127.0.0.1:8091 --num-prompts 50 --max-concurrency 1,4,10
+
+For each max concurrency, ``--num-prompts`` requests run with at most that many in flight; each one measures, from
+the client's side: E2E (request sent -> stream ended), TTFT (first text delta), TPOT (time per output token after
+the first, with the token count from the stream's usage), ITL (gaps between text deltas), TTFP (first audio delta),
+RTF (E2E / seconds of audio received) and the request throughput (completed requests / wall time).
+
+To compare async chunk on and off, run two servers on two ports, the second with a deploy file containing
+``async_chunk: false`` (``omnipipe serve --port 8092 --deploy no_async.yaml``), and run this benchmark against each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import itertools
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from omnipipe.bench.report import format_table, machine_info, mean, summarize, write_json
+
+PCM16_RATE_HZ = 24_000
+QUESTIONS = [
+    "What is the capital of France?", "What color is the sky on a clear day?", "How many legs does a dog have?",
+    "What do bees make?", "Why do leaves change color in autumn?", "What is the largest planet in our solar system?",
+    "How do fish breathe under water?", "What is the boiling point of water?", "Who wrote Romeo and Juliet?",
+    "What is the tallest animal in the world?", "Why is the ocean salty?", "How many days are in a leap year?",
+    "What language is spoken in Brazil?", "What is the main ingredient of bread?", "How far away is the moon?",
+    "What do plants need to grow?", "What is the fastest land animal?", "How many continents are there?",
+    "What is ice made of?", "Where do penguins live?",
+]
+METRICS = ("e2e", "ttft", "tpot", "itl", "ttfp", "rtf")
+MAIN_HEADERS = ["Max_Concurrency", "Prompts", "Mean E2E (ms)", "Mean TTFT (ms)", "Mean TPOT (ms)", "Mean TTFP (ms)",
+                "Mean RTF", "Mean ITL (ms)", "req/s"]
+DETAIL_METRICS = ("e2e", "ttft", "tpot", "ttfp", "rtf", "itl")
+DETAIL_HEADERS = ["Max_Concurrency"] + [f"{n.upper() if n != 'rtf' else 'RTF'} {s}" for n in DETAIL_METRICS
+                                        for s in ("median", "p99")]
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    e2e_s: float = 0.0
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    ttfp_s: float | None = None
+    audio_s: float = 0.0
+    rtf: float | None = None
+    output_tokens: int = 0
+    error: str | None = None
+
+
+def load_prompts(dataset: str, num_prompts: int, seed: int) -> list[str]:
+    """``random``: the built-in questions in a seeded random order (repeating as needed); otherwise a file with one
+    prompt per line, or JSON lines with a ``prompt`` (or ``text``) field, used in order and repeated as needed."""
+    if dataset == "random":
+        rng = random.Random(seed)
+        return [rng.choice(QUESTIONS) for _ in range(num_prompts)]
+    path = Path(dataset)
+    if not path.is_file():
+        raise ValueError(f"--dataset: 'random' or a file, and {dataset!r} is not a file")
+    prompts: list[str] = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--dataset: {path}:{number}: invalid JSON: {exc}") from None
+            text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
+            if not isinstance(text, str) or not text.strip():
+                raise ValueError(f"--dataset: {path}:{number}: a JSON line needs a 'prompt' or 'text' string")
+            line = text.strip()
+        prompts.append(line)
+    if not prompts:
+        raise ValueError(f"--dataset: {path} has no prompts")
+    return [prompts[i % len(prompts)] for i in range(num_prompts)]
+
+
+async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_tokens: int,
+                      audio: bool) -> RequestResult:
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
+                            "max_tokens": max_tokens, "stream_options": {"include_usage": True}}
+    if audio:
+        body["modalities"] = ["text", "audio"]
+        body["audio"] = {"voice": "default", "format": "pcm16"}
+    text_times: list[float] = []
+    first_audio: float | None = None
+    audio_bytes = 0
+    tokens = 0
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                detail = (await response.aread()).decode(errors="replace")[:300]
+                return RequestResult(False, error=f"HTTP {response.status_code}: {detail}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    return RequestResult(False, error=f"stream error: {event['error'].get('message')}")
+                if event.get("usage"):
+                    tokens = int(event["usage"].get("completion_tokens") or 0)
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    now = time.perf_counter()
+                    if delta.get("content"):
+                        text_times.append(now)
+                    chunk = (delta.get("audio") or {}).get("data")
+                    if chunk:
+                        first_audio = now if first_audio is None else first_audio
+                        audio_bytes += len(base64.b64decode(chunk))
+    except (httpx.HTTPError, json.JSONDecodeError, ValueError) as exc:
+        return RequestResult(False, error=f"{type(exc).__name__}: {exc}")
+    end = time.perf_counter()
+    result = RequestResult(True, e2e_s=end - start, output_tokens=tokens or len(text_times))
+    if text_times:
+        result.ttft_s = text_times[0] - start
+        result.itl_s = [b - a for a, b in itertools.pairwise(text_times)]
+        if result.output_tokens > 1:
+            result.tpot_s = (text_times[-1] - text_times[0]) / (result.output_tokens - 1)
+    if first_audio is not None:
+        result.ttfp_s = first_audio - start
+    result.audio_s = audio_bytes / 2 / PCM16_RATE_HZ
+    if result.audio_s > 0:
+        result.rtf = result.e2e_s / result.audio_s
+    return result
+
+
+def summarize_run(concurrency: int, results: list[RequestResult], wall_s: float) -> dict[str, Any]:
+    done = [r for r in results if r.ok]
+    values: dict[str, list[float]] = {name: [] for name in METRICS}
+    for r in done:
+        values["itl"].extend(r.itl_s)
+        for name, value in (("e2e", r.e2e_s), ("ttft", r.ttft_s), ("tpot", r.tpot_s), ("ttfp", r.ttfp_s),
+                            ("rtf", r.rtf)):
+            if value is not None:
+                values[name].append(value)
+    row: dict[str, Any] = {
+        "max_concurrency": concurrency, "prompts": len(results), "completed": len(done),
+        "failed": len(results) - len(done), "duration_s": wall_s,
+        "throughput_rps": len(done) / wall_s if wall_s > 0 else 0.0,
+        "output_tokens_total": sum(r.output_tokens for r in done),
+        "audio_s_mean": mean([r.audio_s for r in done]) if done else 0.0,
+        "errors": sorted({r.error for r in results if r.error})[:5],
+    }
+    for name, series in values.items():
+        row[name] = summarize(series, 1.0 if name == "rtf" else 1000.0) if series else None  # ms except RTF
+    return row
+
+
+async def run_level(base_url: str, headers: dict[str, str], model: str, prompts: list[str], concurrency: int,
+                    max_tokens: int, audio: bool, timeout_s: float) -> dict[str, Any]:
+    limits = httpx.Limits(max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1)
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s, limits=limits) as client:
+        gate = asyncio.Semaphore(concurrency)
+
+        async def limited(prompt: str) -> RequestResult:
+            async with gate:
+                return await one_request(client, model, prompt, max_tokens, audio)
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(limited(p) for p in prompts))
+        wall = time.perf_counter() - start
+    return summarize_run(concurrency, list(results), wall)
+
+
+def format_report(rows: list[dict[str, Any]]) -> str:
+    def m(row: dict[str, Any], name: str, stat: str = "mean") -> float | None:
+        return row[name][stat] if row.get(name) else None
+
+    main = format_table(MAIN_HEADERS, [[r["max_concurrency"], r["completed"], m(r, "e2e"), m(r, "ttft"),
+                                        m(r, "tpot"), m(r, "ttfp"), m(r, "rtf"), m(r, "itl"), r["throughput_rps"]]
+                                       for r in rows])
+    detail = format_table(DETAIL_HEADERS, [[r["max_concurrency"], *[m(r, n, s) for n in DETAIL_METRICS
+                                                                    for s in ("median", "p99")]] for r in rows])
+    lines = [main, "", detail]
+    for r in rows:
+        if r["failed"]:
+            lines.append(f"max concurrency {r['max_concurrency']}: {r['failed']} of {r['prompts']} requests failed: "
+                         f"{'; '.join(r['errors'])}")
+    return "\n".join(lines)
+
+
+def _served_model(base_url: str, headers: dict[str, str], timeout_s: float) -> str:
+    response = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=timeout_s)
+    response.raise_for_status()
+    models = response.json().get("data") or []
+    if not models:
+        raise ValueError(f"{base_url}/v1/models lists no models")
+    return str(models[0]["id"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnipipe bench serve", description=__doc__.split("\n\n")[0],
+                                     epilog="\n\n".join(__doc__.split("\n\n")[2:]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--base-url", default="http://127.0.0.1:8091", help="the server (default: %(default)s)")
+    parser.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
+    parser.add_argument("--api-key", default=os.environ.get("OMNIPIPE_API_KEY"),
+                        help="sent as 'Authorization: Bearer KEY' (default: $OMNIPIPE_API_KEY)")
+    parser.add_argument("--num-prompts", type=int, default=50, help="requests per concurrency level")
+    parser.add_argument("--max-concurrency", default="1,4,10", help="comma-separated levels (default: %(default)s)")
+    parser.add_argument("--dataset", default="random", help="'random' (built-in questions, seeded order) or a file: "
+                        "one prompt per line, or JSON lines with a 'prompt' field")
+    parser.add_argument("--seed", type=int, default=0, help="order of the random dataset")
+    parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--text-only", action="store_true", help="ask for text only (no TTFP/RTF)")
+    parser.add_argument("--warmup", type=int, default=1, help="requests sent (and not measured) first")
+    parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    parser.add_argument("--json", help="also write the figures here")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        levels = [int(c) for c in args.max_concurrency.split(",") if c.strip()]
+    except ValueError:
+        parser.error("--max-concurrency: comma-separated integers, e.g. 1,4,10")
+    if not levels or min(levels) < 1:
+        parser.error("--max-concurrency: every level must be >= 1")
+    if args.num_prompts < 1 or args.max_tokens < 1 or args.warmup < 0 or args.timeout <= 0:
+        parser.error("--num-prompts and --max-tokens must be >= 1, --warmup >= 0, --timeout > 0")
+    try:
+        prompts = load_prompts(args.dataset, args.num_prompts, args.seed)
+    except ValueError as exc:
+        parser.error(str(exc))
+    base_url = args.base_url.rstrip("/")
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    try:
+        model = args.model or _served_model(base_url, headers, 30.0)
+    except (httpx.HTTPError, ValueError) as exc:
+        print(f"omnipipe bench serve: cannot reach {base_url}: {exc}", file=sys.stderr)
+        return 1
+    audio = not args.text_only
+    if args.warmup:
+        asyncio.run(run_level(base_url, headers, model, prompts[:1] * args.warmup, 1, args.max_tokens, audio,
+                              args.timeout))
+    rows = [asyncio.run(run_level(base_url, headers, model, prompts, level, args.max_tokens, audio, args.timeout))
+            for level in levels]
+    print(f"omnipipe bench serve: {base_url}, model {model!r}, {args.num_prompts} prompts per level, "
+          f"{'text + audio' if audio else 'text only'}, max_tokens {args.max_tokens}")
+    print(format_report(rows))
+    if args.json:
+        write_json(args.json, {"meta": {"base_url": base_url, "model": model, "dataset": args.dataset,
+                                        "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
+                                        "modalities": ["text", "audio"] if audio else ["text"],
+                                        "machine": machine_info()},
+                               "rows": rows})
+    return 0 if all(r["failed"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
