@@ -174,8 +174,7 @@ def _echo_peer(to_peer: str, from_peer: str) -> None:
                     raise TypeError("benchmark echo peer got something other than a StageOutput")
                 payload = None
                 if msg.payload is not None:
-                    body = read_payload(msg.payload, zero_copy if msg.request_id.startswith("zc") else relays,
-                                msg.request_id)
+                    body = read_payload(msg.payload, relays, msg.request_id)
                     payload = write_payload(body, inline, msg.request_id, 1 << 16)
                 reply = StageOutput(msg.request_id, "echo", msg.seq, False, msg.text_delta, msg.num_tokens, payload)
                 push.send(control_plane.encode(reply), copy=False)

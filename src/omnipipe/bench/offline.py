@@ -60,7 +60,7 @@ async def _engine_rows(pipeline: str, async_chunk: bool, prompts: list[str], con
             gate = asyncio.Semaphore(concurrency)
             metrics: list[RequestMetrics] = []
 
-            async def one(prompt: str) -> None:
+            async def one(prompt: str, gate: asyncio.Semaphore = gate, metrics: list[RequestMetrics] = metrics) -> None:
                 async with gate:
                     async for out in engine.generate(prompt, sampling_params=params):
                         if out.finished and out.metrics is not None:

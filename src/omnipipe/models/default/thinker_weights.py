@@ -110,8 +110,8 @@ def _remove_leftovers(root: Path) -> None:
     """Delete what an interrupted run left behind (we hold the lock, so nobody else is converting)."""
     for staging in root.glob(f"{THINKER_DIR_NAME}.staging-*"):
         shutil.rmtree(staging, ignore_errors=True)
-    for partial in (root / "gguf").glob("*.partial-*"):
-        partial.unlink(missing_ok=True)
+    for leftover in (root / "gguf").glob("*.partial-*"):
+        leftover.unlink(missing_ok=True)
 
 
 def _assemble_gguf(weights_module: ModuleType, gguf_dir: Path, progress: bool) -> Path:

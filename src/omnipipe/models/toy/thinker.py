@@ -12,7 +12,7 @@ import time
 import torch
 
 from omnipipe.stage.request import StageRequest
-from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner
+from omnipipe.stage.runner import RunnerOutput, StageRunner
 
 VOCAB = 257  # bytes + EOS
 EOS = 256
