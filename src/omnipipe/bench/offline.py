@@ -16,18 +16,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from omnipipe import AsyncOmni, SamplingParams
+from omnipipe.bench.prompts import QUESTIONS
 from omnipipe.bench.report import format_table, machine_info, mean, summarize, write_json
 from omnipipe.outputs import RequestMetrics
 
-QUESTIONS = [
-    "What is the capital of France?", "What color is the sky on a clear day?", "How many legs does a dog have?",
-    "What do bees make?", "Why do leaves change color in autumn?", "What is the largest planet in our solar system?",
-    "How do fish breathe under water?", "What is the boiling point of water?", "Who wrote Romeo and Juliet?",
-    "What is the tallest animal in the world?", "Why is the ocean salty?", "How many days are in a leap year?",
-    "What language is spoken in Brazil?", "What is the main ingredient of bread?", "How far away is the moon?",
-    "What do plants need to grow?", "What is the fastest land animal?", "How many continents are there?",
-    "What is ice made of?", "Where do penguins live?",
-]
 METRICS = ("e2e_s", "ttft_s", "tpot_s", "itl_s", "ttfp_s", "rtf")
 
 
@@ -77,8 +69,7 @@ def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
     """One process, no framework: transformers greedy generate, then Piper speaks the whole answer."""
     import torch
     from piper import PiperVoice
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers import StoppingCriteria, StoppingCriteriaList
+    from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
     from transformers.generation.streamers import BaseStreamer
 
     from omnipipe.models.default.prompting import build_prompt, stop_strings

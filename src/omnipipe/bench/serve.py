@@ -29,18 +29,10 @@ from typing import Any
 
 import httpx
 
+from omnipipe.bench.prompts import QUESTIONS
 from omnipipe.bench.report import format_table, machine_info, mean, summarize, write_json
 
 PCM16_RATE_HZ = 24_000
-QUESTIONS = [
-    "What is the capital of France?", "What color is the sky on a clear day?", "How many legs does a dog have?",
-    "What do bees make?", "Why do leaves change color in autumn?", "What is the largest planet in our solar system?",
-    "How do fish breathe under water?", "What is the boiling point of water?", "Who wrote Romeo and Juliet?",
-    "What is the tallest animal in the world?", "Why is the ocean salty?", "How many days are in a leap year?",
-    "What language is spoken in Brazil?", "What is the main ingredient of bread?", "How far away is the moon?",
-    "What do plants need to grow?", "What is the fastest land animal?", "How many continents are there?",
-    "What is ice made of?", "Where do penguins live?",
-]
 METRICS = ("e2e", "ttft", "tpot", "itl", "ttfp", "rtf")
 MAIN_HEADERS = ["Max_Concurrency", "Prompts", "Mean E2E (ms)", "Mean TTFT (ms)", "Mean TPOT (ms)", "Mean TTFP (ms)",
                 "Mean RTF", "Mean ITL (ms)", "req/s"]
