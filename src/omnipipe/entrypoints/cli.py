@@ -24,8 +24,8 @@ class CLIError(Exception):
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from omnipipe.entrypoints.async_omni import RequestFailedError
     from omnipipe.engine.orchestrator import EngineStartError
+    from omnipipe.entrypoints.async_omni import RequestFailedError
     from omnipipe.models.preparation import ModelPreparationError
 
     return (*USER_ERRORS, CLIError, UnknownPipelineError, RequestFailedError, EngineStartError, ModelPreparationError)
@@ -58,7 +58,7 @@ def _deploy_source(args: argparse.Namespace) -> Any:
         config = load_deploy(args.deploy, pipeline)
     except DeployConfigError as exc:
         raise CLIError(str(exc)) from exc
-    if args.no_async_chunk:
+    if getattr(args, "no_async_chunk", False):
         config.async_chunk = False
     return pipeline, config
 
@@ -145,16 +145,9 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from omnipipe.config.deploy_config import DeployConfigError, load_deploy
     from omnipipe.entrypoints.openai import ServerConfig, create_app
 
-    pipeline = get_pipeline(args.pipeline)
-    if args.deploy is not None and not args.deploy.is_file():
-        raise CLIError(f"--deploy: file not found: {args.deploy}")
-    try:
-        load_deploy(args.deploy, pipeline)
-    except DeployConfigError as exc:
-        raise CLIError(str(exc)) from exc
+    _deploy_source(args)  # validate the pipeline and deploy file before anything starts
     if not 0 < args.port < 65536:
         raise CLIError(f"--port: must be in 1..65535, got {args.port}")
     if args.max_body_bytes < 1:

@@ -37,7 +37,7 @@ from omnipipe.entrypoints.openai.protocol import (
     TextPart,
     Usage,
 )
-from omnipipe.entrypoints.openai.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse
+from omnipipe.entrypoints.openai.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
 from omnipipe.outputs import OmniRequestOutput, RequestMetrics
 from omnipipe.sampling_params import SamplingParams
 
@@ -218,16 +218,9 @@ async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestO
     def audio_delta(data: bytes) -> bytes:
         return chunk(Delta(audio=DeltaAudio(id=audio_id, data=base64.b64encode(data).decode())))
 
-    async def all_outputs() -> AsyncIterator[OmniRequestOutput]:
-        if first is not None:
-            yield first
-        if first is None or not first.finished:
-            async for out in outputs:
-                yield out
-
     try:
         yield chunk(Delta(role="assistant", content=""))
-        async for out in all_outputs():
+        async for out in with_first(first, outputs):
             if out.modality == "text" and out.text_delta:
                 transcript = DeltaAudio(id=audio_id, transcript=out.text_delta) if with_audio else None
                 yield chunk(Delta(content=out.text_delta, audio=transcript))

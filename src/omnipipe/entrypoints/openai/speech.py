@@ -24,7 +24,7 @@ from omnipipe.entrypoints.openai.engines import EnginePool
 from omnipipe.entrypoints.openai.errors import from_engine_error, invalid
 from omnipipe.entrypoints.openai.metrics import ServerMetrics
 from omnipipe.entrypoints.openai.protocol import ErrorResponse, SpeechRequest
-from omnipipe.entrypoints.openai.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse
+from omnipipe.entrypoints.openai.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
 from omnipipe.outputs import OmniRequestOutput
 from omnipipe.sampling_params import SamplingParams
 
@@ -55,19 +55,12 @@ async def _audio_bytes(outputs: AsyncIterator[OmniRequestOutput], first: OmniReq
                        native_rate: int, metrics: ServerMetrics) -> AsyncIterator[bytes]:
     """The response body in ``fmt``, piece by piece."""
 
-    async def all_outputs() -> AsyncIterator[OmniRequestOutput]:
-        if first is not None:
-            yield first
-        if first is None or not first.finished:
-            async for out in outputs:
-                yield out
-
     # pcm: resampled to 24 kHz; wav: int16 at the native rate behind a streaming header; others: encoded at the end
     pcm = {"pcm": Pcm16Stream(native_rate), "wav": Pcm16Stream(native_rate, native_rate)}.get(fmt)
     if fmt == "wav":
         yield streaming_wav_header(native_rate)
     parts: list[np.ndarray] = []
-    async for out in all_outputs():
+    async for out in with_first(first, outputs):
         if out.modality == "audio" and out.audio is not None and out.audio.size:
             if pcm is not None:
                 data = pcm.feed(out.audio)

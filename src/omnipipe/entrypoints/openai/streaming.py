@@ -52,3 +52,13 @@ async def first_output(outputs: AsyncIterator[OmniRequestOutput]) -> OmniRequest
         return await outputs.__anext__()
     except StopAsyncIteration:
         return None
+
+
+async def with_first(first: OmniRequestOutput | None,
+                     outputs: AsyncIterator[OmniRequestOutput]) -> AsyncIterator[OmniRequestOutput]:
+    """The stream again, starting with the output ``first_output`` already took off it."""
+    if first is not None:
+        yield first
+    if first is None or not first.finished:
+        async for out in outputs:
+            yield out
