@@ -11,17 +11,13 @@ import pytest
 
 from omnipipe.bench.serve import DETAIL_HEADERS, MAIN_HEADERS, load_prompts, main
 from omnipipe.entrypoints.cli import main as cli_main
-from tests.server.conftest import API_KEY, TOY_DEPLOY, ServerProcess
+from tests.server.conftest import API_KEY, TOY_DEPLOY, ServerProcess, running_server
 
 
 @pytest.fixture(scope="module")
 def toy_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = ServerProcess("toy", TOY_DEPLOY, tmp_path_factory.mktemp("bench-toy-server"))
-    try:
-        server.wait_ready(120)
+    with running_server("toy", TOY_DEPLOY, tmp_path_factory.mktemp("bench-toy-server"), 120) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def finite_positive(value: Any) -> bool:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -107,22 +109,26 @@ def engines_idle(state: dict[str, Any]) -> bool:
     return all(info["state"] is None or state_is_idle(info["state"]) for info in state["engines"].values())
 
 
-@pytest.fixture(scope="session")
-def toy_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = ServerProcess("toy", TOY_DEPLOY, tmp_path_factory.mktemp("toy-server"))
+@contextlib.contextmanager
+def running_server(pipeline: str, deploy: Any, workdir: Path, ready_timeout_s: float,
+                   **kwargs: Any) -> Iterator[ServerProcess]:
+    """A server process that is ready inside the block and stopped after it."""
+    server = ServerProcess(pipeline, deploy, workdir, **kwargs)
     try:
-        server.wait_ready(120)
+        server.wait_ready(ready_timeout_s)
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def toy_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    with running_server("toy", TOY_DEPLOY, tmp_path_factory.mktemp("toy-server"), 120) as server:
+        yield server
     assert server.process.returncode == 0, server.log_text()
 
 
 @pytest.fixture(scope="session")
 def default_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = ServerProcess("default", DEFAULT_DEPLOY, tmp_path_factory.mktemp("default-server"))
-    try:
-        server.wait_ready(600)
+    with running_server("default", DEFAULT_DEPLOY, tmp_path_factory.mktemp("default-server"), 600) as server:
         yield server
-    finally:
-        server.stop()

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProcess, engines_idle
+from tests.server.conftest import ServerProcess, engines_idle, running_server
 
 # one request at a time, and a slow thinker so the first is surely still running when the second arrives
 DEPLOY = {"max_pending_requests": 1, "stages": {"thinker": {"options": {"step_delay_ms": 20}}}}
@@ -16,12 +16,8 @@ DEPLOY = {"max_pending_requests": 1, "stages": {"thinker": {"options": {"step_de
 
 @pytest.fixture(scope="module")
 def busy_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    server = ServerProcess("toy", DEPLOY, Path(tmp_path_factory.mktemp("busy-server")), api_key=None)
-    try:
-        server.wait_ready(120)
+    with running_server("toy", DEPLOY, Path(tmp_path_factory.mktemp("busy-server")), 120, api_key=None) as server:
         yield server
-    finally:
-        server.stop()
 
 
 def test_overload_is_429_with_retry_after(busy_server: ServerProcess) -> None:

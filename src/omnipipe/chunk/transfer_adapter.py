@@ -183,8 +183,8 @@ class ChunkTransferAdapter:
         self._save_queue.put(None)
         try:
             self._stop_push.send(b"", zmq.NOBLOCK)
-        except zmq.ZMQError:
-            pass
+        except zmq.ZMQError as exc:  # the recv thread then ends with the process (it is a daemon)
+            logger.warning("stage %s: could not signal the chunk recv loop to stop: %s", self.stage, exc)
         for thread in self._threads:
             thread.join(timeout=5)
         self._stop_push.close(0)

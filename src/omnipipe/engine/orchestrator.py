@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 import shutil
@@ -243,14 +244,12 @@ class Orchestrator:
             if client.alive:
                 try:
                     await asyncio.wait_for(client.send(Shutdown("engine shutdown")), timeout=1.0)
-                except (asyncio.TimeoutError, zmq.ZMQError):
-                    pass
+                except (asyncio.TimeoutError, zmq.ZMQError) as exc:  # stop() below kills it after a timeout
+                    logger.warning("stage %s did not take the shutdown message: %r", client.name, exc)
         for client in self.clients.values():
             if self.loop is not None and client.process is not None:
-                try:
+                with contextlib.suppress(ValueError, OSError):  # no reader left: the stage had already died
                     self.loop.remove_reader(client.sentinel)
-                except (ValueError, OSError):
-                    pass
             await asyncio.to_thread(client.stop)
             client.close_sockets()
         for relay in [*self.recv_relays.values(), *self.send_relays.values()]:
