@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,14 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, pipeline: str, deploy: dict[str, Any] | None, tmp: Path, api_key: str | None = API_KEY,
-                 max_body_bytes: int = MAX_BODY_BYTES) -> None:
+                 max_body_bytes: int = MAX_BODY_BYTES, command_name: str = "serve",
+                 extra_args: Sequence[str] = ()) -> None:
+        """``command_name`` is the CLI subcommand (``serve`` or ``worker``); ``extra_args`` go after the others."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log_path = tmp / f"server-{pipeline}-{self.port}.log"
-        command = [sys.executable, "-m", "omnipipe.entrypoints.cli", "serve", "--pipeline", pipeline,
+        command = [sys.executable, "-m", "omnipipe.entrypoints.cli", command_name, "--pipeline", pipeline,
                    "--host", "127.0.0.1", "--port", str(self.port), "--max-body-bytes", str(max_body_bytes)]
         if deploy is not None:
             deploy_path = tmp / f"deploy-{pipeline}.yaml"
@@ -49,6 +51,7 @@ class ServerProcess:
             command += ["--deploy", str(deploy_path)]
         if api_key is not None:
             command += ["--api-key", api_key]
+        command += list(extra_args)
         self.log = self.log_path.open("wb")
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})

@@ -36,7 +36,10 @@ def sse_events(response: httpx.Response) -> list[Any]:
 
 
 def test_health_models_openapi(toy_server: ServerProcess, client: openai.OpenAI) -> None:
-    assert httpx.get(f"{toy_server.url}/health").json() == {"status": "ready", "pipeline": "toy"}
+    health = httpx.get(f"{toy_server.url}/health").json()
+    assert {k: health[k] for k in ("status", "pipeline", "capacity")} == {"status": "ready", "pipeline": "toy",
+                                                                          "capacity": None}
+    assert health["state"] in ("IDLE", "BUSY")
     ids = [m.id for m in client.models.list().data]
     assert ids == ["toy", "toy_tts"]
     spec = httpx.get(f"{toy_server.url}/openapi.json").json()

@@ -2,6 +2,7 @@
 
     omnipipe generate "What is the capital of France?" --output answer.wav [--stats]
     omnipipe serve --pipeline default --port 8091
+    omnipipe worker --pipeline default --port 22400 --capacity 2
     omnipipe models | download | bench engine
 """
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from omnipipe.entrypoints import gateway_cli
 from omnipipe.models.registry import PIPELINES, UnknownPipelineError, get_pipeline
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, PermissionError)
@@ -28,7 +30,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     from omnipipe.entrypoints.async_omni import RequestFailedError
     from omnipipe.models.preparation import ModelPreparationError
 
-    return (*USER_ERRORS, CLIError, UnknownPipelineError, RequestFailedError, EngineStartError, ModelPreparationError)
+    return (*USER_ERRORS, CLIError, gateway_cli.GatewayCLIError, UnknownPipelineError, RequestFailedError, EngineStartError, ModelPreparationError)
 
 
 # ---------------------------------------------------------------------------------------------- generate
@@ -131,18 +133,24 @@ def _download(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- serve
-def _add_serve(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
+    """The options ``serve`` and ``worker`` share."""
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8091)
+    p.add_argument("--port", type=int, default=port)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /debug routes")
     p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger request bodies get 413")
     p.add_argument("--verbose", "-v", action="store_true")
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    _add_server_options(p, port=8091)
+
+
+def _serve(args: argparse.Namespace, **options: Any) -> int:
+    """Run the server until interrupted; ``options`` are further ``ServerConfig`` fields (the worker's)."""
     import uvicorn
 
     from omnipipe.entrypoints.openai import ServerConfig, create_app
@@ -154,7 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
         raise CLIError(f"--max-body-bytes: must be >= 1, got {args.max_body_bytes}")
     config = ServerConfig(pipeline=args.pipeline, deploy=args.deploy, host=args.host, port=args.port,
                           api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                          log_level="INFO" if args.verbose else "WARNING")
+                          log_level="INFO" if args.verbose else "WARNING", **options)
     failures: list[str] = []
     server: uvicorn.Server | None = None
 
@@ -166,7 +174,9 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(config, on_engine_failure)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose
                                            else "warning", timeout_graceful_shutdown=5))
-    print(f"omnipipe: serving pipeline {args.pipeline!r} on http://{args.host}:{args.port} (loading models)",
+    role = "serving" if config.exit_on_engine_failure else \
+        f"worker (capacity {config.capacity if config.capacity is not None else 'unlimited'}) serving"
+    print(f"omnipipe: {role} pipeline {args.pipeline!r} on http://{args.host}:{args.port} (loading models)",
           file=sys.stderr)
     try:
         server.run()
@@ -177,12 +187,36 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------- worker
+def _add_worker(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("worker", help="run the server as a gateway worker (sessions, capacity, /health state)")
+    _add_server_options(p, port=22400)
+    p.add_argument("--capacity", type=int, default=2, help="sessions at once; beyond it 429 / WebSocket close 1013")
+    p.add_argument("--pause-timeout-s", type=float, default=300.0,
+                   help="close a realtime session paused for longer than this")
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """``serve`` plus the worker protocol; unlike ``serve`` it keeps running (state ERROR) if the engine fails."""
+    import math
+
+    if args.capacity < 1:
+        raise CLIError(f"--capacity: must be >= 1, got {args.capacity}")
+    if not (math.isfinite(args.pause_timeout_s) and args.pause_timeout_s > 0):
+        raise CLIError(f"--pause-timeout-s: must be a number > 0, got {args.pause_timeout_s:g}")
+    return _serve(args, capacity=args.capacity, pause_timeout_s=args.pause_timeout_s, exit_on_engine_failure=False)
+
+
 # ---------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="omnipipe", description="Serve multi-stage omni-modal models.")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_generate(sub)
     _add_serve(sub)
+    _add_worker(sub)
+    gateway_cli.add_gateway(sub)
+    gateway_cli.add_up(sub)
+    gateway_cli.add_sessions(sub)
     sub.add_parser("models", help="list pipelines and whether their weights are ready")
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
@@ -202,6 +236,14 @@ def main(argv: list[str] | None = None) -> int:
             return asyncio.run(_generate(args))
         if args.command == "serve":
             return _serve(args)
+        if args.command == "worker":
+            return _worker(args)
+        if args.command == "gateway":
+            return gateway_cli.run_gateway(args)
+        if args.command == "up":
+            return gateway_cli.run_up(args)
+        if args.command == "sessions":
+            return gateway_cli.run_sessions(args)
         if args.command == "models":
             return _models(args)
         if args.command == "download":

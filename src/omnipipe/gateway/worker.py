@@ -26,10 +26,11 @@ BLOCKED_STATES = frozenset({WorkerState.LOADING, WorkerState.ERROR, WorkerState.
 """Reported states in which a worker takes no new sessions at all."""
 
 
-def _check_address(address: str) -> None:
+def check_address(address: str, field: str = "address") -> None:
+    """``address`` must be "host:port" with a port in 1..65535; the error names ``field``."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"worker address must look like 'host:port', got {address!r}")
+        raise ValueError(f"{field}: a worker address must look like 'host:port', got {address!r}")
 
 
 @dataclass(eq=False)
@@ -54,7 +55,7 @@ class Worker:
     last_released_at: float | None = None
 
     def __post_init__(self) -> None:
-        _check_address(self.address)
+        check_address(self.address)
         if self.capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {self.capacity}")
         if not 0 <= self.active_sessions <= self.capacity:

@@ -9,6 +9,7 @@ it chooses it.  All methods except ``wait`` are synchronous and must run on the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import time
 import uuid
@@ -89,8 +90,13 @@ class WorkerPool:
         self._clock = clock
         self._workers: dict[str, Worker] = {}
         self._queue: OrderedDict[str, Ticket] = OrderedDict()
+        self._listeners: list[Callable[[], None]] = []
         for worker in workers:
             self._add(worker)
+
+    def now(self) -> float:
+        """The pool's clock (monotonic seconds), for timestamps compared with the pool's own."""
+        return self._clock()
 
     # -- workers -----------------------------------------------------------------------------------
 
@@ -184,6 +190,10 @@ class WorkerPool:
         target.release(now)
         self._dispatch_next()
 
+    def waiting_tickets(self) -> list[Ticket]:
+        """The waiting tickets, front of the queue first."""
+        return [t for t in self._queue.values() if t.waiting]
+
     def positions(self) -> list[QueuePosition]:
         """Every waiter's current place and estimated wait, front of the queue first."""
         return [
@@ -202,6 +212,7 @@ class WorkerPool:
         *,
         reason: str | None = None,
         probe_started_at: float | None = None,
+        capacity: int | None = None,
     ) -> None:
         """Fold one health check of ``address`` into the pool.
 
@@ -209,7 +220,8 @@ class WorkerPool:
         ``offline_after_failures`` of them.  An answer brings the worker online with ``reply_state``.
         Sessions the gateway holds are never freed by a reply: a stale IDLE changes nothing while the
         gateway has the worker busy.  A busy reply to a probe started before the gateway's last release
-        on that worker is stale too and is ignored.
+        on that worker is stale too and is ignored.  ``capacity``, when the worker reports one, replaces
+        the worker's capacity (sessions already held stay held).
         """
         worker = self._workers[address]
         now = self._clock()
@@ -223,6 +235,10 @@ class WorkerPool:
             return
         if reply_state is None or reply_state is WorkerState.OFFLINE:
             raise ValueError(f"an answered health check needs a reported state, got {reply_state!r}")
+        if capacity is not None:
+            if capacity < 1:
+                raise ValueError(f"a reported capacity must be >= 1, got {capacity}")
+            worker.capacity = capacity
         worker.consecutive_failures = 0
         worker.online = True
         worker.last_ok_at = now
@@ -265,6 +281,19 @@ class WorkerPool:
             ticket.future.set_result(worker)
         self._refresh_positions()
 
+    def refresh_estimates(self) -> None:
+        """Recompute every waiter's estimate (e.g. after the ETA baselines changed)."""
+        self._refresh_positions()
+
+    def add_listener(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` whenever waiters' positions or estimates are recomputed; returns a remover."""
+        self._listeners.append(callback)
+        return functools.partial(self._remove_listener, callback)
+
+    def _remove_listener(self, callback: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(callback)
+
     def _refresh_positions(self) -> None:
         capacity = self.total_capacity
         position = 0
@@ -273,6 +302,8 @@ class WorkerPool:
                 position += 1
                 ticket.position = position
                 ticket.estimated_wait_s = self.eta.estimate_wait_s(position, ticket.request_type, capacity)
+        for callback in tuple(self._listeners):
+            callback()
 
     def _on_future_done(self, ticket_id: str, future: asyncio.Future[Worker]) -> None:
         """A waiter's future was cancelled directly (e.g. its awaiting task was): drop it and move on."""

@@ -1,7 +1,10 @@
 """The OpenAI-compatible HTTP server: one FastAPI app around one ``EnginePool``.
 
 The main pipeline starts loading when the server starts; until it is ready ``/health`` answers 503
-``{"status": "loading"}`` and the model endpoints answer 503 with ``Retry-After``.
+``{"status": "loading", "state": "LOADING", ...}`` and the model endpoints answer 503 with ``Retry-After``.
+``/health`` also reports the worker protocol's fields (docs/gateway.md): ``state`` (``LOADING``, ``IDLE``, ``BUSY``,
+``DUPLEX_ACTIVE``, ``DUPLEX_PAUSED``, ``ERROR``), ``models``, ``active_sessions``, ``capacity`` (``null``:
+unlimited) and ``sessions`` ``{http, realtime, paused}``; with ``error`` when the main pipeline failed to start.
 """
 
 from __future__ import annotations
@@ -22,14 +25,18 @@ from omnipipe.entrypoints.openai.errors import install_error_handlers
 from omnipipe.entrypoints.openai.guard import RequestGuard
 from omnipipe.entrypoints.openai.metrics import ServerMetrics
 from omnipipe.entrypoints.openai.protocol import ModelCard, ModelList
+from omnipipe.entrypoints.openai.sessions import SessionLimiter, SessionTracker
 
 logger = logging.getLogger(__name__)
 
 
 def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | None = None) -> FastAPI:
-    """Build the app. ``on_engine_failure(message)`` is called if the main pipeline cannot start."""
+    """Build the app. ``on_engine_failure(message)`` is called if the main pipeline cannot start and
+    ``config.exit_on_engine_failure`` is set; otherwise the server keeps answering ``/health`` with state ``ERROR``.
+    """
     pool = EnginePool(config)
     metrics = ServerMetrics()
+    sessions = SessionTracker(config.capacity)
     started = int(time.time())
 
     @asynccontextmanager
@@ -37,8 +44,13 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
         task = pool.main.start_in_background()
 
         def report(done: asyncio.Task[Any]) -> None:
-            if not done.cancelled() and done.exception() is not None and on_engine_failure is not None:
-                on_engine_failure(pool.main.error or "the engine failed to start")
+            if done.cancelled() or done.exception() is None:
+                return
+            message = pool.main.error or "the engine failed to start"
+            if not config.exit_on_engine_failure:
+                logger.error("the engine failed to start; still answering /health with state ERROR: %s", message)
+            elif on_engine_failure is not None:
+                on_engine_failure(message)
 
         task.add_done_callback(report)
         try:
@@ -50,6 +62,7 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
                   description="OpenAI-compatible API for omnipipe's multi-stage omni models.")
     app.state.pool = pool
     app.state.metrics = metrics
+    app.state.sessions = sessions
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(speech.router)
@@ -64,7 +77,9 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     async def health() -> JSONResponse:
         slot = pool.main
         body: dict[str, Any] = {"status": slot.status if slot.status != "idle" else "loading",
-                                "pipeline": slot.name}
+                                "state": sessions.state(slot.status).name, "pipeline": slot.name,
+                                "models": pool.model_ids(), "active_sessions": sessions.active,
+                                "capacity": sessions.capacity, "sessions": sessions.counts()}
         if slot.error:
             body["error"] = slot.error
         return JSONResponse(body, status_code=200 if slot.status == "ready" else 503)
@@ -78,6 +93,8 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     async def debug_state(request: Request) -> JSONResponse:
         return JSONResponse({"engines": await pool.debug_states()})
 
+    # added first, so it runs inside the guard: refused (401/413/415) requests are never counted as sessions
+    app.add_middleware(SessionLimiter, tracker=sessions)  # type: ignore
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,  # type: ignore
                        metrics=metrics)
     return app

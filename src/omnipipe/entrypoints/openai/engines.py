@@ -46,6 +46,16 @@ class ServerConfig:
     served_model_name: str | None = None
     log_level: str = "WARNING"
     companions: dict[str, str] | None = field(default=None)  # endpoint -> pipeline; None: COMPANIONS
+    capacity: int | None = None  # sessions at once (HTTP model requests + realtime sockets); None: unlimited
+    pause_timeout_s: float = 300.0  # a realtime session paused longer than this is closed
+    exit_on_engine_failure: bool = True  # serve: stop when the main pipeline fails to start; worker: report it
+
+    def __post_init__(self) -> None:
+        if self.capacity is not None and (isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
+                                          or self.capacity < 1):
+            raise ValueError(f"capacity: must be an integer >= 1 or None, got {self.capacity!r}")
+        if not (isinstance(self.pause_timeout_s, (int, float)) and 0 < self.pause_timeout_s < float("inf")):
+            raise ValueError(f"pause_timeout_s: must be a number > 0, got {self.pause_timeout_s!r}")
 
 
 def _deploy_for(source: str | Path | dict[str, Any] | None, pipeline: PipelineSpec) -> dict[str, Any] | None:

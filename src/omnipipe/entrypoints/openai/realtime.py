@@ -2,7 +2,9 @@
 
 Authentication: with ``--api-key`` the handshake must carry ``Authorization: Bearer KEY`` (a query parameter is not
 accepted); otherwise the handshake is refused (HTTP 403). The session uses the server's main pipeline; if it has not
-loaded yet the server sends an ``error`` (code ``engine_loading``) and closes with 1013.
+loaded yet the server sends an ``error`` (code ``engine_loading``) and closes with 1013. A WebSocket counts as one
+session of the server from accept to close; a server already holding ``capacity`` sessions sends an ``error``
+(code ``worker_at_capacity``) and closes with 1013.
 
 Client events (JSON text frames, each with ``type`` and an optional ``event_id``):
 
@@ -17,11 +19,19 @@ Client events (JSON text frames, each with ``type`` and an optional ``event_id``
 - ``input_audio_buffer.append`` ``{audio}``, ``input_audio_buffer.commit``, ``input_audio_buffer.clear``.
 - ``conversation.item.create`` ``{item: {type: "message", role: "user", content: [{type: "input_text", text}]}}``.
 - ``response.create`` (optionally ``{response: {modalities}}``) and ``response.cancel``.
+- Extensions (not in the OpenAI API): ``session.pause`` and ``session.resume``, answered with ``session.paused``
+  ``{pause_timeout_s}`` and ``session.resumed`` (both idempotent). Pausing cancels a response in progress (it ends
+  with ``response.done`` status ``cancelled``) and clears the uncommitted input audio buffer. While paused,
+  appended audio is dropped unread (so the VAD hears nothing), ``response.create`` is refused (``error`` code
+  ``session_paused``), and other events work as usual. A session paused longer than the server's pause timeout
+  (``--pause-timeout-s``, default 300 s) gets an ``error`` (code ``pause_timeout``) and is closed (1000). A
+  server whose open realtime sessions are all paused reports the state ``DUPLEX_PAUSED`` on ``/health``.
 
 Server events (each with ``type`` and ``event_id``): ``session.created``, ``session.updated``,
-``input_audio_buffer.committed`` / ``cleared`` / ``speech_started`` / ``speech_stopped``,
-``conversation.item.created``, ``response.created``, ``response.text.delta`` / ``response.text.done`` (text-only
-responses), ``response.audio_transcript.delta`` / ``.done`` (the text of a spoken response),
+``session.paused``, ``session.resumed``, ``input_audio_buffer.committed`` / ``cleared`` / ``speech_started`` /
+``speech_stopped``, ``conversation.item.created``, ``response.created``, ``response.text.delta`` /
+``response.text.done`` (text-only responses), ``response.audio_transcript.delta`` / ``.done`` (the text of a spoken
+response),
 ``response.audio.delta`` / ``.done`` (base64 pcm16 at 24 kHz, resampled from the pipeline's rate without seams),
 ``response.done`` ``{response: {id, status: completed|cancelled|failed, status_details, usage}}`` and ``error``
 ``{error: {type, code, message, param, event_id}}``. A bad client event (invalid JSON, unknown type, missing or
@@ -59,6 +69,7 @@ from omnipipe.entrypoints.openai.audio_stream import PCM16_RATE_HZ, Pcm16Stream
 from omnipipe.entrypoints.openai.engines import EnginePool
 from omnipipe.entrypoints.openai.errors import APIError, from_engine_error
 from omnipipe.entrypoints.openai.metrics import ServerMetrics
+from omnipipe.entrypoints.openai.sessions import Session, SessionTracker, at_capacity_error
 from omnipipe.entrypoints.openai.vad import EnergyVAD
 from omnipipe.sampling_params import SamplingParams
 
@@ -67,6 +78,7 @@ logger = logging.getLogger(__name__)
 ENDPOINT = "/v1/realtime"
 DEFAULT_TURN_DETECTION: dict[str, Any] = {"type": "server_vad", "threshold": 0.02, "prefix_padding_ms": 300,
                                           "silence_duration_ms": 500, "create_response": True}
+CLOSE_NORMAL = 1000
 CLOSE_TRY_AGAIN = 1013
 CLOSE_POLICY = 1008
 router = APIRouter()
@@ -123,7 +135,7 @@ class Turn:
 
 class RealtimeSession:
     def __init__(self, websocket: WebSocket, engine: AsyncOmni, pipeline: PipelineSpec, pool: EnginePool,
-                 metrics: ServerMetrics) -> None:
+                 metrics: ServerMetrics, handle: Session | None = None) -> None:
         self.ws = websocket
         self.engine = engine
         self.pipeline = pipeline
@@ -147,6 +159,11 @@ class RealtimeSession:
         self.response_id: str | None = None
         self.last_item_id: str | None = None
         self._pending_item_id: str | None = None  # the item the audio being appended will become
+        self.handle = handle  # this connection's slot in the server's session count
+        self.paused = False
+        self.pause_timeout_s = pool.config.pause_timeout_s
+        self._pause_timer: asyncio.Task[None] | None = None
+        self._timing_out = False
 
     # ------------------------------------------------------------------ sending
     async def send(self, type_: str, **fields: Any) -> None:
@@ -182,6 +199,7 @@ class RealtimeSession:
             pass
         finally:
             self.closed = True
+            await self._stop_pause_timer()
             await self.cancel_response()
 
     async def handle_text(self, text: str) -> None:
@@ -298,6 +316,8 @@ class RealtimeSession:
 
     # ------------------------------------------------------------------ audio buffer
     async def on_append(self, event: dict[str, Any]) -> None:
+        if self.paused:
+            return  # dropped unread
         samples = _decode_pcm16(_require(event, "audio", str, ""), "audio")
         if self.buffer_bytes + samples.size * 2 > self.max_buffer_bytes:
             raise EventError(f"audio: the input audio buffer would exceed {self.max_buffer_bytes} bytes; commit or "
@@ -401,6 +421,8 @@ class RealtimeSession:
         await self.start_response(options)
 
     async def start_response(self, options: dict[str, Any] | None) -> None:
+        if self.paused:
+            raise EventError("the session is paused; send session.resume first", None, code="session_paused")
         if self.responding:
             raise EventError("a response is already in progress; cancel it or wait for response.done", None,
                              code="conversation_already_has_active_response")
@@ -499,8 +521,46 @@ class RealtimeSession:
                         "status": "completed" if status == "completed" else "incomplete", "content": content}],
             "usage": {"total_tokens": tokens, "input_tokens": 0, "output_tokens": tokens}})
 
+    # ------------------------------------------------------------------ pause / resume (extension)
+    async def on_pause(self, _: dict[str, Any]) -> None:
+        if not self.paused:
+            self.paused = True
+            if self.handle is not None:
+                self.handle.pause()
+            await self.cancel_response()
+            self._reset_buffer()
+            self._pause_timer = asyncio.create_task(self._pause_timeout(), name="omnipipe-realtime-pause")
+        await self.send("session.paused", pause_timeout_s=self.pause_timeout_s)
+
+    async def on_resume(self, _: dict[str, Any]) -> None:
+        if self.paused:
+            await self._stop_pause_timer()
+            self.paused = False
+            if self.handle is not None:
+                self.handle.resume()
+        await self.send("session.resumed")
+
+    async def _pause_timeout(self) -> None:
+        await asyncio.sleep(self.pause_timeout_s)
+        self._timing_out = True
+        await self.send_error(f"the session was paused for more than {self.pause_timeout_s:g} s; closing it",
+                              code="pause_timeout")
+        self.closed = True
+        with contextlib.suppress(Exception):  # already gone
+            await self.ws.close(code=CLOSE_NORMAL, reason="pause_timeout")
+
+    async def _stop_pause_timer(self) -> None:
+        timer, self._pause_timer = self._pause_timer, None
+        if timer is None:
+            return
+        if not self._timing_out:
+            timer.cancel()
+        await asyncio.gather(timer, return_exceptions=True)
+
     HANDLERS: ClassVar[dict[str, Any]] = {
         "session.update": on_session_update,
+        "session.pause": on_pause,
+        "session.resume": on_resume,
         "input_audio_buffer.append": on_append,
         "input_audio_buffer.commit": commit,
         "input_audio_buffer.clear": on_clear,
@@ -527,16 +587,30 @@ async def realtime(websocket: WebSocket) -> None:
         return
     await websocket.accept()
     metrics.count_request(ENDPOINT, 101)
+    tracker: SessionTracker = websocket.app.state.sessions
+    handle = tracker.open("realtime")
+    if handle is None:
+        await _refuse(websocket, at_capacity_error(tracker.capacity))
+        return
     try:
-        engine, pipeline = await pool.engine_for("chat")
-    except APIError as exc:
+        try:
+            engine, pipeline = await pool.engine_for("chat")
+        except APIError as exc:
+            await _refuse(websocket, exc)
+            return
+        session = RealtimeSession(websocket, engine, pipeline, pool, metrics, handle)
+        await session.run()
+        if websocket.application_state != WebSocketState.DISCONNECTED and \
+                websocket.client_state != WebSocketState.DISCONNECTED:
+            with contextlib.suppress(Exception):  # already gone
+                await websocket.close()
+    finally:
+        handle.close()
+
+
+async def _refuse(websocket: WebSocket, exc: APIError) -> None:
+    """An ``error`` event, then close: 1013 (try again later) for 429/503, else 1008."""
+    with contextlib.suppress(Exception):  # already gone
         await websocket.send_text(json.dumps({"type": "error", "event_id": _event_id(), "error": {
             "type": exc.type, "code": exc.code, "message": exc.message, "param": None, "event_id": None}}))
-        await websocket.close(code=CLOSE_TRY_AGAIN if exc.status == 503 else CLOSE_POLICY)
-        return
-    session = RealtimeSession(websocket, engine, pipeline, pool, metrics)
-    await session.run()
-    if websocket.application_state != WebSocketState.DISCONNECTED and \
-            websocket.client_state != WebSocketState.DISCONNECTED:
-        with contextlib.suppress(Exception):  # already gone
-            await websocket.close()
+        await websocket.close(code=CLOSE_TRY_AGAIN if exc.status in (429, 503) else CLOSE_POLICY)

@@ -1,0 +1,246 @@
+"""The gateway's commands: ``omnipipe gateway``, ``omnipipe up`` and ``omnipipe sessions``.
+
+    omnipipe gateway --workers 127.0.0.1:22400,127.0.0.1:22401 --port 8006 --admin-token T
+    omnipipe up --workers 2
+    omnipipe sessions cleanup --data-dir data --retention-days 30 --max-storage-gb 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+_FIELD = re.compile(r"^([a-z_]+): ")
+
+
+class GatewayCLIError(Exception):
+    """A mistake the user can fix; printed as one line, exit code 2."""
+
+
+def _flag_message(exc: ValueError) -> str:
+    """``max_queue: must be ...`` -> ``--max-queue: must be ...``."""
+    return _FIELD.sub(lambda m: "--" + m.group(1).replace("_", "-") + ": ", str(exc), count=1)
+
+
+def _add_storage_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help="where sessions are recorded (default: ./data)")
+    p.add_argument("--retention-days", type=float, default=30.0, help="delete recordings older than this")
+    p.add_argument("--max-storage-gb", type=float, default=10.0, help="then delete the oldest beyond this size")
+
+
+def add_gateway(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gateway", help="queue, record and serve web pages in front of workers (loads no model)")
+    p.add_argument("--workers", required=True, help="comma-separated worker addresses host:port")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8006)
+    p.add_argument("--max-queue", type=int, default=1000, help="requests that may wait at once; more get 503")
+    p.add_argument("--admin-token", default=os.environ.get("OMNIPIPE_ADMIN_TOKEN"),
+                   help="token for the admin API and page (default: $OMNIPIPE_ADMIN_TOKEN; none disables admin)")
+    p.add_argument("--no-record", action="store_true", help="do not record sessions")
+    p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger request bodies get 413")
+    _add_storage_flags(p)
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def gateway_config(args: argparse.Namespace) -> Any:
+    from omnipipe.gateway.config import GatewayConfig
+
+    workers = [w.strip() for w in args.workers.split(",") if w.strip()]
+    try:
+        return GatewayConfig(workers=workers, host=args.host, port=args.port, max_queue=args.max_queue,
+                             admin_token=args.admin_token, data_dir=args.data_dir, record=not args.no_record,
+                             retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
+                             max_body_bytes=getattr(args, "max_body_bytes", 32 << 20))
+    except ValueError as exc:
+        raise GatewayCLIError(_flag_message(exc)) from None
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from omnipipe.gateway.app import create_gateway_app
+
+    config = gateway_config(args)
+    app = create_gateway_app(config)
+    print(f"omnipipe: gateway on http://{config.host}:{config.port} for {len(config.workers)} worker(s); "
+          f"recordings in {config.data_dir.resolve() if config.record else '(off)'}", file=sys.stderr)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                           log_level="info" if args.verbose else "warning",
+                                           timeout_graceful_shutdown=5))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- up
+def add_up(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start N workers and a gateway on this machine; Ctrl-C stops them all")
+    p.add_argument("--workers", type=int, default=1, help="how many workers (default 1)")
+    p.add_argument("--pipeline", default="default")
+    p.add_argument("--deploy", type=Path, help="deploy YAML for every worker")
+    p.add_argument("--capacity", type=int, default=2, help="sessions each worker takes at once")
+    p.add_argument("--worker-port", type=int, default=22400, help="first worker's port; the next ones follow")
+    p.add_argument("--host", default="127.0.0.1", help="the gateway's address (workers stay on 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8006, help="the gateway's port")
+    p.add_argument("--max-queue", type=int, default=1000)
+    p.add_argument("--admin-token", default=os.environ.get("OMNIPIPE_ADMIN_TOKEN"),
+                   help="admin token (default: $OMNIPIPE_ADMIN_TOKEN, else a random one, printed)")
+    p.add_argument("--no-record", action="store_true")
+    _add_storage_flags(p)
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _die_with_parent() -> None:
+    """Run in a child before exec: get SIGTERM if ``omnipipe up`` itself dies (even by SIGKILL)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from omnipipe.models.registry import get_pipeline
+
+    if not 1 <= args.workers <= 64:
+        raise GatewayCLIError(f"--workers: must be in 1..64, got {args.workers}")
+    if args.capacity < 1:
+        raise GatewayCLIError(f"--capacity: must be >= 1, got {args.capacity}")
+    if args.deploy is not None and not args.deploy.is_file():
+        raise GatewayCLIError(f"--deploy: file not found: {args.deploy}")
+    get_pipeline(args.pipeline)
+    worker_ports = [args.worker_port + i for i in range(args.workers)]
+    for flag, host, port in [*(("--worker-port", "127.0.0.1", p) for p in worker_ports), ("--port", args.host, args.port)]:
+        if not 0 < port < 65536:
+            raise GatewayCLIError(f"{flag}: must be in 1..65535, got {port}")
+        if not _port_free(host, port):
+            raise GatewayCLIError(f"{flag}: port {port} on {host} is already in use")
+    token = args.admin_token or secrets.token_urlsafe(12)
+    gateway_args = argparse.Namespace(workers=",".join(f"127.0.0.1:{p}" for p in worker_ports), host=args.host,
+                                      port=args.port, max_queue=args.max_queue, admin_token=token,
+                                      data_dir=args.data_dir, no_record=args.no_record,
+                                      retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
+                             max_body_bytes=getattr(args, "max_body_bytes", 32 << 20))
+    gateway_config(gateway_args)  # validate before starting anything
+    cli = [sys.executable, "-m", "omnipipe.entrypoints.cli"]
+    verbose = ["--verbose"] if args.verbose else []
+    commands = {f"worker {port}": [*cli, "worker", "--port", str(port), "--pipeline", args.pipeline,
+                                   "--capacity", str(args.capacity), *(["--deploy", str(args.deploy)]
+                                                                       if args.deploy else []), *verbose]
+                for port in worker_ports}
+    commands["gateway"] = [*cli, "gateway", "--workers", gateway_args.workers, "--host", args.host, "--port",
+                           str(args.port), "--max-queue", str(args.max_queue), "--data-dir", str(args.data_dir),
+                           "--retention-days", str(args.retention_days), "--max-storage-gb",
+                           str(args.max_storage_gb), *(["--no-record"] if args.no_record else []), *verbose]
+    env = {**os.environ, "OMNIPIPE_ADMIN_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    stopping = False
+
+    def stop(signum: int, _: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for name, command in commands.items():
+            # own process groups: a Ctrl-C reaches only `up`, which then stops every child in order
+            children[name] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent,
+                                              start_new_session=True)
+        url = f"http://{args.host}:{args.port}"
+        print(f"omnipipe: starting {args.workers} worker(s) (pipeline {args.pipeline!r}, ports "
+              f"{worker_ports[0]}..{worker_ports[-1]}) and the gateway on {url}", file=sys.stderr)
+        announced = False
+        while not stopping:
+            for name, child in children.items():
+                if child.poll() is not None:
+                    print(f"omnipipe: {name} exited with code {child.returncode}; stopping everything",
+                          file=sys.stderr)
+                    return 1
+            if not announced and _all_idle(args.host, args.port):
+                announced = True
+                print(f"omnipipe: ready. Open {url}/chat or {url}/voice; admin: {url}/admin "
+                      f"(token {token}). Ctrl-C stops everything.", file=sys.stderr)
+            time.sleep(0.5)
+        print("omnipipe: stopping", file=sys.stderr)
+        return 0
+    finally:
+        _stop_children(children)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _all_idle(host: str, port: int) -> bool:
+    try:
+        reply = httpx.get(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/health", timeout=1.0)
+        workers = reply.json().get("workers", {})
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
+    return bool(workers) and all(state not in ("LOADING", "OFFLINE") for state in workers.values())
+
+
+def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> None:
+    """The gateway first (so no new work goes out), then the workers: SIGTERM, then SIGKILL after 15 s."""
+    for name in sorted(children, key=lambda n: n != "gateway"):
+        child = children[name]
+        if child.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 15.0
+    for child in children.values():
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+def add_sessions(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sessions", help="recorded sessions: list them, or clean up old ones")
+    actions = p.add_subparsers(dest="action", required=True)
+    c = actions.add_parser("cleanup", help="delete recordings past the retention time, then the oldest beyond the size")
+    _add_storage_flags(c)
+    c.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    ls = actions.add_parser("list", help="list recorded sessions, newest first")
+    ls.add_argument("--data-dir", type=Path, default=Path("data"))
+
+
+def run_sessions(args: argparse.Namespace) -> int:
+    from omnipipe.gateway.sessions.cleanup import cleanup_sessions
+    from omnipipe.gateway.sessions.store import SessionStore
+
+    if not args.data_dir.is_dir():
+        raise GatewayCLIError(f"--data-dir: not a directory: {args.data_dir}")
+    store = SessionStore(args.data_dir)
+    if args.action == "list":
+        for s in store.list_sessions():
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_at))
+            print(f"{s.session_id:<48} {s.type:<13} {created}  {s.status:<10} {s.size_bytes / 1e6:8.2f} MB")
+        return 0
+    try:
+        report = cleanup_sessions(store, retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
+                                  dry_run=args.dry_run)
+    except ValueError as exc:
+        raise GatewayCLIError(_flag_message(exc)) from None
+    print(report.format())
+    return 1 if report.errors else 0

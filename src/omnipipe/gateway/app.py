@@ -1,0 +1,157 @@
+"""The gateway: one FastAPI app in front of many workers (see docs/gateway.md for every route).
+
+It loads no model. A ``WorkerPool`` assigns each request or realtime session to a worker in FIFO order, a
+``HealthMonitor`` keeps the workers' states current, ``ModelProxy`` and ``RealtimeProxy`` relay the traffic,
+``LiveSessions`` records it, and the admin API and web pages sit beside them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from omnipipe.entrypoints.openai.api_error import APIError
+from omnipipe.gateway import admin, pages
+from omnipipe.gateway.apps import AppSwitches
+from omnipipe.gateway.config import GatewayConfig
+from omnipipe.gateway.eta import EtaEstimator
+from omnipipe.gateway.health import HealthMonitor
+from omnipipe.gateway.http_proxy import ModelProxy
+from omnipipe.gateway.live_sessions import LiveSessions
+from omnipipe.gateway.realtime_proxy import RealtimeProxy
+from omnipipe.gateway.sessions.cleanup import PeriodicCleanup
+from omnipipe.gateway.sessions.store import SessionStore
+from omnipipe.gateway.worker import Worker
+from omnipipe.gateway.worker_pool import WorkerPool
+
+logger = logging.getLogger(__name__)
+_IDLE_SWEEP_S = 30.0
+
+
+def create_gateway_app(config: GatewayConfig) -> FastAPI:
+    pool = WorkerPool((Worker(address) for address in config.workers), max_queue=config.max_queue,
+                      eta=EtaEstimator(config.eta_baselines_s), offline_after_failures=config.offline_after_failures)
+    store = SessionStore(config.data_dir)
+    sessions = LiveSessions(store, record=config.record, chat_idle_s=config.chat_session_idle_s)
+    apps = AppSwitches()
+    client = httpx.AsyncClient(timeout=httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=None),
+                               limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+    monitor = HealthMonitor(pool, client, interval_s=config.health_interval_s, timeout_s=config.health_timeout_s)
+
+    def on_worker_failure(address: str) -> None:
+        """A request to ``address`` failed at the connection level: check it now instead of at the next round."""
+        asyncio.get_running_loop().create_task(monitor.check(address))
+
+    proxy = ModelProxy(pool, client, sessions, apps, max_body_bytes=config.max_body_bytes,
+                       on_worker_failure=on_worker_failure)
+    realtime = RealtimeProxy(pool, sessions, apps, max_held_bytes=config.max_held_ws_bytes,
+                             on_worker_failure=on_worker_failure)
+    cleanup = PeriodicCleanup(store, config.retention_days, config.max_storage_gb,
+                              interval_s=config.cleanup_interval_s, protect=sessions.ids)
+
+    async def sweep_idle_chats() -> None:
+        while True:
+            await asyncio.sleep(_IDLE_SWEEP_S)
+            sessions.sweep_idle()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await monitor.check_all()
+        monitor.start()
+        if config.record:
+            await cleanup.start()
+        sweeper = asyncio.create_task(sweep_idle_chats(), name="omnipipe-gateway-idle-chats")
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            await monitor.stop()
+            if config.record:
+                await cleanup.stop()
+            await asyncio.to_thread(sessions.close_all)
+            await client.aclose()
+
+    app = FastAPI(title="omnipipe gateway", version="0.1.0", lifespan=lifespan,
+                  description="FIFO queue, recordings and web pages in front of omnipipe workers.")
+    app.state.config = config
+    app.state.pool = pool
+    app.state.store = store
+    app.state.sessions = sessions
+    app.state.apps = apps
+    app.state.monitor = monitor
+    _install_error_handlers(app)
+    app.include_router(admin.router)
+    app.include_router(pages.router)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):  # type: ignore[no-untyped-def]
+        return await proxy.handle(request, "chat")
+
+    @app.post("/v1/audio/speech")
+    async def speech(request: Request):  # type: ignore[no-untyped-def]
+        return await proxy.handle(request, "speech")
+
+    @app.post("/v1/audio/transcriptions")
+    async def transcriptions(request: Request):  # type: ignore[no-untyped-def]
+        return await proxy.handle(request, "transcription")
+
+    @app.get("/v1/models")
+    async def models(request: Request):  # type: ignore[no-untyped-def]
+        return await proxy.models(request)
+
+    @app.websocket("/v1/realtime")
+    async def realtime_session(ws: WebSocket) -> None:
+        await realtime.handle(ws)
+
+    @app.get("/api/queue")
+    async def queue_status() -> dict[str, object]:
+        available = [w for w in pool.workers if w.accepts_work]
+        return {"queue_length": pool.queue_length, "capacity": pool.total_capacity,
+                "workers": {"total": len(pool.workers), "available": len(available)}}
+
+    @app.delete("/api/queue/{ticket_id}")
+    async def leave_queue(ticket_id: str) -> dict[str, str]:
+        if not pool.cancel(ticket_id):
+            raise APIError(404, f"ticket_id: no waiting request {ticket_id!r}", param="ticket_id",
+                           code="not_found")
+        return {"cancelled": ticket_id}
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        workers = {w.address: w.state.name for w in pool.workers}
+        serving = any(w.accepts_work for w in pool.workers)
+        return JSONResponse({"status": "ok" if serving else "no_worker", "workers": workers,
+                             "queue_length": pool.queue_length, "capacity": pool.total_capacity})
+
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        return exc.response()
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        message = {404: "no such route", 405: "method not allowed on this route"}.get(exc.status_code,
+                                                                                   str(exc.detail))
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
+
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected gateway error", exc_info=exc)
+        return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)

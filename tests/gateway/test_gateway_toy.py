@@ -1,0 +1,296 @@
+"""The gateway in front of two real toy workers (capacity 1 each): queue positions and FIFO service over
+WebSocket and HTTP, queue events, queue full, cancel, admin API, app switches, recordings, and a worker killed
+mid-session."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+from websockets.sync.client import ClientConnection, connect
+
+from tests.gateway.conftest import GatewayProcess, WorkerProcess, running
+from tests.gateway.realtime_clients import QueuedClient, ask, join, wait_served
+from tests.server.conftest import TOY_DEPLOY
+
+# the toy thinker copies its prompt, one character per 2 ms step: this answer lasts about 2 s
+LONG_QUESTION = " ".join(f"word{i}" for i in range(150))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, list[WorkerProcess]]]:
+    workdir = tmp_path_factory.mktemp("gateway-toy")
+    workers = [WorkerProcess("toy", workdir, capacity=1, deploy=TOY_DEPLOY) for _ in range(2)]
+    gateway = GatewayProcess([w.address for w in workers], workdir, extra=["--max-queue", "6"])
+    with running(gateway, *workers):
+        for worker in workers:
+            worker.wait_state("IDLE", 120)
+        gateway.wait_ready(60)
+        yield gateway, workers
+
+
+def open_ws(url: str) -> ClientConnection:
+    """A connection the test closes itself (several stay open at once)."""
+    return connect(url, max_size=None, open_timeout=30).__enter__()
+
+
+def _idle(gateway: GatewayProcess, timeout_s: float = 30) -> None:
+    """Wait until no session holds a worker and nobody waits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        workers = gateway.admin("GET", "/workers").json()
+        if all(w["active_sessions"] == 0 for w in workers) and not gateway.admin("GET", "/queue").json():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"gateway still busy: {gateway.admin('GET', '/workers').json()}")
+
+
+# ---------------------------------------------------------------------------------------------- queue
+def test_six_sessions_on_two_slots_get_positions_in_arrival_order_and_are_served_fifo(cluster) -> None:
+    gateway, _ = cluster
+    _idle(gateway)
+
+    async def scenario() -> list[QueuedClient]:
+        clients = [QueuedClient(i) for i in range(6)]
+        for client in clients:  # one after the other, so the arrival order is known
+            await join(gateway.ws_url, client)
+        served = await asyncio.gather(*(wait_served(c) for c in clients[:2]))
+        assert len(served) == 2
+        waiting = [asyncio.create_task(wait_served(c)) for c in clients[2:]]
+        # each served client asks, gets its answer and leaves, which lets the next one in
+        for client in clients[:2]:
+            await ask(client, LONG_QUESTION[:200], ["text"])
+            await client.ws.close()
+        for task, client in zip(waiting, clients[2:]):
+            await task
+            await ask(client, "hello", ["text"])
+            await client.ws.close()
+        return clients
+
+    clients = asyncio.run(scenario())
+    assert [c.queued["position"] for c in clients] == [0, 0, 1, 2, 3, 4]
+    assert all(c.queued["ticket_id"] for c in clients)
+    assert [c.queued["estimated_wait_s"] > 0 for c in clients] == [False, False, True, True, True, True]
+    served_order = sorted(clients, key=lambda c: c.served_at)
+    assert [c.index for c in served_order] == [0, 1, 2, 3, 4, 5]
+    for client in clients[3:]:  # everyone behind the head saw its place move up
+        positions = [u["position"] for u in client.updates]
+        assert positions and positions == sorted(positions, reverse=True) and positions[-1] < client.queued["position"]
+    assert all(c.answer for c in clients), [c.answer for c in clients]
+    assert {c.done["worker"] for c in clients} == {w["address"] for w in gateway.admin("GET", "/workers").json()}
+    _idle(gateway)
+
+
+def _hold_both_workers(gateway: GatewayProcess) -> list:
+    """Two realtime sessions that occupy both workers until closed."""
+    held = []
+    for _ in range(2):
+        ws = open_ws(gateway.ws_url)
+        first = json.loads(ws.recv(timeout=30))
+        assert first["type"] == "queued" and first["position"] == 0, first
+        assert json.loads(ws.recv(timeout=30))["type"] == "queue_done"
+        held.append(ws)
+    return held
+
+
+def test_http_request_waits_in_queue_with_sse_queue_events(cluster) -> None:
+    gateway, _ = cluster
+    _idle(gateway)
+    held = _hold_both_workers(gateway)
+    body = {"model": "toy", "messages": [{"role": "user", "content": "abc"}], "stream": True}
+    events: list[tuple[str | None, str]] = []
+    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=60,
+                      headers={"X-Omnipipe-Queue-Events": "1"}) as response:
+        assert response.status_code == 200
+        session_id = response.headers["x-omnipipe-session-id"]
+        event = None
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                events.append((event, line[5:].strip()))
+                event = None
+                if events[0][0] == "queue" and len(events) == 1:
+                    queued = json.loads(events[0][1])
+                    assert queued["type"] == "queued" and queued["position"] == 1, queued
+                    held.pop().close()  # a worker frees up: this request is next
+    kinds = [json.loads(data)["type"] for event, data in events if event == "queue"]
+    assert kinds[0] == "queued" and kinds[-1] == "queue_done"
+    chunks = [json.loads(data) for event, data in events if event is None and data != "[DONE]"]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+    assert text == "ABC"  # the toy thinker answers its prompt in capitals
+    assert events[-1] == (None, "[DONE]")
+    for ws in held:
+        ws.close()
+    _idle(gateway)
+    recorded = httpx.get(f"{gateway.url}/api/sessions/{session_id}", timeout=10).json()
+    assert recorded["meta"]["type"] == "chat"
+
+
+def test_openai_client_through_the_gateway_is_recorded(cluster) -> None:
+    gateway, _ = cluster
+    _idle(gateway)
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(model="toy", messages=[{"role": "user",
+                                                                                  "content": "hello gateway"}])
+    completion = raw.parse()
+    assert completion.choices[0].message.content == "HELLO GATEWAY"
+    session_id = raw.headers["x-omnipipe-session-id"]
+    assert raw.headers["x-omnipipe-worker"] in {w["address"] for w in gateway.admin("GET", "/workers").json()}
+    stream = client.chat.completions.create(model="toy", stream=True,
+                                            messages=[{"role": "user", "content": "streamed"}])
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == "STREAMED"
+    # a second turn of the same chat session goes into the same recording
+    again = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"X-Omnipipe-Session-Id": session_id},
+                       json={"model": "toy", "messages": [{"role": "user", "content": "second turn"}]}, timeout=60)
+    assert again.status_code == 200 and again.headers["x-omnipipe-session-id"] == session_id
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        recording = httpx.get(f"{gateway.url}/api/sessions/{session_id}", timeout=10).json()["recording"]
+        if len(recording.get("turns", [])) == 2:
+            break
+        time.sleep(0.1)
+    turns = recording["turns"]
+    assert [t["user_text"] for t in turns] == ["hello gateway", "second turn"]
+    assert [t["assistant_text"] for t in turns] == ["HELLO GATEWAY", "SECOND TURN"]
+    bad = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"X-Omnipipe-Session-Id": "../etc"},
+                     json={"model": "toy", "messages": [{"role": "user", "content": "x"}]}, timeout=60)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Omnipipe-Session-Id"
+
+
+def test_queue_full_answers_503_and_websocket_error(cluster) -> None:
+    gateway, _ = cluster
+    _idle(gateway)
+    held = _hold_both_workers(gateway)
+    waiting = []
+    try:
+        for _ in range(6):  # --max-queue 6
+            ws = open_ws(gateway.ws_url)
+            assert json.loads(ws.recv(timeout=30))["type"] == "queued"
+            waiting.append(ws)
+        response = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=30,
+                              json={"model": "toy", "messages": [{"role": "user", "content": "x"}]})
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "queue_full" and int(response.headers["retry-after"]) >= 1
+        with connect(gateway.ws_url, max_size=None, open_timeout=30) as ws:
+            event = json.loads(ws.recv(timeout=30))
+            assert event["type"] == "error" and event["error"]["code"] == "queue_full", event
+            with pytest.raises(Exception):
+                ws.recv(timeout=30)
+            assert ws.close_code == 1013
+    finally:
+        for ws in [*waiting, *held]:
+            ws.close()
+    _idle(gateway)
+
+
+def test_leaving_or_cancelling_a_queued_place_frees_it(cluster) -> None:
+    gateway, _ = cluster
+    _idle(gateway)
+    held = _hold_both_workers(gateway)
+    try:
+        first = open_ws(gateway.ws_url)
+        ticket = json.loads(first.recv(timeout=30))["ticket_id"]
+        second = open_ws(gateway.ws_url)
+        assert json.loads(second.recv(timeout=30))["position"] == 2
+        assert [t["ticket_id"] for t in gateway.admin("GET", "/queue").json()][0] == ticket
+        cancelled = httpx.delete(f"{gateway.url}/api/queue/{ticket}", timeout=10)
+        assert cancelled.status_code == 200
+        event = json.loads(first.recv(timeout=30))
+        assert event["type"] == "error" and event["error"]["code"] == "queue_cancelled", event
+        update = json.loads(second.recv(timeout=30))
+        assert update["type"] == "queue_update" and update["position"] == 1, update
+        second.close()  # leaving while queued gives the place back
+        deadline = time.monotonic() + 10
+        while gateway.admin("GET", "/queue").json() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gateway.admin("GET", "/queue").json() == []
+        assert httpx.delete(f"{gateway.url}/api/queue/{ticket}", timeout=10).status_code == 404
+    finally:
+        for ws in held:
+            ws.close()
+    _idle(gateway)
+
+
+# ---------------------------------------------------------------------------------------------- admin
+ADMIN_ROUTES = [("GET", "/workers"), ("GET", "/queue"), ("DELETE", "/queue/abc"), ("GET", "/sessions"),
+                ("GET", "/recordings"), ("GET", "/eta"), ("PUT", "/eta"), ("GET", "/apps"), ("PUT", "/apps"),
+                ("POST", "/cleanup")]
+
+
+@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong-token-123"}, {"X-Admin-Token": "nope"},
+                                     {"Authorization": "Basic Z2F0ZXdheQ=="}])
+def test_admin_routes_refuse_without_the_token(cluster, headers: dict[str, str]) -> None:
+    gateway, _ = cluster
+    for method, path in ADMIN_ROUTES:
+        response = httpx.request(method, f"{gateway.url}/api/admin{path}", headers=headers, json={}, timeout=10)
+        assert response.status_code == 401, (method, path, response.text)
+        assert response.json()["error"]["code"].startswith("admin_token")
+
+
+def test_admin_api_with_the_token(cluster) -> None:
+    gateway, workers = cluster
+    _idle(gateway)
+    listed = gateway.admin("GET", "/workers").json()
+    assert {w["address"] for w in listed} == {w.address for w in workers}
+    assert all(w["state"] == "IDLE" and w["capacity"] == 1 and w["online"] for w in listed)
+    assert gateway.admin("PUT", "/eta", json={"baselines": {"voice": 42}}).json()["voice"]["baseline_s"] == 42
+    bad = gateway.admin("PUT", "/eta", json={"baselines": {"voice": -1}})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "baselines.voice"
+    assert gateway.admin("PUT", "/eta", json={"baselines": {"video": 1}}).status_code == 400
+    assert gateway.admin("PUT", "/apps", json={"chat": "no"}).json()["error"]["param"] == "chat"
+    report = gateway.admin("POST", "/cleanup").json()
+    assert {"scanned", "deleted_by_age", "deleted_by_size", "remaining", "errors"} <= set(report)
+    assert gateway.admin("GET", "/recordings").status_code == 200
+
+
+def test_disabled_apps_are_refused(cluster) -> None:
+    gateway, _ = cluster
+    try:
+        assert gateway.admin("PUT", "/apps", json={"chat": False, "voice": False}).json()["chat"] is False
+        response = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=10,
+                              json={"model": "toy", "messages": [{"role": "user", "content": "x"}]})
+        assert response.status_code == 403 and response.json()["error"]["code"] == "app_disabled"
+        with connect(gateway.ws_url, open_timeout=30) as ws:
+            event = json.loads(ws.recv(timeout=30))
+            assert event["type"] == "error" and event["error"]["code"] == "app_disabled"
+    finally:
+        gateway.admin("PUT", "/apps", json={"chat": True, "voice": True})
+
+
+# ---------------------------------------------------------------------------------------------- a worker dies
+def test_killing_a_worker_mid_session_fails_only_its_client(cluster) -> None:
+    gateway, workers = cluster
+    _idle(gateway)
+
+    async def scenario() -> tuple[QueuedClient, QueuedClient, str]:
+        a, b = QueuedClient(0), QueuedClient(1)
+        for client in (a, b):
+            await join(gateway.ws_url, client)
+            await wait_served(client)
+        victim = next(w for w in workers if w.address == a.done["worker"])
+        turns = [asyncio.create_task(ask(c, LONG_QUESTION, ["text", "audio"])) for c in (a, b)]
+        await asyncio.sleep(0.5)  # both answers are under way
+        os.kill(victim.process.pid, signal.SIGKILL)
+        await asyncio.gather(*turns)
+        return a, b, victim.address
+
+    a, b, victim = asyncio.run(scenario())
+    assert a.error is not None and a.error["code"] == "worker_failed", a.error
+    assert a.close_code == 1011
+    assert b.error is None and b.answer.startswith("WORD0"), (b.error, b.answer[:80])
+    deadline = time.monotonic() + 20
+    while gateway.worker_states()[victim] != "OFFLINE" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gateway.worker_states()[victim] == "OFFLINE"
+    # new work goes to the survivor
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60,
+                          json={"model": "toy", "messages": [{"role": "user", "content": "still here"}]})
+    assert response.status_code == 200 and response.headers["x-omnipipe-worker"] != victim

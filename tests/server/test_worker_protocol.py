@@ -1,0 +1,356 @@
+"""``omnipipe worker``: the worker protocol of docs/gateway.md on real toy-pipeline subprocesses.
+
+/health states and fields, session counting (streaming HTTP requests until their stream ends, realtime WebSockets
+until they close), capacity (429 ``worker_at_capacity`` / error event and close 1013), ``session.pause`` /
+``session.resume`` and the pause timeout, a worker whose engine fails to start, and the CLI's argument errors.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from omnipipe.entrypoints.openai.sessions import SessionTracker
+from omnipipe.gateway.worker import WorkerState
+from tests.server.conftest import ServerProcess, engines_idle, running_server
+from tests.server.test_realtime import LONG_TEXT, no_vad, pcm16_b64, recv, send, tone, until, user_text, ws_url
+from tests.server.test_realtime import session as open_session
+
+# a slow thinker: a 400-character answer streams for about 4 s
+SLOW_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 10}}}}
+# passes deploy validation (runner options are the runner's business) but the toy thinker cannot load with it
+BROKEN_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": "not-a-number"}}}}
+HEALTH_FIELDS = {"status", "state", "pipeline", "models", "active_sessions", "capacity", "sessions"}
+LONG_CHAT = {"model": "toy", "messages": [{"role": "user", "content": "x " * 200}], "stream": True}
+SHORT_CHAT = {"model": "toy", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def health(server: ServerProcess) -> dict[str, Any]:
+    return httpx.get(f"{server.url}/health", timeout=10).json()
+
+
+def wait_health(server: ServerProcess, check: Callable[[dict[str, Any]], bool],
+                timeout_s: float = 20.0) -> dict[str, Any]:
+    """Poll /health until ``check`` holds (bounded); return that reply."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        body = health(server)
+        if check(body):
+            return body
+        if time.monotonic() > deadline:
+            raise AssertionError(f"/health never matched within {timeout_s} s; last: {body}")
+        time.sleep(0.05)
+
+
+def is_idle(body: dict[str, Any]) -> bool:
+    return body["state"] == "IDLE"
+
+
+def start_recording_health(server: ServerProcess, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
+    """Poll /health from the first answer until a 200 or an ERROR; return every (status code, body) seen."""
+    seen: list[tuple[int, dict[str, Any]]] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"worker exited with {server.process.returncode}: {server.log_text()}")
+        try:
+            response = httpx.get(f"{server.url}/health", timeout=5)
+        except httpx.TransportError:
+            time.sleep(0.05)
+            continue
+        seen.append((response.status_code, response.json()))
+        if response.status_code == 200 or response.json().get("state") == "ERROR":
+            return seen
+        time.sleep(0.05)
+    raise RuntimeError(f"worker not ready after {timeout_s} s: {server.log_text()}")
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A capacity-1 toy worker; ``worker.history`` is every /health reply seen while it started."""
+    server = ServerProcess("toy", SLOW_DEPLOY, Path(tmp_path_factory.mktemp("worker")), api_key=None,
+                           command_name="worker", extra_args=["--capacity", "1"])
+    try:
+        server.history = start_recording_health(server, 120)  # type: ignore[attr-defined]
+        yield server
+    finally:
+        server.stop()
+    assert server.process.returncode == 0, server.log_text()
+
+
+@pytest.fixture(scope="module")
+def quick_pause_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A capacity-2 toy worker that closes a realtime session paused for more than 1 s."""
+    with running_server("toy", SLOW_DEPLOY, Path(tmp_path_factory.mktemp("quick-pause-worker")), 120,
+                        api_key=None, command_name="worker",
+                        extra_args=["--capacity", "2", "--pause-timeout-s", "1"]) as server:
+        yield server
+    assert server.process.returncode == 0, server.log_text()
+
+
+# ---------------------------------------------------------------------------------------------- the tracker alone
+def test_session_tracker_counts_and_states() -> None:
+    tracker = SessionTracker(capacity=2)
+    assert tracker.state("loading") is WorkerState.LOADING and tracker.state("idle") is WorkerState.LOADING
+    assert tracker.state("failed") is WorkerState.ERROR
+    assert tracker.state("ready") is WorkerState.IDLE
+    http = tracker.open("http")
+    assert http is not None and tracker.state() is WorkerState.BUSY
+    voice = tracker.open("realtime")
+    assert voice is not None and tracker.state() is WorkerState.DUPLEX_ACTIVE
+    assert tracker.open("http") is None and tracker.open("realtime") is None  # at capacity
+    voice.pause()
+    voice.pause()  # idempotent
+    assert tracker.counts() == {"http": 1, "realtime": 1, "paused": 1} and tracker.active == 2
+    assert tracker.state() is WorkerState.DUPLEX_PAUSED  # every realtime session is paused
+    http.close()
+    http.close()  # idempotent
+    other = tracker.open("realtime")
+    assert other is not None and tracker.state() is WorkerState.DUPLEX_ACTIVE  # one of two is paused
+    other.close()
+    voice.close()  # closing a paused session un-counts the pause too
+    assert tracker.counts() == {"http": 0, "realtime": 0, "paused": 0} and tracker.state() is WorkerState.IDLE
+    assert tracker.state("failed") is WorkerState.ERROR
+    unlimited = SessionTracker()
+    assert all(unlimited.open("http") is not None for _ in range(100)) and unlimited.capacity is None
+    with pytest.raises(ValueError, match="capacity"):
+        SessionTracker(0)
+    with pytest.raises(ValueError, match="paused"):
+        unlimited.open("http").pause()  # type: ignore[union-attr]
+
+
+# ---------------------------------------------------------------------------------------------- /health
+def test_health_goes_from_loading_to_idle_with_the_protocol_fields(worker: ServerProcess) -> None:
+    history = worker.history  # type: ignore[attr-defined]
+    first_code, first = history[0]
+    assert first_code == 503 and first["state"] == "LOADING" and first["status"] == "loading", history
+    assert set(first) == HEALTH_FIELDS, first
+    assert all(code == 503 and body["state"] == "LOADING" for code, body in history[:-1]), history
+    last_code, last = history[-1]
+    assert last_code == 200, history
+    assert last == {"status": "ready", "state": "IDLE", "pipeline": "toy", "models": ["toy", "toy_tts"],
+                    "active_sessions": 0, "capacity": 1, "sessions": {"http": 0, "realtime": 0, "paused": 0}}
+
+
+def test_serve_reports_the_same_fields_with_unlimited_capacity(toy_server: ServerProcess) -> None:
+    body = wait_health(toy_server, is_idle)
+    assert set(body) == HEALTH_FIELDS and body["status"] == "ready"
+    assert body["capacity"] is None and body["active_sessions"] == 0
+    assert body["sessions"] == {"http": 0, "realtime": 0, "paused": 0}
+
+
+# ---------------------------------------------------------------------------------------------- HTTP sessions
+def test_a_streaming_request_is_busy_until_its_stream_ends_and_capacity_refuses_more(worker: ServerProcess) -> None:
+    wait_health(worker, is_idle)
+    with httpx.Client(base_url=worker.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=LONG_CHAT) as first:
+            assert first.status_code == 200
+            lines = first.iter_lines()  # kept referenced: dropping it would close the connection (an abort)
+            next(lines)
+            busy = http.get("/health")
+            assert busy.status_code == 200
+            assert busy.json()["state"] == "BUSY" and busy.json()["active_sessions"] == 1, busy.json()
+            assert busy.json()["sessions"] == {"http": 1, "realtime": 0, "paused": 0}
+            for path, kwargs in (("/v1/chat/completions", {"json": SHORT_CHAT}),
+                                 ("/v1/audio/speech", {"json": {"model": "toy_tts", "input": "hi"}})):
+                refused = http.post(path, **kwargs)
+                assert refused.status_code == 429, refused.text
+                assert refused.headers["retry-after"] == "1"
+                error = refused.json()["error"]
+                assert error["code"] == "worker_at_capacity" and error["type"] == "rate_limit_error", error
+            assert http.get("/v1/models").status_code == 200  # not a session
+            time.sleep(0.5)
+            assert health(worker)["state"] == "BUSY"  # still streaming
+            assert sum(1 for _ in lines) > 0
+        # the whole answer was read: the slot is free at once
+        after = health(worker)
+        assert after["state"] == "IDLE" and after["active_sessions"] == 0, after
+        again = http.post("/v1/chat/completions", json=SHORT_CHAT)
+        assert again.status_code == 200 and again.json()["choices"][0]["message"]["content"] == "HI"
+    assert health(worker)["state"] == "IDLE"
+    assert engines_idle(worker.wait_idle())
+
+
+def test_a_client_that_disconnects_mid_stream_gives_its_slot_back(worker: ServerProcess) -> None:
+    wait_health(worker, is_idle)
+    with httpx.Client(base_url=worker.url, timeout=60) as http, \
+            http.stream("POST", "/v1/chat/completions", json=LONG_CHAT) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        next(lines)
+        assert health(worker)["state"] == "BUSY"
+        del lines  # closing the stream: the client goes away mid-answer
+    wait_health(worker, is_idle, timeout_s=10)
+    assert engines_idle(worker.wait_idle())
+    assert httpx.post(f"{worker.url}/v1/chat/completions", json=SHORT_CHAT, timeout=60).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------- realtime sessions
+def test_realtime_session_states_pause_and_resume(worker: ServerProcess) -> None:
+    wait_health(worker, is_idle)
+    with open_session(worker) as ws:
+        active = health(worker)
+        assert active["state"] == "DUPLEX_ACTIVE" and active["active_sessions"] == 1, active
+        assert active["sessions"] == {"http": 0, "realtime": 1, "paused": 0}
+        send(ws, "session.update", session={"turn_detection": {"type": "server_vad", "threshold": 0.05,
+                                                                 "silence_duration_ms": 200}})
+        until(ws, "session.updated")
+        # pausing cancels the running response
+        user_text(ws, LONG_TEXT)
+        send(ws, "response.create")
+        until(ws, "response.audio_transcript.delta", "response.audio.delta")
+        send(ws, "session.pause")
+        events, paused = until(ws, "session.paused")
+        done = [e for e in events if e["type"] == "response.done"]
+        assert len(done) == 1 and done[0]["response"]["status"] == "cancelled", events
+        assert paused["pause_timeout_s"] == 300.0
+        body = health(worker)
+        assert body["state"] == "DUPLEX_PAUSED" and body["sessions"] == {"http": 0, "realtime": 1, "paused": 1}
+        send(ws, "session.pause")  # idempotent
+        assert recv(ws)["type"] == "session.paused"
+        # while paused, loud audio is dropped (the VAD hears nothing) and no response starts
+        send(ws, "input_audio_buffer.append", audio=pcm16_b64(np.concatenate([tone(0.3), np.zeros(12_000)])))
+        send(ws, "conversation.item.create",
+             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]})
+        skipped, created = until(ws, "conversation.item.created", "error")
+        assert created["type"] == "conversation.item.created" and skipped == [], (skipped, created)
+        send(ws, "response.create", event_id="client-create")
+        error = recv(ws)
+        assert error["type"] == "error" and error["error"]["code"] == "session_paused", error
+        assert error["error"]["event_id"] == "client-create"
+        send(ws, "session.resume")
+        assert recv(ws)["type"] == "session.resumed"
+        assert health(worker)["state"] == "DUPLEX_ACTIVE"
+        # after resuming the VAD hears again, and the text item from the pause is answered
+        send(ws, "input_audio_buffer.append", audio=pcm16_b64(tone(0.3)))
+        _, started = until(ws, "input_audio_buffer.speech_started")
+        assert started["type"] == "input_audio_buffer.speech_started"
+        no_vad(ws)
+        send(ws, "response.create")
+        events, done_event = until(ws, "response.done")
+        assert done_event["response"]["status"] == "completed", (done_event, events)
+        assert "".join(e["delta"] for e in events if e["type"] == "response.audio_transcript.delta") == "HELLO"
+    wait_health(worker, is_idle, timeout_s=10)
+    assert engines_idle(worker.wait_idle())
+
+
+def test_a_websocket_beyond_capacity_gets_an_error_and_1013(worker: ServerProcess) -> None:
+    wait_health(worker, is_idle)
+    with open_session(worker) as ws:
+        with connect(ws_url(worker), open_timeout=60) as second:
+            error = recv(second)
+            assert error["type"] == "error" and error["error"]["code"] == "worker_at_capacity", error
+            with pytest.raises(ConnectionClosed) as closed:
+                second.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        # an HTTP request shares the same capacity
+        refused = httpx.post(f"{worker.url}/v1/chat/completions", json=SHORT_CHAT, timeout=60)
+        assert refused.status_code == 429 and refused.json()["error"]["code"] == "worker_at_capacity"
+        body = health(worker)
+        assert body["sessions"] == {"http": 0, "realtime": 1, "paused": 0}, body  # refused ones were not kept
+        no_vad(ws)  # the first session still works
+    wait_health(worker, is_idle, timeout_s=10)
+
+
+def test_a_session_paused_too_long_is_closed(quick_pause_worker: ServerProcess) -> None:
+    server = quick_pause_worker
+    wait_health(server, is_idle)
+    with open_session(server) as ws:
+        # a pause shorter than the timeout changes nothing
+        send(ws, "session.pause")
+        assert recv(ws)["pause_timeout_s"] == 1.0
+        send(ws, "session.resume")
+        assert recv(ws)["type"] == "session.resumed"
+        time.sleep(1.5)
+        no_vad(ws)
+        # a longer one ends the session
+        send(ws, "session.pause")
+        assert recv(ws)["type"] == "session.paused"
+        assert health(server)["state"] == "DUPLEX_PAUSED"
+        error = recv(ws)
+        assert error["type"] == "error" and error["error"]["code"] == "pause_timeout", error
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+    wait_health(server, is_idle, timeout_s=10)
+
+
+# ---------------------------------------------------------------------------------------------- engine failure
+def test_a_worker_whose_engine_fails_stays_up_and_reports_error(tmp_path: Path) -> None:
+    server = ServerProcess("toy", BROKEN_DEPLOY, tmp_path, api_key=None, command_name="worker")
+    try:
+        history = start_recording_health(server, 120)
+        code, body = history[-1]
+        assert code == 503 and body["state"] == "ERROR" and body["status"] == "failed", history
+        assert "thinker" in body["error"] and "not-a-number" in body["error"], body
+        assert set(body) == HEALTH_FIELDS | {"error"} and body["capacity"] == 2
+        time.sleep(1.0)
+        assert server.process.poll() is None, server.log_text()  # still running
+        assert psutil.Process(server.process.pid).children(recursive=True) == []  # no stage left behind
+        assert health(server) == body
+        chat = httpx.post(f"{server.url}/v1/chat/completions", json=SHORT_CHAT, timeout=30)
+        assert chat.status_code == 503 and chat.json()["error"]["code"] == "engine_failed", chat.text
+        with connect(ws_url(server), open_timeout=30) as ws:
+            error = recv(ws)
+            assert error["error"]["code"] == "engine_failed", error
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        assert health(server)["active_sessions"] == 0
+    finally:
+        server.stop()
+    assert server.process.returncode == 0, server.log_text()
+
+
+def test_serve_still_exits_when_its_engine_fails(tmp_path: Path) -> None:
+    server = ServerProcess("toy", BROKEN_DEPLOY, tmp_path, api_key=None)
+    try:
+        assert server.process.wait(timeout=120) == 2
+    finally:
+        server.stop()
+    assert "omnipipe: error: the engine failed to start: " in server.log_path.read_text()
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+@pytest.mark.parametrize(("args", "message"), [
+    (["--capacity", "0"], "omnipipe: error: --capacity: must be >= 1, got 0"),
+    (["--capacity", "-3"], "omnipipe: error: --capacity: must be >= 1, got -3"),
+    (["--port", "0"], "omnipipe: error: --port: must be in 1..65535, got 0"),
+    (["--port", "65536"], "omnipipe: error: --port: must be in 1..65535, got 65536"),
+    (["--pause-timeout-s", "0"], "omnipipe: error: --pause-timeout-s: must be a number > 0, got 0"),
+    (["--pause-timeout-s", "-1.5"], "omnipipe: error: --pause-timeout-s: must be a number > 0, got -1.5"),
+    (["--pause-timeout-s", "inf"], "omnipipe: error: --pause-timeout-s: must be a number > 0, got inf"),
+])
+def test_worker_argument_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "omnipipe.entrypoints.cli", "worker", "--pipeline", "toy", *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert done.stderr.strip().splitlines() == [message], done.stderr
+    assert done.stdout == ""
+
+
+def test_worker_help_lists_its_options() -> None:
+    done = subprocess.run([sys.executable, "-m", "omnipipe.entrypoints.cli", "worker", "--help"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    for option in ("--capacity", "--pause-timeout-s", "--pipeline", "--deploy", "--api-key", "--host", "--port"):
+        assert option in done.stdout
+
+
+def test_worker_health_json_is_valid_for_the_gateway(worker: ServerProcess) -> None:
+    """The reply parses as the gateway's health parser expects: a known state name and an integer capacity."""
+    body = json.loads(httpx.get(f"{worker.url}/health", timeout=10).text)
+    assert WorkerState[body["state"]] in set(WorkerState) - {WorkerState.OFFLINE}
+    assert isinstance(body["capacity"], int) and body["capacity"] == 1
