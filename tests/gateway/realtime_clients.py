@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,3 +77,52 @@ async def ask(client: QueuedClient, question: str, modalities: list[str]) -> Non
         elif event["type"] == "response.done":
             assert event["response"]["status"] == "completed", event
             return
+
+
+async def six_on_two_slots(url: str, first_question: str, question: str, modalities: list[str]) -> list[QueuedClient]:
+    """Six clients join one after the other (so the arrival order is known) while two slots serve them; each
+    served client asks one question and leaves, which lets the next one in."""
+    clients = [QueuedClient(i) for i in range(6)]
+    for client in clients:
+        await join(url, client)
+    await asyncio.gather(*(wait_served(c) for c in clients[:2]))
+    waiting = [asyncio.create_task(wait_served(c)) for c in clients[2:]]
+    for client in clients[:2]:
+        await ask(client, first_question, modalities)
+        await client.ws.close()
+    for task, client in zip(waiting, clients[2:]):
+        await task
+        await ask(client, question, modalities)
+        await client.ws.close()
+    return clients
+
+
+def check_fifo(clients: list[QueuedClient]) -> None:
+    """Positions 1..4 in arrival order for the four that waited, served in that order, each answered."""
+    assert [c.queued["position"] for c in clients] == [0, 0, 1, 2, 3, 4]
+    assert all(c.queued["ticket_id"] for c in clients)
+    assert [c.queued["estimated_wait_s"] > 0 for c in clients] == [False, False, True, True, True, True]
+    served_order = sorted(clients, key=lambda c: c.served_at)
+    assert [c.index for c in served_order] == [0, 1, 2, 3, 4, 5]
+    for client in clients[3:]:  # everyone behind the head saw its place move up
+        positions = [u["position"] for u in client.updates]
+        assert positions and positions == sorted(positions, reverse=True), positions
+        assert positions[-1] < client.queued["position"]
+    assert all(c.answer and c.error is None for c in clients), [(c.answer, c.error) for c in clients]
+
+
+async def kill_one_of_two(url: str, question: str, kill: Callable[[str], None]) -> tuple[QueuedClient, QueuedClient]:
+    """Two sessions on two workers both answering; ``kill(worker_address)`` kills the first one's worker once
+    both answers are under way."""
+    a, b = QueuedClient(0), QueuedClient(1)
+    for client in (a, b):
+        await join(url, client)
+        await wait_served(client)
+    assert a.done["worker"] != b.done["worker"]
+    turns = [asyncio.create_task(ask(c, question, ["text", "audio"])) for c in (a, b)]
+    deadline = time.monotonic() + RECV_TIMEOUT_S
+    while not (a.answer and b.answer) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+    kill(a.done["worker"])
+    await asyncio.gather(*turns)
+    return a, b

@@ -17,7 +17,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.gateway.conftest import GatewayProcess, WorkerProcess, running
-from tests.gateway.realtime_clients import QueuedClient, ask, join, wait_served
+from tests.gateway.realtime_clients import check_fifo, kill_one_of_two, six_on_two_slots
 from tests.server.conftest import TOY_DEPLOY
 
 # the toy thinker copies its prompt, one character per 2 ms step: this answer lasts about 2 s
@@ -54,37 +54,11 @@ def _idle(gateway: GatewayProcess, timeout_s: float = 30) -> None:
 
 # ---------------------------------------------------------------------------------------------- queue
 def test_six_sessions_on_two_slots_get_positions_in_arrival_order_and_are_served_fifo(cluster) -> None:
-    gateway, _ = cluster
+    gateway, workers = cluster
     _idle(gateway)
-
-    async def scenario() -> list[QueuedClient]:
-        clients = [QueuedClient(i) for i in range(6)]
-        for client in clients:  # one after the other, so the arrival order is known
-            await join(gateway.ws_url, client)
-        served = await asyncio.gather(*(wait_served(c) for c in clients[:2]))
-        assert len(served) == 2
-        waiting = [asyncio.create_task(wait_served(c)) for c in clients[2:]]
-        # each served client asks, gets its answer and leaves, which lets the next one in
-        for client in clients[:2]:
-            await ask(client, LONG_QUESTION[:200], ["text"])
-            await client.ws.close()
-        for task, client in zip(waiting, clients[2:]):
-            await task
-            await ask(client, "hello", ["text"])
-            await client.ws.close()
-        return clients
-
-    clients = asyncio.run(scenario())
-    assert [c.queued["position"] for c in clients] == [0, 0, 1, 2, 3, 4]
-    assert all(c.queued["ticket_id"] for c in clients)
-    assert [c.queued["estimated_wait_s"] > 0 for c in clients] == [False, False, True, True, True, True]
-    served_order = sorted(clients, key=lambda c: c.served_at)
-    assert [c.index for c in served_order] == [0, 1, 2, 3, 4, 5]
-    for client in clients[3:]:  # everyone behind the head saw its place move up
-        positions = [u["position"] for u in client.updates]
-        assert positions and positions == sorted(positions, reverse=True) and positions[-1] < client.queued["position"]
-    assert all(c.answer for c in clients), [c.answer for c in clients]
-    assert {c.done["worker"] for c in clients} == {w["address"] for w in gateway.admin("GET", "/workers").json()}
+    clients = asyncio.run(six_on_two_slots(gateway.ws_url, LONG_QUESTION[:200], "hello", ["text"]))
+    check_fifo(clients)
+    assert {c.done["worker"] for c in clients} == {w.address for w in workers}
     _idle(gateway)
 
 
@@ -270,19 +244,11 @@ def test_killing_a_worker_mid_session_fails_only_its_client(cluster) -> None:
     gateway, workers = cluster
     _idle(gateway)
 
-    async def scenario() -> tuple[QueuedClient, QueuedClient, str]:
-        a, b = QueuedClient(0), QueuedClient(1)
-        for client in (a, b):
-            await join(gateway.ws_url, client)
-            await wait_served(client)
-        victim = next(w for w in workers if w.address == a.done["worker"])
-        turns = [asyncio.create_task(ask(c, LONG_QUESTION, ["text", "audio"])) for c in (a, b)]
-        await asyncio.sleep(0.5)  # both answers are under way
-        os.kill(victim.process.pid, signal.SIGKILL)
-        await asyncio.gather(*turns)
-        return a, b, victim.address
+    def kill(address: str) -> None:
+        os.kill(next(w for w in workers if w.address == address).process.pid, signal.SIGKILL)
 
-    a, b, victim = asyncio.run(scenario())
+    a, b = asyncio.run(kill_one_of_two(gateway.ws_url, LONG_QUESTION[:300], kill))
+    victim = a.done["worker"]
     assert a.error is not None and a.error["code"] == "worker_failed", a.error
     assert a.close_code == 1011
     assert b.error is None and b.answer.startswith("WORD0"), (b.error, b.answer[:80])

@@ -1,0 +1,64 @@
+"""The gateway in front of two real default-pipeline workers (capacity 1 each): six realtime sessions queue up
+and are served in arrival order with spoken answers, and killing a worker mid-answer fails only its client."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import GatewayProcess, WorkerProcess, running
+from tests.gateway.realtime_clients import check_fifo, kill_one_of_two, six_on_two_slots
+from tests.server.conftest import DEFAULT_DEPLOY
+
+pytestmark = pytest.mark.models
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayProcess, list[WorkerProcess]]]:
+    workdir = tmp_path_factory.mktemp("gateway-default")
+    workers = [WorkerProcess("default", workdir, capacity=1, deploy=DEFAULT_DEPLOY) for _ in range(2)]
+    gateway = GatewayProcess([w.address for w in workers], workdir)
+    with running(gateway, *workers):
+        for worker in workers:
+            worker.wait_state("IDLE", 600)
+        gateway.wait_ready(60)
+        deadline = time.monotonic() + 30
+        while set(gateway.worker_states().values()) != {"IDLE"} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        yield gateway, workers
+
+
+def test_six_voice_sessions_on_two_workers_are_served_in_arrival_order(cluster) -> None:
+    gateway, workers = cluster
+    clients = asyncio.run(six_on_two_slots(gateway.ws_url, "What is the capital of France?",
+                                           "Name a color.", ["text", "audio"]))
+    check_fifo(clients)
+    assert "paris" in clients[0].answer.lower(), clients[0].answer
+    assert all(c.audio_deltas > 0 for c in clients)
+    assert {c.done["worker"] for c in clients} == {w.address for w in workers}
+    # every session was recorded with its spoken answer
+    recording = httpx.get(f"{gateway.url}/api/sessions/{clients[0].done['session_id']}", timeout=10).json()
+    assert recording["meta"]["type"] == "voice"
+    assert any(f.startswith("ai_audio/") for f in recording["files"]), recording["files"]
+
+
+def test_killing_a_worker_mid_answer_fails_only_its_client(cluster) -> None:
+    gateway, workers = cluster
+
+    def kill(address: str) -> None:
+        os.kill(next(w for w in workers if w.address == address).process.pid, signal.SIGKILL)
+
+    a, b = asyncio.run(kill_one_of_two(gateway.ws_url, "Tell me about the history of Rome.", kill))
+    assert a.error is not None and a.error["code"] == "worker_failed", a.error
+    assert a.close_code == 1011
+    assert b.error is None and b.answer and b.audio_deltas > 0, (b.error, b.answer)
+    deadline = time.monotonic() + 20
+    while gateway.worker_states()[a.done["worker"]] != "OFFLINE" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gateway.worker_states()[a.done["worker"]] == "OFFLINE"
