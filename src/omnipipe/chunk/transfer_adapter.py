@@ -181,8 +181,10 @@ class ChunkTransferAdapter:
 
     def close(self) -> None:
         self._save_queue.put(None)
+        receiving = any(t.name.endswith("-chunk-recv") and t.is_alive() for t in self._threads)
         try:
-            self._stop_push.send(b"", zmq.NOBLOCK)
+            if receiving:
+                self._stop_push.send(b"", zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # the recv thread then ends with the process (it is a daemon)
             logger.warning("stage %s: could not signal the chunk recv loop to stop: %s", self.stage, exc)
         for thread in self._threads:

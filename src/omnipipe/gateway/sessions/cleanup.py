@@ -108,7 +108,7 @@ def cleanup_sessions(store: SessionStore, *, retention_days: float | None, max_s
         limit = max_storage_gb * BYTES_PER_GB
         total = sum(s.size_bytes for s in remaining)
         deleted_by_size: set[str] = set()
-        for summary in remaining:
+        for summary in reversed(remaining):
             if total <= limit:
                 break
             if summary.session_id not in protect and delete(summary):

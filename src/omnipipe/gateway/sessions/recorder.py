@@ -42,7 +42,7 @@ from omnipipe.gateway.sessions.store import (
     REPLAY_FILENAME,
     SessionStore,
     atomic_write_bytes,
-    )
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,10 @@ _IMAGE_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
     "image/gif": lambda data: data[:6] in (b"GIF87a", b"GIF89a"),
     "image/webp": lambda data: data[:4] == b"RIFF" and data[8:12] == b"WEBP",
 }
-_EXTENSION_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789")
+AUDIO_FILE_EXTENSIONS = frozenset({"wav", "mp3", "flac", "ogg", "oga", "opus", "m4a", "mp4", "aac", "webm", "weba",
+                                   "aif", "aiff", "amr", "3gp", "wma", "caf", "mka"})
+"""Extensions audio kept as sent may have; any other becomes ``bin``, so the gateway never serves a recorded
+file under a type a browser would run (``.html``, ``.svg``, ...)."""
 
 
 class RecordingWriter:
@@ -155,9 +158,9 @@ def _check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
     return value
 
 
-def _extension(value: str) -> str:
+def _audio_extension(value: str) -> str:
     extension = value.lower().lstrip(".")
-    return extension if 0 < len(extension) <= 10 and set(extension) <= _EXTENSION_CHARS else "bin"
+    return extension if extension in AUDIO_FILE_EXTENSIONS else "bin"
 
 
 def _json_default(value: Any) -> Any:
@@ -288,13 +291,14 @@ class SessionRecorder:
         """Save an audio file the user sent (``extension``: its format, e.g. ``mp3``) like ``user_audio``.
 
         It is decoded on the writer (not on the caller's thread) and saved as WAV; if it cannot be decoded, the
-        bytes are kept as ``...{NNN}.{extension}`` and the entry gets ``size_bytes`` and ``decode_error``.
+        bytes are kept as ``...{NNN}.{extension}`` (``.bin`` unless ``extension`` is in ``AUDIO_FILE_EXTENSIONS``)
+        and the entry gets ``size_bytes`` and ``decode_error``.
         """
         with self._lock:
             turn = self._open_turn()
             relpath, first = self._user_audio_name(turn, "wav")
             entry = {"path": relpath, "t_start": self._start_time(t_start)}
-            self._submit(self._decode_and_save, entry, bytes(data), _extension(extension))
+            self._submit(self._decode_and_save, entry, bytes(data), _audio_extension(extension))
             self._add_user_clip(turn, entry, first)
 
     def user_image(self, data: bytes, mime: str, *, max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> str:
@@ -351,14 +355,17 @@ class SessionRecorder:
             turn = self._open_turn()
             entry = {"path": self._ai_audio_name(turn, "wav"), "t_start": self._start_time(t_start)}
             turn["ai_audio"].append(entry)
-            self._submit(self._decode_and_save, entry, bytes(data), _extension(extension))
+            self._submit(self._decode_and_save, entry, bytes(data), _audio_extension(extension))
             self._write_recording_soon()
 
     def ai_audio_file(self, data: bytes, extension: str, *, t_start: float | None = None) -> str:
-        """Save an encoded answer (e.g. mp3 or opus) byte for byte in ``ai_audio/``; return its relative path."""
+        """Save an encoded answer (e.g. mp3 or opus) byte for byte in ``ai_audio/``; return its relative path.
+
+        ``extension`` outside ``AUDIO_FILE_EXTENSIONS`` becomes ``bin``.
+        """
         with self._lock:
             turn = self._open_turn()
-            relpath = self._ai_audio_name(turn, _extension(extension))
+            relpath = self._ai_audio_name(turn, _audio_extension(extension))
             turn["ai_audio"].append({"path": relpath, "t_start": self._start_time(t_start), "size_bytes": len(data)})
             self._submit(self._write_bytes, relpath, bytes(data))
             self._write_recording_soon()
@@ -383,11 +390,12 @@ class SessionRecorder:
     def metric(self, name: str, value: Any) -> None:
         """Set a metric (``ttft_ms``, ``ttfp_ms``, ...) of the current turn, or of the last one between turns."""
         with self._lock:
-            turn = self._turn or next((t for t in reversed(self._recording["turns"]) if isinstance(t, dict)), None)
+            turns = self._recording["turns"]
+            turn = self._turn or (turns[-1] if turns else None)
             if turn is None:
                 logger.debug("session %s: metric %s before any turn; ignored", self.session_id, name)
                 return
-            turn.setdefault("metrics", {})[name] = value
+            turn["metrics"][name] = value
             self._write_recording_soon()
 
     def event(self, kind: str, **fields: Any) -> None:
@@ -436,13 +444,9 @@ class SessionRecorder:
         user: list[tuple[float, str]] = []
         ai: list[tuple[float, str]] = []
         for turn in self._recording["turns"]:
-            if not isinstance(turn, dict):
-                continue
-            for entry in [turn.get("user_audio"), *turn.get("user_audio_extra", [])]:
-                if isinstance(entry, dict):
-                    user.append((entry.get("t_start", 0.0), entry.get("path", "")))
-            ai.extend((e.get("t_start", 0.0), e.get("path", "")) for e in turn.get("ai_audio", [])
-                      if isinstance(e, dict))
+            first_user_clip = [turn["user_audio"]] if turn["user_audio"] is not None else []
+            user.extend((entry["t_start"], entry["path"]) for entry in first_user_clip + turn["user_audio_extra"])
+            ai.extend((entry["t_start"], entry["path"]) for entry in turn["ai_audio"])
         return user, ai
 
     # ------------------------------------------------------------------ writing (jobs run on the writer)
@@ -450,25 +454,26 @@ class SessionRecorder:
         self._writer.submit(fn, *args, lane=self._lane)
 
     def _write_recording_soon(self, *, immediately: bool = False) -> None:
-        """Queue a rewrite of ``recording.json``, at most every ``RECORDING_WRITE_INTERVAL_S`` unless
-        ``immediately``. The job serializes the state current when it runs, so queued changes coalesce."""
+        """Queue a rewrite of ``recording.json``: now if ``immediately``, else at most every
+        ``RECORDING_WRITE_INTERVAL_S`` (timed on the running event loop; without one, now).
+
+        The job serializes the state current when it runs, so changes made while it waits coalesce into it.
+        """
         with self._lock:
-            if self._recording_timer is not None:
-                if not immediately:
-                    return
-                self._recording_timer.cancel()
-                self._recording_timer = None
             if self._recording_write_queued:
                 return
-            delay = self._last_recording_write + RECORDING_WRITE_INTERVAL_S - time.monotonic()
-            if not immediately and delay > 0:
-                try:
-                    loop = asyncio.get_running_loop()
-                except RuntimeError:
-                    pass  # no event loop on this thread to wait with: write now
-                else:
-                    self._recording_timer = loop.call_later(delay, self._write_recording_after_delay)
+            if not immediately:
+                if self._recording_timer is not None:
                     return
+                delay = self._last_recording_write + RECORDING_WRITE_INTERVAL_S - time.monotonic()
+                if delay > 0:
+                    try:
+                        loop = asyncio.get_running_loop()
+                    except RuntimeError:
+                        pass  # no event loop on this thread to wait with: write now
+                    else:
+                        self._recording_timer = loop.call_later(delay, self._write_recording_after_delay)
+                        return
             self._recording_write_queued = True
             self._submit(self._write_recording)
 

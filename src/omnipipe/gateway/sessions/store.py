@@ -16,7 +16,7 @@ import shutil
 import stat
 import time
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -65,12 +65,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
-def atomic_write_json(path: Path, payload: Any) -> None:
-    """``atomic_write_bytes`` of ``payload`` as indented UTF-8 JSON."""
-    atomic_write_bytes(path, json.dumps(payload, indent=2, ensure_ascii=False).encode())
-
-
-def read_json_object(path: Path) -> tuple[dict[str, Any], str | None]:
+def _read_json_object(path: Path) -> tuple[dict[str, Any], str | None]:
     """``(object, None)`` for a readable JSON object file, ``({}, None)`` if it is missing, else ``({}, error)``."""
     try:
         text = path.read_bytes()
@@ -90,8 +85,7 @@ def read_json_object(path: Path) -> tuple[dict[str, Any], str | None]:
 def _regular_files(directory: Path) -> list[tuple[str, int]]:
     """``(relative posix path, size)`` of every regular file below ``directory``; symlinks are not followed."""
     found: list[tuple[str, int]] = []
-    for current, dirnames, filenames in os.walk(directory, followlinks=False):
-        dirnames.sort()
+    for current, _, filenames in os.walk(directory, followlinks=False):
         for name in filenames:
             if name.endswith(TEMP_SUFFIX):
                 continue
@@ -125,10 +119,6 @@ class SessionSummary:
     status: str
     size_bytes: int
     path: Path
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields (``path`` as a string)."""
-        return {**asdict(self), "path": str(self.path)}
 
 
 class SessionStore:
@@ -198,7 +188,7 @@ class SessionStore:
         errors: list[str] = []
         documents: dict[str, dict[str, Any]] = {}
         for key, filename in (("meta", META_FILENAME), ("recording", RECORDING_FILENAME)):
-            documents[key], error = read_json_object(directory / filename)
+            documents[key], error = _read_json_object(directory / filename)
             if error:
                 errors.append(error)
         files = _regular_files(directory)
@@ -221,7 +211,7 @@ class SessionStore:
         return summaries
 
     def _summary(self, directory: Path) -> SessionSummary | None:
-        meta, _ = read_json_object(directory / META_FILENAME)
+        meta, _ = _read_json_object(directory / META_FILENAME)
         try:
             mtime = directory.stat().st_mtime
         except OSError:
@@ -240,12 +230,16 @@ class SessionStore:
         )
 
     def zip_session(self, session_id: str, dest: Path | str) -> Path:
-        """Write a zip of the session's regular files to ``dest`` (entries ``{session_id}/{relpath}``)."""
+        """Write a zip of the session's regular files to ``dest`` (entries ``{session_id}/{relpath}``).
+
+        JSON is compressed; audio and images, which barely shrink, are stored as they are.
+        """
         directory = self.session_dir(session_id)
         dest = Path(dest)
-        with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        with zipfile.ZipFile(dest, "w") as archive:
             for relpath, _ in _regular_files(directory):
-                archive.write(directory / relpath, f"{session_id}/{relpath}")
+                compression = zipfile.ZIP_DEFLATED if relpath.endswith(".json") else zipfile.ZIP_STORED
+                archive.write(directory / relpath, f"{session_id}/{relpath}", compress_type=compression)
         return dest
 
     def delete_session(self, session_id: str) -> None:

@@ -44,9 +44,10 @@ def _never_raises(method: _Method) -> _Method:
     def guarded(self: _Tap, *args: Any, **kwargs: Any) -> None:
         try:
             method(self, *args, **kwargs)
-        except Exception:  # noqa: BLE001 - odd traffic is left out of the recording, never raised
-            logger.warning("session %s: %s.%s could not record its input", self.recorder.session_id,
-                           type(self).__name__, method.__name__, exc_info=True)
+        except Exception as exc:  # noqa: BLE001 - odd traffic is left out of the recording, never raised
+            logger.warning("session %s: %s.%s could not record its input (%s: %s)", self.recorder.session_id,
+                           type(self).__name__, method.__name__, type(exc).__name__, exc)
+            logger.debug("traceback of the recording failure above", exc_info=True)
 
     return guarded  # type: ignore[return-value]
 
@@ -116,7 +117,7 @@ class _Tap:
             self.recorder.metric("ttft_ms", self._ms_since_response_start())
         self.recorder.assistant_text(text)
 
-    def _first_audio(self) -> None:
+    def _note_first_audio(self) -> None:
         if not self._first_audio_seen:
             self._first_audio_seen = True
             self.recorder.metric("ttfp_ms", self._ms_since_response_start())
@@ -236,7 +237,7 @@ class ChatTap(_HttpTap):
         if audio.get("data"):
             samples = _pcm16(_b64decode(audio["data"]))
             if samples.size:
-                self._first_audio()
+                self._note_first_audio()
                 self.recorder.ai_audio(samples, PCM16_RATE_HZ)
         if choice.get("finish_reason"):
             self.recorder.metric("finish_reason", _clipped(choice["finish_reason"]))
@@ -257,7 +258,7 @@ class ChatTap(_HttpTap):
         self._answer_text(text)
         if audio.get("data"):
             data = _b64decode(audio["data"])
-            self._first_audio()
+            self._note_first_audio()
             if self._audio_format == "pcm16":
                 self.recorder.ai_audio(_pcm16(data), PCM16_RATE_HZ)
             else:
@@ -303,7 +304,7 @@ class SpeechTap(_HttpTap):
             return
         if not self._body:
             self._first_byte_at = self.recorder.elapsed()
-            self._first_audio()
+            self._note_first_audio()
         if len(self._body) + len(chunk) > MAX_BUFFERED_AUDIO_BYTES:
             if not self._overflow_logged:
                 self._overflow_logged = True
@@ -371,15 +372,6 @@ class TranscriptionTap(_HttpTap):
     @_never_raises
     def on_response_text(self, text: str) -> None:
         """The transcript."""
-        self._answer_text(text)
-
-    @_never_raises
-    def on_response_body(self, body: bytes, content_type: str) -> None:
-        """The transcript from a response body: JSON (``json``/``verbose_json``: its ``text``) or plain text."""
-        if _media_type(content_type) == "application/json":
-            text = json.loads(body).get("text")
-        else:
-            text = body.decode("utf-8", "replace")
         self._answer_text(text)
 
 
@@ -546,7 +538,7 @@ class RealtimeTap(_Tap):
 
     def _answer_audio(self, samples: np.ndarray) -> None:
         if samples.size:
-            self._first_audio()
+            self._note_first_audio()
             self.recorder.ai_audio(samples, PCM16_RATE_HZ)
 
     def _response_done(self, response: dict[str, Any]) -> None:

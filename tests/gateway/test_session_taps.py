@@ -1,0 +1,303 @@
+"""Taps: chat (streamed and whole), speech and transcription traffic become recordings; odd input never raises."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from omnipipe.entrypoints.openai.audio_stream import streaming_wav_header
+from omnipipe.gateway.sessions.recorder import RecordingWriter, SessionRecorder
+from omnipipe.gateway.sessions.replay import encode_wav, read_wav
+from omnipipe.gateway.sessions.store import SessionStore
+from omnipipe.gateway.sessions.taps import ChatTap, RealtimeTap, SpeechTap, TranscriptionTap
+
+RATE = 24_000
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def at(self, seconds: float) -> None:
+        self.now = 1000.0 + seconds
+
+
+def tone(seconds: float, rate: int = RATE, freq: float = 440.0) -> np.ndarray:
+    return (0.5 * np.sin(2 * np.pi * freq * np.arange(round(seconds * rate)) / rate)).astype(np.float32)
+
+
+def pcm16(samples: np.ndarray) -> bytes:
+    return np.round(samples * 32767).astype("<i2").tobytes()
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@pytest.fixture
+def writer() -> Iterator[RecordingWriter]:
+    writer = RecordingWriter()
+    yield writer
+    writer.close()
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SessionStore:
+    return SessionStore(tmp_path / "data")
+
+
+def recorder_for(store: SessionStore, writer: RecordingWriter, clock: FakeClock, kind: str) -> SessionRecorder:
+    return SessionRecorder(store, f"20260101-000000_{kind}_0123456789", kind, writer=writer, clock=clock)
+
+
+def finished(recorder: SessionRecorder, writer: RecordingWriter) -> tuple[Path, dict[str, Any]]:
+    """Finish the recording; return its directory and recording.json."""
+    recorder.finish()
+    assert writer.flush(timeout=10)
+    return recorder.directory, json.loads((recorder.directory / "recording.json").read_text())
+
+
+def duration(path: Path) -> float:
+    samples, rate = read_wav(path)
+    return samples.size / rate
+
+
+def sse_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
+    return json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+
+
+def chat_request(**extra: Any) -> dict[str, Any]:
+    return {"model": "default", "modalities": ["text", "audio"], "messages": [
+        {"role": "user", "content": "an older question"},
+        {"role": "assistant", "content": "an older answer"},
+        {"role": "user", "content": [
+            {"type": "text", "text": "What is"},
+            {"type": "input_audio", "input_audio": {"data": b64(encode_wav(tone(0.75, 16_000), 16_000)),
+                                                    "format": "wav"}},
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(PNG)}"}},
+            {"type": "text", "text": " this? "},
+        ]}], **extra}
+
+
+def test_chat_stream(store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    tap = ChatTap(recorder)
+    clock.at(1.0)
+    tap.on_request(chat_request(stream=True, audio={"voice": "default", "format": "pcm16"},
+                                stream_options={"include_usage": True}))
+    clock.at(1.25)
+    tap.on_sse_data(sse_chunk({"role": "assistant", "content": ""}))
+    tap.on_sse_data(sse_chunk({"content": "A ", "audio": {"id": "audio_1", "transcript": "A "}}))
+    clock.at(1.5)
+    for piece in np.array_split(tone(1.2), 4):
+        tap.on_sse_data(sse_chunk({"audio": {"id": "audio_1", "data": b64(pcm16(piece))}}))
+    tap.on_sse_data(sse_chunk({"content": "tone.", "audio": {"id": "audio_1", "transcript": "tone."}}))
+    tap.on_sse_data(sse_chunk({"audio": {"id": "audio_1", "expires_at": 99}}, finish_reason="stop"))
+    tap.on_sse_data(json.dumps({"id": "chatcmpl-1", "choices": [], "usage": {"completion_tokens": 3}}))
+    tap.on_sse_data("[DONE]")
+    tap.end("completed")
+    tap.end("failed")  # a second end changes nothing
+    directory, recording = finished(recorder, writer)
+
+    (turn,) = recording["turns"]
+    assert turn["status"] == "completed" and turn["started_at"] == 1.0
+    assert turn["user_text"] == "What is this?"
+    assert turn["assistant_text"] == "A tone."
+    assert turn["metrics"] == {"ttft_ms": 250.0, "ttfp_ms": 500.0, "finish_reason": "stop",
+                               "usage": {"completion_tokens": 3}}
+    assert turn["user_audio"] == {"path": "user_audio/turn001.wav", "t_start": 1.0, "duration_s": 0.75,
+                                  "sample_rate": 16_000}
+    assert duration(directory / "user_audio/turn001.wav") == pytest.approx(0.75)
+    assert turn["user_images"][0]["path"] == "user_images/turn001_1.png"
+    assert (directory / "user_images/turn001_1.png").read_bytes() == PNG
+    assert turn["ai_audio"] == [{"path": "ai_audio/turn001.wav", "t_start": 1.5, "duration_s": 1.2,
+                                 "sample_rate": RATE}]
+    assert np.allclose(read_wav(directory / "ai_audio/turn001.wav")[0], tone(1.2), atol=1e-3)
+    request_event = next(e for e in recording["events"] if e["kind"] == "chat.request")
+    assert request_event["stream"] is True and request_event["audio"]["format"] == "pcm16"
+    assert (directory / "merged_replay.wav").is_file()
+
+
+@pytest.mark.parametrize("audio_format", ["wav", "pcm16", "flac"])
+def test_chat_json_response(store: SessionStore, writer: RecordingWriter, clock: FakeClock,
+                            audio_format: str) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    tap = ChatTap(recorder)
+    tap.on_request({"model": "default", "modalities": ["text", "audio"], "audio": {"format": audio_format},
+                    "messages": [{"role": "user", "content": "Say hi"}]})
+    clock.at(2.0)
+    answer = tone(0.5, 22_050)
+    if audio_format == "pcm16":
+        data = pcm16(tone(0.5))
+    elif audio_format == "wav":
+        data = encode_wav(answer, 22_050)
+    else:
+        import soundfile
+
+        path = Path(recorder.directory.parent.parent / "answer.flac")
+        soundfile.write(path, answer, 22_050, format="FLAC")
+        data = path.read_bytes()
+    tap.on_json_response({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "Hi!", "audio": {
+            "id": "audio_1", "data": b64(data), "transcript": "Hi!", "expires_at": 1}}}],
+        "usage": {"completion_tokens": 2}})
+    tap.end("completed")
+    directory, recording = finished(recorder, writer)
+    (turn,) = recording["turns"]
+    assert (turn["user_text"], turn["assistant_text"], turn["status"]) == ("Say hi", "Hi!", "completed")
+    assert turn["metrics"]["ttft_ms"] == 2000.0 and turn["metrics"]["ttfp_ms"] == 2000.0
+    (clip,) = turn["ai_audio"]
+    assert clip["path"] == "ai_audio/turn001.wav" and clip["t_start"] == 2.0 and clip["duration_s"] == 0.5
+    assert clip["sample_rate"] == (RATE if audio_format == "pcm16" else 22_050)
+    assert duration(directory / "ai_audio/turn001.wav") == pytest.approx(0.5)
+
+
+def test_chat_turns_errors_and_undecodable_audio(store: SessionStore, writer: RecordingWriter,
+                                                 clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    tap = ChatTap(recorder)
+    tap.on_request({"messages": [{"role": "user", "content": [
+        {"type": "input_audio", "input_audio": {"data": b64(b"not audio at all"), "format": "mp3"}},
+        {"type": "input_audio", "input_audio": {"data": "%%% not base64", "format": "wav"}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+        {"type": "image_url", "image_url": {"url": f"data:image/svg+xml;base64,{b64(b'<svg/>')}"}},
+        {"type": "text", "text": "still recorded"}]}]})
+    tap.on_error(500, "the engine failed")
+    tap.end("completed")
+    tap2 = ChatTap(recorder)
+    tap2.on_request({"stream": True, "messages": [{"role": "user", "content": "second"}]})
+    tap2.on_sse_data(sse_chunk({"content": "par"}))
+    tap2.on_sse_data(json.dumps({"error": {"type": "server_error", "code": "engine_error", "message": "died"}}))
+    tap2.end("completed")
+    directory, recording = finished(recorder, writer)
+    first, second = recording["turns"]
+    assert first["status"] == "failed" and first["error"] == "HTTP 500: the engine failed"
+    assert first["user_text"] == "still recorded" and first["user_images"] == []
+    assert first["user_audio"]["path"] == "user_audio/turn001.mp3" and "decode_error" in first["user_audio"]
+    assert (directory / "user_audio/turn001.mp3").read_bytes() == b"not audio at all"
+    assert any(e["kind"] == "image_url" and e["url"] == "https://example.com/cat.png" for e in recording["events"])
+    assert second["index"] == 2 and second["status"] == "failed" and second["error"] == "died"
+    assert second["assistant_text"] == "par"
+
+
+@pytest.mark.parametrize(("content_type", "make_body", "expected"), [
+    ("audio/pcm", lambda: pcm16(tone(0.8)), ("ai_audio/turn001.wav", RATE)),
+    ("audio/wav", lambda: streaming_wav_header(22_050) + pcm16(tone(0.8, 22_050)), ("ai_audio/turn001.wav", 22_050)),
+    ("audio/mpeg", lambda: b"ID3 pretend mp3 bytes" * 100, ("ai_audio/turn001.mp3", None)),
+])
+def test_speech(store: SessionStore, writer: RecordingWriter, clock: FakeClock, content_type: str,
+                make_body: Any, expected: tuple[str, int | None]) -> None:
+    recorder = recorder_for(store, writer, clock, "speech")
+    tap = SpeechTap(recorder)
+    tap.on_request({"model": "default", "input": "Read this aloud.", "voice": "default",
+                    "response_format": {"audio/pcm": "pcm", "audio/wav": "wav"}.get(content_type, "mp3")})
+    clock.at(0.5)
+    body = make_body()
+    for start in range(0, len(body), 1000):
+        tap.on_audio_bytes(body[start:start + 1000], content_type)
+    tap.end("completed")
+    directory, recording = finished(recorder, writer)
+    (turn,) = recording["turns"]
+    assert turn["user_text"] == "Read this aloud." and turn["status"] == "completed"
+    assert turn["metrics"] == {"ttfp_ms": 500.0}
+    (clip,) = turn["ai_audio"]
+    relpath, rate = expected
+    assert clip["path"] == relpath and clip["t_start"] == 0.5
+    if rate is None:
+        assert (directory / relpath).read_bytes() == body and clip["size_bytes"] == len(body)
+    else:
+        assert clip["sample_rate"] == rate and clip["duration_s"] == 0.8
+        assert duration(directory / relpath) == pytest.approx(0.8)
+    event = next(e for e in recording["events"] if e["kind"] == "speech.request")
+    assert event["voice"] == "default"
+
+
+def test_speech_sse(store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "speech")
+    tap = SpeechTap(recorder)
+    tap.on_request({"input": "Hi", "response_format": "pcm", "stream_format": "sse"})
+    audio = pcm16(tone(0.6))
+    stream = "".join(f"data: {json.dumps({'type': 'speech.audio.delta', 'audio': b64(audio[i:i + 4800])})}\n\n"
+                     for i in range(0, len(audio), 4800))
+    stream += 'data: {"type": "speech.audio.done"}\n\n'
+    encoded = stream.encode()
+    for start in range(0, len(encoded), 777):  # pieces that split events
+        tap.on_audio_bytes(encoded[start:start + 777], "text/event-stream; charset=utf-8")
+    tap.end("completed")
+    directory, recording = finished(recorder, writer)
+    assert recording["turns"][0]["ai_audio"][0]["duration_s"] == 0.6
+    assert duration(directory / "ai_audio/turn001.wav") == pytest.approx(0.6)
+
+
+def test_transcription(store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "transcription")
+    tap = TranscriptionTap(recorder)
+    tap.on_request(encode_wav(tone(1.5, 16_000), 16_000), "question.wav")
+    clock.at(0.3)
+    tap.on_response_text("hello world")
+    tap.end("completed")
+    other = TranscriptionTap(recorder)
+    other.on_request(b"\x00\x01 not audio", "../../etc/voice memo.m4a")
+    other.on_response_text("")
+    other.end("completed")
+    hostile = TranscriptionTap(recorder)
+    hostile.on_request(b"<script>alert(1)</script>", "page.html")  # never served back as HTML
+    hostile.end("completed")
+    directory, recording = finished(recorder, writer)
+    first, second, _ = recording["turns"]
+    assert first["assistant_text"] == "hello world" and first["metrics"]["ttft_ms"] == 300.0
+    assert first["user_audio"]["duration_s"] == 1.5
+    assert duration(directory / "user_audio/turn001.wav") == pytest.approx(1.5)
+    assert second["user_audio"]["path"] == "user_audio/turn002.m4a"
+    assert (directory / "user_audio/turn002.m4a").read_bytes() == b"\x00\x01 not audio"
+    assert recording["turns"][2]["user_audio"]["path"] == "user_audio/turn003.bin"
+    assert sorted(p.name for p in (directory / "user_audio").iterdir()) == ["turn001.wav", "turn002.m4a",
+                                                                            "turn003.bin"]
+
+
+def test_taps_never_raise_on_odd_input(store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "voice")
+    realtime = RealtimeTap(recorder)
+    for frame in ["{", "[1, 2]", "null", '{"type": 5}', '{"type": "input_audio_buffer.append", "audio": "@@"}',
+                  '{"type": "input_audio_buffer.append"}', '{"type": "conversation.item.create", "item": "x"}',
+                  '{"type": "conversation.item.create", "item": {"content": [1, {"type": "input_text"}]}}']:
+        realtime.on_client_event(frame)
+    for frame in ["", '{"type": "response.audio.delta", "delta": 12}', '{"type": "response.done", "response": 3}',
+                  '{"type": "response.text.delta", "delta": null}', '{"type": "error", "error": "plain"}']:
+        realtime.on_server_event(frame)
+    realtime.close("no such status")
+    realtime.on_server_event('{"type": "response.created"}')  # after close: ignored
+    chat = ChatTap(recorder_for(store, writer, clock, "chat"))
+    chat.on_request({"messages": 5})
+    chat.on_request({"messages": [{"role": "user", "content": [None, {"type": "input_audio"}]}]})
+    for data in ["not json", '{"choices": "x"}', '{"choices": [{"delta": {"audio": {"data": 5}}}]}', "[]"]:
+        chat.on_sse_data(data)
+    chat.on_json_response({"choices": [{"message": {"audio": {"data": "!!"}}}]})
+    chat.end("weird")
+    speech = SpeechTap(recorder_for(store, writer, clock, "speech"))
+    speech.on_audio_bytes(b"before any request", "audio/pcm")
+    speech.on_request({"input": 3})
+    speech.on_audio_bytes(b"data: {oops\n\n", "text/event-stream")
+    speech.end()
+    transcription = TranscriptionTap(recorder_for(store, writer, clock, "transcription"))
+    transcription.on_request(None, None)  # type: ignore[arg-type]
+    transcription.on_response_text(None)  # type: ignore[arg-type]
+    assert writer.flush(timeout=10)
+    assert writer.errors == 0
+    assert recorder.finished and json.loads((recorder.directory / "meta.json").read_text())["status"] == "failed"
