@@ -55,6 +55,8 @@ def test_a_legitimate_session_file_and_asset_are_served(gateway: GatewayProcess)
     status, body = raw_get(gateway, f"/api/sessions/{SESSION}")
     assert status == 200 and json.loads(body)["meta"]["type"] == "chat"
     assert raw_get(gateway, "/static/css/omnipipe.css")[0] == 200
+    served = httpx.get(f"{gateway.url}/api/sessions/{SESSION}/files/ai_audio/turn001.wav", timeout=10)
+    assert served.headers["x-content-type-options"] == "nosniff"
 
 
 ASSET_ATTACKS = [

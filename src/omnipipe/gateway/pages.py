@@ -19,6 +19,7 @@ from omnipipe.gateway.sessions.store import InvalidSessionPath, validate_session
 
 STATIC_DIR = Path(__file__).parent / "static"
 PAGES = {"/": "index.html", "/chat": "chat.html", "/voice": "voice.html", "/admin": "admin.html"}
+NOSNIFF = {"X-Content-Type-Options": "nosniff"}  # a recorded upload is never sniffed into HTML or script
 router = APIRouter()
 
 
@@ -44,7 +45,7 @@ for _route, _name in PAGES.items():
 
 @router.get("/static/{relpath:path}", include_in_schema=False)
 async def asset(relpath: str) -> FileResponse:
-    return FileResponse(static_file(relpath), headers={"Cache-Control": "no-cache"})
+    return FileResponse(static_file(relpath), headers={"Cache-Control": "no-cache", **NOSNIFF})
 
 
 def _session_id(session_id: str) -> str:
@@ -86,7 +87,7 @@ async def session_file(session_id: str, relpath: str, request: Request) -> FileR
     except FileNotFoundError:
         raise APIError(404, f"path: no file {relpath!r} in session {session_id!r}", param="path",
                        code="not_found") from None
-    return FileResponse(path)
+    return FileResponse(path, headers=NOSNIFF)
 
 
 @router.get("/api/sessions/{session_id}/download")
