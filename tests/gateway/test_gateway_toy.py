@@ -193,6 +193,31 @@ def test_leaving_or_cancelling_a_queued_place_frees_it(cluster) -> None:
     _idle(gateway)
 
 
+def test_events_sent_while_queued_are_forwarded_in_order_once_served(cluster) -> None:
+    gateway, _ = cluster
+    _idle(gateway)
+    held = _hold_both_workers(gateway)
+    with connect(gateway.ws_url, max_size=None, open_timeout=30) as ws:
+        assert json.loads(ws.recv(timeout=30))["position"] == 1
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "held"}]}}))
+        ws.send(json.dumps({"type": "response.create", "response": {"modalities": ["text"]}}))
+        held.pop().close()
+        types, text = [], ""
+        while True:
+            event = json.loads(ws.recv(timeout=60))
+            types.append(event["type"])
+            if event["type"] == "response.text.delta":
+                text += event["delta"]
+            if event["type"] in ("response.done", "error"):
+                break
+        assert types[:3] == ["queue_done", "session.created", "conversation.item.created"], types
+        assert types[-1] == "response.done" and text == "HELD"
+    for other in held:
+        other.close()
+    _idle(gateway)
+
+
 # ---------------------------------------------------------------------------------------------- admin
 ADMIN_ROUTES = [("GET", "/workers"), ("GET", "/queue"), ("DELETE", "/queue/abc"), ("GET", "/sessions"),
                 ("GET", "/recordings"), ("GET", "/eta"), ("PUT", "/eta"), ("GET", "/apps"), ("PUT", "/apps"),
@@ -260,3 +285,4 @@ def test_killing_a_worker_mid_session_fails_only_its_client(cluster) -> None:
     response = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60,
                           json={"model": "toy", "messages": [{"role": "user", "content": "still here"}]})
     assert response.status_code == 200 and response.headers["x-omnipipe-worker"] != victim
+

@@ -131,7 +131,8 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
         workers = {w.address: w.state.name for w in pool.workers}
         serving = any(w.accepts_work for w in pool.workers)
         return JSONResponse({"status": "ok" if serving else "no_worker", "workers": workers,
-                             "queue_length": pool.queue_length, "capacity": pool.total_capacity})
+                             "queue_length": pool.queue_length, "capacity": pool.total_capacity},
+                            status_code=200 if serving else 503)
 
     return app
 

@@ -152,8 +152,10 @@ class RealtimeProxy:
             while not waiter.done():
                 changed.clear()
                 change = asyncio.ensure_future(changed.wait())
-                await asyncio.wait({waiter, change}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                gone = asyncio.ensure_future(inbox.gone.wait())
+                await asyncio.wait({waiter, change, gone}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                 change.cancel()
+                gone.cancel()
                 if waiter.done():
                     break
                 if inbox.gone.is_set():

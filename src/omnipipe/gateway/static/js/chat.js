@@ -1,0 +1,410 @@
+// Chat page: streamed chat completions with optional spoken answers.
+//
+// One turn: POST /v1/chat/completions with stream=true and "X-Omnipipe-Queue-Events: 1", read the SSE stream
+// (queue events first, then the completion chunks), put text deltas into the conversation, play audio deltas
+// (base64 pcm16, 24 kHz) as they arrive. The gateway's X-Omnipipe-Session-Id header names the recording; it is
+// sent back on later turns so the whole conversation lands in one recording.
+
+import { apiErrorFrom, ApiError, defaultModel, describeError, fetchJSON } from "./api.js";
+import { base64ToBytes, blobToDataURL, bytesToBase64 } from "./base64.js";
+import { $, formatSeconds, formatWait, h } from "./dom.js";
+import { MicCapture } from "./mic.js";
+import { PcmPlayer } from "./pcm-player.js";
+import { readSSE } from "./sse.js";
+import { concatBytes, concatFloat32, encodeWav, fileToWav, wavFromPcm16 } from "./wav.js";
+
+const RATE = 24000;
+const MAX_RECORDING_S = 120;
+const SPEAK_KEY = "omnipipe.chat.speak";
+
+const els = {
+  log: $("#log"),
+  placeholder: $("#placeholder"),
+  form: $("#composer"),
+  prompt: $("#prompt"),
+  attachments: $("#attachments"),
+  record: $("#record"),
+  attachAudio: $("#attach-audio"),
+  audioFile: $("#audio-file"),
+  attachImage: $("#attach-image"),
+  imageFile: $("#image-file"),
+  speak: $("#speak"),
+  send: $("#send"),
+  stop: $("#stop"),
+  queue: $("#queue-status"),
+  queueText: $("#queue-text"),
+  sessionInfo: $("#session-info"),
+  newChat: $("#new-chat"),
+  error: $("#composer-error"),
+};
+
+/** Hooks for tests and curious developers. */
+const hooks = {
+  audioChunksReceived: 0,
+  lastMetrics: null,
+  sessionId: null,
+  busy: false,
+  lastAnswer: "",
+  lastError: null,
+  turnsCompleted: 0, // answered, failed or stopped
+};
+window.omnipipeChat = hooks;
+
+const state = {
+  history: [], // messages already answered, as sent on later turns
+  sessionId: null,
+  audio: null, // {wav: Uint8Array, label, url}
+  image: null, // {dataUrl, label}
+  recorder: null, // {mic, pieces, started, timer}
+  controller: null,
+  ticketId: null,
+  queued: false,
+};
+
+const player = new PcmPlayer({ sampleRate: RATE });
+
+// ------------------------------------------------------------------------------------------- small UI helpers
+function showError(message) {
+  els.error.textContent = message;
+  els.error.classList.toggle("hidden", !message);
+}
+
+function scrollToEnd() {
+  els.log.scrollTop = els.log.scrollHeight;
+}
+
+function setSession(id) {
+  if (!id || id === state.sessionId) return;
+  state.sessionId = id;
+  hooks.sessionId = id;
+  els.sessionInfo.replaceChildren("Recorded session ", h("a", { href: `/s/${encodeURIComponent(id)}` }, id));
+}
+
+function setBusy(busy) {
+  hooks.busy = busy;
+  els.log.setAttribute("aria-busy", String(busy)); // screen readers read the answer once it is complete
+  els.send.disabled = busy;
+  els.stop.classList.toggle("hidden", !busy);
+  els.newChat.disabled = busy;
+}
+
+function showQueue(text) {
+  els.queueText.textContent = text || "";
+  els.queue.classList.toggle("hidden", !text);
+}
+
+/** Append a message; `withBubble` false leaves out the text bubble (a question that is only audio or an image). */
+function addMessage(role, { text = "", withBubble = true, extras = [] } = {}) {
+  els.placeholder?.remove();
+  const bubble = withBubble ? h("div", { class: "bubble" }, text) : null;
+  const message = h("article", { class: `msg ${role}`, "aria-label": role === "user" ? "You" : "Assistant" },
+    h("span", { class: "who" }, role === "user" ? "You" : "Assistant"), bubble, ...extras);
+  els.log.append(message);
+  scrollToEnd();
+  return { message, bubble };
+}
+
+// ------------------------------------------------------------------------------------------- attachments
+function renderAttachments() {
+  const chips = [];
+  if (state.audio) {
+    chips.push(h("span", { class: "chip" }, state.audio.label,
+      h("button", { type: "button", "aria-label": `Remove ${state.audio.label}`, onclick: () => setAudio(null) }, "×")));
+  }
+  if (state.image) {
+    chips.push(h("span", { class: "chip" }, state.image.label,
+      h("button", { type: "button", "aria-label": `Remove ${state.image.label}`, onclick: () => setImage(null) }, "×")));
+  }
+  els.attachments.replaceChildren(...chips);
+}
+
+function setAudio(audio) {
+  if (state.audio && state.audio.url && !state.audio.sent) URL.revokeObjectURL(state.audio.url);
+  state.audio = audio;
+  renderAttachments();
+}
+
+function setImage(image) {
+  state.image = image;
+  renderAttachments();
+}
+
+async function toggleRecording() {
+  showError("");
+  if (state.recorder) {
+    await stopRecording();
+    return;
+  }
+  const pieces = [];
+  const mic = new MicCapture({ targetRate: RATE, chunkMs: 100, onChunk: (samples) => pieces.push(samples) });
+  try {
+    await mic.start();
+  } catch (error) {
+    showError(error.message);
+    return;
+  }
+  const started = performance.now();
+  const label = els.record.querySelector(".label");
+  const tick = () => {
+    const seconds = (performance.now() - started) / 1000;
+    label.textContent = `Stop recording (${seconds.toFixed(0)} s)`;
+    if (seconds >= MAX_RECORDING_S) stopRecording();
+  };
+  state.recorder = { mic, pieces, started, timer: setInterval(tick, 250) };
+  tick();
+  els.record.classList.add("recording");
+  els.record.setAttribute("aria-pressed", "true");
+}
+
+async function stopRecording() {
+  const recorder = state.recorder;
+  if (!recorder) return;
+  state.recorder = null;
+  clearInterval(recorder.timer);
+  await recorder.mic.flush();
+  await recorder.mic.stop();
+  els.record.classList.remove("recording");
+  els.record.setAttribute("aria-pressed", "false");
+  els.record.querySelector(".label").textContent = "Record";
+  const samples = concatFloat32(recorder.pieces);
+  if (samples.length < RATE / 10) {
+    showError("The recording is empty. Check that the microphone works and try again.");
+    return;
+  }
+  const wav = encodeWav(samples, RATE);
+  const url = URL.createObjectURL(new Blob([wav], { type: "audio/wav" }));
+  setAudio({ wav, url, label: `Recording (${(samples.length / RATE).toFixed(1)} s)` });
+  els.prompt.focus();
+}
+
+async function attachAudioFile(file) {
+  showError("");
+  try {
+    const { wav, duration } = await fileToWav(file, RATE);
+    const url = URL.createObjectURL(new Blob([wav], { type: "audio/wav" }));
+    setAudio({ wav, url, label: `${file.name} (${duration.toFixed(1)} s)` });
+  } catch (error) {
+    showError(error.message);
+  }
+}
+
+async function attachImageFile(file) {
+  showError("");
+  if (!file.type.startsWith("image/")) {
+    showError(`"${file.name}" is not an image.`);
+    return;
+  }
+  setImage({ dataUrl: await blobToDataURL(file), label: file.name });
+}
+
+// ------------------------------------------------------------------------------------------- one turn
+/** Earlier turns go along as text: the server answers the last user message, so audio and images are not resent. */
+function compactForHistory(content) {
+  if (typeof content === "string") return content;
+  const text = content.filter((p) => p.type === "text").map((p) => p.text).join(" ").trim();
+  if (text) return text;
+  if (content.some((p) => p.type === "input_audio")) return "(spoken question)";
+  return "(image)";
+}
+
+function queueText(event) {
+  if (event.type === "queue_done") return "";
+  const position = Number(event.position ?? 0);
+  if (position <= 0) return "Starting…";
+  const ahead = position === 1 ? "You are next in the queue" : `You are number ${position} in the queue`;
+  return `${ahead} · estimated wait ${formatWait(event.estimated_wait_s)}`;
+}
+
+function metricsLine(metrics) {
+  const item = (name, title, value) => h("span", { title }, `${name} `, h("b", {}, formatSeconds(value, 2)));
+  return h("div", { class: "meta", "data-metrics": "" },
+    item("TTFT", "time to first text, from sending", metrics.ttft_s),
+    metrics.speak ? item("TTFP", "time to first audio, from sending", metrics.ttfp_s) : null,
+    item("Total", "time until the answer was complete", metrics.total_s),
+    metrics.queue_wait_s > 0.05 ? item("Queued", "time spent waiting in the queue", metrics.queue_wait_s) : null);
+}
+
+async function send(event) {
+  event?.preventDefault();
+  if (hooks.busy) return;
+  showError("");
+  if (state.recorder) await stopRecording();
+  const text = els.prompt.value.trim();
+  if (!text && !state.audio && !state.image) {
+    showError("Type a question, record one, or attach an audio file first.");
+    els.prompt.focus();
+    return;
+  }
+  const speak = els.speak.checked;
+  if (speak) player.resume(); // inside the click: browsers only allow sound after a user gesture
+  player.stop();
+  setBusy(true);
+
+  // the user's message, as sent and as shown
+  const parts = [];
+  if (text) parts.push({ type: "text", text });
+  if (state.audio) parts.push({ type: "input_audio", input_audio: { data: bytesToBase64(state.audio.wav), format: "wav" } });
+  if (state.image) parts.push({ type: "image_url", image_url: { url: state.image.dataUrl } });
+  const content = parts.length === 1 && text ? text : parts;
+  addMessage("user", {
+    text,
+    withBubble: Boolean(text),
+    extras: [
+      state.audio ? h("audio", { controls: true, src: state.audio.url, "aria-label": "Your spoken question" }) : null,
+      state.image ? h("img", { class: "thumb", src: state.image.dataUrl, alt: state.image.label }) : null,
+    ],
+  });
+  if (state.audio) state.audio.sent = true;
+  els.prompt.value = "";
+  setAudio(null);
+  setImage(null);
+
+  const userMessage = { role: "user", content };
+  const assistant = addMessage("assistant");
+  const model = await defaultModel();
+  const body = {
+    model,
+    messages: [...state.history, userMessage],
+    stream: true,
+    modalities: speak ? ["text", "audio"] : ["text"],
+  };
+  if (speak) body.audio = { voice: "default", format: "pcm16" };
+  const headers = { "Content-Type": "application/json", Accept: "text/event-stream", "X-Omnipipe-Queue-Events": "1" };
+  if (state.sessionId) headers["X-Omnipipe-Session-Id"] = state.sessionId;
+
+  const controller = new AbortController();
+  state.controller = controller;
+  state.ticketId = null;
+  const sentAt = performance.now();
+  const since = () => (performance.now() - sentAt) / 1000;
+  const metrics = { speak, ttft_s: null, ttfp_s: null, total_s: null, queue_wait_s: 0 };
+  const pcmPieces = [];
+  let answer = "";
+  let failure = null;
+  let stopped = false;
+  let complete = false;
+  hooks.lastError = null;
+
+  try {
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST", headers, body: JSON.stringify(body), signal: controller.signal,
+    });
+    setSession(response.headers.get("X-Omnipipe-Session-Id"));
+    if (!response.ok) throw await apiErrorFrom(response);
+    for await (const sse of readSSE(response)) {
+      if (sse.event === "queue") {
+        const queueEvent = JSON.parse(sse.data);
+        if (queueEvent.ticket_id) state.ticketId = queueEvent.ticket_id;
+        state.queued = queueEvent.type !== "queue_done";
+        if (queueEvent.type === "queue_done") {
+          metrics.queue_wait_s = since();
+          setSession(queueEvent.session_id);
+        }
+        showQueue(queueText(queueEvent));
+        continue;
+      }
+      if (sse.data === "[DONE]") {
+        complete = true;
+        break;
+      }
+      const chunk = JSON.parse(sse.data);
+      if (chunk.error) {
+        failure = new ApiError(0, chunk.error.message || "The answer failed.", { code: chunk.error.code ?? null });
+        break;
+      }
+      const delta = chunk.choices && chunk.choices[0] ? chunk.choices[0].delta || {} : {};
+      if (delta.content) {
+        if (metrics.ttft_s === null) metrics.ttft_s = since();
+        answer += delta.content;
+        assistant.bubble.textContent = answer;
+        scrollToEnd();
+      }
+      if (delta.audio && delta.audio.data) {
+        if (metrics.ttfp_s === null) metrics.ttfp_s = since();
+        const bytes = base64ToBytes(delta.audio.data);
+        pcmPieces.push(bytes);
+        hooks.audioChunksReceived += 1;
+        player.enqueue(bytes);
+      }
+    }
+  } catch (error) {
+    if (error.name === "AbortError") stopped = true;
+    else if (error instanceof TypeError) failure = new ApiError(0, `Cannot reach the server (${error.message}).`);
+    else failure = error;
+  }
+  if (!complete && !failure && !stopped) failure = new ApiError(0, "The connection closed before the answer was complete.");
+  metrics.total_s = since();
+  showQueue("");
+  state.controller = null;
+  state.queued = false;
+  setBusy(false);
+
+  if (failure) {
+    assistant.message.classList.add("error");
+    assistant.bubble.replaceChildren(answer ? `${answer}\n\n` : "", h("strong", {}, "The request failed"),
+      describeError(failure));
+    hooks.lastError = describeError(failure);
+  } else if (stopped) {
+    assistant.bubble.textContent = answer ? `${answer} (stopped)` : "(stopped)";
+  }
+  if (pcmPieces.length) {
+    const wav = wavFromPcm16(concatBytes(pcmPieces), RATE);
+    const url = URL.createObjectURL(new Blob([wav], { type: "audio/wav" }));
+    assistant.message.append(h("audio", { controls: true, src: url, "aria-label": "The spoken answer" }));
+  }
+  if (!failure && !stopped) {
+    assistant.message.append(metricsLine(metrics));
+    hooks.lastMetrics = metrics;
+    hooks.lastAnswer = answer;
+    state.history.push({ role: "user", content: compactForHistory(content) }, { role: "assistant", content: answer });
+  }
+  hooks.turnsCompleted += 1;
+  scrollToEnd();
+  els.prompt.focus();
+}
+
+async function stop() {
+  const { controller, ticketId, queued } = state;
+  player.stop();
+  if (controller) controller.abort();
+  if (queued && ticketId) {
+    // leave the queue at once rather than when the gateway notices the closed connection
+    fetchJSON(`/api/queue/${encodeURIComponent(ticketId)}`, { method: "DELETE" }).catch(() => {});
+  }
+}
+
+function newConversation() {
+  player.stop();
+  state.history = [];
+  state.sessionId = null;
+  hooks.sessionId = null;
+  els.sessionInfo.textContent = "New conversation";
+  els.log.replaceChildren(h("p", { class: "placeholder", id: "placeholder" }, "Ask something to start."));
+  els.placeholder = $("#placeholder");
+  els.prompt.focus();
+}
+
+// ------------------------------------------------------------------------------------------- wiring
+els.speak.checked = localStorage.getItem(SPEAK_KEY) !== "0";
+els.speak.addEventListener("change", () => localStorage.setItem(SPEAK_KEY, els.speak.checked ? "1" : "0"));
+els.form.addEventListener("submit", send);
+els.prompt.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    els.form.requestSubmit();
+  }
+});
+els.record.addEventListener("click", toggleRecording);
+els.attachAudio.addEventListener("click", () => els.audioFile.click());
+els.attachImage.addEventListener("click", () => els.imageFile.click());
+els.audioFile.addEventListener("change", () => {
+  if (els.audioFile.files[0]) attachAudioFile(els.audioFile.files[0]);
+  els.audioFile.value = "";
+});
+els.imageFile.addEventListener("change", () => {
+  if (els.imageFile.files[0]) attachImageFile(els.imageFile.files[0]);
+  els.imageFile.value = "";
+});
+els.stop.addEventListener("click", stop);
+els.newChat.addEventListener("click", newConversation);
+defaultModel();

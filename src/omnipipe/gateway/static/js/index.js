@@ -1,0 +1,33 @@
+// Home page: live queue and worker status from GET /api/queue.
+
+import { describeError, fetchJSON } from "./api.js";
+import { $ } from "./dom.js";
+
+const REFRESH_MS = 5000;
+
+async function refresh() {
+  const error = $("#status-error");
+  try {
+    const status = await fetchJSON("/api/queue");
+    const workers = status.workers || {};
+    $("#stat-workers").textContent = `${workers.available ?? "—"} / ${workers.total ?? "—"}`;
+    $("#stat-queue").textContent = String(status.queue_length ?? "—");
+    $("#stat-capacity").textContent = String(status.capacity ?? "—");
+    $("#status-updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
+    const note = $("#status-note");
+    note.textContent = workers.available === 0
+      ? "No worker is ready at the moment. Requests wait in the queue until one is." : "";
+    note.classList.toggle("hidden", workers.available !== 0);
+    error.classList.add("hidden");
+  } catch (err) {
+    error.textContent = `Cannot read the queue status: ${describeError(err)}`;
+    error.classList.remove("hidden");
+  }
+}
+
+$("#api-example").textContent = `curl ${window.location.origin}/v1/chat/completions \\
+  -H "Content-Type: application/json" \\
+  -d '{"model": "default", "messages": [{"role": "user", "content": "What is the capital of France?"}]}'`;
+
+refresh();
+setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);

@@ -1,0 +1,193 @@
+// Session viewer (/s/{session_id}): metadata, the merged replay, every turn with its text, audio and metrics.
+// Data: GET /api/sessions/{id} -> {session_id, meta, recording: {turns, events}, files, size_bytes, errors}.
+
+import { ApiError, describeError, fetchJSON } from "./api.js";
+import { $, formatBytes, formatSeconds, formatTime, h, setChildren } from "./dom.js";
+
+const SESSION_ID = /^[A-Za-z0-9_-]{1,128}$/;
+const REPLAY = "merged_replay.wav";
+const LIVE_REFRESH_MS = 5000;
+
+const els = {
+  id: $("#session-id"),
+  download: $("#download"),
+  message: $("#message"),
+  content: $("#content"),
+  meta: $("#meta"),
+  replay: $("#replay"),
+  turns: $("#turns"),
+  turnCount: $("#turn-count"),
+  files: $("#files"),
+  raw: $("#raw"),
+};
+
+const sessionId = (() => {
+  const tail = window.location.pathname.replace(/^\/s\//, "").replace(/\/+$/, "");
+  try {
+    return decodeURIComponent(tail);
+  } catch {
+    return tail;
+  }
+})();
+let lastPayload = "";
+
+function fileUrl(path) {
+  return `/api/sessions/${encodeURIComponent(sessionId)}/files/${path.split("/").map(encodeURIComponent).join("/")}`;
+}
+
+function showMessage(kind, title, text, ...extra) {
+  els.message.className = `notice ${kind}`;
+  els.message.setAttribute("role", kind === "error" ? "alert" : "status");
+  setChildren(els.message, title ? h("strong", {}, title) : null, text, ...extra);
+  els.message.classList.remove("hidden");
+}
+
+function badge(status) {
+  const kind = { completed: "ok", recording: "accent", in_progress: "accent", cancelled: "warn", failed: "danger" }[status] || "";
+  return h("span", { class: `badge ${kind}` }, String(status || "unknown").replace("_", " "));
+}
+
+// ------------------------------------------------------------------------------------------- parts
+function renderMeta(data) {
+  const meta = data.meta || {};
+  const rows = [
+    ["Type", meta.type || "—"],
+    ["Status", badge(meta.status)],
+    ["Started", formatTime(meta.created_at)],
+    ["Ended", meta.ended_at ? formatTime(meta.ended_at) : "still running"],
+    ["Duration", meta.ended_at && meta.created_at ? formatSeconds(meta.ended_at - meta.created_at) : "—"],
+    ["Worker", meta.worker ? h("span", { class: "mono" }, meta.worker) : "—"],
+    ["Size", formatBytes(data.size_bytes)],
+  ];
+  if (meta.error) rows.push(["Error", h("span", { class: "badge danger" }, meta.error)]);
+  if (meta.config && Object.keys(meta.config).length) {
+    rows.push(["Settings", h("code", {}, JSON.stringify(meta.config))]);
+  }
+  setChildren(els.meta, rows.flatMap(([term, value]) => [h("dt", {}, term), h("dd", {}, value)]));
+}
+
+function renderReplay(data) {
+  const files = data.files || [];
+  if (files.includes(REPLAY)) {
+    setChildren(els.replay,
+      h("audio", { controls: true, preload: "metadata", src: fileUrl(REPLAY), "aria-label": "Merged replay of the session" }),
+      h("p", { class: "muted small" }, "Stereo: your side on the left, the model's on the right, aligned in time."));
+  } else if ((data.meta || {}).status === "recording") {
+    setChildren(els.replay, h("p", { class: "muted" }, "The replay is written when the session ends."));
+  } else {
+    setChildren(els.replay, h("p", { class: "muted" }, "This session has no audio to replay."));
+  }
+}
+
+function audioEntry(entry, label) {
+  if (!entry || !entry.path) return null;
+  const note = entry.decode_error
+    ? h("p", { class: "small muted" }, "Kept as sent; it could not be decoded: ", entry.decode_error) : null;
+  const duration = entry.duration_s ? ` (${formatSeconds(entry.duration_s)})` : "";
+  return h("div", {},
+    h("audio", { controls: true, preload: "metadata", src: fileUrl(entry.path), "aria-label": `${label}${duration}` }),
+    h("div", { class: "small muted" }, h("a", { href: fileUrl(entry.path) }, entry.path), duration),
+    note);
+}
+
+function metricLabel(name) {
+  const base = name.replace(/_(ms|s)$/, "");
+  return base.length <= 4 ? base.toUpperCase() : base.replaceAll("_", " ");
+}
+
+function metricValue(name, value) {
+  if (typeof value !== "number") return typeof value === "object" ? JSON.stringify(value) : String(value);
+  if (name.endsWith("_ms")) return formatSeconds(value / 1000, 2);
+  if (name.endsWith("_s")) return formatSeconds(value, 2);
+  return Number.isInteger(value) ? String(value) : value.toFixed(3);
+}
+
+function renderTurn(turn) {
+  const userClips = [turn.user_audio, ...(turn.user_audio_extra || [])].filter(Boolean);
+  const aiClips = (turn.ai_audio || []).filter(Boolean);
+  const images = (turn.user_images || []).filter((i) => i && i.path);
+  const when = typeof turn.started_at === "number" ? `at ${formatSeconds(turn.started_at)}` : "";
+  const took = typeof turn.ended_at === "number" && typeof turn.started_at === "number"
+    ? `took ${formatSeconds(turn.ended_at - turn.started_at)}` : "";
+  // one level of nesting is flattened: {"usage": {"output_tokens": 7}} -> "output tokens 7"
+  const metrics = Object.entries(turn.metrics || {}).flatMap(([name, value]) => (
+    value && typeof value === "object" && !Array.isArray(value) ? Object.entries(value) : [[name, value]]));
+
+  const user = turn.user_text || userClips.length || images.length
+    ? h("div", { class: "part user" },
+      h("div", { class: "who" }, "You"),
+      turn.user_text ? h("div", { class: "text" }, turn.user_text) : null,
+      userClips.map((clip, i) => audioEntry(clip, `Your audio ${i + 1}`)),
+      images.map((image) => h("a", { href: fileUrl(image.path) }, h("img", { src: fileUrl(image.path), alt: `Image you sent (${image.path})` }))))
+    : null;
+  const assistant = h("div", { class: "part assistant" },
+    h("div", { class: "who" }, "Assistant"),
+    h("div", { class: "text" }, turn.assistant_text || (aiClips.length ? "" : "(no answer recorded)")),
+    aiClips.map((clip, i) => audioEntry(clip, `Spoken answer ${i + 1}`)));
+
+  return h("li", { class: "turn", "data-turn": turn.index ?? "" },
+    h("div", { class: "turn-head" },
+      h("h3", {}, `Turn ${turn.index ?? ""}`), badge(turn.status),
+      h("span", { class: "muted small" }, [when, took].filter(Boolean).join(" · "))),
+    user,
+    assistant,
+    turn.error ? h("p", { class: "notice error small" }, turn.error) : null,
+    metrics.length ? h("div", { class: "metrics", "aria-label": "Metrics" },
+      metrics.map(([name, value]) => h("span", { title: name }, `${metricLabel(name)} ${metricValue(name, value)}`))) : null);
+}
+
+function render(data) {
+  const recording = data.recording || {};
+  const turns = Array.isArray(recording.turns) ? recording.turns : [];
+  renderMeta(data);
+  renderReplay(data);
+  els.turnCount.textContent = `${turns.length} turn${turns.length === 1 ? "" : "s"}`;
+  setChildren(els.turns, turns.length ? turns.map(renderTurn) : h("li", { class: "empty" }, "No turns were recorded."));
+  setChildren(els.files, (data.files || []).map((path) => h("li", {}, h("a", { href: fileUrl(path) }, path))));
+  els.raw.textContent = JSON.stringify({ meta: data.meta, events: recording.events || [] }, null, 2);
+
+  const problems = Array.isArray(data.errors) ? data.errors : [];
+  if (problems.length) showMessage("warn", "Part of this recording could not be read.", problems.join(" "));
+  else if ((data.meta || {}).status === "recording") showMessage("", "", "This session is still running; the page updates by itself.");
+  else els.message.classList.add("hidden");
+  els.content.classList.remove("hidden");
+  els.download.classList.remove("hidden");
+}
+
+// ------------------------------------------------------------------------------------------- loading
+async function load() {
+  let data;
+  try {
+    data = await fetchJSON(`/api/sessions/${encodeURIComponent(sessionId)}`);
+  } catch (error) {
+    if (lastPayload) return; // keep what is shown; try again on the next tick
+    const home = h("p", {}, h("a", { href: "/" }, "Back to the start page"));
+    if (error instanceof ApiError && error.status === 404) {
+      showMessage("error", "Session not found",
+        `There is no recorded session "${sessionId}". The link may be wrong, or the recording was deleted by the retention cleanup.`, home);
+    } else if (error instanceof ApiError && error.status === 400) {
+      showMessage("error", "Invalid session id", describeError(error), home);
+    } else {
+      showMessage("error", "Cannot load the session", describeError(error), home);
+    }
+    return;
+  }
+  const payload = JSON.stringify(data);
+  const playing = [...document.querySelectorAll("audio")].some((a) => !a.paused);
+  if (payload !== lastPayload && !playing) {
+    lastPayload = payload;
+    render(data);
+  }
+  if ((data.meta || {}).status === "recording") setTimeout(load, LIVE_REFRESH_MS);
+}
+
+els.id.textContent = sessionId;
+document.title = `Session ${sessionId} · omnipipe`;
+if (!SESSION_ID.test(sessionId)) {
+  showMessage("error", "Invalid session id",
+    "Session ids are 1 to 128 letters, digits, '_' or '-'. Check the link.", h("p", {}, h("a", { href: "/" }, "Back to the start page")));
+} else {
+  els.download.href = `/api/sessions/${encodeURIComponent(sessionId)}/download`;
+  els.download.setAttribute("download", `${sessionId}.zip`);
+  load();
+}

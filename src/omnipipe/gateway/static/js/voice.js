@@ -1,0 +1,377 @@
+// Voice page: a spoken conversation over the realtime WebSocket (WS /v1/realtime).
+//
+// Start -> the gateway queues us ("queued" / "queue_update") -> "queue_done" -> the worker's "session.created";
+// then the page turns server VAD on, opens the microphone and appends 100 ms of 24 kHz pcm16 at a time. The server
+// decides when a question ends, answers with "response.audio.delta" (played at once) and
+// "response.audio_transcript.delta" (shown), and reports "input_audio_buffer.speech_started" when we talk again:
+// that is a barge-in, so playback stops immediately. Pause/Resume send "session.pause" / "session.resume".
+
+import { bytesToBase64, base64ToBytes } from "./base64.js";
+import { $, formatWait, h } from "./dom.js";
+import { MicCapture } from "./mic.js";
+import { PcmPlayer } from "./pcm-player.js";
+import { floatToPcm16 } from "./wav.js";
+
+const RATE = 24000;
+const CHUNK_MS = 100;
+const MAX_EVENTS = 2000;
+
+const els = {
+  orb: $("#orb"),
+  label: $("#state-label"),
+  detail: $("#state-detail"),
+  meter: $("#meter"),
+  start: $("#start"),
+  pause: $("#pause"),
+  stop: $("#stop"),
+  sessionLink: $("#session-link"),
+  error: $("#error"),
+  transcript: $("#transcript"),
+};
+
+/** Hooks for tests and curious developers: the state, what was said, and every server event (audio left out). */
+const hooks = {
+  state: "idle",
+  transcript: [], // [{role: "user"|"assistant", text, status}]
+  audioChunksReceived: 0,
+  events: [], // [{type, t_ms, ...}] without audio payloads
+  sessionId: null,
+  worker: null,
+  errors: [],
+  interruptions: [], // barge-ins: [{response_id, playing, t_ms}]
+};
+window.omnipipeVoice = hooks;
+
+const LABELS = {
+  idle: ["Ready", "Press Start, then just talk."],
+  connecting: ["Connecting…", "Opening the session."],
+  queued: ["In the queue", ""],
+  listening: ["Listening", "Ask your question; the model answers when you pause."],
+  hearing: ["Listening", "Hearing you…"],
+  thinking: ["Thinking…", "Working on the answer."],
+  speaking: ["Speaking", "Talk to interrupt."],
+  paused: ["Paused", "The model is not listening. Resume to go on."],
+  closed: ["Session ended", "Press Start for a new session."],
+  error: ["Stopped", "See the message on the right."],
+};
+
+let session = null; // the running session, or null
+const player = new PcmPlayer({ sampleRate: RATE, onStateChange: () => render() });
+
+function newSession() {
+  return {
+    ws: null,
+    mic: null,
+    phase: "connecting", // connecting | queued | live | closed | error
+    queueDetail: "",
+    paused: false,
+    sending: false,
+    userSpeaking: false,
+    awaitingResponse: false,
+    responseId: null,
+    interrupted: new Set(),
+    entries: new Map(), // response id -> {entry, el}
+    userStopped: false,
+    opened: false,
+    lastError: null,
+    startedAt: performance.now(),
+  };
+}
+
+// ------------------------------------------------------------------------------------------- state display
+function currentState() {
+  if (!session) return hooks.state === "error" || hooks.state === "closed" ? hooks.state : "idle";
+  if (session.phase === "connecting" || session.phase === "queued") return session.phase;
+  if (session.phase === "closed" || session.phase === "error") return session.phase;
+  if (session.paused) return "paused";
+  if (player.playing) return "speaking";
+  if (session.userSpeaking) return "hearing";
+  if (session.responseId || session.awaitingResponse) return "thinking";
+  return "listening";
+}
+
+function render() {
+  const visual = currentState();
+  hooks.state = visual === "hearing" ? "listening" : visual;
+  const [label, detail] = LABELS[visual];
+  els.orb.dataset.state = visual;
+  els.label.textContent = label;
+  els.detail.textContent = visual === "queued" && session ? session.queueDetail : detail;
+  const live = session && session.phase === "live";
+  els.start.disabled = Boolean(session);
+  els.stop.disabled = !session;
+  els.stop.textContent = visual === "queued" ? "Leave queue" : "Stop";
+  els.pause.disabled = !live;
+  els.pause.textContent = live && session.paused ? "Resume" : "Pause";
+  els.pause.setAttribute("aria-pressed", String(Boolean(live && session.paused)));
+  if (!live || !session.sending) els.meter.style.width = "0";
+}
+
+function showError(message) {
+  if (message) hooks.errors.push(message);
+  els.error.textContent = message || "";
+  els.error.classList.toggle("hidden", !message);
+}
+
+function showSessionLink(id) {
+  if (!id) return;
+  hooks.sessionId = id;
+  els.sessionLink.replaceChildren("This session is recorded: ",
+    h("a", { href: `/s/${encodeURIComponent(id)}`, title: id }, "view the recording"));
+  els.sessionLink.classList.remove("hidden");
+}
+
+// ------------------------------------------------------------------------------------------- transcript
+function addEntry(role, text, tag = "") {
+  els.transcript.querySelector(".placeholder")?.remove();
+  const entry = { role, text, status: "" };
+  hooks.transcript.push(entry);
+  const bubble = h("div", { class: "bubble" }, text);
+  const tagEl = h("span", { class: "tag" }, tag);
+  const el = h("article", { class: `msg ${role}` },
+    h("span", { class: "who" }, role === "user" ? "You" : "Assistant"), bubble, tagEl);
+  els.transcript.append(el);
+  els.transcript.scrollTop = els.transcript.scrollHeight;
+  return { entry, bubble, tagEl, el };
+}
+
+function setTag(item, status, text) {
+  item.entry.status = status;
+  item.tagEl.textContent = text;
+}
+
+// ------------------------------------------------------------------------------------------- sending
+function send(event) {
+  if (session && session.ws && session.ws.readyState === WebSocket.OPEN) session.ws.send(JSON.stringify(event));
+}
+
+function onMicChunk(samples, rms) {
+  if (!session || !session.sending) return;
+  els.meter.style.width = `${Math.min(100, Math.round(rms * 400))}%`;
+  const pcm = floatToPcm16(samples);
+  send({ type: "input_audio_buffer.append", audio: bytesToBase64(new Uint8Array(pcm.buffer)) });
+}
+
+async function startMicrophone(current) {
+  const mic = new MicCapture({ targetRate: RATE, chunkMs: CHUNK_MS, onChunk: onMicChunk });
+  current.mic = mic;
+  try {
+    await mic.start();
+  } catch (error) {
+    showError(error.message);
+    stop();
+    return;
+  }
+  if (session !== current) { // stopped while the browser asked for permission
+    mic.stop();
+    return;
+  }
+  current.sending = !current.paused;
+  mic.setEnabled(!current.paused);
+  render();
+}
+
+// ------------------------------------------------------------------------------------------- server events
+function record(event) {
+  const t_ms = Math.round(performance.now() - session.startedAt);
+  const entry = event.type === "response.audio.delta"
+    ? { type: event.type, t_ms, response_id: event.response_id, bytes: Math.floor(((event.delta || "").length * 3) / 4) }
+    : { ...event, t_ms };
+  hooks.events.push(entry);
+  if (hooks.events.length > MAX_EVENTS) hooks.events.splice(0, hooks.events.length - MAX_EVENTS);
+}
+
+function assistantEntry(responseId) {
+  let item = session.entries.get(responseId);
+  if (!item) {
+    item = addEntry("assistant", "");
+    session.entries.set(responseId, item);
+  }
+  return item;
+}
+
+const HANDLERS = {
+  queued(event) { HANDLERS.queue_update(event); },
+  queue_update(event) {
+    const position = Number(event.position ?? 0);
+    session.phase = position > 0 ? "queued" : "connecting";
+    const place = position === 1 ? "You are next" : `You are number ${position} in the queue`;
+    session.queueDetail = `${place} · estimated wait ${formatWait(event.estimated_wait_s)}`;
+  },
+  queue_done(event) {
+    session.phase = "connecting";
+    hooks.worker = event.worker ?? null;
+    showSessionLink(event.session_id);
+  },
+  "session.created"() {
+    session.phase = "live";
+    send({
+      type: "session.update",
+      session: {
+        modalities: ["text", "audio"],
+        voice: "default",
+        input_audio_format: "pcm16",
+        output_audio_format: "pcm16",
+        turn_detection: { type: "server_vad" },
+      },
+    });
+    startMicrophone(session);
+  },
+  "input_audio_buffer.speech_started"() {
+    session.userSpeaking = true;
+    // barge-in: silence the answer now; the server cancels it and its late audio is ignored
+    if (session.responseId || player.playing) {
+      hooks.interruptions.push({ response_id: session.responseId, playing: player.playing,
+        t_ms: Math.round(performance.now() - session.startedAt) });
+    }
+    if (session.responseId) session.interrupted.add(session.responseId);
+    player.stop();
+  },
+  "input_audio_buffer.speech_stopped"() {
+    session.userSpeaking = false;
+    session.awaitingResponse = true;
+  },
+  "conversation.item.created"(event) {
+    const item = event.item || {};
+    if (item.role !== "user") return;
+    const parts = item.content || [];
+    const text = parts.map((p) => p.text || p.transcript || "").join(" ").trim();
+    const spoken = parts.some((p) => p.type === "input_audio");
+    const entry = addEntry("user", text || (spoken ? "(spoken)" : "(empty)"));
+    if (spoken && text) setTag(entry, "spoken", "spoken");
+  },
+  "response.created"(event) {
+    session.awaitingResponse = false;
+    session.responseId = event.response.id;
+    assistantEntry(event.response.id);
+  },
+  "response.audio_transcript.delta"(event) { HANDLERS["response.text.delta"](event); },
+  "response.text.delta"(event) {
+    const item = assistantEntry(event.response_id);
+    item.entry.text += event.delta;
+    item.bubble.textContent = item.entry.text;
+    els.transcript.scrollTop = els.transcript.scrollHeight;
+  },
+  "response.audio.delta"(event) {
+    if (session.interrupted.has(event.response_id)) return;
+    hooks.audioChunksReceived += 1;
+    player.enqueue(base64ToBytes(event.delta));
+  },
+  "response.done"(event) {
+    const response = event.response || {};
+    if (session.responseId === response.id) session.responseId = null;
+    session.awaitingResponse = false;
+    const item = session.entries.get(response.id);
+    if (!item) return;
+    if (response.status === "cancelled") setTag(item, "interrupted", "interrupted");
+    else if (response.status === "failed") setTag(item, "failed", "failed");
+    else item.entry.status = "completed";
+    if (!item.entry.text) {
+      item.bubble.textContent = { completed: "(no words)", cancelled: "(stopped before it said anything)" }[response.status]
+        || "(no answer)";
+    }
+  },
+  "session.paused"() { session.paused = true; },
+  "session.resumed"() { session.paused = false; },
+  error(event) {
+    const err = event.error || {};
+    let message = err.message || "The server reported an error.";
+    if (err.code) message += ` (${err.code})`;
+    if (err.retry_after_s) message += ` Try again in ${Math.ceil(err.retry_after_s)} s.`;
+    session.lastError = message;
+    showError(message);
+  },
+};
+
+function onMessage(current, raw) {
+  if (session !== current) return;
+  let event;
+  try {
+    event = JSON.parse(raw.data);
+  } catch {
+    return;
+  }
+  record(event);
+  const handler = HANDLERS[event.type];
+  if (handler) handler(event);
+  render();
+}
+
+const CLOSE_REASONS = {
+  1006: "The connection was lost.",
+  1008: "The server refused the session.",
+  1011: "The worker serving this session failed.",
+  1013: "The service is busy; try again in a moment.",
+};
+
+function onClose(current, event) {
+  if (session !== current) return;
+  const wasLive = current.phase === "live";
+  cleanup(current);
+  if (current.userStopped) {
+    hooks.state = "closed";
+  } else if (event.code === 1000 && wasLive) {
+    hooks.state = "closed";
+    if (!current.lastError) showError("");
+  } else {
+    hooks.state = "error";
+    const reason = CLOSE_REASONS[event.code] || `The session closed (code ${event.code}${event.reason ? `: ${event.reason}` : ""}).`;
+    if (current.lastError) showError(`${current.lastError} ${reason}`);
+    else if (!current.opened) showError("Cannot connect to the voice service. Is the gateway running?");
+    else showError(reason);
+  }
+  session = null;
+  render();
+}
+
+// ------------------------------------------------------------------------------------------- controls
+function start() {
+  if (session) return;
+  showError("");
+  player.resume(); // inside the click: browsers only allow sound after a user gesture
+  const current = newSession();
+  session = current;
+  const scheme = window.location.protocol === "https:" ? "wss:" : "ws:";
+  const ws = new WebSocket(`${scheme}//${window.location.host}/v1/realtime`);
+  current.ws = ws;
+  ws.onopen = () => { current.opened = true; };
+  ws.onmessage = (event) => onMessage(current, event);
+  ws.onclose = (event) => onClose(current, event);
+  render();
+}
+
+function cleanup(current) {
+  current.sending = false;
+  current.phase = current.userStopped ? "closed" : current.phase;
+  if (current.mic) current.mic.stop();
+  current.mic = null;
+  player.stop();
+}
+
+function stop() {
+  const current = session;
+  if (!current) return;
+  current.userStopped = true;
+  cleanup(current);
+  if (current.ws && current.ws.readyState <= WebSocket.OPEN) current.ws.close(1000, "stopped by the user");
+  session = null;
+  hooks.state = "closed";
+  render();
+}
+
+function togglePause() {
+  if (!session || session.phase !== "live") return;
+  const pause = !session.paused;
+  send({ type: pause ? "session.pause" : "session.resume" });
+  session.paused = pause;
+  session.sending = !pause && Boolean(session.mic && session.mic.active);
+  if (session.mic) session.mic.setEnabled(!pause);
+  if (pause) session.userSpeaking = false;
+  render();
+}
+
+els.start.addEventListener("click", start);
+els.stop.addEventListener("click", stop);
+els.pause.addEventListener("click", togglePause);
+window.addEventListener("pagehide", stop);
+render();

@@ -1,0 +1,117 @@
+"""``omnipipe up``, ``omnipipe gateway`` and ``omnipipe sessions`` as a user runs them (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.server.conftest import free_port
+
+CLI = [sys.executable, "-m", "omnipipe.entrypoints.cli"]
+
+
+def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+
+
+def test_up_starts_workers_and_gateway_and_ctrl_c_stops_them_all(tmp_path: Path) -> None:
+    port, worker_port = free_port(), free_port()
+    process = subprocess.Popen([*CLI, "up", "--workers", "2", "--pipeline", "toy", "--port", str(port),
+                                "--worker-port", str(worker_port), "--data-dir", str(tmp_path / "data")],
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            line = process.stderr.readline()
+            assert line, f"omnipipe up ended early: {''.join(lines)}"
+            lines.append(line)
+            if "ready." in line:
+                break
+        assert "ready." in lines[-1] and "token " in lines[-1], lines
+        token = lines[-1].split("token ")[1].split(")")[0]
+        health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()
+        assert set(health["workers"].values()) == {"IDLE"} and len(health["workers"]) == 2, health
+        admin = httpx.get(f"http://127.0.0.1:{port}/api/admin/workers", timeout=10,
+                          headers={"Authorization": f"Bearer {token}"})
+        assert admin.status_code == 200 and len(admin.json()) == 2
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
+                            json={"model": "toy", "messages": [{"role": "user", "content": "up"}]})
+        assert answer.json()["choices"][0]["message"]["content"] == "UP"
+        children = psutil.Process(process.pid).children(recursive=True)
+        assert len(children) >= 3
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0
+        gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["gateway", "--workers", "nohost"], "--workers: a worker address must look like 'host:port'"),
+    (["gateway", "--workers", "127.0.0.1:1", "--port", "0"], "--port: must be in 1..65535"),
+    (["gateway", "--workers", "127.0.0.1:1", "--max-queue", "-1"], "--max-queue: must be >= 0"),
+    (["gateway", "--workers", "127.0.0.1:1", "--admin-token", "short"], "--admin-token: use at least 8"),
+    (["gateway", "--workers", "127.0.0.1:1,127.0.0.1:1"], "--workers: an address is listed twice"),
+    (["gateway", "--workers", "127.0.0.1:1", "--retention-days", "-2"], "--retention-days: must be >= 0"),
+    (["up", "--workers", "0"], "--workers: must be in 1..64"),
+    (["up", "--capacity", "0"], "--capacity: must be >= 1"),
+    (["up", "--pipeline", "nope"], "nope"),
+    (["sessions", "cleanup", "--data-dir", "/nonexistent/dir"], "--data-dir: not a directory"),
+])
+def test_command_mistakes_are_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_up_refuses_a_port_in_use(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli("up", "--pipeline", "toy", "--port", str(port), "--data-dir", str(tmp_path))
+    assert result.returncode == 2 and f"--port: port {port} on 127.0.0.1 is already in use" in result.stderr
+
+
+def _session(data: Path, session_id: str, age_days: float, size: int) -> None:
+    directory = data / "sessions" / session_id
+    (directory / "ai_audio").mkdir(parents=True)
+    created = time.time() - age_days * 86400
+    (directory / "meta.json").write_text(json.dumps({"session_id": session_id, "type": "chat",
+                                                      "created_at": created, "status": "completed"}))
+    (directory / "ai_audio" / "turn001.wav").write_bytes(b"\0" * size)
+
+
+def test_sessions_cleanup_by_age_then_size_with_a_report(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    _session(data, "old_chat_1", 40, 1000)
+    _session(data, "mid_chat_2", 5, 600_000)
+    _session(data, "new_chat_3", 1, 600_000)
+    listed = run_cli("sessions", "list", "--data-dir", str(data))
+    assert listed.returncode == 0 and [line.split()[0] for line in listed.stdout.splitlines()] == [
+        "new_chat_3", "mid_chat_2", "old_chat_1"]
+    dry = run_cli("sessions", "cleanup", "--data-dir", str(data), "--retention-days", "30", "--max-storage-gb",
+                  "0.001", "--dry-run")
+    assert dry.returncode == 0 and (data / "sessions" / "old_chat_1").exists(), dry.stdout
+    result = run_cli("sessions", "cleanup", "--data-dir", str(data), "--retention-days", "30",
+                     "--max-storage-gb", "0.001")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (data / "sessions").iterdir()) == ["new_chat_3"]
+    assert "scanned 3 session(s)" in result.stdout
+    assert "deleted 1 past the retention period and 1 over the size limit" in result.stdout, result.stdout
+    assert "remaining: 1 session(s)" in result.stdout
