@@ -33,7 +33,7 @@ class GatewayConfig:
     offline_after_failures: int = 2
     max_body_bytes: int = 32 << 20
     max_held_ws_bytes: int = 4 << 20
-    chat_session_idle_s: float = 600.0
+    chat_session_idle_s: float = 300.0
     eta_baselines_s: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BASELINES_S))
 
     def __post_init__(self) -> None:

@@ -36,7 +36,7 @@ class LiveSession:
 
 
 class LiveSessions:
-    def __init__(self, store: SessionStore, *, record: bool, chat_idle_s: float = 600.0) -> None:
+    def __init__(self, store: SessionStore, *, record: bool, chat_idle_s: float = 300.0) -> None:
         self.store = store
         self.record = record
         self.chat_idle_s = chat_idle_s
@@ -93,9 +93,11 @@ class LiveSessions:
         return len(idle)
 
     def running(self) -> list[LiveSession]:
-        return sorted(self._sessions.values(), key=lambda s: s.started_at)
+        """Sessions with a request or WebSocket being served now (an idle open chat is not running)."""
+        return sorted((s for s in self._sessions.values() if s.requests_in_flight), key=lambda s: s.started_at)
 
     def ids(self) -> set[str]:
+        """Every open session, idle chats included (cleanup must not delete what is still being written)."""
         return set(self._sessions)
 
     def close_all(self) -> None:

@@ -73,7 +73,10 @@ function renderReplay(data) {
       h("audio", { controls: true, preload: "metadata", src: fileUrl(REPLAY), "aria-label": "Merged replay of the session" }),
       h("p", { class: "muted small" }, "Stereo: your side on the left, the model's on the right, aligned in time."));
   } else if ((data.meta || {}).status === "recording") {
-    setChildren(els.replay, h("p", { class: "muted" }, "The replay is written when the session ends."));
+    const note = (data.meta || {}).type === "chat"
+      ? "The replay is written when the session ends (a chat ends after 5 minutes without a new question)."
+      : "The replay is written when the session ends.";
+    setChildren(els.replay, h("p", { class: "muted" }, note));
   } else {
     setChildren(els.replay, h("p", { class: "muted" }, "This session has no audio to replay."));
   }
