@@ -89,13 +89,14 @@ class GatewayProcess(CliProcess):
         super().__init__(f"gateway-{self.port}", args, workdir)
 
     def wait_ready(self, timeout_s: float = 60, serving: bool = True) -> dict[str, Any]:
+        """Wait until the gateway answers; with ``serving``, until it sees every worker IDLE."""
         deadline = time.monotonic() + timeout_s
         last: Any = None
         while time.monotonic() < deadline:
             self.check_alive()
             with contextlib.suppress(httpx.TransportError, ValueError):
                 last = httpx.get(f"{self.url}/health", timeout=5).json()
-                if not serving or last.get("status") == "ok":
+                if not serving or set(last.get("workers", {}).values()) == {"IDLE"}:
                     return last
             time.sleep(0.1)
         raise RuntimeError(f"gateway not ready after {timeout_s} s (last {last}): {self.log_text()}")

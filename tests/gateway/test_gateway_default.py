@@ -28,9 +28,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayP
         for worker in workers:
             worker.wait_state("IDLE", 600)
         gateway.wait_ready(60)
-        deadline = time.monotonic() + 30
-        while set(gateway.worker_states().values()) != {"IDLE"} and time.monotonic() < deadline:
-            time.sleep(0.1)
         yield gateway, workers
 
 

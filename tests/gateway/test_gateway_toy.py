@@ -42,11 +42,13 @@ def open_ws(url: str) -> ClientConnection:
 
 
 def _idle(gateway: GatewayProcess, timeout_s: float = 30) -> None:
-    """Wait until no session holds a worker and nobody waits."""
+    """Wait until no session holds a worker, every online worker reports IDLE, and nobody waits."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         workers = gateway.admin("GET", "/workers").json()
-        if all(w["active_sessions"] == 0 for w in workers) and not gateway.admin("GET", "/queue").json():
+        online = [w for w in workers if w["online"]]
+        if all(w["active_sessions"] == 0 and w["state"] == "IDLE" for w in online) and \
+                not gateway.admin("GET", "/queue").json():
             return
         time.sleep(0.05)
     raise AssertionError(f"gateway still busy: {gateway.admin('GET', '/workers').json()}")

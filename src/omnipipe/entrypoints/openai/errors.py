@@ -1,5 +1,5 @@
-"""OpenAI-style error objects: ``{"error": {"message", "type", "param", "code"}}``, and the mapping of engine and
-validation exceptions onto them (never a 500 for something the caller sent)."""
+"""The mapping of engine and validation exceptions onto OpenAI error objects (``APIError``, defined in
+``api_error.py``): never a 500 for something the caller sent."""
 
 from __future__ import annotations
 
@@ -17,35 +17,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from omnipipe.audio import AudioDecodeError
 from omnipipe.engine.async_omni_engine import EngineOverloadedError
 from omnipipe.entrypoints.async_omni import EngineClosedError, RequestFailedError
+from omnipipe.entrypoints.openai.api_error import RETRY_AFTER_S, APIError
 
 logger = logging.getLogger(__name__)
 
-INVALID_REQUEST = "invalid_request_error"
-RETRY_AFTER_S = 1
 _FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|tagged-union\[.*\]|literal\[.*\]|function-.*)$")
-_STATUS_TYPES = {401: "authentication_error", 404: INVALID_REQUEST, 405: INVALID_REQUEST, 413: INVALID_REQUEST,
-                 415: INVALID_REQUEST, 429: "rate_limit_error", 503: "server_error"}
-
-
-class APIError(Exception):
-    """An error answered as an OpenAI error object with ``status``."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 type: str | None = None, headers: Mapping[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type or _STATUS_TYPES.get(status, INVALID_REQUEST if status < 500 else "server_error")
-        self.headers = dict(headers or {})
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def invalid(message: str, param: str | None, code: str | None = "invalid_value") -> APIError:

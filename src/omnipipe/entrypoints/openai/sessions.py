@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Literal
 
 from omnipipe.entrypoints.openai import chat, speech, transcription
-from omnipipe.entrypoints.openai.errors import RETRY_AFTER_S, APIError
+from omnipipe.entrypoints.openai.api_error import RETRY_AFTER_S, APIError
 from omnipipe.entrypoints.openai.guard import ASGIApp, Message, Receive, Scope, Send
 from omnipipe.gateway.worker import WorkerState
 
