@@ -205,8 +205,11 @@ def test_voice_page_answers_a_spoken_question(default_stack: Stack, spoken_quest
     done = next(e for e in hooks["events"] if e["type"] == "response.done")
     assert done["response"]["status"] == "completed", hooks["errors"]
     assert hooks["audioChunksReceived"] > 0
+    # the page asks for the server's transcript of what was said; it replaces the "(spoken)" placeholder
+    wait_voice_event(page, "conversation.item.input_audio_transcription.completed", 60_000)
+    hooks = page.evaluate("() => ({...window.omnipipeVoice})")
     said = [(t["role"], t["text"]) for t in hooks["transcript"]]
-    assert said[0] == ("user", "(spoken)"), said
+    assert said[0][0] == "user" and "capital" in said[0][1].lower(), said
     assert said[1][0] == "assistant" and said[1][1].strip(), said
     expect(page.locator("#transcript .msg.assistant .bubble").first).to_have_text(said[1][1])
     session_id = hooks["sessionId"]
@@ -230,6 +233,7 @@ def test_voice_page_answers_a_spoken_question(default_stack: Stack, spoken_quest
     page.goto(f"{default_stack.url}/s/{session_id}")
     turn = page.locator(".turn").first
     expect(turn).to_contain_text(said[1][1], timeout=15_000)
+    expect(turn.locator(".part.user")).to_contain_text(said[0][1])
     expect(turn.locator(".part.user audio")).to_have_count(1)
     expect(turn.locator(".part.assistant audio")).to_have_count(1)
     expect(page.locator("#replay audio")).to_have_count(1, timeout=20_000)

@@ -301,3 +301,41 @@ def test_taps_never_raise_on_odd_input(store: SessionStore, writer: RecordingWri
     assert writer.flush(timeout=10)
     assert writer.errors == 0
     assert recorder.finished and json.loads((recorder.directory / "meta.json").read_text())["status"] == "failed"
+
+
+def test_realtime_transcripts_go_to_the_turn_of_their_audio_item(tmp_path) -> None:
+    import base64 as b64
+    import json as js
+
+    import numpy as np
+
+    from omnipipe.gateway.sessions.recorder import RecordingWriter, SessionRecorder
+    from omnipipe.gateway.sessions.store import SessionStore
+    from omnipipe.gateway.sessions.taps import RealtimeTap
+
+    store = SessionStore(tmp_path)
+    writer = RecordingWriter()
+    recorder = SessionRecorder(store, "rt_transcripts", "voice", writer=writer)
+    tap = RealtimeTap(recorder)
+    audio = b64.b64encode((np.ones(2400) * 1000).astype("<i2").tobytes()).decode()
+
+    def server(type_: str, **fields: object) -> None:
+        tap.on_server_event(js.dumps({"type": type_, **fields}))
+
+    for turn, item in ((1, "item_a"), (2, "item_b")):
+        tap.on_client_event(js.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+        server("input_audio_buffer.speech_started")
+        server("input_audio_buffer.committed", item_id=item)
+        server("response.created", response={"id": f"resp_{turn}"})
+        server("response.audio_transcript.delta", delta=f"answer {turn}")
+        if turn == 2:  # the first transcript arrives late, after its turn ended and the next one began
+            server("conversation.item.input_audio_transcription.completed", item_id="item_a", transcript="first")
+        server("response.done", response={"id": f"resp_{turn}", "status": "completed"})
+    server("conversation.item.input_audio_transcription.completed", item_id="item_b", transcript="second")
+    server("conversation.item.input_audio_transcription.completed", item_id="unknown", transcript="ignored")
+    tap.close()
+    writer.flush(10)
+    turns = store.read_session("rt_transcripts")["recording"]["turns"]
+    assert [(t["user_transcript"], t["assistant_text"]) for t in turns] == [("first", "answer 1"),
+                                                                            ("second", "answer 2")]
+    writer.close()

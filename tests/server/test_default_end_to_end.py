@@ -162,3 +162,34 @@ def test_audio_input_errors(default_server: ServerProcess, path: str, kwargs: di
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
     assert engines_idle(default_server.wait_idle())
+
+
+def test_realtime_spoken_turn_is_transcribed_beside_the_answer(default_server: ServerProcess,
+                                                               spoken_sentence: bytes) -> None:
+    import json
+
+    import soxr
+    from websockets.sync.client import connect
+
+    samples, rate = streamed_wav_samples(spoken_sentence)
+    pcm = (np.clip(soxr.resample(samples, rate, 24_000), -1, 1) * 32767).astype("<i2").tobytes()
+    url = default_server.url.replace("http://", "ws://") + "/v1/realtime"
+    with connect(url, additional_headers=default_server.headers, max_size=None, open_timeout=60) as ws:
+        def send(type_: str, **fields: object) -> None:
+            ws.send(json.dumps({"type": type_, **fields}))
+
+        send("session.update", session={"turn_detection": None, "modalities": ["text"],
+                                        "input_audio_transcription": {"model": "whisper-1"}})
+        send("input_audio_buffer.append", audio=base64.b64encode(pcm).decode())
+        send("input_audio_buffer.commit")
+        send("response.create")
+        events: dict[str, dict] = {}
+        while not {"response.done", "conversation.item.input_audio_transcription.completed"} <= set(events):
+            event = json.loads(ws.recv(timeout=300))
+            assert event["type"] != "error", event
+            events.setdefault(event["type"], event)
+    assert events["session.updated"]["session"]["input_audio_transcription"] == {"model": "whisper-1"}
+    transcribed = events["conversation.item.input_audio_transcription.completed"]
+    assert transcribed["item_id"] == events["input_audio_buffer.committed"]["item_id"]
+    assert word_error_rate(SENTENCE, transcribed["transcript"]) <= 0.25, transcribed["transcript"]
+    assert events["response.done"]["response"]["status"] == "completed"

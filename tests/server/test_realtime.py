@@ -118,7 +118,12 @@ def test_session_update_is_echoed_and_validated(toy_server: ServerProcess) -> No
                            ({"voice": "nobody"}, "session.voice"),
                            ({"turn_detection": {"type": "semantic_vad"}}, "session.turn_detection.type"),
                            ({"turn_detection": {"threshold": 2}}, "session.turn_detection.threshold"),
-                           ({"max_response_output_tokens": 0}, "session.max_response_output_tokens")):
+                           ({"max_response_output_tokens": 0}, "session.max_response_output_tokens"),
+                           ({"input_audio_transcription": "yes"}, "session.input_audio_transcription"),
+                           ({"input_audio_transcription": {"model": ""}}, "session.input_audio_transcription.model"),
+                           # the toy pipeline has no transcription pipeline to transcribe with
+                           ({"input_audio_transcription": {"model": "whisper-1"}},
+                            "session.input_audio_transcription")):
             send(ws, "session.update", session=bad, event_id="client-1")
             _, error = until(ws, "error", "session.updated")
             assert error["type"] == "error", (bad, error)

@@ -15,7 +15,11 @@ Client events (JSON text frames, each with ``type`` and an optional ``event_id``
   threshold, silence_duration_ms, prefix_padding_ms, create_response}``. ``threshold`` is the RMS of a 20 ms
   frame of full-scale float audio (0..1) above which it counts as speech (an energy VAD, not a model; default
   0.02). ``instructions`` is stored and echoed but not applied: the pipelines have fixed prompting.
-  ``voice`` is validated like ``/v1/audio/speech``'s.
+  ``voice`` is validated like ``/v1/audio/speech``'s. ``input_audio_transcription`` is ``null`` (default) or
+  ``{model}``: each committed audio item is then also transcribed by the server's transcription pipeline (started on
+  first use), beside the response, and the transcript arrives as
+  ``conversation.item.input_audio_transcription.completed`` ``{item_id, content_index, transcript}`` (or
+  ``.failed`` ``{item_id, content_index, error}``). ``model`` is echoed; the pipeline is the server's.
 - ``input_audio_buffer.append`` ``{audio}``, ``input_audio_buffer.commit``, ``input_audio_buffer.clear``.
 - ``conversation.item.create`` ``{item: {type: "message", role: "user", content: [{type: "input_text", text}]}}``.
 - ``response.create`` (optionally ``{response: {modalities}}``) and ``response.cancel``.
@@ -42,8 +46,8 @@ resamples them); text items become a written question (texts since the last resp
 goes along as the instruction). With ``server_vad``, speech that stops commits the buffer and (``create_response``)
 starts a response; speech that starts while a response runs is a barge-in: the response is aborted at once and ends
 with ``response.done`` status ``cancelled``. One response runs at a time per connection; a disconnect aborts it.
-Not supported: conversation history across turns, assistant/system items, function calls, audio transcription
-events, ``item.truncate``/``delete``, out-of-band responses, formats other than pcm16.
+Not supported: conversation history across turns, assistant/system items, function calls, ``item.truncate`` /
+``delete``, out-of-band responses, formats other than pcm16.
 """
 
 from __future__ import annotations
@@ -148,7 +152,7 @@ class RealtimeSession:
             "id": f"sess_{uuid.uuid4().hex[:24]}", "object": "realtime.session", "model": pool.model_name,
             "modalities": modalities, "voice": "default", "instructions": "", "input_audio_format": "pcm16",
             "output_audio_format": "pcm16", "turn_detection": dict(DEFAULT_TURN_DETECTION),
-            "max_response_output_tokens": "inf", "temperature": None,
+            "max_response_output_tokens": "inf", "temperature": None, "input_audio_transcription": None,
         }
         self.buffer: list[np.ndarray] = []
         self.buffer_bytes = 0
@@ -164,6 +168,7 @@ class RealtimeSession:
         self.pause_timeout_s = pool.config.pause_timeout_s
         self._pause_timer: asyncio.Task[None] | None = None
         self._timing_out = False
+        self._transcriptions: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ sending
     async def send(self, type_: str, **fields: Any) -> None:
@@ -201,6 +206,9 @@ class RealtimeSession:
             self.closed = True
             await self._stop_pause_timer()
             await self.cancel_response()
+            for task in list(self._transcriptions):
+                task.cancel()
+            await asyncio.gather(*self._transcriptions, return_exceptions=True)
 
     async def handle_text(self, text: str) -> None:
         try:
@@ -276,6 +284,20 @@ class RealtimeSession:
         out["create_response"] = create
         return out
 
+    def _input_transcription(self, value: Any) -> dict[str, Any] | None:
+        param = "session.input_audio_transcription"
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise EventError(f"{param}: expected null or an object {{model}}, got {type(value).__name__}", param)
+        model = value.get("model", "whisper-1")
+        if not isinstance(model, str) or not model:
+            raise EventError(f"{param}.model: expected a non-empty string", f"{param}.model")
+        if self.pool.endpoint_pipelines.get("transcription") is None:
+            raise EventError(f"{param}: pipeline {self.pipeline.name!r} has no transcription pipeline",
+                             param, code="unsupported_feature")
+        return {"model": model}
+
     async def on_session_update(self, event: dict[str, Any]) -> None:
         update = _require(event, "session", dict, "")
         new = dict(self.session)
@@ -308,6 +330,8 @@ class RealtimeSession:
                     raise EventError(f"session.temperature: {str(exc).partition(': ')[2] or exc}",
                                      "session.temperature") from None
             new["temperature"] = temperature
+        if "input_audio_transcription" in update:
+            new["input_audio_transcription"] = self._input_transcription(update["input_audio_transcription"])
         detection_changed = new["turn_detection"] != self.session["turn_detection"]
         self.session = new
         if detection_changed:
@@ -362,6 +386,29 @@ class RealtimeSession:
         self._pending_item_id = None
         await self.send("input_audio_buffer.committed", previous_item_id=self.last_item_id, item_id=item_id)
         await self._item_created(item_id, [{"type": "input_audio", "transcript": None}])
+        if self.session["input_audio_transcription"] is not None:
+            task = asyncio.create_task(self._transcribe(item_id, audio), name=f"omnipipe-transcribe-{item_id}")
+            self._transcriptions.add(task)
+            task.add_done_callback(self._transcriptions.discard)
+
+    async def _transcribe(self, item_id: str, audio: np.ndarray) -> None:
+        """Send the transcript of a committed audio item (the transcription pipeline, beside the response)."""
+        base = {"item_id": item_id, "content_index": 0}
+        try:
+            engine, _ = await self.pool.engine_for("transcription")
+            final = None
+            async for out in engine.generate({"prompt": "", "multi_modal_data": {"audio": (audio, PCM16_RATE_HZ)}},
+                                             request_id=f"rt-transcribe-{uuid.uuid4().hex}",
+                                             output_modalities=["text"]):
+                final = out
+            transcript = final.text.strip() if final is not None else ""
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
+            error = from_engine_error(exc, {}).body()["error"]
+            await self.send("conversation.item.input_audio_transcription.failed", **base, error=error)
+            return
+        await self.send("conversation.item.input_audio_transcription.completed", **base, transcript=transcript)
 
     def _reset_buffer(self) -> None:
         self.buffer, self.buffer_bytes = [], 0

@@ -221,6 +221,23 @@ class SessionRecorder:
         """The open turn (as stored in ``recording.json``), or ``None`` between turns."""
         return self._turn
 
+    @property
+    def next_turn_index(self) -> int:
+        """The index ``begin_turn`` will give the next turn."""
+        return self._next_index
+
+    def user_transcript(self, turn_index: int, text: str) -> None:
+        """What the user said in turn ``turn_index`` (a transcript may arrive after the turn ended, or before it
+        opened); ignored for a turn that never opens."""
+        with self._lock:
+            if self._turn is None and turn_index == self._next_index:
+                self.begin_turn()
+            for turn in self._recording["turns"]:
+                if turn["index"] == turn_index:
+                    turn["user_transcript"] = text
+                    self._write_recording_soon()
+                    return
+
     def elapsed(self) -> float:
         """Seconds since the session started, rounded to milliseconds (the timeline's unit)."""
         return round(self._clock() - self.created_at, 3)

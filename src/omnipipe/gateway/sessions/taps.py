@@ -397,7 +397,15 @@ class RealtimeTap(_Tap):
         self._next_turn_started_at: float | None = None
         self._next_turn_audio: list[tuple[np.ndarray, float]] = []
         self._next_turn_texts: list[str] = []
+        self._item_turns: dict[str, int] = {}  # committed audio item -> the turn it belongs to
         self._closed = False
+
+    def _input_turn_index(self) -> int:
+        """The turn that input arriving now belongs to (the next one while a barged-in response still runs)."""
+        turn = self.recorder.current_turn
+        if turn is None or (self._responding and self._next_turn_started_at is not None):
+            return self.recorder.next_turn_index if turn is None else turn["index"] + 1
+        return turn["index"]
 
     # ------------------------------------------------------------------ frames
     @_never_raises
@@ -441,6 +449,8 @@ class RealtimeTap(_Tap):
             self._speech_started()
         elif kind == "input_audio_buffer.committed":
             self.recorder.event(kind)
+            if isinstance(event.get("item_id"), str):
+                self._item_turns[event["item_id"]] = self._input_turn_index()
             if self._client_commits_pending:
                 self._client_commits_pending -= 1  # the echo of a commit already saved
             else:
@@ -463,6 +473,13 @@ class RealtimeTap(_Tap):
             self.recorder.event(kind, session=_clipped(event.get("session")))
         elif kind == "input_audio_buffer.speech_stopped":
             self.recorder.event(kind)
+        elif kind == "conversation.item.input_audio_transcription.completed":
+            turn_index = self._item_turns.pop(event.get("item_id"), None)
+            if turn_index is not None and isinstance(event.get("transcript"), str):
+                self.recorder.user_transcript(turn_index, event["transcript"])
+        elif kind == "conversation.item.input_audio_transcription.failed":
+            self._item_turns.pop(event.get("item_id"), None)
+            self.recorder.event(kind, **_error_fields(event.get("error")))
 
     @_never_raises
     def close(self, status: str = "completed", error: str | None = None) -> None:

@@ -116,10 +116,12 @@ function renderTurn(turn) {
   const metrics = Object.entries(turn.metrics || {}).flatMap(([name, value]) => (
     value && typeof value === "object" && !Array.isArray(value) ? Object.entries(value) : [[name, value]]));
 
-  const user = turn.user_text || userClips.length || images.length
+  const user = turn.user_text || turn.user_transcript || userClips.length || images.length
     ? h("div", { class: "part user" },
       h("div", { class: "who" }, "You"),
       turn.user_text ? h("div", { class: "text" }, turn.user_text) : null,
+      turn.user_transcript ? h("div", { class: "text transcript", title: "transcribed by the server" },
+        `\u201c${turn.user_transcript}\u201d`) : null,
       userClips.map((clip, i) => audioEntry(clip, `Your audio ${i + 1}`)),
       images.map((image) => h("a", { href: fileUrl(image.path) }, h("img", { src: fileUrl(image.path), alt: `Image you sent (${image.path})` }))))
     : null;

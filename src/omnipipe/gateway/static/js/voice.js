@@ -70,6 +70,7 @@ function newSession() {
     awaitingResponse: false,
     responseId: null,
     interrupted: new Set(),
+    spokenItems: new Map(),  // committed audio item id -> its transcript entry
     entries: new Map(), // response id -> {entry, el}
     userStopped: false,
     opened: false,
@@ -215,6 +216,8 @@ const HANDLERS = {
         turn_detection: { type: "server_vad" },
       },
     });
+    // separately, so a server without a transcription pipeline refuses only this (ignored below)
+    send({ type: "session.update", session: { input_audio_transcription: { model: "whisper-1" } } });
     startMicrophone(session);
   },
   "input_audio_buffer.speech_started"() {
@@ -239,6 +242,14 @@ const HANDLERS = {
     const spoken = parts.some((p) => p.type === "input_audio");
     const entry = addEntry("user", text || (spoken ? "(spoken)" : "(empty)"));
     if (spoken && text) setTag(entry, "spoken", "spoken");
+    if (spoken && item.id) session.spokenItems.set(item.id, entry);
+  },
+  "conversation.item.input_audio_transcription.completed"(event) {
+    const entry = session.spokenItems.get(event.item_id);
+    if (!entry || !event.transcript) return;
+    entry.entry.text = event.transcript;
+    entry.bubble.textContent = event.transcript;
+    setTag(entry, "spoken", "spoken");
   },
   "response.created"(event) {
     session.awaitingResponse = false;
@@ -275,6 +286,7 @@ const HANDLERS = {
   "session.resumed"() { session.paused = false; },
   error(event) {
     const err = event.error || {};
+    if (err.code === "unsupported_feature" && err.param === "session.input_audio_transcription") return;
     let message = err.message || "The server reported an error.";
     if (err.code) message += ` (${err.code})`;
     if (err.retry_after_s) message += ` Try again in ${Math.ceil(err.retry_after_s)} s.`;
