@@ -7,6 +7,7 @@ out) and ``asr`` (speech in, text out).
 from dataclasses import replace
 
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, StageSpec
+
 _P = "omnipipe.models.default"
 VOICE_SAMPLE_RATE_HZ = 22_050  # the packaged "joe" voice; the code2wav runner checks it at load
 

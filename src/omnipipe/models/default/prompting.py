@@ -7,9 +7,8 @@ generation stops at the first stop string. The answer text starts with a space
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import re
+from collections.abc import Sequence
 
 FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("What is the capital of Japan?", "The capital of Japan is Tokyo."),

@@ -12,10 +12,10 @@ owner left behind if that process is killed. Only the sender creates and unlinks
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
-import itertools
 import threading
 import time
 import weakref
