@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -115,3 +116,33 @@ def test_sessions_cleanup_by_age_then_size_with_a_report(tmp_path: Path) -> None
     assert "scanned 3 session(s)" in result.stdout
     assert "deleted 1 past the retention period and 1 over the size limit" in result.stdout, result.stdout
     assert "remaining: 1 session(s)" in result.stdout
+
+
+def test_gateway_serves_https_with_a_certificate(tmp_path: Path) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    trusted = ssl.create_default_context(cafile=str(cert))
+    port = free_port()
+    process = subprocess.Popen([*CLI, "gateway", "--workers", f"127.0.0.1:{free_port()}", "--port", str(port),
+                                "--data-dir", str(tmp_path / "data"), "--ssl-certfile", str(cert),
+                                "--ssl-keyfile", str(key)], stderr=(log := (tmp_path / "gateway.log").open("w")))
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                page = httpx.get(f"https://127.0.0.1:{port}/voice", verify=trusted, timeout=5)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "gateway.log").read_text()
+                time.sleep(0.2)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)  # plain http is not spoken there
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=30)
+        log.close()
+    mismatched = run_cli("gateway", "--workers", "127.0.0.1:1", "--ssl-certfile", str(cert))
+    assert mismatched.returncode == 2 and "--ssl-certfile and --ssl-keyfile go together" in mismatched.stderr

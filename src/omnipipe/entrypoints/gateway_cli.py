@@ -52,7 +52,24 @@ def add_gateway(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-record", action="store_true", help="do not record sessions")
     p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger request bodies get 413")
     _add_storage_flags(p)
+    _add_tls_flags(p)
     p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _add_tls_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ssl-certfile", type=Path, help="serve https/wss with this certificate (PEM); browsers give "
+                   "the microphone only to https pages or localhost")
+    p.add_argument("--ssl-keyfile", type=Path, help="the certificate's private key (PEM)")
+
+
+def _tls_options(args: argparse.Namespace) -> dict[str, str]:
+    cert, key = getattr(args, "ssl_certfile", None), getattr(args, "ssl_keyfile", None)
+    if (cert is None) != (key is None):
+        raise GatewayCLIError("--ssl-certfile and --ssl-keyfile go together")
+    for flag, path in (("--ssl-certfile", cert), ("--ssl-keyfile", key)):
+        if path is not None and not path.is_file():
+            raise GatewayCLIError(f"{flag}: file not found: {path}")
+    return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)} if cert is not None else {}
 
 
 def gateway_config(args: argparse.Namespace) -> Any:
@@ -74,12 +91,14 @@ def run_gateway(args: argparse.Namespace) -> int:
     from omnipipe.gateway.app import create_gateway_app
 
     config = gateway_config(args)
+    tls = _tls_options(args)
     app = create_gateway_app(config)
-    print(f"omnipipe: gateway on http://{config.host}:{config.port} for {len(config.workers)} worker(s); "
+    scheme = "https" if tls else "http"
+    print(f"omnipipe: gateway on {scheme}://{config.host}:{config.port} for {len(config.workers)} worker(s); "
           f"recordings in {config.data_dir.resolve() if config.record else '(off)'}", file=sys.stderr)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level="info" if args.verbose else "warning",
-                                           timeout_graceful_shutdown=5))
+                                           timeout_graceful_shutdown=5, **tls))
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     return 0
@@ -100,6 +119,7 @@ def add_up(sub: argparse._SubParsersAction) -> None:
                    help="admin token (default: $OMNIPIPE_ADMIN_TOKEN, else a random one, printed)")
     p.add_argument("--no-record", action="store_true")
     _add_storage_flags(p)
+    _add_tls_flags(p)
     p.add_argument("--verbose", "-v", action="store_true")
 
 
@@ -134,6 +154,7 @@ def run_up(args: argparse.Namespace) -> int:
             raise GatewayCLIError(f"{flag}: must be in 1..65535, got {port}")
         if not _port_free(host, port):
             raise GatewayCLIError(f"{flag}: port {port} on {host} is already in use")
+    tls = _tls_options(args)
     token = args.admin_token or secrets.token_urlsafe(12)
     gateway_args = argparse.Namespace(workers=",".join(f"127.0.0.1:{p}" for p in worker_ports), host=args.host,
                                       port=args.port, max_queue=args.max_queue, admin_token=token,
@@ -150,7 +171,9 @@ def run_up(args: argparse.Namespace) -> int:
     commands["gateway"] = [*cli, "gateway", "--workers", gateway_args.workers, "--host", args.host, "--port",
                            str(args.port), "--max-queue", str(args.max_queue), "--data-dir", str(args.data_dir),
                            "--retention-days", str(args.retention_days), "--max-storage-gb",
-                           str(args.max_storage_gb), *(["--no-record"] if args.no_record else []), *verbose]
+                           str(args.max_storage_gb), *(["--no-record"] if args.no_record else []), *verbose,
+                           *(["--ssl-certfile", tls["ssl_certfile"], "--ssl-keyfile", tls["ssl_keyfile"]]
+                             if tls else [])]
     env = {**os.environ, "OMNIPIPE_ADMIN_TOKEN": token, "PYTHONUNBUFFERED": "1"}
     children: dict[str, subprocess.Popen[bytes]] = {}
     stopping = False
@@ -165,7 +188,7 @@ def run_up(args: argparse.Namespace) -> int:
             # own process groups: a Ctrl-C reaches only `up`, which then stops every child in order
             children[name] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent,
                                               start_new_session=True)
-        url = f"http://{args.host}:{args.port}"
+        url = f"{'https' if tls else 'http'}://{args.host}:{args.port}"
         print(f"omnipipe: starting {args.workers} worker(s) (pipeline {args.pipeline!r}, ports "
               f"{worker_ports[0]}..{worker_ports[-1]}) and the gateway on {url}", file=sys.stderr)
         announced = False
@@ -175,7 +198,7 @@ def run_up(args: argparse.Namespace) -> int:
                     print(f"omnipipe: {name} exited with code {child.returncode}; stopping everything",
                           file=sys.stderr)
                     return 1
-            if not announced and _all_idle(args.host, args.port):
+            if not announced and _all_idle(url):
                 announced = True
                 print(f"omnipipe: ready. Open {url}/chat or {url}/voice; admin: {url}/admin "
                       f"(token {token}). Ctrl-C stops everything.", file=sys.stderr)
@@ -188,9 +211,12 @@ def run_up(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
-def _all_idle(host: str, port: int) -> bool:
+def _all_idle(url: str) -> bool:
+    """Whether the gateway at ``url`` sees every worker up (its own certificate is not checked: it is ours)."""
+    for wildcard in ("0.0.0.0", "[::]", "::"):
+        url = url.replace(f"//{wildcard}:", "//127.0.0.1:")
     try:
-        reply = httpx.get(f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}/health", timeout=1.0)
+        reply = httpx.get(f"{url}/health", timeout=1.0, verify=False)
         workers = reply.json().get("workers", {})
     except (httpx.HTTPError, ValueError, AttributeError):
         return False
