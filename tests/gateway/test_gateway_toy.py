@@ -8,7 +8,9 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator
 
 import httpx
@@ -220,6 +222,62 @@ def test_events_sent_while_queued_are_forwarded_in_order_once_served(cluster) ->
     _idle(gateway)
 
 
+def test_a_cancelled_plain_request_gets_queue_cancelled(cluster) -> None:
+    gateway, _ = cluster
+    _idle(gateway)
+    held = _hold_both_workers(gateway)
+    try:
+        with httpx.Client(timeout=60) as client:
+            result: dict[str, httpx.Response] = {}
+            waiting = threading.Thread(target=lambda: result.setdefault("r", client.post(
+                f"{gateway.url}/v1/chat/completions", json={"model": "toy", "messages": [
+                    {"role": "user", "content": "x"}]})))
+            waiting.start()
+            deadline = time.monotonic() + 30
+            while not gateway.admin("GET", "/queue").json() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            ticket = gateway.admin("GET", "/queue").json()[0]["ticket_id"]
+            assert gateway.admin("DELETE", f"/queue/{ticket}").status_code == 200
+            waiting.join(30)
+        response = result["r"]
+        assert response.status_code == 503 and response.json()["error"]["code"] == "queue_cancelled", response.text
+    finally:
+        for ws in held:
+            ws.close()
+    _idle(gateway)
+
+
+def test_a_client_flooding_while_queued_is_cut_off(cluster) -> None:
+    gateway, _ = cluster
+    _idle(gateway)
+    held = _hold_both_workers(gateway)
+    try:
+        with connect(gateway.ws_url, max_size=None, open_timeout=30) as ws:
+            assert json.loads(ws.recv(timeout=30))["position"] == 1
+            chunk = "x" * (1 << 20)
+            with pytest.raises(Exception):  # the gateway closes after the 4 MiB it holds for a queued client
+                for _ in range(64):
+                    ws.send(chunk)
+                ws.recv(timeout=30)
+                ws.recv(timeout=30)
+            assert ws.close_code == 1009
+    finally:
+        for ws in held:
+            ws.close()
+    _idle(gateway)
+
+
+def test_proxied_headers_are_not_doubled_and_gateway_headers_are_added(cluster) -> None:
+    gateway, workers = cluster
+    _idle(gateway)
+    response = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60, headers={"X-Admin-Token": "secret"},
+                          json={"model": "toy", "messages": [{"role": "user", "content": "hdr"}]})
+    assert response.status_code == 200
+    names = [k.lower() for k, _ in response.headers.multi_items()]
+    assert names.count("date") == 1 and names.count("server") == 1 and names.count("content-type") == 1, names
+    assert response.headers["x-omnipipe-worker"] in {w.address for w in workers}
+
+
 # ---------------------------------------------------------------------------------------------- admin
 ADMIN_ROUTES = [("GET", "/workers"), ("GET", "/queue"), ("DELETE", "/queue/abc"), ("GET", "/sessions"),
                 ("GET", "/recordings"), ("GET", "/eta"), ("PUT", "/eta"), ("GET", "/apps"), ("PUT", "/apps"),
@@ -276,6 +334,12 @@ def test_killing_a_worker_mid_session_fails_only_its_client(cluster) -> None:
 
     a, b = asyncio.run(kill_one_of_two(gateway.ws_url, LONG_QUESTION[:300], kill))
     victim = a.done["worker"]
+    # requests sent at once, before any health check ran, are not lost to the dead worker
+    with httpx.Client(timeout=60) as client:
+        with ThreadPoolExecutor(6) as threads:
+            statuses = list(threads.map(lambda i: client.post(f"{gateway.url}/v1/chat/completions", json={
+                "model": "toy", "messages": [{"role": "user", "content": f"after {i}"}]}).status_code, range(6)))
+    assert statuses == [200] * 6, statuses
     assert a.error is not None and a.error["code"] == "worker_failed", a.error
     assert a.close_code == 1011
     assert b.error is None and b.answer.startswith("WORD0"), (b.error, b.answer[:80])

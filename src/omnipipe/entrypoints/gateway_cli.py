@@ -124,7 +124,11 @@ def add_up(sub: argparse._SubParsersAction) -> None:
 
 
 def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+    """Whether a server could listen on ``host:port`` now (sockets of a just-stopped run in TIME-WAIT do not count,
+    as servers set SO_REUSEADDR too)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:
@@ -198,8 +202,13 @@ def run_up(args: argparse.Namespace) -> int:
                     print(f"omnipipe: {name} exited with code {child.returncode}; stopping everything",
                           file=sys.stderr)
                     return 1
-            if not announced and _all_idle(url):
+            states = _worker_states(url) if not announced else {}
+            if states and "LOADING" not in states.values() and "OFFLINE" not in states.values():
                 announced = True
+                failed = sorted(address for address, state in states.items() if state == "ERROR")
+                if failed:
+                    print(f"omnipipe: worker(s) {', '.join(failed)} failed to load (see their output above; "
+                          f"{url}/admin shows the reason)", file=sys.stderr)
                 print(f"omnipipe: ready. Open {url}/chat or {url}/voice; admin: {url}/admin "
                       f"(token {token}). Ctrl-C stops everything.", file=sys.stderr)
             time.sleep(0.5)
@@ -211,33 +220,36 @@ def run_up(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
-def _all_idle(url: str) -> bool:
-    """Whether the gateway at ``url`` sees every worker up (its own certificate is not checked: it is ours)."""
+def _worker_states(url: str) -> dict[str, str]:
+    """The worker states the gateway at ``url`` reports ({} if it does not answer yet); its own certificate is not
+    checked: it is ours."""
     for wildcard in ("0.0.0.0", "[::]", "::"):
         url = url.replace(f"//{wildcard}:", "//127.0.0.1:")
     try:
-        reply = httpx.get(f"{url}/health", timeout=1.0, verify=False)
-        workers = reply.json().get("workers", {})
+        workers = httpx.get(f"{url}/health", timeout=1.0, verify=False).json().get("workers", {})
     except (httpx.HTTPError, ValueError, AttributeError):
-        return False
-    return bool(workers) and all(state not in ("LOADING", "OFFLINE") for state in workers.values())
+        return {}
+    return workers if isinstance(workers, dict) else {}
 
 
 def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> None:
-    """The gateway first (so no new work goes out), then the workers: SIGTERM, then SIGKILL after 15 s."""
-    for name in sorted(children, key=lambda n: n != "gateway"):
-        child = children[name]
-        if child.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + 15.0
-    for child in children.values():
-        try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)
-            child.wait()
+    """The gateway first (so no new work goes out and queued clients are told), then the workers; each gets
+    SIGTERM, then SIGKILL of its process group if it has not ended within 15 s."""
+    gateway = {n: c for n, c in children.items() if n == "gateway"}
+    workers = {n: c for n, c in children.items() if n != "gateway"}
+    for group in (gateway, workers):
+        for child in group.values():
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15.0
+        for child in group.values():
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
 
 
 # ---------------------------------------------------------------------------------------------- sessions

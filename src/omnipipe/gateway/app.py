@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx
 from fastapi import FastAPI, Request, WebSocket
@@ -42,13 +43,18 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     store = SessionStore(config.data_dir)
     sessions = LiveSessions(store, record=config.record, chat_idle_s=config.chat_session_idle_s)
     apps = AppSwitches()
+    # one client for every user: it must never keep cookies a worker sets
     client = httpx.AsyncClient(timeout=httpx.Timeout(connect=5.0, read=600.0, write=60.0, pool=None),
-                               limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+                               limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                               cookies=CookieJar(policy=DefaultCookiePolicy(allowed_domains=[])))
     monitor = HealthMonitor(pool, client, interval_s=config.health_interval_s, timeout_s=config.health_timeout_s)
+    checks: set[asyncio.Task[None]] = set()
 
     def on_worker_failure(address: str) -> None:
         """A request to ``address`` failed at the connection level: check it now instead of at the next round."""
-        asyncio.get_running_loop().create_task(monitor.check(address))
+        task = asyncio.get_running_loop().create_task(monitor.check(address))
+        checks.add(task)
+        task.add_done_callback(checks.discard)
 
     proxy = ModelProxy(pool, client, sessions, apps, max_body_bytes=config.max_body_bytes,
                        on_worker_failure=on_worker_failure)
@@ -72,6 +78,7 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
         try:
             yield
         finally:
+            pool.cancel_all()  # waiters get queue_cancelled rather than a cut connection
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper

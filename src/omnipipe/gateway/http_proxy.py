@@ -37,8 +37,10 @@ WORKER_HEADER = "X-Omnipipe-Worker"
 QUEUE_EVENTS_HEADER = "X-Omnipipe-Queue-Events"
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
                          "transfer-encoding", "upgrade", "host", "content-length"})
+_GATEWAY_ONLY = frozenset({"x-admin-token", "cookie"})
 _MAX_RECORDED_JSON = 64 << 20
 _CAPACITY_RETRY_S = 3.0
+_MAX_RECONNECTS = 2
 Tap = ChatTap | SpeechTap | TranscriptionTap
 
 
@@ -55,8 +57,26 @@ def worker_failed_error(address: str, detail: str) -> APIError:
     return APIError(502, f"worker {address} failed: {detail}", code="worker_failed", type="server_error")
 
 
-def _forward_headers(headers: Headers) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _HOP_BY_HOP and not k.lower().startswith("x-omnipipe-")}
+def _dropped(headers: Headers | httpx.Headers, extra: frozenset[str]) -> set[str]:
+    """Header names not to pass on: hop-by-hop ones, those the ``Connection`` header names, and ``extra``."""
+    named = {t.strip().lower() for v in headers.get_list("connection") for t in v.split(",")} \
+        if isinstance(headers, httpx.Headers) else {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    return _HOP_BY_HOP | named | extra
+
+
+def request_headers(headers: Headers) -> list[tuple[str, str]]:
+    """The client's headers as sent on to a worker (no hop-by-hop, admin token or gateway headers)."""
+    drop = _dropped(headers, _GATEWAY_ONLY)
+    out = [(k, v) for k, v in headers.items() if k.lower() not in drop and not k.lower().startswith("x-omnipipe-")]
+    if "accept-encoding" not in {k.lower() for k, _ in out}:
+        out.append(("accept-encoding", "identity"))  # not httpx's default gzip: the client did not ask for it
+    return out
+
+
+def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
+    """The worker's response headers as passed to the client, repeated ones (``Set-Cookie``) kept apart."""
+    drop = _dropped(headers, frozenset({"date", "server"}))  # the gateway's own server adds these
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.multi_items() if k.lower() not in drop]
 
 
 def _sse(event: str | None, data: dict[str, Any]) -> bytes:
@@ -107,6 +127,7 @@ class _Exchange:
         self.worker: Worker | None = None
         self.upstream: httpx.Response | None = None
         self.tap: Tap | None = None
+        self.prefetched: bytes | None = None  # a body already read (a refusal checked for worker_at_capacity)
         self.status = "completed"
         self.error: str | None = None
         self._closed = False
@@ -146,10 +167,13 @@ class ModelProxy:
                 continue
             try:
                 reply = await self.client.get(f"http://{worker.address}/v1/models",
-                                              headers=_forward_headers(request.headers), timeout=5.0)
+                                              headers=request_headers(request.headers), timeout=5.0)
             except httpx.HTTPError:
                 continue
-            return Response(reply.content, reply.status_code, headers=_forward_headers(reply.headers))
+            response = Response(reply.content, reply.status_code)
+            response.raw_headers = [*response_headers(reply.headers),
+                                    (b"content-length", str(len(reply.content)).encode())]
+            return response
         raise APIError(503, "no worker is online", code="no_worker", headers={"Retry-After": "2"})
 
     async def handle(self, request: Request, request_type: str) -> Response:
@@ -182,8 +206,11 @@ class ModelProxy:
             await exchange.close()
             raise
         headers[WORKER_HEADER] = exchange.worker.address if exchange.worker else ""
-        return _ProxiedResponse(self._relay(exchange, upstream), exchange.close, status_code=upstream.status_code,
-                                headers={**_forward_headers(upstream.headers), **headers})
+        response = _ProxiedResponse(self._relay(exchange, upstream), exchange.close, status_code=upstream.status_code,
+                                    headers=headers)
+        response.raw_headers = [*response_headers(upstream.headers),
+                                *((k, v) for k, v in response.raw_headers if k != b"content-type")]
+        return response
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -225,6 +252,8 @@ class ModelProxy:
             while True:
                 done, _ = await asyncio.wait({waiter}, timeout=0.5)
                 if done:
+                    if waiter.cancelled():
+                        raise _cancelled_error()
                     exchange.worker = waiter.result()
                     self._start_session(exchange, request)
                     return exchange.worker
@@ -235,6 +264,7 @@ class ModelProxy:
                 waiter.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await waiter
+            _keep_assigned_worker(exchange, waiter)
 
     def _start_session(self, exchange: _Exchange, request: Request) -> None:
         assert exchange.worker is not None
@@ -273,16 +303,25 @@ class ModelProxy:
         self._make_tap(exchange, request, body, parsed)
         with contextlib.suppress(Exception):
             await self._record_upload(exchange, request, body)
-        address = exchange.worker.address
-        url = f"http://{address}{request.url.path}"
-        if request.url.query:
-            url += f"?{request.url.query}"
         deadline = asyncio.get_running_loop().time() + _CAPACITY_RETRY_S
+        reconnects = 0
         while True:
+            address = exchange.worker.address
+            url = f"http://{address}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
             upstream_request = self.client.build_request(request.method, url, content=body,
-                                                         headers=_forward_headers(request.headers))
+                                                         headers=request_headers(request.headers))
             try:
                 exchange.upstream = await self.client.send(upstream_request, stream=True)
+            except httpx.ConnectError as exc:
+                # the request never reached the worker: take it offline and give the request its turn back
+                self.pool.mark_unreachable(address, f"connection refused: {exc}")
+                self.on_worker_failure(address)
+                if reconnects >= _MAX_RECONNECTS:
+                    exchange.status, exchange.error = "failed", f"ConnectError: {exc}"
+                    raise worker_failed_error(address, exchange.error) from None
+                reconnects += 1
+                await self._requeue_at_front(exchange, request)
+                continue
             except httpx.HTTPError as exc:
                 exchange.status, exchange.error = "failed", f"{type(exc).__name__}: {exc}"
                 self.on_worker_failure(address)
@@ -290,11 +329,24 @@ class ModelProxy:
             if exchange.upstream.status_code != 429 or asyncio.get_running_loop().time() >= deadline:
                 return exchange.upstream
             # the worker counts a session until its response is done, a moment after the gateway released it
-            refusal = await exchange.upstream.aread()
-            if b'"worker_at_capacity"' not in refusal:
+            try:
+                exchange.prefetched = await exchange.upstream.aread()
+            except httpx.HTTPError as exc:
+                exchange.status, exchange.error = "failed", f"{type(exc).__name__}: {exc}"
+                raise worker_failed_error(address, exchange.error) from None
+            if b'"worker_at_capacity"' not in exchange.prefetched:
                 return exchange.upstream
+            exchange.prefetched = None
             await exchange.upstream.aclose()
             await asyncio.sleep(0.05)
+
+    async def _requeue_at_front(self, exchange: _Exchange, request: Request) -> None:
+        """Give the exchange's worker back and wait, first in line, for another one."""
+        assert exchange.worker is not None
+        self.pool.release(exchange.worker, exchange.ticket)
+        exchange.worker = None
+        exchange.ticket = self.pool.enqueue(exchange.request_type, front=True)
+        await self._wait_for_worker(exchange, request)
 
     async def _relay(self, exchange: _Exchange, upstream: httpx.Response) -> AsyncIterator[bytes]:
         """The worker's body as it arrives, also fed to the tap; a worker lost mid-stream ends it with an error."""
@@ -302,7 +354,8 @@ class ModelProxy:
         is_sse = content_type.startswith("text/event-stream")
         record = self._recording_sink(exchange, upstream.status_code, content_type, is_sse)
         try:
-            async for chunk in upstream.aiter_raw():
+            chunks = _once(exchange.prefetched) if exchange.prefetched is not None else upstream.aiter_raw()
+            async for chunk in chunks:
                 record(chunk)
                 yield chunk
             record(None)
@@ -332,8 +385,10 @@ class ModelProxy:
                 while not waiter.done():
                     changed.clear()
                     change = asyncio.ensure_future(changed.wait())
-                    await asyncio.wait({waiter, change}, return_when=asyncio.FIRST_COMPLETED)
-                    change.cancel()
+                    try:
+                        await asyncio.wait({waiter, change}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        change.cancel()
                     now = (ticket.position, round(ticket.estimated_wait_s, 1))
                     if not waiter.done() and now != last:
                         last = now
@@ -341,10 +396,10 @@ class ModelProxy:
             finally:
                 if not waiter.done():
                     waiter.cancel()
+                _keep_assigned_worker(exchange, waiter)  # even if the client went just as a worker was assigned
             if waiter.cancelled():
-                yield _sse(None, APIError(503, "the queued request was cancelled", code="queue_cancelled").body())
+                yield _sse(None, _cancelled_error().body())
                 return
-            exchange.worker = waiter.result()
         finally:
             remove()
         self._start_session(exchange, request)
@@ -437,3 +492,17 @@ async def _multipart_file(headers: Headers, body: bytes, field: str) -> tuple[by
         return await upload.read(), upload.filename
     finally:
         await form.close()
+
+
+def _cancelled_error() -> APIError:
+    return APIError(503, "the queued request was cancelled", code="queue_cancelled")
+
+
+def _keep_assigned_worker(exchange: _Exchange, waiter: asyncio.Future[Worker]) -> None:
+    """Record the worker a finished ``waiter`` got, so that closing the exchange releases it."""
+    if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+        exchange.worker = waiter.result()
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data

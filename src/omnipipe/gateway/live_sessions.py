@@ -49,8 +49,11 @@ class LiveSessions:
         session_id = session_id or self.new_id(kind)
         recorder = None
         if self.writer is not None:
-            recorder = SessionRecorder(self.store, session_id, kind, writer=self.writer, worker=worker,
-                                       config=config)
+            try:
+                recorder = SessionRecorder(self.store, session_id, kind, writer=self.writer, worker=worker,
+                                           config=config)
+            except OSError:  # a full disk or a broken data dir loses the recording, never the session
+                logger.exception("cannot record session %s", session_id)
         session = LiveSession(session_id, kind, worker, client, recorder)
         session.requests_in_flight = 1
         self._sessions[session_id] = session

@@ -7,6 +7,7 @@ session's folder): ``..``, absolute paths, encoded separators and symlinks leadi
 from __future__ import annotations
 
 import asyncio
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -94,11 +95,15 @@ async def download(session_id: str, request: Request) -> FileResponse:
     store = request.app.state.store
     _existing_session(request, session_id)
     scratch = Path(tempfile.mkdtemp(prefix="omnipipe-zip-"))
-    archive = await asyncio.to_thread(store.zip_session, session_id, scratch / f"{session_id}.zip")
 
     def remove() -> None:
-        archive.unlink(missing_ok=True)
-        scratch.rmdir()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    try:
+        archive = await asyncio.to_thread(store.zip_session, session_id, scratch / f"{session_id}.zip")
+    except BaseException:
+        remove()
+        raise
 
     return FileResponse(archive, media_type="application/zip", filename=f"{session_id}.zip",
                         background=BackgroundTask(remove))

@@ -45,9 +45,13 @@ class _Inbox:
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.held_bytes = 0
         self.gone = asyncio.Event()
+        self.overflowed = False  # the client sent more than the limit while queued
+        self.forwarding = False  # a worker is taking the messages
+        self._drained = asyncio.Event()
 
     def put(self, message: str | bytes) -> None:
         self.held_bytes += len(message)
+        self._drained.clear()
         self.queue.put_nowait(message)
 
     def close(self) -> None:
@@ -58,7 +62,12 @@ class _Inbox:
         message = await self.queue.get()
         if message is not _CLIENT_GONE:
             self.held_bytes -= len(message)
+            if self.held_bytes <= 0:
+                self._drained.set()
         return message
+
+    async def wait_drained(self) -> None:
+        await self._drained.wait()
 
 
 def error_event(code: str, message: str, **extra: Any) -> str:
@@ -89,12 +98,12 @@ class RealtimeProxy:
             return
         inbox = _Inbox()
         reader = asyncio.create_task(self._read_client(ws, inbox), name="omnipipe-gateway-ws-reader")
-        worker: Worker | None = None
+        assigned: dict[str, Worker] = {}  # the worker the ticket got, however waiting ended
         session: LiveSession | None = None
         tap: RealtimeTap | None = None
         status, error = "completed", None
         try:
-            worker = await self._wait_in_queue(ws, ticket, inbox)
+            worker = await self._wait_in_queue(ws, ticket, inbox, assigned)
             if worker is None:
                 status = "cancelled"
                 return
@@ -112,8 +121,8 @@ class RealtimeProxy:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-            if worker is not None:
-                self.pool.release(worker, ticket)
+            if "worker" in assigned:
+                self.pool.release(assigned["worker"], ticket)
             elif ticket.waiting:
                 self.pool.cancel(ticket.ticket_id)
             if tap is not None:
@@ -132,15 +141,25 @@ class RealtimeProxy:
                 payload = message.get("text")
                 if payload is None:
                     payload = message.get("bytes")
-                if payload is not None:
-                    inbox.put(payload)
+                if payload is None:
+                    continue
+                inbox.put(payload)
+                if inbox.held_bytes > self.max_held_bytes:
+                    if not inbox.forwarding:
+                        inbox.overflowed = True
+                        break
+                    await inbox.wait_drained()  # back-pressure: read on once the worker has taken what is held
         except (RuntimeError, ConnectionError):
             pass
         finally:
             inbox.close()
 
-    async def _wait_in_queue(self, ws: WebSocket, ticket: Ticket, inbox: _Inbox) -> Worker | None:
-        """Send queue messages until a worker is assigned; ``None`` if the client left or was cancelled."""
+    async def _wait_in_queue(self, ws: WebSocket, ticket: Ticket, inbox: _Inbox,
+                             assigned: dict[str, Worker]) -> Worker | None:
+        """Send queue messages until a worker is assigned; ``None`` if the client left or was cancelled.
+
+        However it ends, a worker the ticket got is put in ``assigned`` (so the caller releases it).
+        """
         changed = asyncio.Event()
         remove = self.pool.add_listener(changed.set)
         waiter = asyncio.ensure_future(self.pool.wait(ticket))
@@ -153,17 +172,19 @@ class RealtimeProxy:
                 changed.clear()
                 change = asyncio.ensure_future(changed.wait())
                 gone = asyncio.ensure_future(inbox.gone.wait())
-                await asyncio.wait({waiter, change, gone}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-                change.cancel()
-                gone.cancel()
+                try:
+                    await asyncio.wait({waiter, change, gone}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    change.cancel()
+                    gone.cancel()
                 if waiter.done():
                     break
-                if inbox.gone.is_set():
-                    return None
-                if inbox.held_bytes > self.max_held_bytes:
+                if inbox.overflowed:
                     await _close(ws, CLOSE_TOO_BIG, error_event(
                         "held_too_much", f"sent more than {self.max_held_bytes} bytes while queued; wait for "
                         "queue_done before streaming audio"))
+                    return None
+                if inbox.gone.is_set():
                     return None
                 now = (ticket.position, round(ticket.estimated_wait_s, 1))
                 if now != last:
@@ -174,12 +195,16 @@ class RealtimeProxy:
                 await _close(ws, CLOSE_TRY_AGAIN, error_event("queue_cancelled", "your place in the queue was cancelled"))
                 return None
             return waiter.result()
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            return None  # the client went while a queue message was being sent
         finally:
             remove()
             if not waiter.done():
                 waiter.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await waiter
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                assigned["worker"] = waiter.result()
 
     async def _relay(self, ws: WebSocket, worker: Worker, session: LiveSession, inbox: _Inbox,
                      tap: RealtimeTap | None) -> tuple[str, str | None]:
@@ -187,6 +212,7 @@ class RealtimeProxy:
         upstream, first = await self._open_upstream(ws, worker)
         if upstream is None:
             return "failed", first
+        inbox.forwarding = True
         to_worker = asyncio.create_task(self._client_to_worker(inbox, upstream, tap))
         to_client: asyncio.Task[tuple[int, str]] | None = None
         try:
@@ -234,9 +260,7 @@ class RealtimeProxy:
         deadline = asyncio.get_running_loop().time() + _CAPACITY_RETRY_S
         while True:
             try:
-                upstream = await connect(f"ws://{worker.address}/v1/realtime", additional_headers=headers,
-                                         max_size=None, open_timeout=10, ping_interval=None)
-                first = await asyncio.wait_for(upstream.recv(), 30)
+                upstream, first = await _connect(worker.address, headers)
             except InvalidStatus as exc:
                 message = f"worker {worker.address} refused the session (HTTP {exc.response.status_code})"
                 await _close(ws, CLOSE_TRY_AGAIN if exc.response.status_code >= 500 else CLOSE_POLICY,
@@ -288,6 +312,19 @@ class RealtimeProxy:
             pass
         close = upstream.protocol.close_rcvd
         return (close.code, close.reason) if close is not None else (1006, "")
+
+
+async def _connect(address: str, headers: list[tuple[str, str]]) -> tuple[ClientConnection, str | bytes]:
+    """Open a realtime session on the worker and read its first event; on any failure after the connection
+    opened, close it (a session left open would hold one of the worker's slots)."""
+    upstream = await connect(f"ws://{address}/v1/realtime", additional_headers=headers, max_size=None,
+                             open_timeout=10, ping_interval=None)
+    try:
+        return upstream, await asyncio.wait_for(upstream.recv(), 30)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(upstream.close(), 5)
+        raise
 
 
 async def _close(ws: WebSocket, code: int, event: str | None, reason: str = "") -> None:

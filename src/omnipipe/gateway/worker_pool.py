@@ -131,22 +131,30 @@ class WorkerPool:
         """Requests currently waiting."""
         return sum(1 for t in self._queue.values() if t.waiting)
 
-    def enqueue(self, request_type: str) -> Ticket:
+    def enqueue(self, request_type: str, *, front: bool = False) -> Ticket:
         """Take a place for ``request_type``; served at once when nobody waits and a worker has room.
 
         Raises ``QueueFullError`` when the request would have to wait and ``max_queue`` requests already
-        do.  Must be called with the event loop running.
+        do.  ``front=True`` puts the request at the head of the queue, past the limit (a request whose
+        worker could not be reached gets its turn back).  Must be called with the event loop running.
         """
         loop = asyncio.get_running_loop()
         waiting = self.queue_length
-        if (waiting or self._pick_worker() is None) and waiting >= self.max_queue:
+        if not front and (waiting or self._pick_worker() is None) and waiting >= self.max_queue:
             retry = self.eta.estimate_wait_s(1, request_type, self.total_capacity)
             raise QueueFullError(self.max_queue, retry)
         ticket = Ticket(uuid.uuid4().hex, request_type, loop.create_future(), self._clock())
         ticket.future.add_done_callback(functools.partial(self._on_future_done, ticket.ticket_id))
         self._queue[ticket.ticket_id] = ticket
+        if front:
+            self._queue.move_to_end(ticket.ticket_id, last=False)
         self._dispatch_next()
         return ticket
+
+    def cancel_all(self) -> int:
+        """Withdraw every waiting request (the gateway is stopping); returns how many."""
+        waiting = [t.ticket_id for t in self.waiting_tickets()]
+        return sum(self.cancel(ticket_id) for ticket_id in waiting)
 
     def cancel(self, ticket_id: str) -> bool:
         """Withdraw a waiting request; ``False`` if it is unknown or already assigned."""
@@ -252,6 +260,14 @@ class WorkerPool:
         if not stale_busy:
             worker.health_state = reply_state
         self._dispatch_next()
+
+    def mark_unreachable(self, address: str, reason: str) -> None:
+        """A connection to ``address`` failed: take it offline now, until a health check answers again."""
+        worker = self._workers[address]
+        worker.consecutive_failures = max(worker.consecutive_failures, self.offline_after_failures)
+        worker.online = False
+        worker.health_reason = reason
+        self._refresh_positions()
 
     # -- dispatch ----------------------------------------------------------------------------------
 
