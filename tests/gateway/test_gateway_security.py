@@ -122,3 +122,18 @@ def test_admin_is_disabled_without_a_configured_token(tmp_path: Path) -> None:
         response = httpx.get(f"{url}/api/admin/workers", headers={"Authorization": "Bearer anything-at-all"})
         assert response.status_code == 401 and response.json()["error"]["code"] == "admin_disabled"
         assert "--admin-token" in response.json()["error"]["message"]
+
+
+def test_cross_origin_websocket_is_refused(gateway: GatewayProcess) -> None:
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    url = f"ws://127.0.0.1:{gateway.port}/v1/realtime"
+    with pytest.raises(InvalidStatus) as refused:
+        connect(url, origin="http://evil.example", open_timeout=10)
+    assert refused.value.response.status_code == 403
+    # the gateway's own pages (same origin) and clients without an Origin get in
+    with connect(url, origin=f"http://127.0.0.1:{gateway.port}", open_timeout=10) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "queued"
+    with connect(url, open_timeout=10) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "queued"

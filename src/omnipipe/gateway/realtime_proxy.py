@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 from typing import Any
+from urllib.parse import urlsplit
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from websockets.asyncio.client import ClientConnection, connect
@@ -70,6 +71,15 @@ class _Inbox:
         await self._drained.wait()
 
 
+def same_origin(ws: WebSocket) -> bool:
+    """True for clients that send no ``Origin`` (non-browser clients) and for pages served by this gateway."""
+    origin = ws.headers.get("origin")
+    if origin is None:
+        return True
+    host = ws.headers.get("host", "")
+    return urlsplit(origin).netloc.lower() == host.lower()
+
+
 def error_event(code: str, message: str, **extra: Any) -> str:
     return json.dumps({"type": "error", "error": {"type": "server_error", "code": code, "message": message, **extra}})
 
@@ -84,6 +94,10 @@ class RealtimeProxy:
         self.on_worker_failure = on_worker_failure
 
     async def handle(self, ws: WebSocket) -> None:
+        if not same_origin(ws):
+            # a browser page of another site must not open voice sessions with this gateway's users' microphones
+            await ws.close(CLOSE_POLICY, "cross-origin WebSocket refused")
+            return
         await ws.accept()
         try:
             self.apps.check("voice")
