@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 
 from omnipipe.entrypoints.openai.api_error import APIError
 from omnipipe.gateway.config import REQUEST_TYPES
+from omnipipe.gateway.worker_pool import WorkerPool
 
 
 def require_admin(request: Request) -> None:
@@ -63,11 +64,16 @@ async def queue(request: Request) -> list[dict[str, Any]]:
             for t in pool.waiting_tickets()]
 
 
-@router.delete("/queue/{ticket_id}")
-async def cancel(ticket_id: str, request: Request) -> dict[str, Any]:
-    if not request.app.state.pool.cancel(ticket_id):
+def cancel_ticket(pool: WorkerPool, ticket_id: str) -> dict[str, str]:
+    """Withdraw a waiting request (for the admin, and for its own client); 404 if it is not waiting."""
+    if not pool.cancel(ticket_id):
         raise APIError(404, f"ticket_id: no waiting request {ticket_id!r}", param="ticket_id", code="not_found")
     return {"cancelled": ticket_id}
+
+
+@router.delete("/queue/{ticket_id}")
+async def cancel(ticket_id: str, request: Request) -> dict[str, str]:
+    return cancel_ticket(request.app.state.pool, ticket_id)
 
 
 @router.get("/sessions")

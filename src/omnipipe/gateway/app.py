@@ -17,9 +17,8 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 import httpx
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from omnipipe.entrypoints.openai.api_error import APIError
+from omnipipe.entrypoints.openai.api_error import APIError, install_api_error_handlers
 from omnipipe.gateway import admin, pages
 from omnipipe.gateway.apps import AppSwitches
 from omnipipe.gateway.config import GatewayConfig
@@ -128,10 +127,7 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
 
     @app.delete("/api/queue/{ticket_id}")
     async def leave_queue(ticket_id: str) -> dict[str, str]:
-        if not pool.cancel(ticket_id):
-            raise APIError(404, f"ticket_id: no waiting request {ticket_id!r}", param="ticket_id",
-                           code="not_found")
-        return {"cancelled": ticket_id}
+        return admin.cancel_ticket(pool, ticket_id)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -145,21 +141,10 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, APIError)
-        return exc.response()
-
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        message = {404: "no such route", 405: "method not allowed on this route"}.get(exc.status_code,
-                                                                                   str(exc.detail))
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
+    install_api_error_handlers(app)
 
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unexpected gateway error", exc_info=exc)
         return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()
 
-    app.add_exception_handler(APIError, api_error)
-    app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)

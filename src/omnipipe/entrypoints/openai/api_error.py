@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 INVALID_REQUEST = "invalid_request_error"
 RETRY_AFTER_S = 1
@@ -32,3 +34,21 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def install_api_error_handlers(app: FastAPI) -> None:
+    """Answer ``APIError`` and the router's own 404/405 (and other HTTP exceptions) as OpenAI error objects."""
+
+    async def api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        return exc.response()
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        messages = {404: "no such route", 405: "method not allowed on this route"}
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        message = messages.get(exc.status_code, str(exc.detail))
+        return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
+
+    app.add_exception_handler(APIError, api_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)

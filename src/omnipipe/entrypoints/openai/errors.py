@@ -12,12 +12,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omnipipe.audio import AudioDecodeError
 from omnipipe.engine.async_omni_engine import EngineOverloadedError
 from omnipipe.entrypoints.async_omni import EngineClosedError, RequestFailedError
-from omnipipe.entrypoints.openai.api_error import RETRY_AFTER_S, APIError
+from omnipipe.entrypoints.openai.api_error import RETRY_AFTER_S, APIError, install_api_error_handlers
 
 logger = logging.getLogger(__name__)
 
@@ -114,26 +113,15 @@ def from_validation_errors(errors: list[Any]) -> APIError:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    async def api_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, APIError)
-        return exc.response()
+    install_api_error_handlers(app)
 
     async def request_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, (RequestValidationError, ValidationError))
         return from_validation_errors(list(exc.errors())).response()
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        messages = {404: "no such route", 405: "method not allowed on this route"}
-        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        message = messages.get(exc.status_code, str(exc.detail))
-        return APIError(exc.status_code, message, code=code, headers=exc.headers).response()
-
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         return from_engine_error(exc, {}).response()
 
-    app.add_exception_handler(APIError, api_error)
     app.add_exception_handler(RequestValidationError, request_validation)
     app.add_exception_handler(ValidationError, request_validation)
-    app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)
