@@ -52,7 +52,7 @@ def omnipipe_processes(processes: list[psutil.Process]) -> list[str]:
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_toy_run_through_the_cli(tmp_path: Path) -> None:
     path = tmp_path / "gateway.json"
-    command = [sys.executable, "-m", "omnipipe.entrypoints.cli", "bench", "gateway", "--pipeline", "toy",
+    command = [sys.executable, "-m", "omnipipe.cli.main", "bench", "gateway", "--pipeline", "toy",
                "--num-prompts", "4", "--max-concurrency", "1,2", "--json", str(path)]
     out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
     with out_path.open("wb") as out, err_path.open("wb") as err:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from omnipipe.bench.serve import DETAIL_HEADERS, MAIN_HEADERS, load_prompts, main
-from omnipipe.entrypoints.cli import main as cli_main
+from omnipipe.cli.main import main as cli_main
 from tests.server.conftest import API_KEY, TOY_DEPLOY, ServerProcess, running_server
 
 

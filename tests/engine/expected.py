@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from omnipipe.models.toy.talker import ToyTalkerModel
-from omnipipe.models.toy.vocoder import decode_whole
+from omnipipe.models.toy.runners.talker import ToyTalkerModel
+from omnipipe.models.toy.runners.vocoder import decode_whole
 
 
 def expected_text(prompt: str, max_tokens: int | None = None) -> str:

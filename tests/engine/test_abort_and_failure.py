@@ -168,7 +168,7 @@ def test_a_stage_that_fails_to_load_is_named() -> None:
     toy = get_pipeline("toy")
     broken = PipelineSpec(
         name="broken", description="", prompt_processor=toy.prompt_processor, input_modalities=("text",),
-        stages=(toy.stages[0], StageSpec("talker", "generation", "omnipipe.models.toy.talker:NoSuchRunner"),
+        stages=(toy.stages[0], StageSpec("talker", "generation", "omnipipe.models.toy.runners.talker:NoSuchRunner"),
                 toy.stages[2]),
         edges=toy.edges,
     )

@@ -22,13 +22,13 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 class CliProcess:
-    """``python -m omnipipe.entrypoints.cli ARGS`` with its output in ``log_path``."""
+    """``python -m omnipipe.cli.main ARGS`` with its output in ``log_path``."""
 
     def __init__(self, name: str, args: list[str], workdir: Path) -> None:
         self.name = name
         self.log_path = workdir / f"{name}.log"
         self.log = self.log_path.open("wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "omnipipe.entrypoints.cli", *args], stdout=self.log,
+        self.process = subprocess.Popen([sys.executable, "-m", "omnipipe.cli.main", *args], stdout=self.log,
                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def log_text(self) -> str:

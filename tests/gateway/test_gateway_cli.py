@@ -17,7 +17,7 @@ import pytest
 
 from tests.server.conftest import free_port
 
-CLI = [sys.executable, "-m", "omnipipe.entrypoints.cli"]
+CLI = [sys.executable, "-m", "omnipipe.cli.main"]
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from omnipipe.gateway.sessions.cleanup import CleanupReport, PeriodicCleanup, cleanup_sessions
-from omnipipe.gateway.sessions.store import SessionStore
+from omnipipe.gateway.recording.cleanup import CleanupReport, PeriodicCleanup, cleanup_sessions
+from omnipipe.gateway.recording.store import SessionStore
 
 DAY = 86_400.0
 NOW = time.time()  # PeriodicCleanup measures ages from the real clock

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from omnipipe.gateway.sessions.store import (
+from omnipipe.gateway.recording.store import (
     SESSION_ID_PATTERN,
     InvalidSessionPath,
     SessionStore,

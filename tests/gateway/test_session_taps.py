@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omnipipe.entrypoints.openai.audio_stream import streaming_wav_header
-from omnipipe.gateway.sessions.recorder import RecordingWriter, SessionRecorder
-from omnipipe.gateway.sessions.replay import encode_wav, read_wav
-from omnipipe.gateway.sessions.store import SessionStore
-from omnipipe.gateway.sessions.taps import ChatTap, RealtimeTap, SpeechTap, TranscriptionTap
+from omnipipe.server.audio_stream import streaming_wav_header
+from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+from omnipipe.gateway.recording.replay import encode_wav, read_wav
+from omnipipe.gateway.recording.store import SessionStore
+from omnipipe.gateway.recording.taps import ChatTap, RealtimeTap, SpeechTap, TranscriptionTap
 
 RATE = 24_000
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
@@ -309,9 +309,9 @@ def test_realtime_transcripts_go_to_the_turn_of_their_audio_item(tmp_path) -> No
 
     import numpy as np
 
-    from omnipipe.gateway.sessions.recorder import RecordingWriter, SessionRecorder
-    from omnipipe.gateway.sessions.store import SessionStore
-    from omnipipe.gateway.sessions.taps import RealtimeTap
+    from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+    from omnipipe.gateway.recording.store import SessionStore
+    from omnipipe.gateway.recording.taps import RealtimeTap
 
     store = SessionStore(tmp_path)
     writer = RecordingWriter()

@@ -9,7 +9,7 @@ import pytest
 
 from omnipipe.gateway.eta import EtaEstimator
 from omnipipe.gateway.worker import Worker, WorkerState
-from omnipipe.gateway.worker_pool import QueueFullError, Ticket, WorkerPool
+from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
 
 
 class FakeClock:

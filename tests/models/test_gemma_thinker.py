@@ -15,7 +15,7 @@ from omnipipe.models.default.prompting import (
     stop_strings,
     stream_safe_length,
 )
-from omnipipe.models.default.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sample_next_token
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -29,8 +29,8 @@ DECODE_STEPS = 12
 
 @pytest.fixture(scope="module")
 def thinker():
-    from omnipipe.models.default.gemma_model import GemmaThinker
-    from omnipipe.models.default.thinker_weights import prepare_thinker
+    from omnipipe.models.default.modeling.gemma import GemmaThinker
+    from omnipipe.models.default.weights.thinker import prepare_thinker
 
     return GemmaThinker(prepare_thinker(progress=False), num_threads=2)
 

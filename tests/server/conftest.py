@@ -43,7 +43,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log_path = tmp / f"server-{pipeline}-{self.port}.log"
-        command = [sys.executable, "-m", "omnipipe.entrypoints.cli", command_name, "--pipeline", pipeline,
+        command = [sys.executable, "-m", "omnipipe.cli.main", command_name, "--pipeline", pipeline,
                    "--host", "127.0.0.1", "--port", str(self.port), "--max-body-bytes", str(max_body_bytes)]
         if deploy is not None:
             deploy_path = tmp / f"deploy-{pipeline}.yaml"

@@ -15,7 +15,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from omnipipe.entrypoints.openai.vad import EnergyVAD
+from omnipipe.server.vad import EnergyVAD
 from tests.server.conftest import ServerProcess, engines_idle
 
 RECV_TIMEOUT_S = 120

@@ -22,7 +22,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from omnipipe.entrypoints.openai.sessions import SessionTracker
+from omnipipe.server.capacity import SessionTracker
 from omnipipe.gateway.worker import WorkerState
 from tests.server.conftest import ServerProcess, engines_idle, running_server
 from tests.server.test_realtime import LONG_TEXT, no_vad, pcm16_b64, recv, send, tone, until, user_text, ws_url
@@ -334,7 +334,7 @@ def test_serve_still_exits_when_its_engine_fails(tmp_path: Path) -> None:
     (["--pause-timeout-s", "inf"], "omnipipe: error: --pause-timeout-s: must be a number > 0, got inf"),
 ])
 def test_worker_argument_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "omnipipe.entrypoints.cli", "worker", "--pipeline", "toy", *args],
+    done = subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "worker", "--pipeline", "toy", *args],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done
     assert done.stderr.strip().splitlines() == [message], done.stderr
@@ -342,7 +342,7 @@ def test_worker_argument_errors_are_one_line_and_exit_2(args: list[str], message
 
 
 def test_worker_help_lists_its_options() -> None:
-    done = subprocess.run([sys.executable, "-m", "omnipipe.entrypoints.cli", "worker", "--help"],
+    done = subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "worker", "--help"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0
     for option in ("--capacity", "--pause-timeout-s", "--pipeline", "--deploy", "--api-key", "--host", "--port"):

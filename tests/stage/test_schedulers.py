@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from omnipipe.stage.ar_scheduler import ARScheduler
-from omnipipe.stage.generation_scheduler import GenerationScheduler
+from omnipipe.stage.schedulers.ar import ARScheduler
+from omnipipe.stage.schedulers.generation import GenerationScheduler
 from omnipipe.stage.request import RequestStatus, StageRequest
 
 

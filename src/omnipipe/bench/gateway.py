@@ -43,7 +43,7 @@ from websockets.exceptions import WebSocketException
 
 from omnipipe.bench.report import format_table, machine_info, summarize, write_json
 from omnipipe.bench.serve import RequestResult, load_prompts, one_request, summarize_run
-from omnipipe.entrypoints.gateway_cli import _die_with_parent
+from omnipipe.cli.gateway import _die_with_parent
 
 DIRECT, GATEWAY, NO_RECORD = "direct", "gateway", "gateway --no-record"
 TARGETS = (DIRECT, GATEWAY, NO_RECORD)
@@ -70,7 +70,7 @@ def free_port() -> int:
 
 
 class Child:
-    """``python -m omnipipe.entrypoints.cli ARGS`` in its own process group, its output in ``workdir/NAME.log``."""
+    """``python -m omnipipe.cli.main ARGS`` in its own process group, its output in ``workdir/NAME.log``."""
 
     def __init__(self, name: str, args: list[str], workdir: Path, port: int) -> None:
         self.name = name
@@ -78,7 +78,7 @@ class Child:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = workdir / f"{name.replace(' ', '')}.log"
         self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "omnipipe.entrypoints.cli", *args], stdout=self._log,
+        self.process = subprocess.Popen([sys.executable, "-m", "omnipipe.cli.main", *args], stdout=self._log,
                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
                                         preexec_fn=_die_with_parent)  # noqa: PLW1509 - started before any thread

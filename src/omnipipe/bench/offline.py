@@ -18,7 +18,7 @@ import numpy as np
 from omnipipe import AsyncOmni, SamplingParams
 from omnipipe.bench.prompts import QUESTIONS
 from omnipipe.bench.report import format_table, machine_info, mean, summarize, write_json
-from omnipipe.outputs import RequestMetrics
+from omnipipe.api.outputs import RequestMetrics
 
 METRICS = ("e2e_s", "ttft_s", "tpot_s", "itl_s", "ttfp_s", "rtf")
 
@@ -73,8 +73,8 @@ def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
     from transformers.generation.streamers import BaseStreamer
 
     from omnipipe.models.default.prompting import build_prompt, stop_strings
-    from omnipipe.models.default.thinker_weights import prepare_thinker
-    from omnipipe.models.default.voice_weights import PACKAGED_VOICES
+    from omnipipe.models.default.weights.thinker import prepare_thinker
+    from omnipipe.models.default.weights.voice import PACKAGED_VOICES
 
     torch.set_num_threads(2)
     model_dir = prepare_thinker(progress=True)

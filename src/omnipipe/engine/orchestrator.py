@@ -33,7 +33,7 @@ from omnipipe.config.deploy_config import DeployConfig, EdgeDeploy
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, resolve
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
 from omnipipe.stage.launch import ChunkLink, StageLaunch
-from omnipipe.stage.stage_client import StageClient
+from omnipipe.engine.stage_client import StageClient
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,

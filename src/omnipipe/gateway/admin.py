@@ -12,9 +12,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from omnipipe.entrypoints.openai.api_error import APIError
+from omnipipe.protocol.errors import APIError
 from omnipipe.gateway.config import REQUEST_TYPES
-from omnipipe.gateway.worker_pool import WorkerPool
+from omnipipe.gateway.pool import WorkerPool
 
 
 def require_admin(request: Request) -> None:
@@ -126,7 +126,7 @@ async def set_apps(request: Request) -> dict[str, bool]:
 
 @router.post("/cleanup")
 async def cleanup(request: Request) -> dict[str, Any]:
-    from omnipipe.gateway.sessions.cleanup import cleanup_sessions
+    from omnipipe.gateway.recording.cleanup import cleanup_sessions
 
     state = request.app.state
     started = time.monotonic()

@@ -18,19 +18,19 @@ import httpx
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 
-from omnipipe.entrypoints.openai.api_error import APIError, install_api_error_handlers
+from omnipipe.protocol.errors import APIError, install_api_error_handlers
 from omnipipe.gateway import admin, pages
 from omnipipe.gateway.apps import AppSwitches
 from omnipipe.gateway.config import GatewayConfig
 from omnipipe.gateway.eta import EtaEstimator
 from omnipipe.gateway.health import HealthMonitor
-from omnipipe.gateway.http_proxy import ModelProxy
+from omnipipe.gateway.proxy.http import ModelProxy
 from omnipipe.gateway.live_sessions import LiveSessions
-from omnipipe.gateway.realtime_proxy import RealtimeProxy
-from omnipipe.gateway.sessions.cleanup import PeriodicCleanup
-from omnipipe.gateway.sessions.store import SessionStore
+from omnipipe.gateway.proxy.realtime import RealtimeProxy
+from omnipipe.gateway.recording.cleanup import PeriodicCleanup
+from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.worker import Worker
-from omnipipe.gateway.worker_pool import WorkerPool
+from omnipipe.gateway.pool import WorkerPool
 
 logger = logging.getLogger(__name__)
 _IDLE_SWEEP_S = 30.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omnipipe.entrypoints.openai.api_error import APIError
+from omnipipe.protocol.errors import APIError
 from omnipipe.gateway.config import REQUEST_TYPES
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from omnipipe.gateway.worker import WorkerState
-from omnipipe.gateway.worker_pool import WorkerPool
+from omnipipe.gateway.pool import WorkerPool
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnipipe.gateway.sessions.recorder import RecordingWriter, SessionRecorder
-from omnipipe.gateway.sessions.store import SessionStore
+from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+from omnipipe.gateway.recording.store import SessionStore
 
 logger = logging.getLogger(__name__)
 

@@ -6,11 +6,11 @@ from omnipipe.config.pipeline_spec import PipelineSpec, resolve
 
 # name -> dotted path of a PipelineSpec
 PIPELINES: dict[str, str] = {
-    "default": "omnipipe.models.default.pipelines:DEFAULT",
-    "tts": "omnipipe.models.default.pipelines:TTS",
-    "asr": "omnipipe.models.default.pipelines:ASR",
+    "default": "omnipipe.models.default.pipeline:DEFAULT",
+    "tts": "omnipipe.models.default.pipeline:TTS",
+    "asr": "omnipipe.models.default.pipeline:ASR",
     "toy": "omnipipe.models.toy.pipeline:PIPELINE",
-    "toy_tts": "omnipipe.models.toy.tts_pipeline:PIPELINE",
+    "toy_tts": "omnipipe.models.toy.pipeline:TTS_PIPELINE",
 }
 
 

@@ -23,8 +23,8 @@ from omnipipe.chunk.connector import ChunkConnector, EdgeLink, ReceivedChunk
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
 from omnipipe.config.pipeline_spec import resolve
-from omnipipe.stage.ar_scheduler import ARScheduler
-from omnipipe.stage.generation_scheduler import GenerationScheduler
+from omnipipe.stage.schedulers.ar import ARScheduler
+from omnipipe.stage.schedulers.generation import GenerationScheduler
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner

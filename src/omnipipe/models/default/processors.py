@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.audio import load_audio
+from omnipipe.util.audio import load_audio
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.config.pipeline_spec import EntryInput
 

@@ -1,7 +1,7 @@
 """The toy thinker -> talker -> code2wav pipeline."""
 
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, StageSpec
-from omnipipe.models.toy.vocoder import SAMPLE_RATE_HZ
+from omnipipe.models.toy.runners.vocoder import SAMPLE_RATE_HZ
 
 _P = "omnipipe.models.toy"
 
@@ -9,9 +9,9 @@ PIPELINE = PipelineSpec(
     name="toy",
     description="deterministic test stages: copy-upper thinker, char->frames talker, causal conv vocoder",
     stages=(
-        StageSpec("thinker", "ar", f"{_P}.thinker:ToyThinkerRunner", final_output="text"),
-        StageSpec("talker", "generation", f"{_P}.talker:ToyTalkerRunner"),
-        StageSpec("code2wav", "generation", f"{_P}.vocoder:ToyVocoderRunner", final_output="audio",
+        StageSpec("thinker", "ar", f"{_P}.runners.thinker:ToyThinkerRunner", final_output="text"),
+        StageSpec("talker", "generation", f"{_P}.runners.talker:ToyTalkerRunner"),
+        StageSpec("code2wav", "generation", f"{_P}.runners.vocoder:ToyVocoderRunner", final_output="audio",
                   sample_rate_hz=SAMPLE_RATE_HZ),
     ),
     edges=(
@@ -23,4 +23,14 @@ PIPELINE = PipelineSpec(
     input_modalities=("text",),
     comprehension_stage="thinker",
     default_deploy={"codec_chunk_frames": 8, "left_context_frames": 2},
+)
+
+TTS_PIPELINE = PipelineSpec(
+    name="toy_tts",
+    description="toy talker -> code2wav",
+    stages=tuple(s for s in PIPELINE.stages if s.name != "thinker"),
+    edges=tuple(e for e in PIPELINE.edges if e.source != "thinker"),
+    prompt_processor=f"{_P}.processors.tts_prompt",
+    input_modalities=("text",),
+    default_deploy=dict(PIPELINE.default_deploy),
 )

@@ -1,0 +1,216 @@
+"""AsyncOmni: the asynchronous, streaming API.
+
+    async with AsyncOmni(pipeline="default") as engine:
+        async for out in engine.generate("Hello?", output_modalities=["text", "audio"]):
+            ...
+
+One background task reads the engine's output queue and fans events out to per-request queues; ``generate``
+reads its own queue and yields ``OmniRequestOutput``s until the request finishes. Leaving the loop early (break,
+cancellation, a disconnected client) aborts the request in every stage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import numpy as np
+
+from omnipipe.config.deploy_config import DeployConfig, load_deploy
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.engine.async_omni_engine import AsyncOmniEngine
+from omnipipe.engine.events import AddRequest, EngineEvent
+from omnipipe.api.prompt import normalize_prompt
+from omnipipe.api.metrics import RequestClock
+from omnipipe.models.registry import get_pipeline
+from omnipipe.api.outputs import OmniRequestOutput
+from omnipipe.api.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class RequestFailedError(RuntimeError):
+    """A request ended with an error (a stage failed or died); the message names the stage."""
+
+
+class EngineClosedError(RuntimeError):
+    pass
+
+
+@dataclass
+class _ClientRequest:
+    request_id: str
+    internal_id: str
+    queue: asyncio.Queue[EngineEvent] = field(default_factory=asyncio.Queue)
+
+
+class AsyncOmni:
+    def __init__(self, pipeline: str | PipelineSpec = "default",
+                 deploy: str | Path | dict[str, Any] | DeployConfig | None = None, *, log_level: str = "WARNING") -> None:
+        self.pipeline = get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
+        self.deploy = load_deploy(deploy, self.pipeline)
+        self.engine = AsyncOmniEngine(self.pipeline, self.deploy, log_level=log_level)
+        self._requests: dict[str, _ClientRequest] = {}  # by internal id
+        self._user_ids: dict[str, str] = {}  # user id -> internal id
+        self._router: asyncio.Task[None] | None = None
+        self._start_lock = asyncio.Lock()
+        self._started = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> "AsyncOmni":
+        async with self._start_lock:
+            if self._closed:
+                raise EngineClosedError("this AsyncOmni has been shut down")
+            if not self._started:
+                await self.engine.start()
+                self._router = asyncio.create_task(self._final_output_handler(), name="omnipipe-output-router")
+                self._started = True
+        return self
+
+    async def __aenter__(self) -> "AsyncOmni":
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.shutdown()
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.engine.shutdown()
+        if self._router is not None:
+            self._router.cancel()
+            await asyncio.gather(self._router, return_exceptions=True)
+        for state in self._requests.values():
+            state.queue.put_nowait(EngineEvent(state.internal_id, "error", "", error="engine shut down"))
+
+    # ------------------------------------------------------------------ API
+    async def generate(
+        self,
+        prompt: Any,
+        request_id: str | None = None,
+        sampling_params: SamplingParams | dict[str, SamplingParams] | None = None,
+        output_modalities: list[str] | None = None,
+        initial_codec_chunk_frames: int | None = None,
+    ) -> AsyncIterator[OmniRequestOutput]:
+        """Stream one request's outputs. Raises ValueError for bad arguments, RequestFailedError on failure."""
+        request_id = uuid.uuid4().hex if request_id is None else request_id
+        if not isinstance(request_id, str) or not request_id or len(request_id) > 256:
+            raise ValueError("request_id: must be a non-empty string of at most 256 characters")
+        if request_id in self._user_ids:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        modalities = self._check_modalities(output_modalities)
+        params = self._params_by_stage(sampling_params)
+        if initial_codec_chunk_frames is not None and (
+                not isinstance(initial_codec_chunk_frames, int) or isinstance(initial_codec_chunk_frames, bool)
+                or initial_codec_chunk_frames < 1):
+            raise ValueError(f"initial_codec_chunk_frames: must be an integer >= 1, got {initial_codec_chunk_frames!r}")
+        normalized = normalize_prompt(prompt, self.pipeline.input_modalities)
+        await self.start()
+        entry = await asyncio.to_thread(self.engine.process_inputs, normalized)
+        plan = self.pipeline.plan(entry.stage, modalities)
+        internal_id = self.engine.new_internal_id(request_id)
+        state = _ClientRequest(request_id, internal_id)
+        chunk_options = {"initial_codec_chunk_frames": initial_codec_chunk_frames} if initial_codec_chunk_frames else {}
+        self.engine.add_request(AddRequest(internal_id, entry, plan, modalities, params, chunk_options))
+        self._requests[internal_id] = state
+        self._user_ids[request_id] = internal_id
+        clock = RequestClock()
+        text, audio_parts, sample_rate = "", [], None
+        finished = False
+        try:
+            while True:
+                event = await state.queue.get()
+                if event.kind == "text":
+                    clock.on_text(event.num_tokens)
+                    text += event.text_delta
+                    yield OmniRequestOutput(request_id, event.stage, "text", text=text, text_delta=event.text_delta)
+                elif event.kind == "audio":
+                    chunk = np.asarray(event.audio, dtype=np.float32).reshape(-1)
+                    clock.on_audio(len(chunk), event.sample_rate_hz)
+                    audio_parts.append(chunk)
+                    sample_rate = event.sample_rate_hz
+                    yield OmniRequestOutput(request_id, event.stage, "audio", text=text, audio=chunk,
+                                            sample_rate_hz=event.sample_rate_hz)
+                elif event.kind == "done":
+                    finished = True
+                    metrics = clock.finish(event.stage_metrics, event.edge_metrics)
+                    full_audio = np.concatenate(audio_parts) if audio_parts else None
+                    yield OmniRequestOutput(request_id, event.stage, "final", text=text, audio=full_audio,
+                                            sample_rate_hz=sample_rate, finished=True,
+                                            finish_reason=event.finish_reason, metrics=metrics)
+                    return
+                elif event.kind == "error":
+                    finished = True
+                    raise RequestFailedError(f"request {request_id}: {event.error}")
+        finally:
+            self._requests.pop(internal_id, None)
+            self._user_ids.pop(request_id, None)
+            self.engine.request_done()
+            if not finished:
+                self.engine.abort([internal_id])
+
+    async def abort(self, request_id: str) -> None:
+        """Abort a running request in every stage; its ``generate`` raises RequestFailedError."""
+        internal_id = self._user_ids.get(request_id)
+        if internal_id is None:
+            return
+        self.engine.abort([internal_id])
+        state = self._requests.get(internal_id)
+        if state is not None:
+            state.queue.put_nowait(EngineEvent(internal_id, "error", "", error="aborted"))
+
+    async def debug_state(self) -> dict[str, Any]:
+        """What every stage and the orchestrator still hold (request ids, relay slots, pending chunks, pids)."""
+        await self.start()
+        state = await self.engine.query_state()
+        state["client_requests"] = sorted(self._user_ids)
+        return state
+
+    # ------------------------------------------------------------------ internals
+    async def _final_output_handler(self) -> None:
+        while True:
+            event = await self.engine.get_output_async()
+            state = self._requests.get(event.request_id)
+            if state is not None:
+                state.queue.put_nowait(event)
+
+    def _check_modalities(self, output_modalities: list[str] | None) -> list[str]:
+        available = self.pipeline.output_modalities
+        if output_modalities is None:
+            return available
+        if not isinstance(output_modalities, (list, tuple)) or not output_modalities:
+            raise ValueError("output_modalities: must be a non-empty list such as ['text', 'audio']")
+        for modality in output_modalities:
+            if modality not in available:
+                raise ValueError(f"output_modalities: {modality!r} is not produced by pipeline "
+                                 f"{self.pipeline.name!r} (it produces {', '.join(available)})")
+        return list(dict.fromkeys(output_modalities))
+
+    def _params_by_stage(self, sampling_params: Any) -> dict[str, dict[str, Any]]:
+        if sampling_params is None:
+            return {}
+        if isinstance(sampling_params, SamplingParams):
+            stage = self.pipeline.comprehension_stage or self.pipeline.stages[0].name
+            sampling_params.validate()
+            return {stage: sampling_params.to_dict()}
+        if isinstance(sampling_params, dict):
+            out = {}
+            for stage, params in sampling_params.items():
+                if stage not in self.pipeline.stage_names:
+                    raise ValueError(f"sampling_params.{stage}: no such stage (stages: "
+                                     f"{', '.join(self.pipeline.stage_names)})")
+                if isinstance(params, dict):
+                    params = SamplingParams.from_dict(params)
+                if not isinstance(params, SamplingParams):
+                    raise ValueError(f"sampling_params.{stage}: must be SamplingParams, got {type(params).__name__}")
+                params.validate()
+                out[stage] = params.to_dict()
+            return out
+        raise ValueError(f"sampling_params: must be SamplingParams or a dict of stage -> SamplingParams, "
+                         f"got {type(sampling_params).__name__}")

@@ -1,0 +1,91 @@
+"""Omni: the synchronous, offline form. ``Omni(...).generate(prompts)`` returns one final output per prompt."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+from tqdm import tqdm
+
+from omnipipe.config.deploy_config import DeployConfig
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.api.async_omni import AsyncOmni
+from omnipipe.api.outputs import OmniRequestOutput
+from omnipipe.api.sampling_params import SamplingParams
+
+
+class Omni:
+    """Runs an AsyncOmni on a private event loop thread; every call blocks until its results are in."""
+
+    def __init__(self, pipeline: str | PipelineSpec = "default",
+                 deploy: str | Path | dict[str, Any] | DeployConfig | None = None, *, log_level: str = "WARNING") -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="omnipipe-omni-loop", daemon=True)
+        self._thread.start()
+        try:
+            self._engine: AsyncOmni = self._call(self._create(pipeline, deploy, log_level))
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @staticmethod
+    async def _create(pipeline: Any, deploy: Any, log_level: str) -> AsyncOmni:
+        engine = AsyncOmni(pipeline, deploy, log_level=log_level)
+        return await engine.start()
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def generate(
+        self,
+        prompts: Any | Sequence[Any],
+        sampling_params: SamplingParams | dict[str, SamplingParams] | None = None,
+        output_modalities: list[str] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[OmniRequestOutput]:
+        """Run every prompt concurrently; return the final output (full text and audio) of each, in order."""
+        batch = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+        return self._call(self._generate_all(batch, sampling_params, output_modalities, use_tqdm))
+
+    async def _generate_all(self, prompts: list[Any], sampling_params: Any, modalities: Any,
+                            use_tqdm: bool) -> list[OmniRequestOutput]:
+        bar = tqdm(total=len(prompts), desc="Generating", unit="req", disable=not use_tqdm)
+
+        async def one(prompt: Any) -> OmniRequestOutput:
+            final = None
+            async for out in self._engine.generate(prompt, sampling_params=sampling_params,
+                                                   output_modalities=modalities):
+                if out.finished:
+                    final = out
+            bar.update(1)
+            assert final is not None
+            return final
+
+        try:
+            return list(await asyncio.gather(*(one(p) for p in prompts)))
+        finally:
+            bar.close()
+
+    def debug_state(self) -> dict[str, Any]:
+        return self._call(self._engine.debug_state())
+
+    def shutdown(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._call(self._engine.shutdown())
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> "Omni":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.shutdown()

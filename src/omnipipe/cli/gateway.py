@@ -1,0 +1,284 @@
+"""The gateway's commands: ``omnipipe gateway``, ``omnipipe up`` and ``omnipipe sessions``.
+
+    omnipipe gateway --workers 127.0.0.1:22400,127.0.0.1:22401 --port 8006 --admin-token T
+    omnipipe up --workers 2
+    omnipipe sessions cleanup --data-dir data --retention-days 30 --max-storage-gb 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+_FIELD = re.compile(r"^([a-z_]+): ")
+
+
+class GatewayCLIError(Exception):
+    """A mistake the user can fix; printed as one line, exit code 2."""
+
+
+def _flag_message(exc: ValueError) -> str:
+    """``max_queue: must be ...`` -> ``--max-queue: must be ...``."""
+    return _FIELD.sub(lambda m: "--" + m.group(1).replace("_", "-") + ": ", str(exc), count=1)
+
+
+def _add_storage_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help="where sessions are recorded (default: ./data)")
+    p.add_argument("--retention-days", type=float, default=30.0, help="delete recordings older than this")
+    p.add_argument("--max-storage-gb", type=float, default=10.0, help="then delete the oldest beyond this size")
+
+
+def add_gateway(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("gateway", help="queue, record and serve web pages in front of workers (loads no model)")
+    p.add_argument("--workers", required=True, help="comma-separated worker addresses host:port")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8006)
+    p.add_argument("--max-queue", type=int, default=1000, help="requests that may wait at once; more get 503")
+    p.add_argument("--admin-token", default=os.environ.get("OMNIPIPE_ADMIN_TOKEN"),
+                   help="token for the admin API and page (default: $OMNIPIPE_ADMIN_TOKEN; none disables admin)")
+    p.add_argument("--no-record", action="store_true", help="do not record sessions")
+    p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger request bodies get 413")
+    _add_storage_flags(p)
+    _add_tls_flags(p)
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _add_tls_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ssl-certfile", type=Path, help="serve https/wss with this certificate (PEM); browsers give "
+                   "the microphone only to https pages or localhost")
+    p.add_argument("--ssl-keyfile", type=Path, help="the certificate's private key (PEM)")
+
+
+def _tls_options(args: argparse.Namespace) -> dict[str, str]:
+    cert, key = getattr(args, "ssl_certfile", None), getattr(args, "ssl_keyfile", None)
+    if (cert is None) != (key is None):
+        raise GatewayCLIError("--ssl-certfile and --ssl-keyfile go together")
+    for flag, path in (("--ssl-certfile", cert), ("--ssl-keyfile", key)):
+        if path is not None and not path.is_file():
+            raise GatewayCLIError(f"{flag}: file not found: {path}")
+    return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)} if cert is not None else {}
+
+
+def gateway_config(args: argparse.Namespace) -> Any:
+    from omnipipe.gateway.config import GatewayConfig
+
+    workers = [w.strip() for w in args.workers.split(",") if w.strip()]
+    try:
+        return GatewayConfig(workers=workers, host=args.host, port=args.port, max_queue=args.max_queue,
+                             admin_token=args.admin_token, data_dir=args.data_dir, record=not args.no_record,
+                             retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
+                             max_body_bytes=getattr(args, "max_body_bytes", 32 << 20))
+    except ValueError as exc:
+        raise GatewayCLIError(_flag_message(exc)) from None
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from omnipipe.gateway.app import create_gateway_app
+
+    config = gateway_config(args)
+    tls = _tls_options(args)
+    app = create_gateway_app(config)
+    scheme = "https" if tls else "http"
+    print(f"omnipipe: gateway on {scheme}://{config.host}:{config.port} for {len(config.workers)} worker(s); "
+          f"recordings in {config.data_dir.resolve() if config.record else '(off)'}", file=sys.stderr)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                           log_level="info" if args.verbose else "warning",
+                                           timeout_graceful_shutdown=5, **tls))
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- up
+def add_up(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="start N workers and a gateway on this machine; Ctrl-C stops them all")
+    p.add_argument("--workers", type=int, default=1, help="how many workers (default 1)")
+    p.add_argument("--pipeline", default="default")
+    p.add_argument("--deploy", type=Path, help="deploy YAML for every worker")
+    p.add_argument("--capacity", type=int, default=2, help="sessions each worker takes at once")
+    p.add_argument("--worker-port", type=int, default=22400, help="first worker's port; the next ones follow")
+    p.add_argument("--host", default="127.0.0.1", help="the gateway's address (workers stay on 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8006, help="the gateway's port")
+    p.add_argument("--max-queue", type=int, default=1000)
+    p.add_argument("--admin-token", default=os.environ.get("OMNIPIPE_ADMIN_TOKEN"),
+                   help="admin token (default: $OMNIPIPE_ADMIN_TOKEN, else a random one, printed)")
+    p.add_argument("--no-record", action="store_true")
+    _add_storage_flags(p)
+    _add_tls_flags(p)
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host:port`` now (sockets of a just-stopped run in TIME-WAIT do not count,
+    as servers set SO_REUSEADDR too)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _die_with_parent() -> None:
+    """Run in a child before exec: get SIGTERM if ``omnipipe up`` itself dies (even by SIGKILL)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from omnipipe.models.registry import get_pipeline
+
+    if not 1 <= args.workers <= 64:
+        raise GatewayCLIError(f"--workers: must be in 1..64, got {args.workers}")
+    if args.capacity < 1:
+        raise GatewayCLIError(f"--capacity: must be >= 1, got {args.capacity}")
+    if args.deploy is not None and not args.deploy.is_file():
+        raise GatewayCLIError(f"--deploy: file not found: {args.deploy}")
+    get_pipeline(args.pipeline)
+    worker_ports = [args.worker_port + i for i in range(args.workers)]
+    for flag, host, port in [*(("--worker-port", "127.0.0.1", p) for p in worker_ports), ("--port", args.host, args.port)]:
+        if not 0 < port < 65536:
+            raise GatewayCLIError(f"{flag}: must be in 1..65535, got {port}")
+        if not _port_free(host, port):
+            raise GatewayCLIError(f"{flag}: port {port} on {host} is already in use")
+    tls = _tls_options(args)
+    token = args.admin_token or secrets.token_urlsafe(12)
+    gateway_args = argparse.Namespace(workers=",".join(f"127.0.0.1:{p}" for p in worker_ports), host=args.host,
+                                      port=args.port, max_queue=args.max_queue, admin_token=token,
+                                      data_dir=args.data_dir, no_record=args.no_record,
+                                      retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
+                             max_body_bytes=getattr(args, "max_body_bytes", 32 << 20))
+    gateway_config(gateway_args)  # validate before starting anything
+    cli = [sys.executable, "-m", "omnipipe.cli.main"]
+    verbose = ["--verbose"] if args.verbose else []
+    commands = {f"worker {port}": [*cli, "worker", "--port", str(port), "--pipeline", args.pipeline,
+                                   "--capacity", str(args.capacity), *(["--deploy", str(args.deploy)]
+                                                                       if args.deploy else []), *verbose]
+                for port in worker_ports}
+    commands["gateway"] = [*cli, "gateway", "--workers", gateway_args.workers, "--host", args.host, "--port",
+                           str(args.port), "--max-queue", str(args.max_queue), "--data-dir", str(args.data_dir),
+                           "--retention-days", str(args.retention_days), "--max-storage-gb",
+                           str(args.max_storage_gb), *(["--no-record"] if args.no_record else []), *verbose,
+                           *(["--ssl-certfile", tls["ssl_certfile"], "--ssl-keyfile", tls["ssl_keyfile"]]
+                             if tls else [])]
+    env = {**os.environ, "OMNIPIPE_ADMIN_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    stopping = False
+
+    def stop(signum: int, _: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for name, command in commands.items():
+            # own process groups: a Ctrl-C reaches only `up`, which then stops every child in order
+            children[name] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent,
+                                              start_new_session=True)
+        url = f"{'https' if tls else 'http'}://{args.host}:{args.port}"
+        print(f"omnipipe: starting {args.workers} worker(s) (pipeline {args.pipeline!r}, ports "
+              f"{worker_ports[0]}..{worker_ports[-1]}) and the gateway on {url}", file=sys.stderr)
+        announced = False
+        while not stopping:
+            for name, child in children.items():
+                if child.poll() is not None:
+                    print(f"omnipipe: {name} exited with code {child.returncode}; stopping everything",
+                          file=sys.stderr)
+                    return 1
+            states = _worker_states(url) if not announced else {}
+            if states and "LOADING" not in states.values() and "OFFLINE" not in states.values():
+                announced = True
+                failed = sorted(address for address, state in states.items() if state == "ERROR")
+                if failed:
+                    print(f"omnipipe: worker(s) {', '.join(failed)} failed to load (see their output above; "
+                          f"{url}/admin shows the reason)", file=sys.stderr)
+                print(f"omnipipe: ready. Open {url}/chat or {url}/voice; admin: {url}/admin "
+                      f"(token {token}). Ctrl-C stops everything.", file=sys.stderr)
+            time.sleep(0.5)
+        print("omnipipe: stopping", file=sys.stderr)
+        return 0
+    finally:
+        _stop_children(children)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _worker_states(url: str) -> dict[str, str]:
+    """The worker states the gateway at ``url`` reports ({} if it does not answer yet); its own certificate is not
+    checked: it is ours."""
+    for wildcard in ("0.0.0.0", "[::]", "::"):
+        url = url.replace(f"//{wildcard}:", "//127.0.0.1:")
+    try:
+        workers = httpx.get(f"{url}/health", timeout=1.0, verify=False).json().get("workers", {})
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return {}
+    return workers if isinstance(workers, dict) else {}
+
+
+def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> None:
+    """The gateway first (so no new work goes out and queued clients are told), then the workers; each gets
+    SIGTERM, then SIGKILL of its process group if it has not ended within 15 s."""
+    gateway = {n: c for n, c in children.items() if n == "gateway"}
+    workers = {n: c for n, c in children.items() if n != "gateway"}
+    for group in (gateway, workers):
+        for child in group.values():
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 15.0
+        for child in group.values():
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+
+
+# ---------------------------------------------------------------------------------------------- sessions
+def add_sessions(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sessions", help="recorded sessions: list them, or clean up old ones")
+    actions = p.add_subparsers(dest="action", required=True)
+    c = actions.add_parser("cleanup", help="delete recordings past the retention time, then the oldest beyond the size")
+    _add_storage_flags(c)
+    c.add_argument("--dry-run", action="store_true", help="report what would be deleted, delete nothing")
+    ls = actions.add_parser("list", help="list recorded sessions, newest first")
+    ls.add_argument("--data-dir", type=Path, default=Path("data"))
+
+
+def run_sessions(args: argparse.Namespace) -> int:
+    from omnipipe.gateway.recording.cleanup import cleanup_sessions
+    from omnipipe.gateway.recording.store import SessionStore
+
+    if not args.data_dir.is_dir():
+        raise GatewayCLIError(f"--data-dir: not a directory: {args.data_dir}")
+    store = SessionStore(args.data_dir)
+    if args.action == "list":
+        for s in store.list_sessions():
+            created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s.created_at))
+            print(f"{s.session_id:<48} {s.type:<13} {created}  {s.status:<10} {s.size_bytes / 1e6:8.2f} MB")
+        return 0
+    try:
+        report = cleanup_sessions(store, retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
+                                  dry_run=args.dry_run)
+    except ValueError as exc:
+        raise GatewayCLIError(_flag_message(exc)) from None
+    print(report.format())
+    return 1 if report.errors else 0

@@ -1,0 +1,272 @@
+"""The ``omnipipe`` command.
+
+    omnipipe generate "What is the capital of France?" --output answer.wav [--stats]
+    omnipipe serve --pipeline default --port 8091
+    omnipipe worker --pipeline default --port 22400 --capacity 2
+    omnipipe models | download | bench engine
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from omnipipe.cli import gateway as gateway_cli
+from omnipipe.models.registry import PIPELINES, UnknownPipelineError, get_pipeline
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, PermissionError)
+
+
+class CLIError(Exception):
+    """A mistake the user can fix; printed as one line, exit code 2."""
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from omnipipe.engine.orchestrator import EngineStartError
+    from omnipipe.api.async_omni import RequestFailedError
+    from omnipipe.models.preparation import ModelPreparationError
+
+    return (*USER_ERRORS, CLIError, gateway_cli.GatewayCLIError, UnknownPipelineError, RequestFailedError, EngineStartError, ModelPreparationError)
+
+
+# ---------------------------------------------------------------------------------------------- generate
+def _add_generate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("generate", help="answer one question (text and/or spoken) and write the spoken answer")
+    p.add_argument("prompt", nargs="?", default="", help="the question as text")
+    p.add_argument("--audio-in", type=Path, help="a spoken question (wav/flac/ogg/mp3)")
+    p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV)")
+    p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
+    p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
+    p.add_argument("--no-async-chunk", action="store_true", help="hand whole outputs between stages")
+    p.add_argument("--text-only", action="store_true", help="produce text only")
+    p.add_argument("--max-tokens", type=int, default=None)
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stats", action="store_true", help="print the request's metrics table")
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _deploy_source(args: argparse.Namespace) -> Any:
+    from omnipipe.config.deploy_config import DeployConfigError, load_deploy
+
+    pipeline = get_pipeline(args.pipeline)
+    if args.deploy is not None and not args.deploy.is_file():
+        raise CLIError(f"--deploy: file not found: {args.deploy}")
+    try:
+        config = load_deploy(args.deploy, pipeline)
+    except DeployConfigError as exc:
+        raise CLIError(str(exc)) from exc
+    if getattr(args, "no_async_chunk", False):
+        config.async_chunk = False
+    return pipeline, config
+
+
+async def _generate(args: argparse.Namespace) -> int:
+    from omnipipe import AsyncOmni, SamplingParams
+    from omnipipe.util.audio import load_audio, write_wav
+
+    pipeline, deploy = _deploy_source(args)
+    prompt: Any = args.prompt
+    if args.audio_in is not None:
+        if not args.audio_in.is_file():
+            raise CLIError(f"--audio-in: file not found: {args.audio_in}")
+        audio, rate = load_audio(args.audio_in)
+        prompt = {"prompt": args.prompt, "multi_modal_data": {"audio": (audio, rate)}}
+    elif not args.prompt.strip():
+        raise CLIError("give a question as text, or --audio-in FILE")
+    params = None
+    overrides = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature),
+                                   ("seed", args.seed)) if v is not None}
+    if overrides:
+        params = SamplingParams(**overrides)
+    modalities = ["text"] if args.text_only else None
+    if args.output is not None and args.output.parent and not args.output.parent.exists():
+        raise CLIError(f"--output: directory does not exist: {args.output.parent}")
+    final = None
+    async with AsyncOmni(pipeline, deploy, log_level="INFO" if args.verbose else "WARNING") as engine:
+        async for out in engine.generate(prompt, sampling_params=params, output_modalities=modalities):
+            if out.modality == "text":
+                print(out.text_delta, end="", flush=True)
+            if out.finished:
+                final = out
+    print()
+    assert final is not None
+    if final.audio is not None and final.audio.size:
+        if args.output is not None:
+            write_wav(args.output, final.audio, final.sample_rate_hz or 0)
+            print(f"wrote {args.output} ({final.audio_duration_s:.2f} s of audio)", file=sys.stderr)
+    elif args.output is not None:
+        print("no audio was produced (text-only pipeline or output)", file=sys.stderr)
+    if args.stats and final.metrics is not None:
+        from omnipipe.api.metrics import format_request_metrics
+
+        print(format_request_metrics(final.metrics))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- models
+def _models(args: argparse.Namespace) -> int:
+    from omnipipe.models.preparation import pipeline_status
+
+    for name in sorted(PIPELINES):
+        pipeline = get_pipeline(name)
+        ready, detail = pipeline_status(name)
+        print(f"{name:<10} {'ready' if ready else 'not ready':<10} {pipeline.description}")
+        if detail:
+            print(f"{'':<10} {detail}")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from omnipipe.models.preparation import prepare_pipeline
+
+    names = [args.pipeline] if args.pipeline else sorted(PIPELINES)
+    for name in names:
+        get_pipeline(name)
+        prepare_pipeline(name, progress=True)
+        print(f"{name}: ready")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- serve
+def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
+    """The options ``serve`` and ``worker`` share."""
+    p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
+    p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /debug routes")
+    p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger request bodies get 413")
+    p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    _add_server_options(p, port=8091)
+
+
+def _serve(args: argparse.Namespace, **options: Any) -> int:
+    """Run the server until interrupted; ``options`` are further ``ServerConfig`` fields (the worker's)."""
+    import uvicorn
+
+    from omnipipe.server import ServerConfig, create_app
+
+    _deploy_source(args)  # validate the pipeline and deploy file before anything starts
+    if not 0 < args.port < 65536:
+        raise CLIError(f"--port: must be in 1..65535, got {args.port}")
+    if args.max_body_bytes < 1:
+        raise CLIError(f"--max-body-bytes: must be >= 1, got {args.max_body_bytes}")
+    config = ServerConfig(pipeline=args.pipeline, deploy=args.deploy, host=args.host, port=args.port,
+                          api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                          log_level="INFO" if args.verbose else "WARNING", **options)
+    failures: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_engine_failure(message: str) -> None:
+        failures.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, on_engine_failure)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose
+                                           else "warning", timeout_graceful_shutdown=5))
+    role = "serving" if config.exit_on_engine_failure else \
+        f"worker (capacity {config.capacity if config.capacity is not None else 'unlimited'}) serving"
+    print(f"omnipipe: {role} pipeline {args.pipeline!r} on http://{args.host}:{args.port} (loading models)",
+          file=sys.stderr)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the signal it stopped on, after a clean shutdown
+    if failures:
+        raise CLIError(f"the engine failed to start: {failures[0]}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- worker
+def _add_worker(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("worker", help="run the server as a gateway worker (sessions, capacity, /health state)")
+    _add_server_options(p, port=22400)
+    p.add_argument("--capacity", type=int, default=2, help="sessions at once; beyond it 429 / WebSocket close 1013")
+    p.add_argument("--pause-timeout-s", type=float, default=300.0,
+                   help="close a realtime session paused for longer than this")
+
+
+def _worker(args: argparse.Namespace) -> int:
+    """``serve`` plus the worker protocol; unlike ``serve`` it keeps running (state ERROR) if the engine fails."""
+    import math
+
+    if args.capacity < 1:
+        raise CLIError(f"--capacity: must be >= 1, got {args.capacity}")
+    if not (math.isfinite(args.pause_timeout_s) and args.pause_timeout_s > 0):
+        raise CLIError(f"--pause-timeout-s: must be a number > 0, got {args.pause_timeout_s:g}")
+    return _serve(args, capacity=args.capacity, pause_timeout_s=args.pause_timeout_s, exit_on_engine_failure=False)
+
+
+# ---------------------------------------------------------------------------------------------- main
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnipipe", description="Serve multi-stage omni-modal models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_generate(sub)
+    _add_serve(sub)
+    _add_worker(sub)
+    gateway_cli.add_gateway(sub)
+    gateway_cli.add_up(sub)
+    gateway_cli.add_sessions(sub)
+    sub.add_parser("models", help="list pipelines and whether their weights are ready")
+    d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
+    d.add_argument("--pipeline", default=None)
+    b = sub.add_parser("bench", help="benchmarks (print a table)")
+    b.add_argument("suite", choices=["engine", "offline", "serve", "gateway"], help="engine: framework costs on "
+                   "test stages; offline: the default pipeline vs a sequential baseline; serve: load on a running "
+                   "server; gateway: a worker directly vs through a gateway (recording and not), side by side")
+    b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (see --help of the suite)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "generate":
+            return asyncio.run(_generate(args))
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "worker":
+            return _worker(args)
+        if args.command == "gateway":
+            return gateway_cli.run_gateway(args)
+        if args.command == "up":
+            return gateway_cli.run_up(args)
+        if args.command == "sessions":
+            return gateway_cli.run_sessions(args)
+        if args.command == "models":
+            return _models(args)
+        if args.command == "download":
+            return _download(args)
+        if args.command == "bench":
+            if args.suite == "engine":
+                from omnipipe.bench.engine import main as bench_main
+            elif args.suite == "serve":
+                from omnipipe.bench.serve import main as bench_main
+            elif args.suite == "gateway":
+                from omnipipe.bench.gateway import main as bench_main
+            else:
+                from omnipipe.bench.offline import main as bench_main
+            return bench_main(args.rest)
+    except KeyboardInterrupt:
+        print("omnipipe: interrupted", file=sys.stderr)
+        return 130
+    except _user_errors() as exc:
+        print(f"omnipipe: error: {exc}", file=sys.stderr)
+        return 2
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

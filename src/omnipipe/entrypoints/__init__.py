@@ -1,1 +1,0 @@
-"""User-facing entry points: AsyncOmni, Omni and the CLI."""

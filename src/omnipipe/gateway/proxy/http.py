@@ -1,0 +1,508 @@
+"""Proxies the model endpoints (chat completions, speech, transcriptions) to the worker the queue assigns.
+
+The worker's status, headers and body pass through unchanged and unbuffered (SSE and chunked audio keep
+streaming); the gateway adds ``X-Omnipipe-Session-Id`` and ``X-Omnipipe-Worker``. A streamed chat request that
+asks with ``X-Omnipipe-Queue-Events: 1`` gets ``event: queue`` SSE events while it waits. The bytes are also fed
+to the session's tap, which records the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+from fastapi import Request
+from starlette.datastructures import Headers
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from omnipipe.protocol.errors import APIError
+from omnipipe.gateway.apps import AppSwitches
+from omnipipe.gateway.live_sessions import LiveSession, LiveSessions
+from omnipipe.gateway.recording.store import InvalidSessionPath, validate_session_id
+from omnipipe.gateway.recording.taps import ChatTap, SpeechTap, TranscriptionTap
+from omnipipe.gateway.worker import Worker
+from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
+
+logger = logging.getLogger(__name__)
+
+SESSION_HEADER = "X-Omnipipe-Session-Id"
+WORKER_HEADER = "X-Omnipipe-Worker"
+QUEUE_EVENTS_HEADER = "X-Omnipipe-Queue-Events"
+_HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
+                         "transfer-encoding", "upgrade", "host", "content-length"})
+_GATEWAY_ONLY = frozenset({"x-admin-token", "cookie"})
+_MAX_RECORDED_JSON = 64 << 20
+_CAPACITY_RETRY_S = 3.0
+_MAX_RECONNECTS = 2
+Tap = ChatTap | SpeechTap | TranscriptionTap
+
+
+class _ClientGone(Exception):
+    """The client disconnected while its request waited in the queue."""
+
+
+def queue_full_error(exc: QueueFullError) -> APIError:
+    retry = max(1, round(exc.retry_after_s))
+    return APIError(503, str(exc), code="queue_full", headers={"Retry-After": str(retry)})
+
+
+def worker_failed_error(address: str, detail: str) -> APIError:
+    return APIError(502, f"worker {address} failed: {detail}", code="worker_failed", type="server_error")
+
+
+def _dropped(headers: Headers | httpx.Headers, extra: frozenset[str]) -> set[str]:
+    """Header names not to pass on: hop-by-hop ones, those the ``Connection`` header names, and ``extra``."""
+    named = {t.strip().lower() for v in headers.get_list("connection") for t in v.split(",")} \
+        if isinstance(headers, httpx.Headers) else {t.strip().lower() for t in headers.get("connection", "").split(",")}
+    return _HOP_BY_HOP | named | extra
+
+
+def request_headers(headers: Headers) -> list[tuple[str, str]]:
+    """The client's headers as sent on to a worker (no hop-by-hop, admin token or gateway headers)."""
+    drop = _dropped(headers, _GATEWAY_ONLY)
+    out = [(k, v) for k, v in headers.items() if k.lower() not in drop and not k.lower().startswith("x-omnipipe-")]
+    if "accept-encoding" not in {k.lower() for k, _ in out}:
+        out.append(("accept-encoding", "identity"))  # not httpx's default gzip: the client did not ask for it
+    return out
+
+
+def response_headers(headers: httpx.Headers) -> list[tuple[bytes, bytes]]:
+    """The worker's response headers as passed to the client, repeated ones (``Set-Cookie``) kept apart."""
+    drop = _dropped(headers, frozenset({"date", "server"}))  # the gateway's own server adds these
+    return [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.multi_items() if k.lower() not in drop]
+
+
+def _sse(event: str | None, data: dict[str, Any]) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(data)}\n\n".encode()
+
+
+class _SseSplitter:
+    """Feeds the ``data:`` payloads of an SSE byte stream to ``on_data``."""
+
+    def __init__(self, on_data: Callable[[str], None]) -> None:
+        self._buffer = b""
+        self._on_data = on_data
+
+    def feed(self, chunk: bytes) -> None:
+        self._buffer += chunk.replace(b"\r\n", b"\n")
+        while b"\n\n" in self._buffer:
+            event, self._buffer = self._buffer.split(b"\n\n", 1)
+            data = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
+            if data:
+                self._on_data(b"\n".join(data).decode("utf-8", "replace"))
+
+
+class _ProxiedResponse(StreamingResponse):
+    """A streaming response that runs ``on_close`` however the exchange ends (done, client gone, error)."""
+
+    def __init__(self, body: AsyncIterator[bytes], on_close: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(body, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._on_close()
+
+
+class _Exchange:
+    """One proxied request: its ticket, worker, upstream response, session and tap; ``close`` is idempotent."""
+
+    def __init__(self, proxy: ModelProxy, request_type: str, ticket: Ticket, session_id: str,
+                 resumed: LiveSession | None) -> None:
+        self.proxy = proxy
+        self.request_type = request_type
+        self.ticket = ticket
+        self.session_id = session_id
+        self.session: LiveSession | None = resumed
+        self.worker: Worker | None = None
+        self.upstream: httpx.Response | None = None
+        self.tap: Tap | None = None
+        self.prefetched: bytes | None = None  # a body already read (a refusal checked for worker_at_capacity)
+        self.status = "completed"
+        self.error: str | None = None
+        self._closed = False
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.upstream is not None:
+            await self.upstream.aclose()
+        pool = self.proxy.pool
+        if self.worker is not None:
+            pool.release(self.worker, self.ticket)
+        elif self.ticket.waiting:
+            pool.cancel(self.ticket.ticket_id)
+        if self.tap is not None:
+            with contextlib.suppress(Exception):
+                self.tap.end(self.status)
+        if self.session is not None:
+            self.proxy.sessions.request_done(self.session, self.status, self.error)
+
+
+class ModelProxy:
+    def __init__(self, pool: WorkerPool, client: httpx.AsyncClient, sessions: LiveSessions, apps: AppSwitches, *,
+                 max_body_bytes: int, on_worker_failure: Callable[[str], None]) -> None:
+        self.pool = pool
+        self.client = client
+        self.sessions = sessions
+        self.apps = apps
+        self.max_body_bytes = max_body_bytes
+        self.on_worker_failure = on_worker_failure
+
+    async def models(self, request: Request) -> Response:
+        """``GET /v1/models`` from any online worker (no queue: it costs the worker nothing)."""
+        for worker in self.pool.workers:
+            if not worker.online:
+                continue
+            try:
+                reply = await self.client.get(f"http://{worker.address}/v1/models",
+                                              headers=request_headers(request.headers), timeout=5.0)
+            except httpx.HTTPError:
+                continue
+            response = Response(reply.content, reply.status_code)
+            response.raw_headers = [*response_headers(reply.headers),
+                                    (b"content-length", str(len(reply.content)).encode())]
+            return response
+        raise APIError(503, "no worker is online", code="no_worker", headers={"Retry-After": "2"})
+
+    async def handle(self, request: Request, request_type: str) -> Response:
+        self.apps.check(request_type)
+        body = await self._read_body(request)
+        parsed = self._parse_json(body) if request_type in ("chat", "speech") else None
+        stream = bool(isinstance(parsed, dict) and parsed.get("stream") is True)
+        queue_events = stream and request.headers.get(QUEUE_EVENTS_HEADER, "").lower() in ("1", "true", "yes")
+        resumed = self._resume_session(request, request_type)
+        try:
+            ticket = self.pool.enqueue(request_type)
+        except QueueFullError as exc:
+            if resumed is not None:
+                self.sessions.request_done(resumed)
+            raise queue_full_error(exc) from None
+        session_id = resumed.session_id if resumed is not None else self.sessions.new_id(request_type)
+        exchange = _Exchange(self, request_type, ticket, session_id, resumed)
+        headers = {SESSION_HEADER: session_id}
+        if queue_events:
+            return _ProxiedResponse(self._queued_stream(exchange, request, body, parsed), exchange.close,
+                                    media_type="text/event-stream", headers={**headers, "Cache-Control": "no-cache"})
+        try:
+            await self._wait_for_worker(exchange, request)
+            upstream = await self._send_upstream(exchange, request, body, parsed)
+        except _ClientGone:
+            exchange.status = "cancelled"
+            await exchange.close()
+            return Response(status_code=499)  # nobody reads it: the client has gone
+        except BaseException:
+            await exchange.close()
+            raise
+        headers[WORKER_HEADER] = exchange.worker.address if exchange.worker else ""
+        response = _ProxiedResponse(self._relay(exchange, upstream), exchange.close, status_code=upstream.status_code,
+                                    headers=headers)
+        response.raw_headers = [*response_headers(upstream.headers),
+                                *((k, v) for k, v in response.raw_headers if k != b"content-type")]
+        return response
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    async def _read_body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise APIError(413, f"body: larger than the gateway's limit of {self.max_body_bytes} bytes",
+                           param="body", code="body_too_large")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise APIError(413, f"body: larger than the gateway's limit of {self.max_body_bytes} bytes",
+                               param="body", code="body_too_large")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @staticmethod
+    def _parse_json(body: bytes) -> Any:
+        try:
+            return json.loads(body)
+        except ValueError:
+            return None  # the worker answers the 400 that names the problem
+
+    def _resume_session(self, request: Request, request_type: str) -> LiveSession | None:
+        wanted = request.headers.get(SESSION_HEADER)
+        if not wanted or request_type != "chat":
+            return None
+        try:
+            validate_session_id(wanted)
+        except InvalidSessionPath as exc:
+            raise APIError(400, f"{SESSION_HEADER}: {exc}", param=SESSION_HEADER, code="invalid_session_id") from None
+        return self.sessions.resume_chat(wanted)  # None: unknown or finished, so this turn starts a new session
+
+    async def _wait_for_worker(self, exchange: _Exchange, request: Request) -> Worker:
+        """Wait for the ticket's worker; a client that disconnects meanwhile gives its place back."""
+        waiter = asyncio.ensure_future(self.pool.wait(exchange.ticket))
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiter}, timeout=0.5)
+                if done:
+                    if waiter.cancelled():
+                        raise _cancelled_error()
+                    exchange.worker = waiter.result()
+                    self._start_session(exchange, request)
+                    return exchange.worker
+                if await request.is_disconnected():
+                    raise _ClientGone
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiter
+            _keep_assigned_worker(exchange, waiter)
+
+    def _start_session(self, exchange: _Exchange, request: Request) -> None:
+        assert exchange.worker is not None
+        if exchange.session is None:
+            client = f"{request.client.host}:{request.client.port}" if request.client else None
+            exchange.session = self.sessions.open(exchange.request_type, worker=exchange.worker.address,
+                                                  client=client, session_id=exchange.session_id,
+                                                  config={"path": request.url.path})
+
+    def _make_tap(self, exchange: _Exchange, request: Request, body: bytes, parsed: Any) -> None:
+        session = exchange.session
+        if session is None or session.recorder is None:
+            return
+        recorder = session.recorder
+        try:
+            if exchange.request_type == "chat":
+                exchange.tap = ChatTap(recorder)
+                exchange.tap.on_request(parsed if isinstance(parsed, dict) else {})
+            elif exchange.request_type == "speech":
+                exchange.tap = SpeechTap(recorder)
+                exchange.tap.on_request(parsed if isinstance(parsed, dict) else {})
+            else:
+                exchange.tap = TranscriptionTap(recorder)
+        except Exception:  # noqa: BLE001 - recording never breaks serving
+            logger.exception("recording the request of session %s failed", exchange.session_id)
+
+    async def _record_upload(self, exchange: _Exchange, request: Request, body: bytes) -> None:
+        if not isinstance(exchange.tap, TranscriptionTap):
+            return
+        audio, filename = await _multipart_file(request.headers, body, "file")
+        if audio is not None:
+            exchange.tap.on_request(audio, filename or "audio")
+
+    async def _send_upstream(self, exchange: _Exchange, request: Request, body: bytes, parsed: Any) -> httpx.Response:
+        assert exchange.worker is not None
+        self._make_tap(exchange, request, body, parsed)
+        with contextlib.suppress(Exception):
+            await self._record_upload(exchange, request, body)
+        deadline = asyncio.get_running_loop().time() + _CAPACITY_RETRY_S
+        reconnects = 0
+        while True:
+            address = exchange.worker.address
+            url = f"http://{address}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
+            upstream_request = self.client.build_request(request.method, url, content=body,
+                                                         headers=request_headers(request.headers))
+            try:
+                exchange.upstream = await self.client.send(upstream_request, stream=True)
+            except httpx.ConnectError as exc:
+                # the request never reached the worker: take it offline and give the request its turn back
+                self.pool.mark_unreachable(address, f"connection refused: {exc}")
+                self.on_worker_failure(address)
+                if reconnects >= _MAX_RECONNECTS:
+                    exchange.status, exchange.error = "failed", f"ConnectError: {exc}"
+                    raise worker_failed_error(address, exchange.error) from None
+                reconnects += 1
+                await self._requeue_at_front(exchange, request)
+                continue
+            except httpx.HTTPError as exc:
+                exchange.status, exchange.error = "failed", f"{type(exc).__name__}: {exc}"
+                self.on_worker_failure(address)
+                raise worker_failed_error(address, exchange.error) from None
+            if exchange.upstream.status_code != 429 or asyncio.get_running_loop().time() >= deadline:
+                return exchange.upstream
+            # the worker counts a session until its response is done, a moment after the gateway released it
+            try:
+                exchange.prefetched = await exchange.upstream.aread()
+            except httpx.HTTPError as exc:
+                exchange.status, exchange.error = "failed", f"{type(exc).__name__}: {exc}"
+                raise worker_failed_error(address, exchange.error) from None
+            if b'"worker_at_capacity"' not in exchange.prefetched:
+                return exchange.upstream
+            exchange.prefetched = None
+            await exchange.upstream.aclose()
+            await asyncio.sleep(0.05)
+
+    async def _requeue_at_front(self, exchange: _Exchange, request: Request) -> None:
+        """Give the exchange's worker back and wait, first in line, for another one."""
+        assert exchange.worker is not None
+        self.pool.release(exchange.worker, exchange.ticket)
+        exchange.worker = None
+        exchange.ticket = self.pool.enqueue(exchange.request_type, front=True)
+        await self._wait_for_worker(exchange, request)
+
+    async def _relay(self, exchange: _Exchange, upstream: httpx.Response) -> AsyncIterator[bytes]:
+        """The worker's body as it arrives, also fed to the tap; a worker lost mid-stream ends it with an error."""
+        content_type = upstream.headers.get("content-type", "")
+        is_sse = content_type.startswith("text/event-stream")
+        record = self._recording_sink(exchange, upstream.status_code, content_type, is_sse)
+        try:
+            chunks = _once(exchange.prefetched) if exchange.prefetched is not None else upstream.aiter_raw()
+            async for chunk in chunks:
+                record(chunk)
+                yield chunk
+            record(None)
+            if upstream.status_code >= 400:
+                exchange.status = "failed"
+        except httpx.HTTPError as exc:
+            exchange.status, exchange.error = "failed", f"worker lost mid-response: {type(exc).__name__}"
+            assert exchange.worker is not None
+            self.on_worker_failure(exchange.worker.address)
+            if is_sse:
+                yield _sse(None, worker_failed_error(exchange.worker.address, exchange.error).body())
+            else:
+                raise
+
+    async def _queued_stream(self, exchange: _Exchange, request: Request, body: bytes,
+                             parsed: Any) -> AsyncIterator[bytes]:
+        """SSE for a chat request that asked for queue events: queued, updates, done, then the worker's stream."""
+        ticket = exchange.ticket
+        changed = asyncio.Event()
+        remove = self.pool.add_listener(changed.set)
+        try:
+            yield _sse("queue", {"type": "queued", "position": ticket.position,
+                                 "estimated_wait_s": round(ticket.estimated_wait_s, 1), "ticket_id": ticket.ticket_id})
+            last = (ticket.position, round(ticket.estimated_wait_s, 1))
+            waiter = asyncio.ensure_future(self.pool.wait(ticket))
+            try:
+                while not waiter.done():
+                    changed.clear()
+                    change = asyncio.ensure_future(changed.wait())
+                    try:
+                        await asyncio.wait({waiter, change}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        change.cancel()
+                    now = (ticket.position, round(ticket.estimated_wait_s, 1))
+                    if not waiter.done() and now != last:
+                        last = now
+                        yield _sse("queue", {"type": "queue_update", "position": now[0], "estimated_wait_s": now[1]})
+            finally:
+                if not waiter.done():
+                    waiter.cancel()
+                _keep_assigned_worker(exchange, waiter)  # even if the client went just as a worker was assigned
+            if waiter.cancelled():
+                yield _sse(None, _cancelled_error().body())
+                return
+        finally:
+            remove()
+        self._start_session(exchange, request)
+        yield _sse("queue", {"type": "queue_done", "session_id": exchange.session_id,
+                             "worker": exchange.worker.address})
+        try:
+            upstream = await self._send_upstream(exchange, request, body, parsed)
+        except APIError as exc:
+            yield _sse(None, exc.body())
+            return
+        if upstream.status_code != 200:
+            error = await upstream.aread()
+            try:
+                yield _sse(None, json.loads(error))
+            except ValueError:
+                yield _sse(None, APIError(upstream.status_code, error.decode("utf-8", "replace")).body())
+            exchange.status = "failed"
+            return
+        async for chunk in self._relay(exchange, upstream):
+            yield chunk
+
+    def _recording_sink(self, exchange: _Exchange, status: int, content_type: str,
+                        is_sse: bool) -> Callable[[bytes | None], None]:
+        """What to do with each chunk of the worker's body for the recording (``None``: the body ended)."""
+        tap = exchange.tap
+        if tap is None:
+            return lambda chunk: None
+        buffered: list[bytes] = []
+        size = [0]
+
+        def safely(fn: Callable[[], None]) -> None:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - recording never breaks serving
+                logger.exception("recording session %s failed", exchange.session_id)
+
+        if status >= 400:
+            def on_error(chunk: bytes | None) -> None:
+                if chunk is not None:
+                    buffered.append(chunk)
+                    return
+                text = b"".join(buffered).decode("utf-8", "replace")
+                try:
+                    text = json.loads(text)["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    pass
+                exchange.error = str(text)[:500]
+                safely(lambda: tap.on_error(status, str(text)))
+            return on_error
+        if isinstance(tap, ChatTap) and is_sse:
+            splitter = _SseSplitter(lambda data: safely(lambda: tap.on_sse_data(data)))
+            return lambda chunk: splitter.feed(chunk) if chunk is not None else None
+        if isinstance(tap, SpeechTap):
+            return lambda chunk: safely(lambda: tap.on_audio_bytes(chunk, content_type)) if chunk else None
+
+        def on_json(chunk: bytes | None) -> None:
+            if chunk is not None:
+                size[0] += len(chunk)
+                if size[0] <= _MAX_RECORDED_JSON:
+                    buffered.append(chunk)
+                return
+            if size[0] > _MAX_RECORDED_JSON:
+                return
+            raw = b"".join(buffered)
+            if isinstance(tap, ChatTap):
+                body = self._parse_json(raw)
+                if isinstance(body, dict):
+                    safely(lambda: tap.on_json_response(body))
+            elif isinstance(tap, TranscriptionTap):
+                body = self._parse_json(raw)
+                text = body.get("text") if isinstance(body, dict) else raw.decode("utf-8", "replace")
+                safely(lambda: tap.on_response_text(str(text)))
+        return on_json
+
+
+async def _multipart_file(headers: Headers, body: bytes, field: str) -> tuple[bytes | None, str | None]:
+    """The bytes and file name of the multipart form field ``field`` in ``body``."""
+
+    async def stream() -> AsyncIterator[bytes]:
+        yield body
+
+    try:
+        form = await MultiPartParser(headers, stream(), max_files=4, max_fields=64).parse()
+    except (MultiPartException, ValueError, KeyError):
+        return None, None
+    upload = form.get(field)
+    if upload is None or isinstance(upload, str):
+        return None, None
+    try:
+        return await upload.read(), upload.filename
+    finally:
+        await form.close()
+
+
+def _cancelled_error() -> APIError:
+    return APIError(503, "the queued request was cancelled", code="queue_cancelled")
+
+
+def _keep_assigned_worker(exchange: _Exchange, waiter: asyncio.Future[Worker]) -> None:
+    """Record the worker a finished ``waiter`` got, so that closing the exchange releases it."""
+    if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+        exchange.worker = waiter.result()
+
+
+async def _once(data: bytes) -> AsyncIterator[bytes]:
+    yield data

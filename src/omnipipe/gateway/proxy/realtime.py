@@ -1,0 +1,351 @@
+"""``WS /v1/realtime`` through the gateway: a place in the queue, then a WebSocket relay to the assigned worker.
+
+The client first gets ``queued`` (its position, estimated wait and ticket id), ``queue_update`` whenever that
+changes, then ``queue_done`` (session id and worker) and from there on the worker's own events. What the client
+sends while queued is held (up to ``max_held_bytes``) and forwarded in order. Both directions are fed to the
+session's ``RealtimeTap``, which records the conversation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from omnipipe.protocol.errors import APIError
+from omnipipe.gateway.apps import AppSwitches
+from omnipipe.gateway.live_sessions import LiveSession, LiveSessions
+from omnipipe.gateway.recording.taps import RealtimeTap
+from omnipipe.gateway.worker import Worker
+from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
+
+logger = logging.getLogger(__name__)
+
+CLOSE_NORMAL = 1000
+CLOSE_POLICY = 1008
+CLOSE_TOO_BIG = 1009
+CLOSE_INTERNAL = 1011
+CLOSE_TRY_AGAIN = 1013
+_FORWARDED_HANDSHAKE_HEADERS = ("authorization", "openai-beta")
+_CLIENT_GONE = object()
+_CAPACITY_RETRY_S = 3.0
+_CLIENT_LEFT = 0  # not a WebSocket close code: the client went while the worker was still talking
+
+
+class _Inbox:
+    """The client's messages in arrival order, with the bytes held and whether the client has gone."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.held_bytes = 0
+        self.gone = asyncio.Event()
+        self.overflowed = False  # the client sent more than the limit while queued
+        self.forwarding = False  # a worker is taking the messages
+        self._drained = asyncio.Event()
+
+    def put(self, message: str | bytes) -> None:
+        self.held_bytes += len(message)
+        self._drained.clear()
+        self.queue.put_nowait(message)
+
+    def close(self) -> None:
+        self.gone.set()
+        self.queue.put_nowait(_CLIENT_GONE)
+
+    async def get(self) -> Any:
+        message = await self.queue.get()
+        if message is not _CLIENT_GONE:
+            self.held_bytes -= len(message)
+            if self.held_bytes <= 0:
+                self._drained.set()
+        return message
+
+    async def wait_drained(self) -> None:
+        await self._drained.wait()
+
+
+def same_origin(ws: WebSocket) -> bool:
+    """True for clients that send no ``Origin`` (non-browser clients) and for pages served by this gateway."""
+    origin = ws.headers.get("origin")
+    if origin is None:
+        return True
+    host = ws.headers.get("host", "")
+    return urlsplit(origin).netloc.lower() == host.lower()
+
+
+def error_event(code: str, message: str, **extra: Any) -> str:
+    return json.dumps({"type": "error", "error": {"type": "server_error", "code": code, "message": message, **extra}})
+
+
+class RealtimeProxy:
+    def __init__(self, pool: WorkerPool, sessions: LiveSessions, apps: AppSwitches, *, max_held_bytes: int,
+                 on_worker_failure: Any) -> None:
+        self.pool = pool
+        self.sessions = sessions
+        self.apps = apps
+        self.max_held_bytes = max_held_bytes
+        self.on_worker_failure = on_worker_failure
+
+    async def handle(self, ws: WebSocket) -> None:
+        if not same_origin(ws):
+            # a browser page of another site must not open voice sessions with this gateway's users' microphones
+            await ws.close(CLOSE_POLICY, "cross-origin WebSocket refused")
+            return
+        await ws.accept()
+        try:
+            self.apps.check("voice")
+        except APIError as exc:
+            await _close(ws, CLOSE_POLICY, error_event("app_disabled", exc.message))
+            return
+        try:
+            ticket = self.pool.enqueue("voice")
+        except QueueFullError as exc:
+            await _close(ws, CLOSE_TRY_AGAIN, error_event("queue_full", str(exc),
+                                                          retry_after_s=round(exc.retry_after_s, 1)))
+            return
+        inbox = _Inbox()
+        reader = asyncio.create_task(self._read_client(ws, inbox), name="omnipipe-gateway-ws-reader")
+        assigned: dict[str, Worker] = {}  # the worker the ticket got, however waiting ended
+        session: LiveSession | None = None
+        tap: RealtimeTap | None = None
+        status, error = "completed", None
+        try:
+            worker = await self._wait_in_queue(ws, ticket, inbox, assigned)
+            if worker is None:
+                status = "cancelled"
+                return
+            client = f"{ws.client.host}:{ws.client.port}" if ws.client else None
+            session = self.sessions.open("voice", worker=worker.address, client=client,
+                                         config={"path": ws.url.path})
+            if session.recorder is not None:
+                tap = RealtimeTap(session.recorder)
+            status, error = await self._relay(ws, worker, session, inbox, tap)
+        except Exception as exc:  # noqa: BLE001 - one session's failure must not take the gateway down
+            logger.exception("realtime session failed")
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+            await _close(ws, CLOSE_INTERNAL, error_event("gateway_error", error))
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            if "worker" in assigned:
+                self.pool.release(assigned["worker"], ticket)
+            elif ticket.waiting:
+                self.pool.cancel(ticket.ticket_id)
+            if tap is not None:
+                with contextlib.suppress(Exception):
+                    tap.close(status)
+            if session is not None:
+                self.sessions.request_done(session, status, error)
+
+    async def _read_client(self, ws: WebSocket, inbox: _Inbox) -> None:
+        """Everything the client sends, in order; ``_CLIENT_GONE`` once it has closed."""
+        try:
+            while True:
+                message = await ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                payload = message.get("text")
+                if payload is None:
+                    payload = message.get("bytes")
+                if payload is None:
+                    continue
+                inbox.put(payload)
+                if inbox.held_bytes > self.max_held_bytes:
+                    if not inbox.forwarding:
+                        inbox.overflowed = True
+                        break
+                    await inbox.wait_drained()  # back-pressure: read on once the worker has taken what is held
+        except (RuntimeError, ConnectionError):
+            pass
+        finally:
+            inbox.close()
+
+    async def _wait_in_queue(self, ws: WebSocket, ticket: Ticket, inbox: _Inbox,
+                             assigned: dict[str, Worker]) -> Worker | None:
+        """Send queue messages until a worker is assigned; ``None`` if the client left or was cancelled.
+
+        However it ends, a worker the ticket got is put in ``assigned`` (so the caller releases it).
+        """
+        changed = asyncio.Event()
+        remove = self.pool.add_listener(changed.set)
+        waiter = asyncio.ensure_future(self.pool.wait(ticket))
+        try:
+            await ws.send_text(json.dumps({"type": "queued", "position": ticket.position,
+                                           "estimated_wait_s": round(ticket.estimated_wait_s, 1),
+                                           "ticket_id": ticket.ticket_id}))
+            last = (ticket.position, round(ticket.estimated_wait_s, 1))
+            while not waiter.done():
+                changed.clear()
+                change = asyncio.ensure_future(changed.wait())
+                gone = asyncio.ensure_future(inbox.gone.wait())
+                try:
+                    await asyncio.wait({waiter, change, gone}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    change.cancel()
+                    gone.cancel()
+                if waiter.done():
+                    break
+                if inbox.overflowed:
+                    await _close(ws, CLOSE_TOO_BIG, error_event(
+                        "held_too_much", f"sent more than {self.max_held_bytes} bytes while queued; wait for "
+                        "queue_done before streaming audio"))
+                    return None
+                if inbox.gone.is_set():
+                    return None
+                now = (ticket.position, round(ticket.estimated_wait_s, 1))
+                if now != last:
+                    last = now
+                    await ws.send_text(json.dumps({"type": "queue_update", "position": now[0],
+                                                   "estimated_wait_s": now[1]}))
+            if waiter.cancelled():
+                await _close(ws, CLOSE_TRY_AGAIN, error_event("queue_cancelled", "your place in the queue was cancelled"))
+                return None
+            return waiter.result()
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            return None  # the client went while a queue message was being sent
+        finally:
+            remove()
+            if not waiter.done():
+                waiter.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await waiter
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                assigned["worker"] = waiter.result()
+
+    async def _relay(self, ws: WebSocket, worker: Worker, session: LiveSession, inbox: _Inbox,
+                     tap: RealtimeTap | None) -> tuple[str, str | None]:
+        """Relay both ways until either side closes; returns the session's status and error."""
+        upstream, first = await self._open_upstream(ws, worker)
+        if upstream is None:
+            return "failed", first
+        inbox.forwarding = True
+        to_worker = asyncio.create_task(self._client_to_worker(inbox, upstream, tap))
+        to_client: asyncio.Task[tuple[int, str]] | None = None
+        try:
+            await ws.send_text(json.dumps({"type": "queue_done", "session_id": session.session_id,
+                                           "worker": worker.address}))
+            if tap is not None:
+                with contextlib.suppress(Exception):
+                    tap.on_server_event(first)
+            await ws.send_text(first)
+            to_client = asyncio.create_task(self._worker_to_client(upstream, ws, tap))
+            done, _ = await asyncio.wait({to_worker, to_client}, return_when=asyncio.FIRST_COMPLETED)
+            if to_client in done:
+                code, reason = to_client.result()
+                if code == _CLIENT_LEFT:
+                    return "completed", None
+                if code in (CLOSE_NORMAL, 1001):
+                    await _close(ws, code, None, reason)
+                    return "completed", None
+                if code == 1006 or code == CLOSE_INTERNAL:
+                    self.on_worker_failure(worker.address)
+                    message = f"worker {worker.address} failed mid-session (connection closed, code {code})"
+                    await _close(ws, CLOSE_INTERNAL, error_event("worker_failed", message))
+                    return "failed", message
+                await _close(ws, code, None, reason)  # e.g. 1008 pause timeout, 1013 at capacity
+                return "failed", f"worker closed the session: {code} {reason}".strip()
+            return "completed", None  # the client closed
+        except (WebSocketDisconnect, RuntimeError):
+            return "cancelled", "the client left"  # it went while the session was being set up
+        finally:
+            tasks = [t for t in (to_worker, to_client) if t is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await upstream.close()
+
+    async def _open_upstream(self, ws: WebSocket, worker: Worker) -> tuple[ClientConnection | None, str]:
+        """Connect to the worker and read its first event (``session.created``).
+
+        The worker counts a session until it has processed the close, a moment after the gateway released it:
+        a ``worker_at_capacity`` refusal in that moment is retried for up to ``_CAPACITY_RETRY_S``. Returns the
+        connection and the first event, or ``None`` and the failure (already sent to the client).
+        """
+        headers = [(k, v) for k, v in ws.headers.items() if k.lower() in _FORWARDED_HANDSHAKE_HEADERS]
+        deadline = asyncio.get_running_loop().time() + _CAPACITY_RETRY_S
+        while True:
+            try:
+                upstream, first = await _connect(worker.address, headers)
+            except InvalidStatus as exc:
+                message = f"worker {worker.address} refused the session (HTTP {exc.response.status_code})"
+                await _close(ws, CLOSE_TRY_AGAIN if exc.response.status_code >= 500 else CLOSE_POLICY,
+                             error_event("worker_refused", message))
+                return None, message
+            except (OSError, InvalidHandshake, ConnectionClosed, asyncio.TimeoutError) as exc:
+                self.on_worker_failure(worker.address)
+                message = f"worker {worker.address} failed: {type(exc).__name__}: {exc}"
+                await _close(ws, CLOSE_INTERNAL, error_event("worker_failed", message))
+                return None, message
+            first_text = first if isinstance(first, str) else first.decode("utf-8", "replace")
+            if '"worker_at_capacity"' in first_text and asyncio.get_running_loop().time() < deadline:
+                with contextlib.suppress(Exception):
+                    await upstream.close()
+                await asyncio.sleep(0.05)
+                continue
+            return upstream, first_text
+
+    async def _client_to_worker(self, inbox: _Inbox, upstream: ClientConnection,
+                                tap: RealtimeTap | None) -> None:
+        while True:
+            message = await inbox.get()
+            if message is _CLIENT_GONE:
+                return
+            if tap is not None and isinstance(message, str):
+                with contextlib.suppress(Exception):
+                    tap.on_client_event(message)
+            try:
+                await upstream.send(message)
+            except ConnectionClosed:
+                return  # the other direction reports how the worker closed
+
+    async def _worker_to_client(self, upstream: ClientConnection, ws: WebSocket,
+                                tap: RealtimeTap | None) -> tuple[int, str]:
+        """Forward the worker's events; returns the worker's close code and reason."""
+        try:
+            async for message in upstream:
+                if tap is not None and isinstance(message, str):
+                    with contextlib.suppress(Exception):
+                        tap.on_server_event(message)
+                try:
+                    if isinstance(message, str):
+                        await ws.send_text(message)
+                    else:
+                        await ws.send_bytes(message)
+                except (WebSocketDisconnect, RuntimeError, OSError):
+                    return _CLIENT_LEFT, "the client left"
+        except ConnectionClosed:
+            pass
+        close = upstream.protocol.close_rcvd
+        return (close.code, close.reason) if close is not None else (1006, "")
+
+
+async def _connect(address: str, headers: list[tuple[str, str]]) -> tuple[ClientConnection, str | bytes]:
+    """Open a realtime session on the worker and read its first event; on any failure after the connection
+    opened, close it (a session left open would hold one of the worker's slots)."""
+    upstream = await connect(f"ws://{address}/v1/realtime", additional_headers=headers, max_size=None,
+                             open_timeout=10, ping_interval=None)
+    try:
+        return upstream, await asyncio.wait_for(upstream.recv(), 30)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(upstream.close(), 5)
+        raise
+
+
+async def _close(ws: WebSocket, code: int, event: str | None, reason: str = "") -> None:
+    """Send ``event`` (if any) and close, ignoring a client that has already gone."""
+    if ws.client_state is not WebSocketState.CONNECTED or ws.application_state is not WebSocketState.CONNECTED:
+        return
+    with contextlib.suppress(Exception):
+        if event is not None:
+            await ws.send_text(event)
+        await ws.close(code, reason[:120])

@@ -1,0 +1,558 @@
+"""Recording one session: its turns, timeline, audio and images, written in the background as it happens.
+
+``SessionRecorder`` methods are cheap and never touch the disk on the caller's thread (apart from creating the
+session directory): every write is a job for a shared ``RecordingWriter``. The jobs of one session run one at a
+time in the order they were submitted, and every file is replaced atomically, so a gateway that dies mid-session
+leaves readable ``meta.json`` and ``recording.json`` describing the turns so far.
+
+Times in ``recording.json`` are seconds since the session start (``meta.json`` ``created_at``, epoch seconds),
+rounded to milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import wave
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import PurePosixPath
+from typing import Any
+
+import numpy as np
+
+from omnipipe.util.audio import load_audio
+from omnipipe.gateway.recording.replay import (
+    REPLAY_RATE_HZ,
+    Clip,
+    check_rate,
+    encode_wav,
+    read_wav,
+    resample_clip,
+    to_mono_float32,
+    write_merged_replay,
+)
+from omnipipe.gateway.recording.store import (
+    META_FILENAME,
+    RECORDING_FILENAME,
+    REPLAY_FILENAME,
+    SessionStore,
+    atomic_write_bytes,
+)
+
+logger = logging.getLogger(__name__)
+
+SESSION_KINDS = ("chat", "speech", "transcription", "voice")
+TURN_STATUSES = ("completed", "cancelled", "failed")
+SESSION_STATUSES = (*TURN_STATUSES, "interrupted")
+"""Final session statuses; ``interrupted``: the gateway stopped during the session."""
+DEFAULT_MAX_IMAGE_BYTES = 10 * 1024 * 1024
+DEFAULT_MAX_REPLAY_S = 4 * 3600.0
+RECORDING_WRITE_INTERVAL_S = 0.5
+"""Event-only changes rewrite ``recording.json`` at most this often; turn ends and ``finish`` always do."""
+
+IMAGE_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
+_IMAGE_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
+    "image/png": lambda data: data.startswith(b"\x89PNG\r\n\x1a\n"),
+    "image/jpeg": lambda data: data.startswith(b"\xff\xd8\xff"),
+    "image/gif": lambda data: data[:6] in (b"GIF87a", b"GIF89a"),
+    "image/webp": lambda data: data[:4] == b"RIFF" and data[8:12] == b"WEBP",
+}
+AUDIO_FILE_EXTENSIONS = frozenset({"wav", "mp3", "flac", "ogg", "oga", "opus", "m4a", "mp4", "aac", "webm", "weba",
+                                   "aif", "aiff", "amr", "3gp", "wma", "caf", "mka"})
+"""Extensions audio kept as sent may have; any other becomes ``bin``, so the gateway never serves a recorded
+file under a type a browser would run (``.html``, ``.svg``, ...)."""
+
+
+class RecordingWriter:
+    """A small thread pool for recording writes that never raises into the caller.
+
+    ``submit(fn, *args, lane=key)`` runs jobs that share a lane one at a time in submission order (one lane per
+    session), while different lanes run in parallel. A job that raises is logged and counted in ``errors``.
+    """
+
+    def __init__(self, max_workers: int = 4) -> None:
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="omnipipe-recording")
+        self._lock = threading.Lock()
+        self._pending: set[Future[Any]] = set()
+        self._lanes: dict[str, deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]] = {}
+        self._closed = False
+        self.errors = 0
+
+    def submit(self, fn: Callable[..., Any], *args: Any, lane: str | None = None) -> Future[Any] | None:
+        """Run ``fn(*args)`` in the background; ``None`` (and a logged error) once the writer is closed."""
+        future: Future[Any] = Future()
+        job = (future, fn, args)
+        with self._lock:
+            if self._closed:
+                self.errors += 1
+                logger.error("recording writer is closed; dropped %s", getattr(fn, "__qualname__", fn))
+                return None
+            self._pending.add(future)
+            if lane is None:
+                self._executor.submit(self._run, *job)
+            elif lane in self._lanes:
+                self._lanes[lane].append(job)
+            else:
+                self._lanes[lane] = deque([job])
+                self._executor.submit(self._drain, lane)
+        future.add_done_callback(self._forget)
+        return future
+
+    def _forget(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._pending.discard(future)
+
+    def _drain(self, lane: str) -> None:
+        while True:
+            with self._lock:
+                jobs = self._lanes[lane]
+                if not jobs:
+                    del self._lanes[lane]
+                    return
+                job = jobs.popleft()
+            self._run(*job)
+
+    def _run(self, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            future.set_result(fn(*args))
+        except Exception as exc:  # noqa: BLE001 - a failed write is logged and counted, never raised
+            with self._lock:
+                self.errors += 1
+            logger.exception("recording write %s failed", getattr(fn, "__qualname__", fn))
+            future.set_exception(exc)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for every job submitted so far, and for the jobs those submit; ``False`` if some were still
+        pending after ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._lock:
+                pending = list(self._pending)
+            if not pending:
+                return True
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            _, not_done = wait(pending, timeout=remaining)
+            if not_done:
+                return False
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new jobs, finish the submitted ones and stop the threads. Idempotent."""
+        with self._lock:
+            self._closed = True
+        self.flush(timeout)
+        self._executor.shutdown(wait=timeout is None)
+
+
+def _check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
+    if value not in choices:
+        raise ValueError(f"{name}: must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _audio_extension(value: str) -> str:
+    extension = value.lower().lstrip(".")
+    return extension if extension in AUDIO_FILE_EXTENSIONS else "bin"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    return str(value)
+
+
+class SessionRecorder:
+    """Records one session of ``kind`` (chat, speech, transcription or voice) into ``store``.
+
+    Construction creates the session directory and writes ``meta.json`` (status ``recording``) and an empty
+    ``recording.json``. Call the methods from one thread at a time (the event loop's); file writes happen on
+    ``writer``'s threads. ``finish`` ends the session and writes ``merged_replay.wav`` when there is audio.
+    """
+
+    def __init__(self, store: SessionStore, session_id: str, kind: str, *, writer: RecordingWriter,
+                 worker: str | None = None, config: dict[str, Any] | None = None,
+                 clock: Callable[[], float] = time.time, max_replay_s: float = DEFAULT_MAX_REPLAY_S) -> None:
+        _check_choice(kind, SESSION_KINDS, "kind")
+        created_at = clock()
+        self.store = store
+        self.session_id = session_id
+        self.directory = store.session_dir(session_id, must_exist=False)
+        self.kind = kind
+        self.created_at = created_at
+        self.max_replay_s = max_replay_s
+        self._writer = writer
+        self._clock = clock
+        self._lane = str(self.directory)
+        self._lock = threading.RLock()
+        self._meta: dict[str, Any] = {
+            "session_id": session_id, "type": kind, "created_at": created_at, "ended_at": None, "status": "recording",
+            "worker": worker, "config": dict(config) if config is not None else None, "error": None}
+        self._recording: dict[str, Any] = {"session_id": session_id, "type": kind, "turns": [], "events": []}
+        self._turn: dict[str, Any] | None = None
+        self._next_index = 1
+        self._ai_chunks: list[np.ndarray] = []
+        self._ai_rate = 0
+        self._ai_t_start = 0.0
+        self._finished = False
+        self._recording_write_queued = False
+        self._recording_timer: asyncio.TimerHandle | None = None
+        self._last_recording_write = float("-inf")
+        # Creating the directory here reserves the id before any job runs; it is a single, tiny operation.
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._submit(self._write_meta)
+        self._write_recording_soon(immediately=True)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def finished(self) -> bool:
+        """Whether ``finish`` has been called."""
+        return self._finished
+
+    @property
+    def current_turn(self) -> dict[str, Any] | None:
+        """The open turn (as stored in ``recording.json``), or ``None`` between turns."""
+        return self._turn
+
+    @property
+    def next_turn_index(self) -> int:
+        """The index ``begin_turn`` will give the next turn."""
+        return self._next_index
+
+    def user_transcript(self, turn_index: int, text: str) -> None:
+        """What the user said in turn ``turn_index`` (a transcript may arrive after the turn ended, or before it
+        opened); ignored for a turn that never opens."""
+        with self._lock:
+            if self._turn is None and turn_index == self._next_index:
+                self.begin_turn()
+            for turn in self._recording["turns"]:
+                if turn["index"] == turn_index:
+                    turn["user_transcript"] = text
+                    self._write_recording_soon()
+                    return
+
+    def elapsed(self) -> float:
+        """Seconds since the session started, rounded to milliseconds (the timeline's unit)."""
+        return round(self._clock() - self.created_at, 3)
+
+    def begin_turn(self, *, started_at: float | None = None) -> int:
+        """Open a new turn and return its 1-based index; an open turn is first ended as ``cancelled``.
+
+        ``started_at`` (seconds since the session start) defaults to now.
+        """
+        with self._lock:
+            if self._turn is not None:
+                self.end_turn("cancelled")
+            index = self._next_index
+            self._next_index += 1
+            self._turn = {"index": index, "started_at": self._start_time(started_at), "user_text": "",
+                          "assistant_text": "", "user_audio": None, "user_audio_extra": [], "ai_audio": [],
+                          "user_images": [], "metrics": {}, "status": "in_progress"}
+            self._recording["turns"].append(self._turn)
+            self._write_recording_soon()
+            return index
+
+    def _open_turn(self) -> dict[str, Any]:
+        if self._turn is None:
+            self.begin_turn()
+        assert self._turn is not None
+        return self._turn
+
+    # ------------------------------------------------------------------ user side
+    def user_text(self, text: str) -> None:
+        """Append ``text`` to the user's text of the current turn (opening one if needed)."""
+        with self._lock:
+            turn = self._open_turn()
+            turn["user_text"] = f"{turn['user_text']} {text}".strip() if turn["user_text"] else text
+            self._write_recording_soon()
+
+    def _user_audio_name(self, turn: dict[str, Any], extension: str) -> tuple[str, bool]:
+        """The next user clip's relative path, and whether it is the turn's first clip."""
+        count = len(turn["user_audio_extra"]) + (turn["user_audio"] is not None)
+        suffix = f"_{count + 1}" if count else ""
+        return f"user_audio/turn{turn['index']:03d}{suffix}.{extension}", count == 0
+
+    def _add_user_clip(self, turn: dict[str, Any], entry: dict[str, Any], first: bool) -> None:
+        if first:
+            turn["user_audio"] = entry
+        else:
+            turn["user_audio_extra"].append(entry)
+        self._write_recording_soon()
+
+    def user_audio(self, samples: np.ndarray, rate: int, *, t_start: float | None = None) -> str:
+        """Save user audio (float in [-1, 1] or int16) of the current turn as a WAV; return its relative path.
+
+        ``t_start`` (seconds since the session start) defaults to now. The turn's first clip is
+        ``user_audio/turn{NNN}.wav`` (in ``turn["user_audio"]``); later ones get ``_2``, ``_3``, ... and go to
+        ``turn["user_audio_extra"]``.
+        """
+        rate = check_rate(rate)
+        audio = to_mono_float32(samples)
+        with self._lock:
+            turn = self._open_turn()
+            relpath, first = self._user_audio_name(turn, "wav")
+            entry = {"path": relpath, "t_start": self._start_time(t_start), "duration_s": round(audio.size / rate, 3),
+                     "sample_rate": rate}
+            self._submit(self._write_wav, relpath, audio, rate)
+            self._add_user_clip(turn, entry, first)
+            return relpath
+
+    def user_audio_encoded(self, data: bytes, extension: str, *, t_start: float | None = None) -> None:
+        """Save an audio file the user sent (``extension``: its format, e.g. ``mp3``) like ``user_audio``.
+
+        It is decoded on the writer (not on the caller's thread) and saved as WAV; if it cannot be decoded, the
+        bytes are kept as ``...{NNN}.{extension}`` (``.bin`` unless ``extension`` is in ``AUDIO_FILE_EXTENSIONS``)
+        and the entry gets ``size_bytes`` and ``decode_error``.
+        """
+        with self._lock:
+            turn = self._open_turn()
+            relpath, first = self._user_audio_name(turn, "wav")
+            entry = {"path": relpath, "t_start": self._start_time(t_start)}
+            self._submit(self._decode_and_save, entry, bytes(data), _audio_extension(extension))
+            self._add_user_clip(turn, entry, first)
+
+    def user_image(self, data: bytes, mime: str, *, max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> str:
+        """Save an image the user sent (PNG, JPEG, GIF or WebP, at most ``max_image_bytes``); return its path.
+
+        ``ValueError`` for another type, an oversized or empty image, or bytes that are not of type ``mime``.
+        """
+        mime = mime.split(";", 1)[0].strip().lower()
+        if mime not in IMAGE_EXTENSIONS:
+            raise ValueError(f"mime: images must be one of {', '.join(IMAGE_EXTENSIONS)}, got {mime!r}")
+        if not data:
+            raise ValueError("data: the image is empty")
+        if len(data) > max_image_bytes:
+            raise ValueError(f"data: the image has {len(data)} bytes, more than the limit of {max_image_bytes}")
+        if not _IMAGE_SIGNATURES[mime](data):
+            raise ValueError(f"data: the bytes are not a {mime} image")
+        with self._lock:
+            turn = self._open_turn()
+            relpath = f"user_images/turn{turn['index']:03d}_{len(turn['user_images']) + 1}.{IMAGE_EXTENSIONS[mime]}"
+            turn["user_images"].append({"path": relpath, "mime": mime, "size_bytes": len(data), "t": self.elapsed()})
+            self._submit(self._write_bytes, relpath, bytes(data))
+            self._write_recording_soon()
+            return relpath
+
+    # ------------------------------------------------------------------ assistant side
+    def assistant_text(self, delta: str) -> None:
+        """Append a piece of the answer's text to the current turn (opening one if needed)."""
+        with self._lock:
+            turn = self._open_turn()
+            turn["assistant_text"] += delta
+            self._write_recording_soon()
+
+    def ai_audio(self, samples: np.ndarray, rate: int, *, t_start: float | None = None) -> None:
+        """Buffer a chunk of the spoken answer; the turn's chunks become ``ai_audio/turn{NNN}.wav`` at its end.
+
+        The clip starts at the first chunk's ``t_start`` (default: when it arrived). Chunks at another rate than
+        the first are resampled to it.
+        """
+        rate = check_rate(rate)
+        audio = to_mono_float32(samples)
+        with self._lock:
+            self._open_turn()
+            if not self._ai_chunks:
+                self._ai_rate = rate
+                self._ai_t_start = self._start_time(t_start)
+            elif rate != self._ai_rate:
+                audio = resample_clip(audio, rate, self._ai_rate)
+            self._ai_chunks.append(audio)
+
+    def ai_audio_encoded(self, data: bytes, extension: str, *, t_start: float | None = None) -> None:
+        """Save a whole encoded answer (e.g. a WAV file) of the current turn; decoded on the writer like
+        ``user_audio_encoded``."""
+        with self._lock:
+            turn = self._open_turn()
+            entry = {"path": self._ai_audio_name(turn, "wav"), "t_start": self._start_time(t_start)}
+            turn["ai_audio"].append(entry)
+            self._submit(self._decode_and_save, entry, bytes(data), _audio_extension(extension))
+            self._write_recording_soon()
+
+    def ai_audio_file(self, data: bytes, extension: str, *, t_start: float | None = None) -> str:
+        """Save an encoded answer (e.g. mp3 or opus) byte for byte in ``ai_audio/``; return its relative path.
+
+        ``extension`` outside ``AUDIO_FILE_EXTENSIONS`` becomes ``bin``.
+        """
+        with self._lock:
+            turn = self._open_turn()
+            relpath = self._ai_audio_name(turn, _audio_extension(extension))
+            turn["ai_audio"].append({"path": relpath, "t_start": self._start_time(t_start), "size_bytes": len(data)})
+            self._submit(self._write_bytes, relpath, bytes(data))
+            self._write_recording_soon()
+            return relpath
+
+    @staticmethod
+    def _ai_audio_name(turn: dict[str, Any], extension: str) -> str:
+        count = len(turn["ai_audio"])
+        return f"ai_audio/turn{turn['index']:03d}{f'_{count + 1}' if count else ''}.{extension}"
+
+    def _save_ai_audio(self, turn: dict[str, Any]) -> None:
+        if not self._ai_chunks:
+            return
+        chunks, self._ai_chunks = self._ai_chunks, []
+        relpath = self._ai_audio_name(turn, "wav")
+        frames = sum(chunk.size for chunk in chunks)
+        turn["ai_audio"].append({"path": relpath, "t_start": self._ai_t_start,
+                                 "duration_s": round(frames / self._ai_rate, 3), "sample_rate": self._ai_rate})
+        self._submit(self._write_wav, relpath, chunks, self._ai_rate)
+
+    # ------------------------------------------------------------------ timeline
+    def metric(self, name: str, value: Any) -> None:
+        """Set a metric (``ttft_ms``, ``ttfp_ms``, ...) of the current turn, or of the last one between turns."""
+        with self._lock:
+            turns = self._recording["turns"]
+            turn = self._turn or (turns[-1] if turns else None)
+            if turn is None:
+                logger.debug("session %s: metric %s before any turn; ignored", self.session_id, name)
+                return
+            turn["metrics"][name] = value
+            self._write_recording_soon()
+
+    def event(self, kind: str, **fields: Any) -> None:
+        """Add ``{"t", "kind", "turn", **fields}`` to the timeline (``turn`` is the open turn's index or null)."""
+        with self._lock:
+            turn = self._turn["index"] if self._turn else None
+            self._recording["events"].append({"t": self.elapsed(), "kind": kind, "turn": turn, **fields})
+            self._write_recording_soon()
+
+    def end_turn(self, status: str = "completed", error: str | None = None) -> None:
+        """Close the open turn with ``status`` (completed, cancelled or failed); no-op when none is open."""
+        _check_choice(status, TURN_STATUSES, "status")
+        with self._lock:
+            turn = self._turn
+            if turn is None:
+                return
+            self._save_ai_audio(turn)
+            turn.update(status=status, ended_at=self.elapsed())
+            if error is not None:
+                turn["error"] = error
+            self._turn = None
+            self._write_recording_soon(immediately=True)
+
+    def finish(self, status: str = "completed", error: str | None = None) -> None:
+        """End the session with ``status`` (completed, cancelled, failed or interrupted): close an open turn with
+        the same status (``cancelled`` if interrupted), write the replay and the final metadata.
+
+        Idempotent: only the first call counts.
+        """
+        _check_choice(status, SESSION_STATUSES, "status")
+        with self._lock:
+            if self._finished:
+                return
+            self._finished = True
+            self.end_turn(status if status in TURN_STATUSES else "cancelled", error)
+            self._meta.update(ended_at=self._clock(), status=status, error=error)
+            self._submit(self._write_replay)
+            self._write_recording_soon(immediately=True)
+            self._submit(self._write_meta)
+
+    def _start_time(self, t_start: float | None) -> float:
+        return self.elapsed() if t_start is None else round(max(0.0, float(t_start)), 3)
+
+    def _replay_clips(self) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
+        """``(t_start, relpath)`` of every user and every AI clip."""
+        user: list[tuple[float, str]] = []
+        ai: list[tuple[float, str]] = []
+        for turn in self._recording["turns"]:
+            first_user_clip = [turn["user_audio"]] if turn["user_audio"] is not None else []
+            user.extend((entry["t_start"], entry["path"]) for entry in first_user_clip + turn["user_audio_extra"])
+            ai.extend((entry["t_start"], entry["path"]) for entry in turn["ai_audio"])
+        return user, ai
+
+    # ------------------------------------------------------------------ writing (jobs run on the writer)
+    def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        self._writer.submit(fn, *args, lane=self._lane)
+
+    def _write_recording_soon(self, *, immediately: bool = False) -> None:
+        """Queue a rewrite of ``recording.json``: now if ``immediately``, else at most every
+        ``RECORDING_WRITE_INTERVAL_S`` (timed on the running event loop; without one, now).
+
+        The job serializes the state current when it runs, so changes made while it waits coalesce into it.
+        """
+        with self._lock:
+            if self._recording_write_queued:
+                return
+            if not immediately:
+                if self._recording_timer is not None:
+                    return
+                delay = self._last_recording_write + RECORDING_WRITE_INTERVAL_S - time.monotonic()
+                if delay > 0:
+                    try:
+                        loop = asyncio.get_running_loop()
+                    except RuntimeError:
+                        pass  # no event loop on this thread to wait with: write now
+                    else:
+                        self._recording_timer = loop.call_later(delay, self._write_recording_after_delay)
+                        return
+            self._recording_write_queued = True
+            self._submit(self._write_recording)
+
+    def _write_recording_after_delay(self) -> None:
+        with self._lock:
+            self._recording_timer = None
+        self._write_recording_soon(immediately=True)
+
+    def _write_recording(self) -> None:
+        with self._lock:
+            self._recording_write_queued = False
+            self._last_recording_write = time.monotonic()
+            text = json.dumps(self._recording, indent=2, ensure_ascii=False, default=_json_default)
+        atomic_write_bytes(self.directory / RECORDING_FILENAME, text.encode())
+
+    def _write_meta(self) -> None:
+        with self._lock:
+            text = json.dumps(self._meta, indent=2, ensure_ascii=False, default=_json_default)
+        atomic_write_bytes(self.directory / META_FILENAME, text.encode())
+
+    def _write_bytes(self, relpath: str, data: bytes) -> None:
+        path = self.directory / relpath
+        path.parent.mkdir(exist_ok=True)
+        atomic_write_bytes(path, data)
+
+    def _write_wav(self, relpath: str, audio: np.ndarray | list[np.ndarray], rate: int) -> None:
+        self._write_bytes(relpath, encode_wav(np.concatenate(audio) if isinstance(audio, list) else audio, rate))
+
+    def _decode_and_save(self, entry: dict[str, Any], data: bytes, extension: str) -> None:
+        """Write ``data`` as the WAV ``entry`` names, or byte for byte if it does not decode; update ``entry``."""
+        try:
+            samples, rate = load_audio(data)
+        except Exception as exc:  # noqa: BLE001 - any decoder failure keeps the original bytes
+            relpath = str(PurePosixPath(entry["path"]).with_suffix(f".{extension}"))
+            self._write_bytes(relpath, data)
+            update = {"path": relpath, "size_bytes": len(data), "decode_error": str(exc)[:300]}
+        else:
+            self._write_wav(entry["path"], samples, rate)
+            update = {"duration_s": round(samples.size / rate, 3), "sample_rate": rate}
+        with self._lock:
+            entry.update(update)
+        self._write_recording_soon(immediately=True)
+
+    def _load_clip(self, t_start: float, relpath: str) -> Clip | None:
+        """A saved clip for the replay: our own WAVs directly, other files through ``load_audio``."""
+        path = self.directory / relpath
+        try:
+            samples, rate = read_wav(path)
+        except (wave.Error, EOFError, OSError):
+            try:
+                samples, rate = load_audio(path)
+            except Exception as exc:  # noqa: BLE001 - an undecodable file is left out of the replay
+                logger.warning("session %s: %s left out of the replay (%s)", self.session_id, relpath, exc)
+                return None
+        return float(t_start), samples, int(rate)
+
+    def _write_replay(self) -> None:
+        with self._lock:
+            user_clips, ai_clips = self._replay_clips()
+        user = [clip for clip in (self._load_clip(*c) for c in user_clips) if clip is not None]
+        ai = [clip for clip in (self._load_clip(*c) for c in ai_clips) if clip is not None]
+        if not user and not ai:
+            return
+        write_merged_replay(self.directory / REPLAY_FILENAME, user, ai, REPLAY_RATE_HZ,
+                            max_duration_s=self.max_replay_s)

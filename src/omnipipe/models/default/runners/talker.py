@@ -1,0 +1,40 @@
+"""Talker: Piper's VITS text/duration network turns each text piece into latent frames [192, T]."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from omnipipe.models.default.modeling.piper_talker import PiperTalker
+from omnipipe.models.default.weights.voice import prepare_voice
+from omnipipe.stage.request import StageRequest
+from omnipipe.stage.runner import RunnerOutput, StageRunner
+
+
+class PiperTalkerRunner(StageRunner):
+    """Options (deploy ``stages.talker.options``): noise_scale, noise_w (0 for deterministic speech)."""
+
+    def load(self) -> None:
+        self.paths = prepare_voice(progress=True)
+        self.talker = PiperTalker(self.paths, num_threads=self.context.threads)
+        self.noise_scale = float(self.context.options.get("noise_scale", 0.667))
+        self.noise_w = float(self.context.options.get("noise_w", 0.8))
+
+    def warmup(self) -> None:
+        self.talker.synthesize_latents("Hello there.", noise_scale=self.noise_scale, noise_w=self.noise_w)
+
+    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+        outputs = []
+        for request in batch:
+            text = str((request.take_input() or {}).get("text", "")).strip()
+            extra = request.params.get("extra") or {}
+            speed = float(extra.get("speed", 1.0))
+            if not 0.25 <= speed <= 4.0:
+                outputs.append(RunnerOutput(request.request_id, error=f"speed: must be in [0.25, 4], got {speed}"))
+                continue
+            if text:
+                latents = self.talker.synthesize_latents(text, noise_scale=self.noise_scale, length_scale=1.0 / speed,
+                                                         noise_w=self.noise_w)
+            else:
+                latents = np.zeros((self.paths.latent_channels, 0), np.float32)
+            outputs.append(RunnerOutput(request.request_id, data={"frames": latents}, num_units=latents.shape[1]))
+        return outputs

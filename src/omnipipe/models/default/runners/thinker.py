@@ -1,0 +1,119 @@
+"""Thinker: Gemma 3 270M with continuous batching and a KV cache per request.
+
+New requests are prefilled one by one (different lengths); running requests decode together in one batched
+forward. Text streams out as it is detokenised; anything that could still turn into a stop string is held back
+until it is clear, so a stop marker is never spoken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from omnipipe.models.default.modeling.gemma import GemmaThinker
+from omnipipe.models.default.prompting import prompt_parts, should_stop, stop_strings, stream_safe_length
+from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.models.default.weights.thinker import prepare_thinker
+from omnipipe.stage.request import StageRequest
+from omnipipe.stage.runner import RunnerOutput, StageRunner
+
+MAX_PROMPT_TOKENS = 2048
+
+
+@dataclass
+class _Decoding:
+    sampling: TokenSamplingParams
+    max_tokens: int
+    stops: list[str]
+    generator: torch.Generator | None
+    generated: list[int] = field(default_factory=list)
+    emitted_chars: int = 0  # of the answer text already sent
+
+
+class GemmaThinkerRunner(StageRunner):
+    def load(self) -> None:
+        model_dir = prepare_thinker(progress=True)
+        self.model = GemmaThinker(model_dir, num_threads=self.context.threads)
+        self.tokenizer = self.model.tokenizer
+        self.max_prompt_tokens = int(self.context.options.get("max_prompt_tokens", MAX_PROMPT_TOKENS))
+        # every prompt starts with the same few-shot preamble: compute its KV cache once
+        self.preamble_ids = self.tokenizer.encode(prompt_parts("x")[0])
+        if self.context.options.get("prefix_cache", True):
+            self.model.set_shared_prefix(self.preamble_ids)
+
+    def encode_prompt(self, question: str) -> list[int]:
+        """Preamble and turn tokenised apart, so every prompt starts with exactly the cached preamble tokens."""
+        return self.preamble_ids + self.tokenizer.encode(prompt_parts(question)[1], add_special_tokens=False)
+
+    @torch.inference_mode()
+    def warmup(self) -> None:
+        ids = self.encode_prompt("Hello?")
+        logits = self.model.prefill("__warmup__", ids)
+        self.model.decode(["__warmup__"], [int(logits.argmax())])
+        self.model.free("__warmup__")
+
+    def _start(self, request: StageRequest) -> tuple[_Decoding, list[int]] | str:
+        params = request.params
+        question = " ".join(str(item.get("text", "")) for item in request.take_all_inputs()).strip()
+        if not question:
+            return "the question is empty"
+        ids = self.encode_prompt(question)
+        if len(ids) > self.max_prompt_tokens:
+            return f"prompt: {len(ids)} tokens is longer than the limit of {self.max_prompt_tokens}"
+        sampling = TokenSamplingParams(
+            temperature=float(params.get("temperature", 0.0)), top_p=float(params.get("top_p", 1.0)),
+            top_k=int(params.get("top_k", 0)), repetition_penalty=float(params.get("repetition_penalty", 1.0)),
+            presence_penalty=float(params.get("presence_penalty", 0.0)),
+            frequency_penalty=float(params.get("frequency_penalty", 0.0)), seed=params.get("seed"),
+        )
+        generator = None
+        if sampling.seed is not None:
+            generator = torch.Generator().manual_seed(int(sampling.seed))
+        stops = [*stop_strings(), *params.get("stop", [])]
+        return _Decoding(sampling, int(params.get("max_tokens", 64)), stops, generator), ids
+
+    @torch.inference_mode()
+    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+        if is_prefill:
+            outputs = []
+            for request in batch:
+                started = self._start(request)
+                if isinstance(started, str):
+                    outputs.append(RunnerOutput(request.request_id, error=started))
+                    continue
+                state, ids = started
+                request.runner_state, request.prefilled = state, True
+                outputs.append(self._advance(request, state, self.model.prefill(request.request_id, ids)))
+            return outputs
+        states: list[_Decoding] = [r.runner_state for r in batch]
+        logits = self.model.decode([r.request_id for r in batch], [s.generated[-1] for s in states])
+        return [self._advance(r, s, logits[i]) for i, (r, s) in enumerate(zip(batch, states))]
+
+    def _advance(self, request: StageRequest, state: _Decoding, logits: torch.Tensor) -> RunnerOutput:
+        token = sample_next_token(logits, state.sampling, state.generated, state.generator)
+        eos = token in self.model.eos_token_ids
+        if not eos:
+            state.generated.append(token)
+        answer = self.tokenizer.decode(state.generated, skip_special_tokens=True).lstrip()
+        finish_reason = "stop" if eos else None
+        stopped, kept = should_stop(answer, state.stops)
+        if stopped:
+            answer, finish_reason = kept.rstrip(), "stop"
+        elif not eos and len(state.generated) >= state.max_tokens:
+            finish_reason = "length"
+        if finish_reason is None:
+            ready = stream_safe_length(answer, state.stops)
+            if answer.endswith("\ufffd"):  # an incomplete multi-byte character
+                ready = min(ready, len(answer) - 1)
+        else:
+            ready = len(answer.rstrip())
+        delta = answer[state.emitted_chars : max(ready, state.emitted_chars)]
+        state.emitted_chars = max(ready, state.emitted_chars)
+        return RunnerOutput(request.request_id, text_delta=delta, data={"text": delta} if delta else None,
+                            num_units=0 if eos else 1, finished=finish_reason is not None,
+                            finish_reason=finish_reason)
+
+    def free(self, request: StageRequest) -> None:
+        self.model.free(request.request_id)
+        request.runner_state = None

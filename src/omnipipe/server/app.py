@@ -1,0 +1,100 @@
+"""The OpenAI-compatible HTTP server: one FastAPI app around one ``EnginePool``.
+
+The main pipeline starts loading when the server starts; until it is ready ``/health`` answers 503
+``{"status": "loading", "state": "LOADING", ...}`` and the model endpoints answer 503 with ``Retry-After``.
+``/health`` also reports the worker protocol's fields (docs/gateway.md): ``state`` (``LOADING``, ``IDLE``, ``BUSY``,
+``DUPLEX_ACTIVE``, ``DUPLEX_PAUSED``, ``ERROR``), ``models``, ``active_sessions``, ``capacity`` (``null``:
+unlimited) and ``sessions`` ``{http, realtime, paused}``; with ``error`` when the main pipeline failed to start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from omnipipe.server.routes import chat, realtime, speech, transcription
+from omnipipe.server.engines import EnginePool, ServerConfig
+from omnipipe.server.errors import install_error_handlers
+from omnipipe.server.guard import RequestGuard
+from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.protocol.openai import ModelCard, ModelList
+from omnipipe.server.capacity import SessionLimiter, SessionTracker
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | None = None) -> FastAPI:
+    """Build the app. ``on_engine_failure(message)`` is called if the main pipeline cannot start and
+    ``config.exit_on_engine_failure`` is set; otherwise the server keeps answering ``/health`` with state ``ERROR``.
+    """
+    pool = EnginePool(config)
+    metrics = ServerMetrics()
+    sessions = SessionTracker(config.capacity)
+    started = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        task = pool.main.start_in_background()
+
+        def report(done: asyncio.Task[Any]) -> None:
+            if done.cancelled() or done.exception() is None:
+                return
+            message = pool.main.error or "the engine failed to start"
+            if not config.exit_on_engine_failure:
+                logger.error("the engine failed to start; still answering /health with state ERROR: %s", message)
+            elif on_engine_failure is not None:
+                on_engine_failure(message)
+
+        task.add_done_callback(report)
+        try:
+            yield
+        finally:
+            await pool.shutdown()
+
+    app = FastAPI(title="omnipipe", version="0.1.0", lifespan=lifespan,
+                  description="OpenAI-compatible API for omnipipe's multi-stage omni models.")
+    app.state.pool = pool
+    app.state.metrics = metrics
+    app.state.sessions = sessions
+    install_error_handlers(app)
+    app.include_router(chat.router)
+    app.include_router(speech.router)
+    app.include_router(transcription.router)
+    app.include_router(realtime.router)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def list_models() -> ModelList:
+        return ModelList(data=[ModelCard(id=name, created=started) for name in pool.model_ids()])
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        slot = pool.main
+        body: dict[str, Any] = {"status": slot.status if slot.status != "idle" else "loading",
+                                "state": sessions.state(slot.status).name, "pipeline": slot.name,
+                                "models": pool.model_ids(), "active_sessions": sessions.active,
+                                "capacity": sessions.capacity, "sessions": sessions.counts()}
+        if slot.error:
+            body["error"] = slot.error
+        return JSONResponse(body, status_code=200 if slot.status == "ready" else 503)
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(await pool.debug_states()),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/debug/state")
+    async def debug_state(request: Request) -> JSONResponse:
+        return JSONResponse({"engines": await pool.debug_states()})
+
+    # added first, so it runs inside the guard: refused (401/413/415) requests are never counted as sessions
+    app.add_middleware(SessionLimiter, tracker=sessions)  # type: ignore
+    app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,  # type: ignore
+                       metrics=metrics)
+    return app

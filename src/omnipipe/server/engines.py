@@ -1,0 +1,211 @@
+"""The engines one server runs: its main pipeline, started with the server, and the pipelines the audio endpoints
+need (speech: text -> audio; transcription: audio -> text), started on their first request.
+
+Each engine runs its own stage processes, so a lazily started companion adds processes (and their threads) to
+the ones the main pipeline already uses: on the default family, ``/v1/audio/speech`` adds a talker and a vocoder
+process (one thread each) and ``/v1/audio/transcriptions`` adds an encoder process (two threads). A deploy file
+given to the server applies to the companions too, restricted to the stages and edges they have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.api.async_omni import AsyncOmni
+from omnipipe.server.errors import APIError, unavailable
+from omnipipe.models.registry import get_pipeline
+
+logger = logging.getLogger(__name__)
+
+# main pipeline -> (speech pipeline, transcription pipeline); a pipeline that is itself text -> audio or
+# audio -> text serves that endpoint directly
+COMPANIONS: dict[str, dict[str, str]] = {
+    "default": {"speech": "tts", "transcription": "asr"},
+    "toy": {"speech": "toy_tts"},
+}
+_DEFAULT_FAMILY = "omnipipe.models.default."
+SlotStatus = Literal["idle", "loading", "ready", "failed"]
+
+
+@dataclass
+class ServerConfig:
+    pipeline: str = "default"
+    deploy: str | Path | dict[str, Any] | None = None
+    host: str = "127.0.0.1"
+    port: int = 8091
+    api_key: str | None = None
+    max_body_bytes: int = 32 << 20
+    served_model_name: str | None = None
+    log_level: str = "WARNING"
+    companions: dict[str, str] | None = field(default=None)  # endpoint -> pipeline; None: COMPANIONS
+    capacity: int | None = None  # sessions at once (HTTP model requests + realtime sockets); None: unlimited
+    pause_timeout_s: float = 300.0  # a realtime session paused longer than this is closed
+    exit_on_engine_failure: bool = True  # serve: stop when the main pipeline fails to start; worker: report it
+
+    def __post_init__(self) -> None:
+        if self.capacity is not None and (isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
+                                          or self.capacity < 1):
+            raise ValueError(f"capacity: must be an integer >= 1 or None, got {self.capacity!r}")
+        if not (isinstance(self.pause_timeout_s, (int, float)) and 0 < self.pause_timeout_s < float("inf")):
+            raise ValueError(f"pause_timeout_s: must be a number > 0, got {self.pause_timeout_s!r}")
+
+
+def _deploy_for(source: str | Path | dict[str, Any] | None, pipeline: PipelineSpec) -> dict[str, Any] | None:
+    """The server's deploy settings restricted to ``pipeline``'s stages and edges."""
+    if source is None:
+        return None
+    raw = copy.deepcopy(source) if isinstance(source, dict) else yaml.safe_load(Path(source).read_text()) or {}
+    if not isinstance(raw, dict):
+        return None
+    names = set(pipeline.stage_names)
+    edges = {e.name for e in pipeline.edges}
+    if isinstance(raw.get("stages"), dict):
+        raw["stages"] = {k: v for k, v in raw["stages"].items() if k in names}
+    if isinstance(raw.get("edges"), dict):
+        raw["edges"] = {k: v for k, v in raw["edges"].items() if k in edges}
+    return raw
+
+
+class EngineSlot:
+    """One pipeline's AsyncOmni, started once (by the server or by the first request that needs it)."""
+
+    def __init__(self, pipeline: PipelineSpec, deploy: Any, log_level: str) -> None:
+        self.pipeline = pipeline
+        self.deploy = deploy
+        self.log_level = log_level
+        self.status: SlotStatus = "idle"
+        self.error: str | None = None
+        self.engine: AsyncOmni | None = None
+        self._task: asyncio.Task[AsyncOmni] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.name
+
+    def start_in_background(self) -> asyncio.Task[AsyncOmni]:
+        if self._task is None:
+            self.status = "loading"
+            self._task = asyncio.create_task(self._start(), name=f"omnipipe-start-{self.name}")
+        return self._task
+
+    async def _start(self) -> AsyncOmni:
+        try:
+            engine = AsyncOmni(self.pipeline, self.deploy, log_level=self.log_level)
+            self.engine = engine
+            await engine.start()
+        except Exception as exc:
+            self.status, self.error = "failed", f"{type(exc).__name__}: {exc}"
+            logger.error("pipeline %s failed to start: %s", self.name, self.error)
+            raise
+        self.status = "ready"
+        logger.info("pipeline %s is ready", self.name)
+        return engine
+
+    def ready_engine(self) -> AsyncOmni:
+        """The engine if it has loaded, else a 503 saying why not."""
+        if self.status == "ready" and self.engine is not None:
+            return self.engine
+        if self.status == "failed":
+            raise unavailable(f"pipeline {self.name!r} failed to start: {self.error}", code="engine_failed")
+        raise unavailable(f"pipeline {self.name!r} is loading; retry shortly", code="engine_loading")
+
+    async def wait_engine(self) -> AsyncOmni:
+        """Start the engine if needed and wait for it (used by lazily started companions)."""
+        task = self.start_in_background()
+        try:
+            return await asyncio.shield(task)
+        except APIError:
+            raise
+        except Exception:  # noqa: BLE001 - the slot recorded it
+            return self.ready_engine()  # raises the 503 naming the failure
+
+    async def shutdown(self) -> None:
+        if self._task is not None and not self._task.done():
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.engine is not None:
+            await self.engine.shutdown()
+
+
+class EnginePool:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        main = get_pipeline(config.pipeline)
+        self.main = EngineSlot(main, config.deploy, config.log_level)
+        self.slots: dict[str, EngineSlot] = {main.name: self.main}
+        companions = COMPANIONS.get(main.name, {}) if config.companions is None else config.companions
+        self.endpoint_pipelines: dict[str, str | None] = {
+            "chat": main.name if "text" in main.output_modalities or "audio" in main.output_modalities else None,
+            "speech": main.name if self._is_speech(main) else companions.get("speech"),
+            "transcription": main.name if self._is_transcription(main) else companions.get("transcription"),
+        }
+        for endpoint in ("speech", "transcription"):
+            name = self.endpoint_pipelines[endpoint]
+            if name is not None and name not in self.slots:
+                pipeline = get_pipeline(name)
+                self.slots[name] = EngineSlot(pipeline, _deploy_for(config.deploy, pipeline), config.log_level)
+
+    @staticmethod
+    def _is_speech(pipeline: PipelineSpec) -> bool:
+        return pipeline.input_modalities == ("text",) and pipeline.output_modalities == ["audio"]
+
+    @staticmethod
+    def _is_transcription(pipeline: PipelineSpec) -> bool:
+        return pipeline.input_modalities == ("audio",) and pipeline.output_modalities == ["text"]
+
+    @property
+    def model_name(self) -> str:
+        return self.config.served_model_name or self.main.name
+
+    def model_ids(self) -> list[str]:
+        return [self.model_name, *(name for name in self.slots if name != self.main.name)]
+
+    def check_model(self, model: str, endpoint: str) -> None:
+        """``model`` must be the served model or the pipeline that serves ``endpoint``."""
+        accepted = {self.model_name, self.main.name, self.endpoint_pipelines.get(endpoint)} - {None}
+        if model not in accepted:
+            raise APIError(404, f"model: {model!r} does not exist or is not served for this endpoint "
+                           f"(use {', '.join(sorted(str(a) for a in accepted))})", param="model",
+                           code="model_not_found")
+
+    async def engine_for(self, endpoint: str) -> tuple[AsyncOmni, PipelineSpec]:
+        name = self.endpoint_pipelines.get(endpoint)
+        if name is None:
+            raise APIError(404, f"this server's pipeline {self.main.name!r} has no pipeline for the {endpoint} "
+                           "endpoint", code="endpoint_not_available")
+        slot = self.slots[name]
+        if slot is self.main:
+            return slot.ready_engine(), slot.pipeline
+        self.main.ready_engine()  # the server answers nothing before its main pipeline is up
+        return await slot.wait_engine(), slot.pipeline
+
+    def voices(self, pipeline: PipelineSpec) -> list[str]:
+        """``default`` plus the packaged voices of the pipeline's family."""
+        if any(stage.runner.startswith(_DEFAULT_FAMILY) for stage in pipeline.stages):
+            from omnipipe.models.default.weights.voice import list_voices
+
+            return ["default", *list_voices()]
+        return ["default"]
+
+    def check_voice(self, voice: str, pipeline: PipelineSpec, param: str) -> None:
+        voices = self.voices(pipeline)
+        if voice not in voices:
+            raise APIError(400, f"{param}: unknown voice {voice!r} (voices: {', '.join(voices)})", param=param,
+                           code="invalid_voice")
+
+    async def debug_states(self) -> dict[str, dict[str, Any]]:
+        out: dict[str, dict[str, Any]] = {}
+        for name, slot in self.slots.items():
+            state = await slot.engine.debug_state() if slot.status == "ready" and slot.engine is not None else None
+            out[name] = {"status": slot.status, "error": slot.error, "state": state}
+        return out
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(slot.shutdown() for slot in self.slots.values()), return_exceptions=True)

@@ -1,0 +1,276 @@
+"""``POST /v1/chat/completions``: the last user message (text and/or one spoken part) as the question, text and
+optionally speech as the answer, whole or streamed as server-sent events."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.api.async_omni import AsyncOmni
+from omnipipe.server.audio_stream import Pcm16Stream, encode_whole
+from omnipipe.server.engines import EnginePool
+from omnipipe.server.errors import APIError, from_engine_error, invalid
+from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.protocol.openai import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    Choice,
+    ChunkChoice,
+    Delta,
+    DeltaAudio,
+    ErrorResponse,
+    ImageUrlPart,
+    InputAudioPart,
+    ResponseAudio,
+    ResponseMessage,
+    TextPart,
+    Usage,
+)
+from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
+from omnipipe.api.outputs import OmniRequestOutput, RequestMetrics
+from omnipipe.api.sampling_params import SamplingParams
+
+ENDPOINT = "/v1/chat/completions"
+AUDIO_EXPIRY_S = 3600
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 429,
+                                                                                          503)}
+router = APIRouter()
+
+
+@dataclass
+class ChatPlan:
+    """A validated chat request, in the engine's terms."""
+
+    prompt: dict[str, Any]
+    audio_param: str | None
+    modalities: list[str]
+    sampling_params: dict[str, SamplingParams]
+    field_map: dict[str, str]
+    initial_codec_chunk_frames: int | None
+
+
+# ---------------------------------------------------------------------------------------------- request -> plan
+def _question(messages: list[ChatMessage], pipeline: PipelineSpec) -> tuple[dict[str, Any], str | None]:
+    index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), None)
+    if index is None:
+        raise invalid("messages: there is no user message", "messages")
+    content = messages[index].content
+    where = f"messages[{index}].content"
+    texts: list[str] = []
+    audio: bytes | None = None
+    audio_param: str | None = None
+    parts = [TextPart(type="text", text=content)] if isinstance(content, str) else list(content or [])
+    for j, part in enumerate(parts):
+        if isinstance(part, TextPart):
+            texts.append(part.text)
+        elif isinstance(part, InputAudioPart):
+            param = f"{where}[{j}].input_audio"
+            audio_param = f"{param}.data"
+            try:
+                decoded = base64.b64decode(part.input_audio.data, validate=True)
+            except (binascii.Error, ValueError):
+                raise invalid(f"{audio_param}: not valid base64", audio_param, code="invalid_base64") from None
+            if "audio" not in pipeline.input_modalities:
+                raise invalid(f"{param}: pipeline {pipeline.name!r} does not take audio input", param,
+                              code="unsupported_modality")
+            if audio is not None:
+                raise invalid(f"{param}: only one input_audio part per message is supported", param)
+            if not decoded:
+                raise invalid(f"{audio_param}: the audio is empty", audio_param)
+            audio = decoded
+        elif isinstance(part, ImageUrlPart):
+            param = f"{where}[{j}].image_url"
+            raise invalid(f"{param}: pipeline {pipeline.name!r} does not take image input (it takes "
+                          f"{', '.join(pipeline.input_modalities)})", param, code="unsupported_modality")
+    text = " ".join(t.strip() for t in texts if t.strip())
+    if audio is None and not text:
+        raise invalid(f"{where}: the last user message has no text or audio", where)
+    if text and "text" not in pipeline.input_modalities:
+        raise invalid(f"{where}: pipeline {pipeline.name!r} does not take text input", where)
+    prompt: dict[str, Any] = {"prompt": text}
+    if audio is not None:
+        prompt["multi_modal_data"] = {"audio": audio}
+    return prompt, audio_param
+
+
+def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tuple[dict[str, SamplingParams],
+                                                                                   dict[str, str]]:
+    comprehension = pipeline.comprehension_stage or pipeline.stages[0].name
+    top: dict[str, Any] = {}
+    for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
+        value = getattr(body, name)
+        if value is not None:
+            top[name] = value
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    if max_tokens is not None:
+        top["max_tokens"] = max_tokens
+    if body.stop is not None:
+        top["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
+    per_stage: dict[str, dict[str, Any]] = {comprehension: top} if top else {}
+    extension = body.omnipipe.sampling_params if body.omnipipe is not None else {}
+    field_map: dict[str, str] = {"prompt.multi_modal_data": "messages", "prompt": "messages"}
+    for stage, fields in extension.items():
+        if stage not in pipeline.stage_names:
+            param = f"omnipipe.sampling_params.{stage}"
+            raise invalid(f"{param}: no such stage (stages: {', '.join(pipeline.stage_names)})", param)
+        per_stage[stage] = {**per_stage.get(stage, {}), **fields}
+    params: dict[str, SamplingParams] = {}
+    for stage, fields in per_stage.items():
+        try:
+            params[stage] = SamplingParams.from_dict(fields)
+        except (ValueError, TypeError) as exc:
+            name, _, rule = str(exc).partition(": ")
+            name = name.removeprefix("sampling_params.")
+            if name in extension.get(stage, {}):
+                param = f"omnipipe.sampling_params.{stage}.{name}"
+            elif name == "max_tokens":
+                param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+            else:
+                param = name
+            raise invalid(f"{param}: {rule or exc}", param) from None
+    return params, field_map
+
+
+def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineSpec) -> ChatPlan:
+    prompt, audio_param = _question(body.messages, pipeline)
+    modalities = list(dict.fromkeys(body.modalities or ["text"]))
+    for modality in modalities:
+        if modality not in pipeline.output_modalities:
+            raise invalid(f"modalities: pipeline {pipeline.name!r} does not produce {modality!r} "
+                          f"(it produces {', '.join(pipeline.output_modalities)})", "modalities")
+    if "audio" in modalities:
+        if "text" in pipeline.output_modalities and "text" not in modalities:
+            modalities.insert(0, "text")  # the transcript of the spoken answer
+        audio = body.audio
+        if audio is not None:
+            pool.check_voice(audio.voice, pipeline, "audio.voice")
+            if body.stream and audio.format != "pcm16":
+                raise invalid(f"audio.format: streamed audio is pcm16 (24 kHz mono int16), got {audio.format!r}",
+                              "audio.format")
+    elif body.audio is not None:
+        raise invalid("audio: given but modalities does not include 'audio'", "audio")
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options: only allowed when stream is true", "stream_options")
+    params, field_map = _sampling_params(body, pipeline)
+    if audio_param is not None:
+        field_map["prompt.multi_modal_data.audio"] = audio_param
+    chunk_frames = body.omnipipe.initial_codec_chunk_frames if body.omnipipe is not None else None
+    return ChatPlan(prompt, audio_param, modalities, params, field_map, chunk_frames)
+
+
+# ---------------------------------------------------------------------------------------------- responses
+def _usage(metrics: RequestMetrics | None) -> Usage:
+    tokens = metrics.num_output_tokens if metrics is not None else 0
+    return Usage(prompt_tokens=0, completion_tokens=tokens, total_tokens=tokens)
+
+
+async def _complete(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None,
+                    body: ChatCompletionRequest, plan: ChatPlan, model: str, request_id: str,
+                    metrics: ServerMetrics) -> JSONResponse:
+    final = first
+    try:
+        if final is None or not final.finished:
+            async for out in outputs:
+                final = out
+    except Exception as exc:  # noqa: BLE001 - mapped to an API error
+        raise from_engine_error(exc, plan.field_map, plan.audio_param) from None
+    assert final is not None
+    metrics.observe(ENDPOINT, final.metrics)
+    audio = None
+    if "audio" in plan.modalities:
+        fmt = body.audio.format if body.audio is not None else "wav"
+        samples = final.audio if final.audio is not None else None
+        data = b""
+        if samples is not None and samples.size and final.sample_rate_hz:
+            data = encode_whole(samples, final.sample_rate_hz, fmt)
+        audio = ResponseAudio(id=f"audio_{uuid.uuid4().hex}", data=base64.b64encode(data).decode(),
+                              transcript=final.text, expires_at=int(time.time()) + AUDIO_EXPIRY_S)
+    completion = ChatCompletion(
+        id=request_id, created=int(time.time()), model=model, usage=_usage(final.metrics),
+        choices=[Choice(message=ResponseMessage(content=final.text, audio=audio),
+                        finish_reason=final.finish_reason or "stop")])
+    return JSONResponse(completion.model_dump(exclude_none=False))
+
+
+async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None,
+                  body: ChatCompletionRequest, plan: ChatPlan, model: str, request_id: str,
+                  metrics: ServerMetrics) -> AsyncIterator[bytes]:
+    created = int(time.time())
+    audio_id = f"audio_{uuid.uuid4().hex}"
+    with_audio = "audio" in plan.modalities
+    pcm: Pcm16Stream | None = None
+
+    def chunk(delta: Delta, finish_reason: str | None = None) -> bytes:
+        return sse(ChatCompletionChunk(id=request_id, created=created, model=model,
+                                       choices=[ChunkChoice(delta=delta, finish_reason=finish_reason)]))
+
+    def audio_delta(data: bytes) -> bytes:
+        return chunk(Delta(audio=DeltaAudio(id=audio_id, data=base64.b64encode(data).decode())))
+
+    try:
+        yield chunk(Delta(role="assistant", content=""))
+        async for out in with_first(first, outputs):
+            if out.modality == "text" and out.text_delta:
+                transcript = DeltaAudio(id=audio_id, transcript=out.text_delta) if with_audio else None
+                yield chunk(Delta(content=out.text_delta, audio=transcript))
+            elif out.modality == "audio" and with_audio and out.audio is not None and out.sample_rate_hz:
+                pcm = pcm or Pcm16Stream(out.sample_rate_hz)
+                data = pcm.feed(out.audio)
+                if data:
+                    yield audio_delta(data)
+            elif out.finished:
+                metrics.observe(ENDPOINT, out.metrics)
+                if pcm is not None:
+                    tail = pcm.flush()
+                    if tail:
+                        yield audio_delta(tail)
+                closing = DeltaAudio(id=audio_id, expires_at=created + AUDIO_EXPIRY_S) if with_audio else None
+                yield chunk(Delta(audio=closing), finish_reason=out.finish_reason or "stop")
+                if body.stream_options is not None and body.stream_options.include_usage:
+                    yield sse(ChatCompletionChunk(id=request_id, created=created, model=model, choices=[],
+                                                  usage=_usage(out.metrics)))
+                yield sse("[DONE]")
+    except Exception as exc:  # noqa: BLE001 - the response has started: an error event ends the stream
+        yield sse(from_engine_error(exc, plan.field_map, plan.audio_param).body())
+    finally:
+        await outputs.aclose()  # type: ignore[attr-defined]
+
+
+@router.post(ENDPOINT, response_model=ChatCompletion, responses=_ERRORS)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+    pool: EnginePool = request.app.state.pool
+    metrics: ServerMetrics = request.app.state.metrics
+    pool.check_model(body.model, "chat")
+    engine: AsyncOmni
+    engine, pipeline = await pool.engine_for("chat")
+    plan = plan_chat(body, pool, pipeline)
+    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    outputs = engine.generate(plan.prompt, request_id=request_id, sampling_params=plan.sampling_params,
+                              output_modalities=plan.modalities,
+                              initial_codec_chunk_frames=plan.initial_codec_chunk_frames)
+    try:
+        first = await first_output(outputs)
+    except Exception as exc:  # noqa: BLE001 - mapped to an API error
+        await outputs.aclose()  # type: ignore[attr-defined]
+        raise from_engine_error(exc, plan.field_map, plan.audio_param) from None
+    if not body.stream:
+        try:
+            return await _complete(outputs, first, body, plan, body.model, request_id, metrics)
+        finally:
+            await outputs.aclose()  # type: ignore[attr-defined]
+    stream = _stream(outputs, first, body, plan, body.model, request_id, metrics)
+    return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+__all__ = ["APIError", "plan_chat", "router"]

@@ -1,0 +1,663 @@
+"""``WS /v1/realtime``: a subset of the OpenAI Realtime API over one WebSocket, one conversation turn at a time.
+
+Authentication: with ``--api-key`` the handshake must carry ``Authorization: Bearer KEY`` (a query parameter is not
+accepted); otherwise the handshake is refused (HTTP 403). The session uses the server's main pipeline; if it has not
+loaded yet the server sends an ``error`` (code ``engine_loading``) and closes with 1013. A WebSocket counts as one
+session of the server from accept to close; a server already holding ``capacity`` sessions sends an ``error``
+(code ``worker_at_capacity``) and closes with 1013.
+
+Client events (JSON text frames, each with ``type`` and an optional ``event_id``):
+
+- ``session.update`` ``{session: {modalities, voice, instructions, input_audio_format, output_audio_format,
+  turn_detection, max_response_output_tokens, temperature}}``: every field is optional; unknown fields are
+  ignored; an invalid field rejects the whole update. Audio formats are ``pcm16`` only (24 kHz mono int16
+  little-endian, base64). ``turn_detection`` is ``null`` (the client commits) or ``{type: "server_vad",
+  threshold, silence_duration_ms, prefix_padding_ms, create_response}``. ``threshold`` is the RMS of a 20 ms
+  frame of full-scale float audio (0..1) above which it counts as speech (an energy VAD, not a model; default
+  0.02). ``instructions`` is stored and echoed but not applied: the pipelines have fixed prompting.
+  ``voice`` is validated like ``/v1/audio/speech``'s. ``input_audio_transcription`` is ``null`` (default) or
+  ``{model}``: each committed audio item is then also transcribed by the server's transcription pipeline (started on
+  first use), beside the response, and the transcript arrives as
+  ``conversation.item.input_audio_transcription.completed`` ``{item_id, content_index, transcript}`` (or
+  ``.failed`` ``{item_id, content_index, error}``). ``model`` is echoed; the pipeline is the server's.
+- ``input_audio_buffer.append`` ``{audio}``, ``input_audio_buffer.commit``, ``input_audio_buffer.clear``.
+- ``conversation.item.create`` ``{item: {type: "message", role: "user", content: [{type: "input_text", text}]}}``.
+- ``response.create`` (optionally ``{response: {modalities}}``) and ``response.cancel``.
+- Extensions (not in the OpenAI API): ``session.pause`` and ``session.resume``, answered with ``session.paused``
+  ``{pause_timeout_s}`` and ``session.resumed`` (both idempotent). Pausing cancels a response in progress (it ends
+  with ``response.done`` status ``cancelled``) and clears the uncommitted input audio buffer. While paused,
+  appended audio is dropped unread (so the VAD hears nothing), ``response.create`` is refused (``error`` code
+  ``session_paused``), and other events work as usual. A session paused longer than the server's pause timeout
+  (``--pause-timeout-s``, default 300 s) gets an ``error`` (code ``pause_timeout``) and is closed (1000). A
+  server whose open realtime sessions are all paused reports the state ``DUPLEX_PAUSED`` on ``/health``.
+
+Server events (each with ``type`` and ``event_id``): ``session.created``, ``session.updated``,
+``session.paused``, ``session.resumed``, ``input_audio_buffer.committed`` / ``cleared`` / ``speech_started`` /
+``speech_stopped``, ``conversation.item.created``, ``response.created``, ``response.text.delta`` /
+``response.text.done`` (text-only responses), ``response.audio_transcript.delta`` / ``.done`` (the text of a spoken
+response),
+``response.audio.delta`` / ``.done`` (base64 pcm16 at 24 kHz, resampled from the pipeline's rate without seams),
+``response.done`` ``{response: {id, status: completed|cancelled|failed, status_details, usage}}`` and ``error``
+``{error: {type, code, message, param, event_id}}``. A bad client event (invalid JSON, unknown type, missing or
+invalid field, bad base64) gets an ``error`` event and the connection stays open.
+
+A turn: committed audio becomes a spoken question (24 kHz samples handed to the pipeline's prompt processor, which
+resamples them); text items become a written question (texts since the last response joined; with audio, the text
+goes along as the instruction). With ``server_vad``, speech that stops commits the buffer and (``create_response``)
+starts a response; speech that starts while a response runs is a barge-in: the response is aborted at once and ends
+with ``response.done`` status ``cancelled``. One response runs at a time per connection; a disconnect aborts it.
+Not supported: conversation history across turns, assistant/system items, function calls, ``item.truncate`` /
+``delete``, out-of-band responses, formats other than pcm16.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hmac
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from fastapi import APIRouter, WebSocket
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.api.async_omni import AsyncOmni
+from omnipipe.server.audio_stream import PCM16_RATE_HZ, Pcm16Stream
+from omnipipe.server.engines import EnginePool
+from omnipipe.server.errors import APIError, from_engine_error
+from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.server.capacity import Session, SessionTracker, at_capacity_error
+from omnipipe.server.vad import EnergyVAD
+from omnipipe.api.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+ENDPOINT = "/v1/realtime"
+DEFAULT_TURN_DETECTION: dict[str, Any] = {"type": "server_vad", "threshold": 0.02, "prefix_padding_ms": 300,
+                                          "silence_duration_ms": 500, "create_response": True}
+CLOSE_NORMAL = 1000
+CLOSE_TRY_AGAIN = 1013
+CLOSE_POLICY = 1008
+router = APIRouter()
+
+
+class EventError(Exception):
+    """A client event the server refuses: answered with an ``error`` event, the connection stays open."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value",
+                 type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.type = message, param, code, type
+
+
+def _event_id() -> str:
+    return f"event_{uuid.uuid4().hex[:24]}"
+
+
+def _item_id() -> str:
+    return f"item_{uuid.uuid4().hex[:24]}"
+
+
+def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if key not in obj or obj[key] is None:
+        raise EventError(f"{where}{key}: required field is missing", f"{where}{key}", code="missing_field")
+    value = obj[key]
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise EventError(f"{where}{key}: expected {names}, got {type(value).__name__}", f"{where}{key}")
+    return value
+
+
+def _decode_pcm16(data: str, param: str) -> np.ndarray:
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise EventError(f"{param}: not valid base64", param, code="invalid_base64") from None
+    if len(raw) % 2:
+        raise EventError(f"{param}: pcm16 audio must have an even number of bytes, got {len(raw)}", param,
+                         code="invalid_audio")
+    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+
+
+@dataclass
+class Turn:
+    """What the next response answers: texts from items, and committed audio (24 kHz float32)."""
+
+    texts: list[str] = field(default_factory=list)
+    audio: np.ndarray | None = None
+
+    def empty(self) -> bool:
+        return not self.texts and self.audio is None
+
+
+class RealtimeSession:
+    def __init__(self, websocket: WebSocket, engine: AsyncOmni, pipeline: PipelineSpec, pool: EnginePool,
+                 metrics: ServerMetrics, handle: Session | None = None) -> None:
+        self.ws = websocket
+        self.engine = engine
+        self.pipeline = pipeline
+        self.pool = pool
+        self.metrics = metrics
+        self.closed = False
+        self.send_lock = asyncio.Lock()
+        modalities = list(pipeline.output_modalities)
+        self.session: dict[str, Any] = {
+            "id": f"sess_{uuid.uuid4().hex[:24]}", "object": "realtime.session", "model": pool.model_name,
+            "modalities": modalities, "voice": "default", "instructions": "", "input_audio_format": "pcm16",
+            "output_audio_format": "pcm16", "turn_detection": dict(DEFAULT_TURN_DETECTION),
+            "max_response_output_tokens": "inf", "temperature": None, "input_audio_transcription": None,
+        }
+        self.buffer: list[np.ndarray] = []
+        self.buffer_bytes = 0
+        self.max_buffer_bytes = pool.config.max_body_bytes
+        self.vad = self._make_vad()
+        self.turn = Turn()
+        self.response_task: asyncio.Task[None] | None = None
+        self.response_id: str | None = None
+        self.last_item_id: str | None = None
+        self._pending_item_id: str | None = None  # the item the audio being appended will become
+        self.handle = handle  # this connection's slot in the server's session count
+        self.paused = False
+        self.pause_timeout_s = pool.config.pause_timeout_s
+        self._pause_timer: asyncio.Task[None] | None = None
+        self._timing_out = False
+        self._transcriptions: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ sending
+    async def send(self, type_: str, **fields: Any) -> None:
+        if self.closed:
+            return
+        payload = json.dumps({"type": type_, "event_id": _event_id(), **fields}, separators=(",", ":"))
+        async with self.send_lock:
+            try:
+                await self.ws.send_text(payload)
+            except Exception:  # noqa: BLE001 - the client went away; the receive loop notices
+                self.closed = True
+
+    async def send_error(self, message: str, *, param: str | None = None, code: str | None = None,
+                         type_: str = "invalid_request_error", client_event_id: str | None = None) -> None:
+        await self.send("error", error={"type": type_, "code": code, "message": message, "param": param,
+                                        "event_id": client_event_id})
+
+    # ------------------------------------------------------------------ loop
+    async def run(self) -> None:
+        await self.send("session.created", session=self.session)
+        try:
+            while not self.closed:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    await self.send_error("binary frames are not supported; send JSON text frames",
+                                          code="invalid_event")
+                    continue
+                await self.handle_text(text)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.closed = True
+            await self._stop_pause_timer()
+            await self.cancel_response()
+            for task in list(self._transcriptions):
+                task.cancel()
+            await asyncio.gather(*self._transcriptions, return_exceptions=True)
+
+    async def handle_text(self, text: str) -> None:
+        try:
+            event = json.loads(text)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            await self.send_error(f"the event is not valid JSON: {exc}", code="invalid_json")
+            return
+        if not isinstance(event, dict):
+            await self.send_error("the event must be a JSON object", code="invalid_event")
+            return
+        client_event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
+        handler = self.HANDLERS.get(event.get("type")) if isinstance(event.get("type"), str) else None
+        try:
+            if handler is None:
+                if "type" not in event:
+                    raise EventError("type: required field is missing", "type", code="missing_field")
+                raise EventError(f"type: unknown or unsupported event type {event.get('type')!r} (supported: "
+                                 f"{', '.join(sorted(self.HANDLERS))})", "type", code="invalid_event_type")
+            await handler(self, event)
+        except EventError as exc:
+            await self.send_error(exc.message, param=exc.param, code=exc.code, type_=exc.type,
+                                  client_event_id=client_event_id)
+        except APIError as exc:
+            await self.send_error(exc.message, param=exc.param, code=exc.code, type_=exc.type,
+                                  client_event_id=client_event_id)
+        except (ValueError, TypeError) as exc:
+            await self.send_error(str(exc), code="invalid_value", client_event_id=client_event_id)
+
+    # ------------------------------------------------------------------ session
+    def _make_vad(self) -> EnergyVAD | None:
+        detection = self.session["turn_detection"]
+        if detection is None:
+            return None
+        return EnergyVAD(detection["threshold"], detection["silence_duration_ms"], detection["prefix_padding_ms"],
+                         PCM16_RATE_HZ)
+
+    def _check_modalities(self, value: Any, param: str) -> list[str]:
+        if not isinstance(value, list) or not value or not all(isinstance(m, str) for m in value):
+            raise EventError(f"{param}: expected a non-empty list such as ['text', 'audio']", param)
+        modalities = list(dict.fromkeys(value))
+        for modality in modalities:
+            if modality not in self.pipeline.output_modalities:
+                raise EventError(f"{param}: pipeline {self.pipeline.name!r} does not produce {modality!r} (it "
+                                 f"produces {', '.join(self.pipeline.output_modalities)})", param,
+                                 code="unsupported_modality")
+        if "audio" in modalities and "text" in self.pipeline.output_modalities and "text" not in modalities:
+            modalities.insert(0, "text")  # the transcript of the spoken answer
+        return modalities
+
+    def _turn_detection(self, value: Any) -> dict[str, Any] | None:
+        param = "session.turn_detection"
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise EventError(f"{param}: expected an object or null", param)
+        if value.get("type", "server_vad") != "server_vad":
+            raise EventError(f"{param}.type: only 'server_vad' is supported, got {value.get('type')!r}",
+                             f"{param}.type")
+        current = self.session["turn_detection"] or DEFAULT_TURN_DETECTION
+        out = {**DEFAULT_TURN_DETECTION, **current, "type": "server_vad"}
+        threshold = value.get("threshold", out["threshold"])
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
+            raise EventError(f"{param}.threshold: must be a number in (0, 1]", f"{param}.threshold")
+        out["threshold"] = float(threshold)
+        for key in ("silence_duration_ms", "prefix_padding_ms"):
+            number = value.get(key, out[key])
+            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= 60_000:
+                raise EventError(f"{param}.{key}: must be an integer in [0, 60000]", f"{param}.{key}")
+            out[key] = number
+        create = value.get("create_response", out["create_response"])
+        if not isinstance(create, bool):
+            raise EventError(f"{param}.create_response: must be a boolean", f"{param}.create_response")
+        out["create_response"] = create
+        return out
+
+    def _input_transcription(self, value: Any) -> dict[str, Any] | None:
+        param = "session.input_audio_transcription"
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise EventError(f"{param}: expected null or an object {{model}}, got {type(value).__name__}", param)
+        model = value.get("model", "whisper-1")
+        if not isinstance(model, str) or not model:
+            raise EventError(f"{param}.model: expected a non-empty string", f"{param}.model")
+        if self.pool.endpoint_pipelines.get("transcription") is None:
+            raise EventError(f"{param}: pipeline {self.pipeline.name!r} has no transcription pipeline",
+                             param, code="unsupported_feature")
+        return {"model": model}
+
+    async def on_session_update(self, event: dict[str, Any]) -> None:
+        update = _require(event, "session", dict, "")
+        new = dict(self.session)
+        if "modalities" in update:
+            new["modalities"] = self._check_modalities(update["modalities"], "session.modalities")
+        if "voice" in update:
+            voice = _require(update, "voice", str, "session.")
+            self.pool.check_voice(voice, self.pipeline, "session.voice")
+            new["voice"] = voice
+        if "instructions" in update:
+            new["instructions"] = _require(update, "instructions", str, "session.")
+        for key in ("input_audio_format", "output_audio_format"):
+            if key in update and update[key] != "pcm16":
+                raise EventError(f"session.{key}: only 'pcm16' (24 kHz mono int16) is supported, got "
+                                 f"{update[key]!r}", f"session.{key}", code="unsupported_format")
+        if "turn_detection" in update:
+            new["turn_detection"] = self._turn_detection(update["turn_detection"])
+        if "max_response_output_tokens" in update:
+            limit = update["max_response_output_tokens"]
+            if limit != "inf" and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+                raise EventError("session.max_response_output_tokens: an integer >= 1 or 'inf'",
+                                 "session.max_response_output_tokens")
+            new["max_response_output_tokens"] = limit
+        if "temperature" in update:
+            temperature = update["temperature"]
+            if temperature is not None:
+                try:
+                    SamplingParams.from_dict({"temperature": temperature})
+                except (ValueError, TypeError) as exc:
+                    raise EventError(f"session.temperature: {str(exc).partition(': ')[2] or exc}",
+                                     "session.temperature") from None
+            new["temperature"] = temperature
+        if "input_audio_transcription" in update:
+            new["input_audio_transcription"] = self._input_transcription(update["input_audio_transcription"])
+        detection_changed = new["turn_detection"] != self.session["turn_detection"]
+        self.session = new
+        if detection_changed:
+            self.vad = self._make_vad()
+        await self.send("session.updated", session=self.session)
+
+    # ------------------------------------------------------------------ audio buffer
+    async def on_append(self, event: dict[str, Any]) -> None:
+        if self.paused:
+            return  # dropped unread
+        samples = _decode_pcm16(_require(event, "audio", str, ""), "audio")
+        if self.buffer_bytes + samples.size * 2 > self.max_buffer_bytes:
+            raise EventError(f"audio: the input audio buffer would exceed {self.max_buffer_bytes} bytes; commit or "
+                             "clear it", "audio", code="buffer_too_large")
+        if samples.size == 0:
+            return
+        self.buffer.append(samples)
+        self.buffer_bytes += samples.size * 2
+        if self.vad is None:
+            return
+        for vad_event in self.vad.feed(samples):
+            if vad_event.kind == "speech_started":
+                await self.send("input_audio_buffer.speech_started", audio_start_ms=vad_event.audio_ms,
+                                item_id=self._next_item_id())
+                await self.cancel_response()  # barge-in
+            else:
+                await self.send("input_audio_buffer.speech_stopped", audio_end_ms=vad_event.audio_ms,
+                                item_id=self._next_item_id())
+                detection = self.session["turn_detection"]
+                try:
+                    await self.commit(None)
+                    if detection is not None and detection["create_response"]:
+                        await self.start_response(None)
+                except (EventError, APIError) as exc:
+                    await self.send_error(exc.message, param=exc.param, code=exc.code)
+
+    def _next_item_id(self) -> str:
+        if self._pending_item_id is None:
+            self._pending_item_id = _item_id()
+        return self._pending_item_id
+
+    async def commit(self, _: dict[str, Any] | None) -> None:
+        if not self.buffer:
+            raise EventError("the input audio buffer is empty", None, code="input_audio_buffer_commit_empty")
+        if "audio" not in self.pipeline.input_modalities:
+            raise EventError(f"pipeline {self.pipeline.name!r} does not take audio input (it takes "
+                             f"{', '.join(self.pipeline.input_modalities)})", None, code="unsupported_modality")
+        audio = np.concatenate(self.buffer)
+        self.turn.audio = audio if self.turn.audio is None else np.concatenate([self.turn.audio, audio])
+        self._reset_buffer()
+        item_id = self._next_item_id()
+        self._pending_item_id = None
+        await self.send("input_audio_buffer.committed", previous_item_id=self.last_item_id, item_id=item_id)
+        await self._item_created(item_id, [{"type": "input_audio", "transcript": None}])
+        if self.session["input_audio_transcription"] is not None:
+            task = asyncio.create_task(self._transcribe(item_id, audio), name=f"omnipipe-transcribe-{item_id}")
+            self._transcriptions.add(task)
+            task.add_done_callback(self._transcriptions.discard)
+
+    async def _transcribe(self, item_id: str, audio: np.ndarray) -> None:
+        """Send the transcript of a committed audio item (the transcription pipeline, beside the response)."""
+        base = {"item_id": item_id, "content_index": 0}
+        try:
+            engine, _ = await self.pool.engine_for("transcription")
+            final = None
+            async for out in engine.generate({"prompt": "", "multi_modal_data": {"audio": (audio, PCM16_RATE_HZ)}},
+                                             request_id=f"rt-transcribe-{uuid.uuid4().hex}",
+                                             output_modalities=["text"]):
+                final = out
+            transcript = final.text.strip() if final is not None else ""
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
+            error = from_engine_error(exc, {}).body()["error"]
+            await self.send("conversation.item.input_audio_transcription.failed", **base, error=error)
+            return
+        await self.send("conversation.item.input_audio_transcription.completed", **base, transcript=transcript)
+
+    def _reset_buffer(self) -> None:
+        self.buffer, self.buffer_bytes = [], 0
+        if self.vad is not None:
+            self.vad.reset()
+
+    async def on_clear(self, _: dict[str, Any]) -> None:
+        self._reset_buffer()
+        await self.send("input_audio_buffer.cleared")
+
+    # ------------------------------------------------------------------ items
+    async def _item_created(self, item_id: str, content: list[dict[str, Any]]) -> None:
+        item = {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed", "role": "user",
+                "content": content}
+        await self.send("conversation.item.created", previous_item_id=self.last_item_id, item=item)
+        self.last_item_id = item_id
+
+    async def on_item_create(self, event: dict[str, Any]) -> None:
+        item = _require(event, "item", dict, "")
+        if item.get("type", "message") != "message":
+            raise EventError(f"item.type: only 'message' items are supported, got {item.get('type')!r}",
+                             "item.type", code="unsupported_item")
+        role = _require(item, "role", str, "item.")
+        if role != "user":
+            raise EventError(f"item.role: only 'user' messages are supported, got {role!r}", "item.role",
+                             code="unsupported_item")
+        content = _require(item, "content", list, "item.")
+        texts: list[str] = []
+        for i, part in enumerate(content):
+            where = f"item.content[{i}]."
+            if not isinstance(part, dict):
+                raise EventError(f"item.content[{i}]: expected an object", f"item.content[{i}]")
+            kind = _require(part, "type", str, where)
+            if kind not in ("input_text", "text"):
+                raise EventError(f"{where}type: only 'input_text' content is supported, got {kind!r}",
+                                 f"{where}type", code="unsupported_content")
+            texts.append(_require(part, "text", str, where))
+        text = " ".join(t.strip() for t in texts if t.strip())
+        if not text:
+            raise EventError("item.content: the message has no text", "item.content")
+        if "text" not in self.pipeline.input_modalities:
+            raise EventError(f"item.content: pipeline {self.pipeline.name!r} does not take text input",
+                             "item.content", code="unsupported_modality")
+        self.turn.texts.append(text)
+        item_id = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else _item_id()
+        await self._item_created(item_id, [{"type": "input_text", "text": text}])
+
+    # ------------------------------------------------------------------ responses
+    @property
+    def responding(self) -> bool:
+        return self.response_task is not None and not self.response_task.done()
+
+    async def on_response_create(self, event: dict[str, Any]) -> None:
+        options = event.get("response")
+        if options is not None and not isinstance(options, dict):
+            raise EventError("response: expected an object", "response")
+        await self.start_response(options)
+
+    async def start_response(self, options: dict[str, Any] | None) -> None:
+        if self.paused:
+            raise EventError("the session is paused; send session.resume first", None, code="session_paused")
+        if self.responding:
+            raise EventError("a response is already in progress; cancel it or wait for response.done", None,
+                             code="conversation_already_has_active_response")
+        if self.turn.empty():
+            raise EventError("there is nothing to respond to: create a user message item or commit audio first",
+                             None, code="no_input")
+        modalities = self.session["modalities"]
+        if options is not None and "modalities" in options:
+            modalities = self._check_modalities(options["modalities"], "response.modalities")
+        params: dict[str, Any] = {}
+        if self.session["max_response_output_tokens"] != "inf":
+            params["max_tokens"] = self.session["max_response_output_tokens"]
+        if self.session["temperature"] is not None:
+            params["temperature"] = self.session["temperature"]
+        stage = self.pipeline.comprehension_stage or self.pipeline.stages[0].name
+        sampling = {stage: SamplingParams.from_dict(params)} if params else None
+        turn, self.turn = self.turn, Turn()
+        prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
+        if turn.audio is not None:
+            prompt["multi_modal_data"] = {"audio": (turn.audio, PCM16_RATE_HZ)}
+        response_id = f"resp_{uuid.uuid4().hex[:24]}"
+        self.response_id = response_id
+        self.response_task = asyncio.create_task(self._respond(response_id, prompt, modalities, sampling),
+                                                 name=f"omnipipe-realtime-{response_id}")
+
+    async def on_response_cancel(self, _: dict[str, Any]) -> None:
+        if not self.responding:
+            raise EventError("there is no response in progress to cancel", None, code="response_cancel_not_active")
+        await self.cancel_response()
+
+    async def cancel_response(self) -> None:
+        """Abort the running response (if any) and wait until it has sent its ``response.done``."""
+        task = self.response_task
+        if task is None or task.done():
+            return
+        if self.response_id is not None:
+            await self.engine.abort(self.response_id)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def _respond(self, response_id: str, prompt: dict[str, Any], modalities: list[str],
+                       sampling: dict[str, SamplingParams] | None) -> None:
+        item_id = _item_id()
+        spoken = "audio" in modalities
+        base = {"response_id": response_id, "item_id": item_id, "output_index": 0, "content_index": 0}
+        status, details, final = "failed", None, None
+        text_parts: list[str] = []
+        pcm: Pcm16Stream | None = None
+        outputs = self.engine.generate(prompt, request_id=response_id, sampling_params=sampling,
+                                       output_modalities=modalities)
+        try:
+            await self.send("response.created", response={"id": response_id, "object": "realtime.response",
+                                                          "status": "in_progress", "status_details": None,
+                                                          "output": [], "modalities": modalities, "usage": None})
+            async for out in outputs:
+                if out.modality == "text" and out.text_delta:
+                    text_parts.append(out.text_delta)
+                    kind = "response.audio_transcript.delta" if spoken else "response.text.delta"
+                    await self.send(kind, delta=out.text_delta, **base)
+                elif out.modality == "audio" and spoken and out.audio is not None and out.sample_rate_hz:
+                    pcm = pcm or Pcm16Stream(out.sample_rate_hz)
+                    data = pcm.feed(out.audio)
+                    if data:
+                        await self.send("response.audio.delta", delta=base64.b64encode(data).decode(), **base)
+                elif out.finished:
+                    final = out
+            if pcm is not None:
+                tail = pcm.flush()
+                if tail:
+                    await self.send("response.audio.delta", delta=base64.b64encode(tail).decode(), **base)
+            status = "completed"
+        except asyncio.CancelledError:
+            status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
+        except Exception as exc:  # noqa: BLE001 - reported as an error event and a failed response
+            error = from_engine_error(exc, {"prompt.multi_modal_data.audio": "input_audio_buffer",
+                                            "prompt": "item.content"})
+            details = {"type": "failed", "error": {"type": error.type, "code": error.code}}
+            await self.send_error(error.message, param=error.param, code=error.code, type_=error.type)
+        finally:
+            await outputs.aclose()  # type: ignore[attr-defined]
+        text = "".join(text_parts)
+        if status == "completed":
+            if spoken:
+                await self.send("response.audio.done", **base)
+                await self.send("response.audio_transcript.done", transcript=text, **base)
+            else:
+                await self.send("response.text.done", text=text, **base)
+        if final is not None:
+            self.metrics.observe(ENDPOINT, final.metrics)
+        tokens = final.metrics.num_output_tokens if final is not None and final.metrics is not None else 0
+        content = [{"type": "audio", "transcript": text}] if spoken else [{"type": "text", "text": text}]
+        await self.send("response.done", response={
+            "id": response_id, "object": "realtime.response", "status": status, "status_details": details,
+            "modalities": modalities,
+            "output": [{"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant",
+                        "status": "completed" if status == "completed" else "incomplete", "content": content}],
+            "usage": {"total_tokens": tokens, "input_tokens": 0, "output_tokens": tokens}})
+
+    # ------------------------------------------------------------------ pause / resume (extension)
+    async def on_pause(self, _: dict[str, Any]) -> None:
+        if not self.paused:
+            self.paused = True
+            if self.handle is not None:
+                self.handle.pause()
+            await self.cancel_response()
+            self._reset_buffer()
+            self._pause_timer = asyncio.create_task(self._pause_timeout(), name="omnipipe-realtime-pause")
+        await self.send("session.paused", pause_timeout_s=self.pause_timeout_s)
+
+    async def on_resume(self, _: dict[str, Any]) -> None:
+        if self.paused:
+            await self._stop_pause_timer()
+            self.paused = False
+            if self.handle is not None:
+                self.handle.resume()
+        await self.send("session.resumed")
+
+    async def _pause_timeout(self) -> None:
+        await asyncio.sleep(self.pause_timeout_s)
+        self._timing_out = True
+        await self.send_error(f"the session was paused for more than {self.pause_timeout_s:g} s; closing it",
+                              code="pause_timeout")
+        self.closed = True
+        with contextlib.suppress(Exception):  # already gone
+            await self.ws.close(code=CLOSE_NORMAL, reason="pause_timeout")
+
+    async def _stop_pause_timer(self) -> None:
+        timer, self._pause_timer = self._pause_timer, None
+        if timer is None:
+            return
+        if not self._timing_out:
+            timer.cancel()
+        await asyncio.gather(timer, return_exceptions=True)
+
+    HANDLERS: ClassVar[dict[str, Any]] = {
+        "session.update": on_session_update,
+        "session.pause": on_pause,
+        "session.resume": on_resume,
+        "input_audio_buffer.append": on_append,
+        "input_audio_buffer.commit": commit,
+        "input_audio_buffer.clear": on_clear,
+        "conversation.item.create": on_item_create,
+        "response.create": on_response_create,
+        "response.cancel": on_response_cancel,
+    }
+
+
+def _authorized(websocket: WebSocket, api_key: str | None) -> bool:
+    if api_key is None:
+        return True
+    scheme, _, token = (websocket.headers.get("authorization") or "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+
+
+@router.websocket(ENDPOINT)
+async def realtime(websocket: WebSocket) -> None:
+    pool: EnginePool = websocket.app.state.pool
+    metrics: ServerMetrics = websocket.app.state.metrics
+    if not _authorized(websocket, pool.config.api_key):
+        await websocket.close(code=CLOSE_POLICY)  # before accept: the handshake is answered 403
+        metrics.count_request(ENDPOINT, 403)
+        return
+    await websocket.accept()
+    metrics.count_request(ENDPOINT, 101)
+    tracker: SessionTracker = websocket.app.state.sessions
+    handle = tracker.open("realtime")
+    if handle is None:
+        await _refuse(websocket, at_capacity_error(tracker.capacity))
+        return
+    try:
+        try:
+            engine, pipeline = await pool.engine_for("chat")
+        except APIError as exc:
+            await _refuse(websocket, exc)
+            return
+        session = RealtimeSession(websocket, engine, pipeline, pool, metrics, handle)
+        await session.run()
+        if websocket.application_state != WebSocketState.DISCONNECTED and \
+                websocket.client_state != WebSocketState.DISCONNECTED:
+            with contextlib.suppress(Exception):  # already gone
+                await websocket.close()
+    finally:
+        handle.close()
+
+
+async def _refuse(websocket: WebSocket, exc: APIError) -> None:
+    """An ``error`` event, then close: 1013 (try again later) for 429/503, else 1008."""
+    with contextlib.suppress(Exception):  # already gone
+        await websocket.send_text(json.dumps({"type": "error", "event_id": _event_id(), "error": {
+            "type": exc.type, "code": exc.code, "message": exc.message, "param": None, "event_id": None}}))
+        await websocket.close(code=CLOSE_TRY_AGAIN if exc.status in (429, 503) else CLOSE_POLICY)

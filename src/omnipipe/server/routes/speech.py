@@ -1,0 +1,124 @@
+"""``POST /v1/audio/speech``: read text aloud with the pipeline's talker -> vocoder part, streaming audio bytes as
+they are decoded (``pcm``: raw 24 kHz int16; ``wav``: a header of unknown length, then PCM at the native rate;
+``flac``/``mp3``/``opus``: encoded once the speech is complete), or as server-sent events."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, Request
+
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.server.audio_stream import (
+    MEDIA_TYPES,
+    Pcm16Stream,
+    encode_whole,
+    streaming_wav_header,
+)
+from omnipipe.server.engines import EnginePool
+from omnipipe.server.errors import from_engine_error, invalid
+from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.protocol.openai import ErrorResponse, SpeechRequest
+from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
+from omnipipe.api.outputs import OmniRequestOutput
+from omnipipe.api.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+ENDPOINT = "/v1/audio/speech"
+SPEED_STAGE = "talker"
+_ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 429,
+                                                                                          503)}
+router = APIRouter()
+
+
+def _native_rate(pipeline: PipelineSpec) -> int:
+    rate = next((s.sample_rate_hz for s in pipeline.stages if s.final_output == "audio" and s.sample_rate_hz), None)
+    if rate is None:
+        raise invalid(f"model: pipeline {pipeline.name!r} produces no audio", "model")
+    return rate
+
+
+def _sampling_params(body: SpeechRequest, pipeline: PipelineSpec) -> dict[str, SamplingParams] | None:
+    if SPEED_STAGE in pipeline.stage_names:
+        return {SPEED_STAGE: SamplingParams(extra={"speed": float(body.speed)})}
+    if body.speed != 1.0:
+        raise invalid(f"speed: pipeline {pipeline.name!r} has no {SPEED_STAGE!r} stage to change the speed", "speed")
+    return None
+
+
+async def _audio_bytes(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None, fmt: str,
+                       native_rate: int, metrics: ServerMetrics) -> AsyncIterator[bytes]:
+    """The response body in ``fmt``, piece by piece."""
+
+    # pcm: resampled to 24 kHz; wav: int16 at the native rate behind a streaming header; others: encoded at the end
+    pcm = {"pcm": Pcm16Stream(native_rate), "wav": Pcm16Stream(native_rate, native_rate)}.get(fmt)
+    if fmt == "wav":
+        yield streaming_wav_header(native_rate)
+    parts: list[np.ndarray] = []
+    async for out in with_first(first, outputs):
+        if out.modality == "audio" and out.audio is not None and out.audio.size:
+            if pcm is not None:
+                data = pcm.feed(out.audio)
+                if data:
+                    yield data
+            else:
+                parts.append(out.audio)
+        elif out.finished:
+            metrics.observe(ENDPOINT, out.metrics)
+            if pcm is not None:
+                tail = pcm.flush()
+                if tail:
+                    yield tail
+            else:
+                audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+                yield encode_whole(audio, out.sample_rate_hz or native_rate, fmt)
+
+
+async def _body(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None, body: SpeechRequest,
+                native_rate: int, metrics: ServerMetrics) -> AsyncIterator[bytes]:
+    pieces = _audio_bytes(outputs, first, body.response_format, native_rate, metrics)
+    try:
+        if body.stream_format == "audio":
+            async for piece in pieces:
+                yield piece
+            return
+        async for piece in pieces:
+            yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
+        yield sse({"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}})
+    except Exception as exc:  # noqa: BLE001 - the response has started: end it (an error event for SSE)
+        error = from_engine_error(exc, {"prompt": "input"})
+        logger.warning("speech request failed mid-stream: %s", error.message)
+        if body.stream_format == "sse":
+            yield sse(error.body())
+    finally:
+        await pieces.aclose()  # type: ignore[attr-defined]
+        await outputs.aclose()  # type: ignore[attr-defined]
+
+
+@router.post(ENDPOINT, responses={200: {"content": {t: {} for t in set(MEDIA_TYPES.values())}}, **_ERRORS})
+async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreamingResponse:
+    pool: EnginePool = request.app.state.pool
+    metrics: ServerMetrics = request.app.state.metrics
+    pool.check_model(body.model, "speech")
+    if not body.input.strip():
+        raise invalid("input: is empty", "input")
+    engine, pipeline = await pool.engine_for("speech")
+    pool.check_voice(body.voice, pipeline, "voice")
+    native_rate = _native_rate(pipeline)
+    params = _sampling_params(body, pipeline)
+    outputs = engine.generate(body.input, request_id=f"speech-{uuid.uuid4().hex}", sampling_params=params,
+                              output_modalities=["audio"])
+    try:
+        first = await first_output(outputs)
+    except Exception as exc:  # noqa: BLE001 - mapped to an API error
+        await outputs.aclose()  # type: ignore[attr-defined]
+        raise from_engine_error(exc, {"prompt": "input", "sampling_params.extra": "speed"}) from None
+    stream = _body(outputs, first, body, native_rate, metrics)
+    if body.stream_format == "sse":
+        return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    return ClosingStreamingResponse(stream, media_type=MEDIA_TYPES[body.response_format])

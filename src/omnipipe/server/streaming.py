@@ -1,0 +1,64 @@
+"""Streaming responses whose generator is always closed, so a client that goes away aborts its request.
+
+Starlette stops sending when the client disconnects, but a body generator suspended at ``yield`` would only be
+closed by the garbage collector. ``ClosingStreamingResponse`` closes it as soon as the response ends, however it
+ends; the generator's ``finally`` then leaves ``AsyncOmni.generate`` early, which aborts the request everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from pydantic import BaseModel
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from omnipipe.api.outputs import OmniRequestOutput
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class ClosingStreamingResponse(StreamingResponse):
+    def __init__(self, content: AsyncIterator[Any], *, media_type: str,
+                 headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(content, media_type=media_type, headers=dict(headers or {}))
+        self._source = content
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self._source, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def sse(payload: BaseModel | dict[str, Any] | str) -> bytes:
+    """One server-sent event: ``data: <json>\\n\\n`` (or ``data: [DONE]``)."""
+    if isinstance(payload, BaseModel):
+        text = payload.model_dump_json(exclude_none=True)
+    elif isinstance(payload, dict):
+        text = json.dumps(payload, separators=(",", ":"))
+    else:
+        text = payload
+    return f"data: {text}\n\n".encode()
+
+
+async def first_output(outputs: AsyncIterator[OmniRequestOutput]) -> OmniRequestOutput | None:
+    """Pull the first output so argument errors surface before the response starts (as a 4xx, not mid-stream)."""
+    try:
+        return await outputs.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def with_first(first: OmniRequestOutput | None,
+                     outputs: AsyncIterator[OmniRequestOutput]) -> AsyncIterator[OmniRequestOutput]:
+    """The stream again, starting with the output ``first_output`` already took off it."""
+    if first is not None:
+        yield first
+    if first is None or not first.finished:
+        async for out in outputs:
+            yield out
