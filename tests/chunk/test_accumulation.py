@@ -5,20 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from omnipipe.chunk.accumulation import FrameAccumulator, choose_initial_chunk_frames
-from omnipipe.chunk.context import ChunkContext
+from omnipipe.chunk.accumulation import FrameAccumulator, FrameChunkOptions, choose_initial_chunk_frames
 
 
 def frames(start: int, count: int) -> np.ndarray:
     return np.tile(np.arange(start, start + count, dtype=np.float32), (2, 1))
 
 
-def feed(ctx: ChunkContext, blocks: list[int]) -> list[dict]:
+def feed(ctx: tuple[FrameChunkOptions, int], blocks: list[int]) -> list[dict]:
     acc, chunks, start = FrameAccumulator(), [], 0
     for i, count in enumerate(blocks):
         acc.add(frames(start, count))
         start += count
-        chunks += acc.cut(ctx, is_last=i == len(blocks) - 1)
+        chunks += acc.cut(*ctx, is_last=i == len(blocks) - 1)
     return chunks
 
 
@@ -28,7 +27,7 @@ def new_frames(chunk: dict) -> list[int]:
 
 
 def test_first_regular_and_last_chunk_sizes() -> None:
-    ctx = ChunkContext(codec_chunk_frames=25, left_context_frames=8, right_context_frames=0, initial_chunk_frames=5)
+    ctx = (FrameChunkOptions(codec_chunk_frames=25, left_context_frames=8, right_context_frames=0), 5)
     chunks = feed(ctx, [3, 3, 10, 30, 20, 1])  # 67 frames in uneven blocks
     sizes = [len(new_frames(c)) for c in chunks]
     assert sizes == [5, 25, 25, 12]
@@ -41,21 +40,21 @@ def test_first_regular_and_last_chunk_sizes() -> None:
 
 
 def test_lookahead_frames_delay_a_chunk_until_they_exist() -> None:
-    ctx = ChunkContext(codec_chunk_frames=10, left_context_frames=4, right_context_frames=3, initial_chunk_frames=4)
+    ctx = (FrameChunkOptions(codec_chunk_frames=10, left_context_frames=4, right_context_frames=3), 4)
     acc = FrameAccumulator()
     acc.add(frames(0, 6))
-    assert acc.cut(ctx, is_last=False) == []  # 4 due + 3 lookahead > 6
+    assert acc.cut(*ctx, is_last=False) == []  # 4 due + 3 lookahead > 6
     acc.add(frames(6, 1))
-    (first,) = acc.cut(ctx, is_last=False)
+    (first,) = acc.cut(*ctx, is_last=False)
     assert new_frames(first) == [0, 1, 2, 3] and first["lookahead_frames"] == 3
     acc.add(frames(7, 20))
-    chunks = acc.cut(ctx, is_last=True)
+    chunks = acc.cut(*ctx, is_last=True)
     assert sum((new_frames(c) for c in [first, *chunks]), []) == list(range(27))
     assert chunks[-1]["lookahead_frames"] == 0
 
 
 def test_last_chunk_flushes_a_short_tail() -> None:
-    ctx = ChunkContext(codec_chunk_frames=25, left_context_frames=2, right_context_frames=0, initial_chunk_frames=25)
+    ctx = (FrameChunkOptions(codec_chunk_frames=25, left_context_frames=2, right_context_frames=0), 25)
     assert [len(new_frames(c)) for c in feed(ctx, [7])] == [7]
     assert feed(ctx, [0]) == []
 

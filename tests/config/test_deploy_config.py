@@ -22,25 +22,25 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_fill_every_stage() -> None:
     config = load_deploy(None, TOY)
     assert set(config.stages) == {"thinker", "talker", "code2wav"}
-    assert config.codec_chunk_frames == 8  # the toy pipeline's own default
+    assert config.edges["talker->code2wav"].options["codec_chunk_frames"] == 8  # the toy pipeline's own default
     assert config.edge_relay("talker", "code2wav") == ("shm", 64 * 1024)
 
 
 def test_yaml_overrides_and_per_edge_relay(tmp_path: Path) -> None:
     path = write(tmp_path, """
 async_chunk: false
-codec_chunk_frames: 25
-initial_codec_chunk_frames: 4
 stages:
   thinker: {threads: 2, max_num_seqs: 4, options: {step_delay_ms: 3}}
 edges:
-  talker->code2wav: {relay: inline}
+  talker->code2wav: {relay: inline, options: {codec_chunk_frames: 25, initial_codec_chunk_frames: 4}}
 """)
     config = load_deploy(path, TOY)
-    assert config.async_chunk is False and config.codec_chunk_frames == 25
+    frame_options = config.edges["talker->code2wav"].options
+    assert config.async_chunk is False and frame_options["codec_chunk_frames"] == 25
     assert config.stages["thinker"].threads == 2 and config.stages["thinker"].options["step_delay_ms"] == 3
     assert config.edge_relay("talker", "code2wav")[0] == "inline"
-    assert config.initial_codec_chunk_frames == 4
+    assert frame_options["initial_codec_chunk_frames"] == 4
+    assert frame_options["left_context_frames"] == 2  # the toy pipeline's default stays where the file is silent
 
 
 @pytest.mark.parametrize("text, message", [
@@ -55,7 +55,11 @@ edges:
     ("edges: {talker->code2wav: {relay: local}}", "edges.talker->code2wav.relay: local needs both stages"),
     ("async_chunk: maybe", "async_chunk: must be true or false"),
     ("transport: udp", "transport: must be one of ipc, tcp"),
-    ("initial_codec_chunk_frames: 0", 'initial_codec_chunk_frames: must be "auto" or an integer >= 1'),
+    ("edges: {talker->code2wav: {options: {initial_codec_chunk_frames: 0}}}",
+     'edges.talker->code2wav.options.initial_codec_chunk_frames: must be "auto" or an integer >= 1'),
+    ("edges: {talker->code2wav: {options: {chunk_size: 3}}}", "edges.talker->code2wav.options.chunk_size: unknown option"),
+    ("edges: {thinker->talker: {options: {first_chunk_words: 2}}}", "edges.thinker->talker.options: edge thinker->talker takes no options"),
+    ("codec_chunk_frames: 25", "codec_chunk_frames: is an option of the frame edge now"),
     ("relay: {backend: shm, shm_num_slots: -1}", "relay.shm_num_slots: must be an integer >= 1"),
     ("relay: [1, 2]", "relay: must be a mapping"),
     ("- just\n- a list", "the top level must be a mapping"),

@@ -22,7 +22,9 @@ from tests.conftest import collect
     ({"prompt": "hi", "sampling_params": {"thinker": {"max_tokens": 0}}}, "sampling_params.max_tokens: must be"),
     ({"prompt": "hi", "sampling_params": {"thinker": {"bogus": 1}}}, "sampling_params.bogus: unknown field"),
     ({"prompt": "hi", "sampling_params": "greedy"}, "sampling_params: must be SamplingParams"),
-    ({"prompt": "hi", "initial_codec_chunk_frames": 0}, "initial_codec_chunk_frames: must be an integer >= 1"),
+    ({"prompt": "hi", "edge_options": {"talker->code2wav": {"initial_codec_chunk_frames": 0}}},
+     'edge_options.talker->code2wav.initial_codec_chunk_frames: must be "auto" or an integer >= 1'),
+    ({"prompt": "hi", "edge_options": {"thinker->talker": {"x": 1}}}, "edge_options.thinker->talker: no such edge with options"),
     ({"prompt": "hi", "request_id": ""}, "request_id: must be a non-empty string"),
 ])
 def test_bad_generate_arguments(toy, kwargs, message) -> None:

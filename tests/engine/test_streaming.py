@@ -99,7 +99,8 @@ def test_waiting_for_chunk_does_not_stall_other_requests(harness_factory) -> Non
 
 
 def test_initial_chunk_override_sets_the_first_chunk_size(toy) -> None:
-    outputs = toy.run(collect(toy.engine, "override the first chunk", initial_codec_chunk_frames=5))
+    outputs = toy.run(collect(toy.engine, "override the first chunk",
+                             edge_options={"talker->code2wav": {"initial_codec_chunk_frames": 5}}))
     assert outputs[-1].metrics.stages["talker"]["initial_chunk_frames"] == 5
 
 

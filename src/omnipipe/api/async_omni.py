@@ -29,6 +29,8 @@ from omnipipe.api.metrics import RequestClock
 from omnipipe.models.registry import get_pipeline
 from omnipipe.api.outputs import OmniRequestOutput
 from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.util.field_error import FieldError
+from omnipipe.util.options import options_from_dict
 
 logger = logging.getLogger(__name__)
 
@@ -96,28 +98,30 @@ class AsyncOmni:
         request_id: str | None = None,
         sampling_params: SamplingParams | dict[str, SamplingParams] | None = None,
         output_modalities: list[str] | None = None,
-        initial_codec_chunk_frames: int | None = None,
+        edge_options: dict[str, dict[str, Any]] | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
-        """Stream one request's outputs. Raises ValueError for bad arguments, RequestFailedError on failure."""
+        """Stream one request's outputs. Raises FieldError (a ValueError naming the argument) for bad arguments,
+        RequestFailedError on failure.
+
+        ``edge_options``: per-request overrides of an edge's deploy options, by edge name, e.g.
+        ``{"talker->code2wav": {"initial_codec_chunk_frames": 5}}``.
+        """
         request_id = uuid.uuid4().hex if request_id is None else request_id
         if not isinstance(request_id, str) or not request_id or len(request_id) > 256:
-            raise ValueError("request_id: must be a non-empty string of at most 256 characters")
+            raise FieldError("request_id", "must be a non-empty string of at most 256 characters")
         if request_id in self._user_ids:
-            raise ValueError(f"request_id: {request_id!r} is already running")
-        modalities = self._check_modalities(output_modalities)
+            raise FieldError("request_id", f"{request_id!r} is already running")
+        modalities = (self.pipeline.output_modalities if output_modalities is None
+                      else self.pipeline.check_output_modalities(output_modalities))
         params = self._params_by_stage(sampling_params)
-        if initial_codec_chunk_frames is not None and (
-                not isinstance(initial_codec_chunk_frames, int) or isinstance(initial_codec_chunk_frames, bool)
-                or initial_codec_chunk_frames < 1):
-            raise ValueError(f"initial_codec_chunk_frames: must be an integer >= 1, got {initial_codec_chunk_frames!r}")
+        overrides = self._edge_options(edge_options)
         normalized = normalize_prompt(prompt, self.pipeline.input_modalities)
         await self.start()
         entry = await asyncio.to_thread(self.engine.process_inputs, normalized)
         plan = self.pipeline.plan(entry.stage, modalities)
         internal_id = self.engine.new_internal_id(request_id)
         state = _ClientRequest(request_id, internal_id)
-        chunk_options = {"initial_codec_chunk_frames": initial_codec_chunk_frames} if initial_codec_chunk_frames else {}
-        self.engine.add_request(AddRequest(internal_id, entry, plan, modalities, params, chunk_options))
+        self.engine.add_request(AddRequest(internal_id, entry, plan, modalities, params, overrides))
         self._requests[internal_id] = state
         self._user_ids[request_id] = internal_id
         clock = RequestClock()
@@ -180,17 +184,27 @@ class AsyncOmni:
             if state is not None:
                 state.queue.put_nowait(event)
 
-    def _check_modalities(self, output_modalities: list[str] | None) -> list[str]:
-        available = self.pipeline.output_modalities
-        if output_modalities is None:
-            return available
-        if not isinstance(output_modalities, (list, tuple)) or not output_modalities:
-            raise ValueError("output_modalities: must be a non-empty list such as ['text', 'audio']")
-        for modality in output_modalities:
-            if modality not in available:
-                raise ValueError(f"output_modalities: {modality!r} is not produced by pipeline "
-                                 f"{self.pipeline.name!r} (it produces {', '.join(available)})")
-        return list(dict.fromkeys(output_modalities))
+    def _edge_options(self, edge_options: Any) -> dict[str, dict[str, Any]]:
+        """Per-request edge option overrides, each checked against the edge's options with the deploy's values."""
+        if edge_options is None:
+            return {}
+        if not isinstance(edge_options, dict):
+            raise FieldError("edge_options", f"must be a dict of edge name -> options, got {type(edge_options).__name__}")
+        edges = {e.name: e for e in self.pipeline.edges}
+        out = {}
+        for name, override in edge_options.items():
+            edge = edges.get(name)
+            schema = self.pipeline.edge_options_schema(edge) if edge is not None else None
+            if schema is None:
+                with_options = [e for e in edges if self.pipeline.edge_options_schema(edges[e]) is not None]
+                raise FieldError(f"edge_options.{name}", "no such edge with options (edges with options: "
+                                 f"{', '.join(with_options) or 'none'})")
+            if not isinstance(override, dict):
+                raise FieldError(f"edge_options.{name}", f"must be a dict, got {type(override).__name__}")
+            deployed = self.deploy.edges[name].options
+            options_from_dict(schema, {**deployed, **override}, f"edge_options.{name}")
+            out[name] = dict(override)
+        return out
 
     def _params_by_stage(self, sampling_params: Any) -> dict[str, dict[str, Any]]:
         if sampling_params is None:
@@ -203,14 +217,14 @@ class AsyncOmni:
             out = {}
             for stage, params in sampling_params.items():
                 if stage not in self.pipeline.stage_names:
-                    raise ValueError(f"sampling_params.{stage}: no such stage (stages: "
+                    raise FieldError(f"sampling_params.{stage}", "no such stage (stages: "
                                      f"{', '.join(self.pipeline.stage_names)})")
                 if isinstance(params, dict):
                     params = SamplingParams.from_dict(params)
                 if not isinstance(params, SamplingParams):
-                    raise ValueError(f"sampling_params.{stage}: must be SamplingParams, got {type(params).__name__}")
+                    raise FieldError(f"sampling_params.{stage}", f"must be SamplingParams, got {type(params).__name__}")
                 params.validate()
                 out[stage] = params.to_dict()
             return out
-        raise ValueError(f"sampling_params: must be SamplingParams or a dict of stage -> SamplingParams, "
+        raise FieldError("sampling_params", "must be SamplingParams or a dict of stage -> SamplingParams, "
                          f"got {type(sampling_params).__name__}")

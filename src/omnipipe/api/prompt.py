@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from omnipipe.util.field_error import FieldError
+
 MM_KEYS = ("audio", "image")
 
 
@@ -12,27 +14,27 @@ def normalize_prompt(prompt: Any, accepted: tuple[str, ...]) -> dict[str, Any]:
     if isinstance(prompt, str):
         prompt = {"prompt": prompt}
     if not isinstance(prompt, dict):
-        raise ValueError(f"prompt: must be a string or a dict with 'prompt' and 'multi_modal_data', "
+        raise FieldError("prompt", "must be a string or a dict with 'prompt' and 'multi_modal_data', "
                          f"got {type(prompt).__name__}")
     unknown = sorted(set(prompt) - {"prompt", "multi_modal_data"})
     if unknown:
-        raise ValueError(f"prompt.{unknown[0]}: unknown key (expected 'prompt' and 'multi_modal_data')")
+        raise FieldError(f"prompt.{unknown[0]}", "unknown key (expected 'prompt' and 'multi_modal_data')")
     text = prompt.get("prompt", "")
     if text is None:
         text = ""
     if not isinstance(text, str):
-        raise ValueError(f"prompt.prompt: must be a string, got {type(text).__name__}")
+        raise FieldError("prompt.prompt", f"must be a string, got {type(text).__name__}")
     mm = prompt.get("multi_modal_data") or {}
     if not isinstance(mm, dict):
-        raise ValueError(f"prompt.multi_modal_data: must be a dict, got {type(mm).__name__}")
+        raise FieldError("prompt.multi_modal_data", f"must be a dict, got {type(mm).__name__}")
     for key in mm:
         if key not in MM_KEYS:
-            raise ValueError(f"prompt.multi_modal_data.{key}: unknown modality (expected one of {', '.join(MM_KEYS)})")
+            raise FieldError(f"prompt.multi_modal_data.{key}", f"unknown modality (expected one of {', '.join(MM_KEYS)})")
         if key not in accepted:
-            raise ValueError(f"prompt.multi_modal_data.{key}: this pipeline does not accept {key} input "
+            raise FieldError(f"prompt.multi_modal_data.{key}", f"this pipeline does not accept {key} input "
                              f"(it accepts {', '.join(accepted)})")
     if "text" not in accepted and text:
-        raise ValueError(f"prompt.prompt: this pipeline does not accept text input (it accepts {', '.join(accepted)})")
+        raise FieldError("prompt.prompt", f"this pipeline does not accept text input (it accepts {', '.join(accepted)})")
     if not text.strip() and not mm:
-        raise ValueError("prompt: is empty (give text or multi_modal_data)")
+        raise FieldError("prompt", "is empty (give text or multi_modal_data)")
     return {"prompt": text, "multi_modal_data": dict(mm)}

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from omnipipe.util.field_error import FieldError
+
 
 @dataclass
 class SamplingParams:
@@ -27,7 +29,7 @@ class SamplingParams:
     def validate(self) -> None:
         def need(ok: bool, name: str, rule: str, value: Any) -> None:
             if not ok:
-                raise ValueError(f"sampling_params.{name}: {rule}, got {value!r}")
+                raise FieldError(f"sampling_params.{name}", f"{rule}, got {value!r}")
 
         def number(value: Any) -> bool:
             return isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -58,5 +60,5 @@ class SamplingParams:
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise ValueError(f"sampling_params.{unknown[0]}: unknown field (expected one of: {', '.join(sorted(known))})")
+            raise FieldError(f"sampling_params.{unknown[0]}", f"unknown field (expected one of: {', '.join(sorted(known))})")
         return cls(**raw)

@@ -9,11 +9,31 @@ takes whatever is left.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from omnipipe.chunk.context import ChunkContext
+from omnipipe.util.field_error import FieldError
+
+
+@dataclass(frozen=True)
+class FrameChunkOptions:
+    """The options of a frame edge (talker -> vocoder): deploy ``edges.NAME.options``, per-request overrides."""
+
+    codec_chunk_frames: int = 25
+    left_context_frames: int = 8
+    right_context_frames: int = 0  # lookahead frames a window carries after its new frames (0 for causal vocoders)
+    initial_codec_chunk_frames: int | str = "auto"  # an int, or "auto" (chosen from the producing stage's load)
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("codec_chunk_frames", 1), ("left_context_frames", 0), ("right_context_frames", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise FieldError(name, f"must be an integer >= {minimum}, got {value!r}")
+        value = self.initial_codec_chunk_frames
+        if not (value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
+            raise FieldError("initial_codec_chunk_frames", f'must be "auto" or an integer >= 1, got {value!r}')
 
 
 def choose_initial_chunk_frames(
@@ -49,23 +69,23 @@ class FrameAccumulator:
         total = 0 if self.frames is None else self.offset + self.frames.shape[1]
         return total - self.emitted
 
-    def cut(self, ctx: ChunkContext, is_last: bool) -> list[dict[str, Any]]:
+    def cut(self, options: FrameChunkOptions, initial_chunk_frames: int, is_last: bool) -> list[dict[str, Any]]:
         """Return the chunks due now: ``{"frames": [D, L+N+R], "context_frames": L, "lookahead_frames": R,
         "start_frame": k}`` where the N frames from ``start_frame`` on are new."""
         chunks = []
         while True:
-            due = ctx.initial_chunk_frames if self.chunks_sent == 0 else ctx.codec_chunk_frames
+            due = initial_chunk_frames if self.chunks_sent == 0 else options.codec_chunk_frames
             pending = self.pending()
             if pending <= 0:
                 break
             if is_last:
                 take = min(due, pending)
-            elif pending >= due + ctx.right_context_frames:
+            elif pending >= due + options.right_context_frames:
                 take = due
             else:
                 break
-            lookahead = min(ctx.right_context_frames, pending - take)
-            chunks.append(self._emit(take, ctx.left_context_frames, lookahead))
+            lookahead = min(options.right_context_frames, pending - take)
+            chunks.append(self._emit(take, options.left_context_frames, lookahead))
         return chunks
 
     def _emit(self, count: int, left_context: int, lookahead: int) -> dict[str, Any]:

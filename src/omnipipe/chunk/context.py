@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
 @dataclass(frozen=True)
 class ChunkContext:
-    codec_chunk_frames: int
-    left_context_frames: int
-    right_context_frames: int  # lookahead frames a window carries after its new frames (0 for causal vocoders)
-    initial_chunk_frames: int  # size of this request's first chunk (already resolved from "auto")
-    options: dict[str, Any] = field(default_factory=dict)  # the edge's deploy options (processor-specific)
+    options: Any  # the edge's options (its EdgeSpec.options dataclass, request overrides applied), or None
+    active_requests: int  # requests the producing stage held when this one arrived (load, for adaptive sizes)
+    max_num_seqs: int  # the producing stage's batch limit

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.chunk.accumulation import FrameAccumulator
+from omnipipe.chunk.accumulation import FrameAccumulator, FrameChunkOptions, choose_initial_chunk_frames
 from omnipipe.chunk.context import ChunkContext
 
 
@@ -21,8 +21,17 @@ def frames_whole(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def frames_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: bool,
                        ctx: ChunkContext) -> list[dict[str, Any]]:
-    """Streaming: accumulate frames and cut windows of ``codec_chunk_frames`` with context."""
+    """Streaming: accumulate frames and cut windows of ``codec_chunk_frames`` with context.
+
+    The first chunk's size is resolved once per request (``"auto"``: from the producing stage's load when the
+    request arrived) and reported in ``state["metrics"]``, which the stage adds to the request's metrics.
+    """
+    options: FrameChunkOptions = ctx.options
     accumulator: FrameAccumulator = state.setdefault("frames", FrameAccumulator())
+    metrics = state.setdefault("metrics", {})
+    if "initial_chunk_frames" not in metrics:
+        metrics["initial_chunk_frames"] = choose_initial_chunk_frames(
+            options.initial_codec_chunk_frames, options.codec_chunk_frames, ctx.active_requests, ctx.max_num_seqs)
     if "frames" in output and np.asarray(output["frames"]).shape[-1]:
         accumulator.add(np.asarray(output["frames"]))
-    return accumulator.cut(ctx, is_last)
+    return accumulator.cut(options, metrics["initial_chunk_frames"], is_last)

@@ -15,6 +15,8 @@ import yaml
 
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.transport.relay.registry import RELAY_BACKENDS
+from omnipipe.util.field_error import FieldError
+from omnipipe.util.options import options_from_dict, options_to_dict
 
 TRANSPORTS = ("ipc", "tcp")
 
@@ -37,7 +39,7 @@ class StageDeploy:
 class EdgeDeploy:
     relay: str | None = None  # defaults to relay.backend
     inline_threshold_bytes: int | None = None  # defaults to relay.inline_threshold_bytes
-    options: dict[str, Any] = field(default_factory=dict)  # for the edge's chunk processor
+    options: dict[str, Any] = field(default_factory=dict)  # the edge's options (its EdgeSpec.options), validated
 
 
 @dataclass
@@ -53,10 +55,6 @@ class DeployConfig:
     async_chunk: bool = True
     transport: str = "ipc"
     host: str = "127.0.0.1"
-    codec_chunk_frames: int = 25
-    left_context_frames: int = 8
-    right_context_frames: int = 0
-    initial_codec_chunk_frames: int | str = "auto"  # an int, or "auto" (chosen from load)
     stage_start_timeout_s: float = 600.0
     max_pending_requests: int = 1024
     relay: RelayDeploy = field(default_factory=RelayDeploy)
@@ -120,6 +118,11 @@ def load_deploy(
     return config
 
 
+# frame knobs that once sat at the top level of a deploy file; they belong to the talker -> vocoder edge
+_MOVED_TO_EDGE_OPTIONS = ("codec_chunk_frames", "left_context_frames", "right_context_frames",
+                          "initial_codec_chunk_frames")
+
+
 def _fail(origin: str, key: str, message: str) -> DeployConfigError:
     return DeployConfigError(f"{origin}: {key}: {message}" if key else f"{origin}: {message}")
 
@@ -129,6 +132,9 @@ def _build(cls: type, raw: Any, origin: str, prefix: str) -> Any:
         raise _fail(origin, prefix.rstrip("."), f"must be a mapping, got {type(raw).__name__}")
     known = {f.name: f for f in fields(cls) if f.name != "source"}
     for key in raw:
+        if cls is DeployConfig and key in _MOVED_TO_EDGE_OPTIONS:
+            raise _fail(origin, f"{prefix}{key}", "is an option of the frame edge now: set it under "
+                        f"edges.<edge>.options.{key} (e.g. edges.talker->code2wav.options.{key})")
         if key not in known:
             raise _fail(origin, f"{prefix}{key}", f"unknown key (expected one of: {', '.join(known)})")
     kwargs: dict[str, Any] = {}
@@ -161,19 +167,12 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
         "threads": (int, 1),
         "max_num_seqs": (int, 1),
         "max_restarts": (int, 0),
-        "codec_chunk_frames": (int, 1),
-        "left_context_frames": (int, 0),
-        "right_context_frames": (int, 0),
         "inline_threshold_bytes": (int, 0),
         "shm_slot_bytes": (int, 4096),
         "shm_num_slots": (int, 1),
         "max_pending_requests": (int, 1),
         "stage_start_timeout_s": (float, 1),
     }
-    if name == "initial_codec_chunk_frames":
-        if value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
-            return value
-        raise _fail(origin, key, f'must be "auto" or an integer >= 1, got {value!r}')
     if name == "device":
         if not isinstance(value, str) or not (value == "cpu" or value.startswith("cuda")):
             raise _fail(origin, key, f'must be "cpu" or "cuda[:N]", got {value!r}')
@@ -208,9 +207,21 @@ def _validate_against_pipeline(config: DeployConfig, pipeline: PipelineSpec, ori
         if name not in edge_names:
             raise _fail(origin, f"edges.{name}", f"no such edge in pipeline {pipeline.name!r} "
                         f"(edges: {', '.join(edge_names) or 'none'})")
+        spec = pipeline.edge(*name.split("->", 1))
+        if edge.options and spec.options is None:
+            raise _fail(origin, f"edges.{name}.options", f"edge {name} takes no options")
         if edge.relay == "local":
             raise _fail(origin, f"edges.{name}.relay", "local needs both stages in one process; "
                         "every stage runs in its own process here, use shm or inline")
+    for spec in pipeline.edges:
+        schema = pipeline.edge_options_schema(spec)
+        if schema is None:
+            continue
+        edge = config.edges.setdefault(spec.name, EdgeDeploy())
+        try:
+            edge.options = options_to_dict(options_from_dict(schema, edge.options, f"edges.{spec.name}.options"))
+        except FieldError as exc:
+            raise _fail(origin, exc.field, exc.rule) from None
     for stage in pipeline.stages:
         config.stage(stage.name)
         merged = dict(stage.default_options)

@@ -18,6 +18,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
+from omnipipe.util.field_error import FieldError
+
 StageKind = Literal["ar", "generation", "encoder", "diffusion"]
 STAGE_KINDS = ("ar", "generation", "encoder", "diffusion")
 MODALITIES = ("text", "audio", "image")
@@ -43,6 +45,9 @@ class EdgeSpec:
     target: str
     input_processor: str
     chunk_processor: str | None = None
+    # dotted path of the dataclass that holds this edge's options (deploy ``edges.NAME.options`` and per-request
+    # ``edge_options``), e.g. the frame edge's chunk sizes; None: the edge takes no options
+    options: str | None = None
 
     @property
     def name(self) -> str:
@@ -58,6 +63,16 @@ class EntryInput:
 
 
 @dataclass(frozen=True)
+class ServingTraits:
+    """What a server needs to know about a family without naming it."""
+
+    speech_pipeline: str | None = None  # serves /v1/audio/speech beside this pipeline (text -> audio)
+    transcription_pipeline: str | None = None  # serves /v1/audio/transcriptions (audio -> text)
+    voices: str | None = None  # dotted path: () -> list[str], the family's packaged voices besides "default"
+    speed_stage: str | None = None  # the stage whose ``extra["speed"]`` changes the speaking rate
+
+
+@dataclass(frozen=True)
 class PipelineSpec:
     name: str
     description: str
@@ -69,6 +84,7 @@ class PipelineSpec:
     comprehension_stage: str | None = None  # receives SamplingParams given without a stage name
     prepare_weights: str | None = None  # dotted path: (progress: bool) -> None, idempotent
     weights_status: str | None = None  # dotted path: () -> (ready: bool, detail: str)
+    serving: ServingTraits = field(default_factory=ServingTraits)
 
     def __post_init__(self) -> None:
         names = [s.name for s in self.stages]
@@ -86,6 +102,8 @@ class PipelineSpec:
             for end in (edge.source, edge.target):
                 if end not in names:
                     raise PipelineSpecError(f"pipeline {self.name}: edge {edge.name} names unknown stage {end!r}")
+        if self.serving.speed_stage is not None and self.serving.speed_stage not in names:
+            raise PipelineSpecError(f"pipeline {self.name}: speed stage {self.serving.speed_stage!r} unknown")
         if self.comprehension_stage is not None and self.comprehension_stage not in names:
             raise PipelineSpecError(f"pipeline {self.name}: comprehension stage {self.comprehension_stage!r} unknown")
         self._check_acyclic()
@@ -133,6 +151,37 @@ class PipelineSpec:
     def output_modalities(self) -> list[str]:
         return sorted({s.final_output for s in self.stages if s.final_output})
 
+    def check_output_modalities(self, value: Any, field: str = "output_modalities",
+                                with_transcript: bool = False) -> list[str]:
+        """``value`` as a list of modalities this pipeline produces, duplicates dropped, or a FieldError.
+
+        ``with_transcript``: asking for audio also brings the text it speaks, where the pipeline writes text (the
+        OpenAI endpoints always return the transcript of a spoken answer).
+        """
+        if not isinstance(value, (list, tuple)) or not value or not all(isinstance(m, str) for m in value):
+            raise FieldError(field, f"must be a non-empty list such as ['text', 'audio'], got {value!r}")
+        modalities = list(dict.fromkeys(value))
+        for modality in modalities:
+            if modality not in self.output_modalities:
+                raise FieldError(field, f"{modality!r} is not produced by pipeline {self.name!r} "
+                                 f"(it produces {', '.join(self.output_modalities)})")
+        if with_transcript and "audio" in modalities and "text" in self.output_modalities and "text" not in modalities:
+            modalities.insert(0, "text")
+        return modalities
+
+    def edge_options_schema(self, edge: EdgeSpec) -> type | None:
+        """The dataclass of ``edge``'s options, or None when it takes none."""
+        return resolve(edge.options) if edge.options else None
+
+    def edges_with_option(self, option: str) -> list[EdgeSpec]:
+        """The edges whose options include ``option`` (a per-request knob the server maps onto every such edge)."""
+        out = []
+        for edge in self.edges:
+            schema = self.edge_options_schema(edge)
+            if schema is not None and option in getattr(schema, "__dataclass_fields__", {}):
+                out.append(edge)
+        return out
+
     def plan(self, entry: str, modalities: list[str]) -> list[str]:
         """The stages a request entering at ``entry`` needs to produce ``modalities``, in topological order."""
         reachable = self._reachable(entry)
@@ -140,10 +189,8 @@ class PipelineSpec:
         for modality in modalities:
             producers = [s.name for s in self.stages if s.final_output == modality and s.name in reachable]
             if not producers:
-                raise ValueError(
-                    f"output_modalities: pipeline {self.name!r} cannot produce {modality!r} "
-                    f"(it produces {', '.join(self.output_modalities)})"
-                )
+                raise FieldError("output_modalities", f"pipeline {self.name!r} cannot produce {modality!r} from "
+                                 f"this input (it produces {', '.join(self.output_modalities)})")
             for producer in producers:
                 needed |= self._path(entry, producer)
         return [name for name in self._topological_order() if name in needed]

@@ -18,7 +18,7 @@ class AddRequest:
     plan: list[str]
     modalities: list[str]
     params: dict[str, dict[str, Any]]  # stage -> sampling params dict
-    chunk_options: dict[str, Any]
+    edge_options: dict[str, dict[str, Any]]  # edge name -> per-request overrides of its deploy options
 
 
 @dataclass

@@ -64,7 +64,7 @@ class _Request:
     plan: list[str]
     modalities: list[str]
     params: dict[str, dict[str, Any]]
-    chunk_options: dict[str, Any]
+    edge_options: dict[str, dict[str, Any]]
     arrival_s: float = field(default_factory=time.perf_counter)
     done_stages: set[str] = field(default_factory=set)
     submitted: set[str] = field(default_factory=set)
@@ -151,17 +151,15 @@ class Orchestrator:
                     backend, threshold = self.deploy.edge_relay(edge.source, edge.target)
                     links[edge.target] = ChunkLink(chunk_inputs[edge.target], backend, threshold,
                                                    edge.chunk_processor or "",
-                                                   dict(self.deploy.edges.get(edge.name, EdgeDeploy()).options))
+                                                   dict(self.deploy.edges.get(edge.name, EdgeDeploy()).options),
+                                                   edge.options)
             launches[stage.name] = StageLaunch(
                 run_id=self.run_id, stage=stage.name, kind=stage.kind, runner=stage.runner, device=settings.device,
                 threads=settings.threads, max_num_seqs=settings.max_num_seqs, options=settings.options,
                 ctrl_address=self._address(f"{stage.name}-ctrl"), out_address=self._address(f"{stage.name}-out"),
                 abort_address=abort_address, chunk_listen_address=chunk_inputs.get(stage.name), chunk_links=links,
                 out_relay=self.deploy.relay.backend, out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
-                relay_options=self.deploy.relay_options(), codec_chunk_frames=self.deploy.codec_chunk_frames,
-                left_context_frames=self.deploy.left_context_frames,
-                right_context_frames=self.deploy.right_context_frames,
-                initial_codec_chunk_frames=self.deploy.initial_codec_chunk_frames, log_level=self.log_level,
+                relay_options=self.deploy.relay_options(), log_level=self.log_level,
             )
         return launches
 
@@ -285,7 +283,7 @@ class Orchestrator:
             emit_data=any(not self._streams(e) for e in out_edges),
             chunk_targets=[e.target for e in out_edges if self._streams(e)],
             chunk_sources=[e.source for e in in_edges if self._streams(e)],
-            chunk_options=request.chunk_options, arrival_time_s=time.time(),
+            edge_options=request.edge_options, arrival_time_s=time.time(),
         )
 
     async def _add_request(self, command: AddRequest) -> None:
@@ -293,7 +291,7 @@ class Orchestrator:
         if down:
             self._emit(EngineEvent(command.request_id, "error", down[0], error=f"stage {down[0]!r} is down"))
             return
-        request = _Request(command.request_id, command.plan, command.modalities, command.params, command.chunk_options)
+        request = _Request(command.request_id, command.plan, command.modalities, command.params, command.edge_options)
         self.requests[request.request_id] = request
         entry = command.entry.stage
         try:

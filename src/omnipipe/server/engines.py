@@ -2,8 +2,9 @@
 need (speech: text -> audio; transcription: audio -> text), started on their first request.
 
 Each engine runs its own stage processes, so a lazily started companion adds processes (and their threads) to
-the ones the main pipeline already uses: on the default family, ``/v1/audio/speech`` adds a talker and a vocoder
-process (one thread each) and ``/v1/audio/transcriptions`` adds an encoder process (two threads). A deploy file
+the ones the main pipeline already uses (on the default family, ``/v1/audio/speech`` adds a talker and a vocoder
+process, ``/v1/audio/transcriptions`` an encoder process). Which pipelines serve those endpoints, and which voices
+exist, are the family's serving traits (``PipelineSpec.serving``): this module names no family. A deploy file
 given to the server applies to the companions too, restricted to the stages and edges they have.
 """
 
@@ -18,20 +19,13 @@ from typing import Any, Literal
 
 import yaml
 
-from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.config.pipeline_spec import PipelineSpec, resolve
 from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.server.errors import APIError, unavailable
 from omnipipe.models.registry import get_pipeline
 
 logger = logging.getLogger(__name__)
 
-# main pipeline -> (speech pipeline, transcription pipeline); a pipeline that is itself text -> audio or
-# audio -> text serves that endpoint directly
-COMPANIONS: dict[str, dict[str, str]] = {
-    "default": {"speech": "tts", "transcription": "asr"},
-    "toy": {"speech": "toy_tts"},
-}
-_DEFAULT_FAMILY = "omnipipe.models.default."
 SlotStatus = Literal["idle", "loading", "ready", "failed"]
 
 
@@ -45,7 +39,7 @@ class ServerConfig:
     max_body_bytes: int = 32 << 20
     served_model_name: str | None = None
     log_level: str = "WARNING"
-    companions: dict[str, str] | None = field(default=None)  # endpoint -> pipeline; None: COMPANIONS
+    companions: dict[str, str] | None = field(default=None)  # endpoint -> pipeline; None: the family's traits
     capacity: int | None = None  # sessions at once (HTTP model requests + realtime sockets); None: unlimited
     pause_timeout_s: float = 300.0  # a realtime session paused longer than this is closed
     exit_on_engine_failure: bool = True  # serve: stop when the main pipeline fails to start; worker: report it
@@ -140,7 +134,9 @@ class EnginePool:
         main = get_pipeline(config.pipeline)
         self.main = EngineSlot(main, config.deploy, config.log_level)
         self.slots: dict[str, EngineSlot] = {main.name: self.main}
-        companions = COMPANIONS.get(main.name, {}) if config.companions is None else config.companions
+        traits = main.serving
+        family = {"speech": traits.speech_pipeline, "transcription": traits.transcription_pipeline}
+        companions = ({k: v for k, v in family.items() if v} if config.companions is None else config.companions)
         self.endpoint_pipelines: dict[str, str | None] = {
             "chat": main.name if "text" in main.output_modalities or "audio" in main.output_modalities else None,
             "speech": main.name if self._is_speech(main) else companions.get("speech"),
@@ -187,12 +183,10 @@ class EnginePool:
         return await slot.wait_engine(), slot.pipeline
 
     def voices(self, pipeline: PipelineSpec) -> list[str]:
-        """``default`` plus the packaged voices of the pipeline's family."""
-        if any(stage.runner.startswith(_DEFAULT_FAMILY) for stage in pipeline.stages):
-            from omnipipe.models.default.weights.voice import list_voices
-
-            return ["default", *list_voices()]
-        return ["default"]
+        """``default`` plus the packaged voices of the pipeline's family (its ``serving.voices``)."""
+        if pipeline.serving.voices is None:
+            return ["default"]
+        return ["default", *resolve(pipeline.serving.voices)()]
 
     def check_voice(self, voice: str, pipeline: PipelineSpec, param: str) -> None:
         voices = self.voices(pipeline)

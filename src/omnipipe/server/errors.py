@@ -16,11 +16,11 @@ from pydantic import ValidationError
 from omnipipe.util.audio import AudioDecodeError
 from omnipipe.engine.async_omni_engine import EngineOverloadedError
 from omnipipe.api.async_omni import EngineClosedError, RequestFailedError
+from omnipipe.util.field_error import FieldError
 from omnipipe.protocol.errors import RETRY_AFTER_S, APIError, install_api_error_handlers
 
 logger = logging.getLogger(__name__)
 
-_FIELD_PREFIX = re.compile(r"^([A-Za-z_][\w.\[\]]*): ")
 _UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|tagged-union\[.*\]|literal\[.*\]|function-.*)$")
 
 
@@ -34,12 +34,6 @@ def overloaded(message: str) -> APIError:
 
 def unavailable(message: str, code: str = "engine_unavailable") -> APIError:
     return APIError(503, message, code=code, headers={"Retry-After": str(RETRY_AFTER_S)})
-
-
-def field_of(message: str) -> str | None:
-    """The dotted field an engine ``ValueError`` message starts with (``"sampling_params.top_p: ..."``)."""
-    match = _FIELD_PREFIX.match(message)
-    return match.group(1) if match else None
 
 
 def map_field(field: str | None, field_map: Mapping[str, str]) -> str | None:
@@ -62,15 +56,11 @@ def from_engine_error(exc: BaseException, field_map: Mapping[str, str], audio_pa
         return overloaded(str(exc))
     if isinstance(exc, EngineClosedError):
         return unavailable(str(exc))
-    if isinstance(exc, ValueError):
-        message = str(exc)
-        engine_field = field_of(message)
-        param = map_field(engine_field, field_map)
-        if engine_field is not None and param is not None and param != engine_field:
-            message = param + message[len(engine_field):]
-        if param is None and audio_param and "audio" in message:
-            param = audio_param
-        return invalid(message, param)
+    if isinstance(exc, FieldError):
+        param = map_field(exc.field, field_map)
+        return invalid(f"{param}: {exc.rule}", param)
+    if isinstance(exc, ValueError):  # a caller's mistake that names no field
+        return invalid(str(exc), None)
     if isinstance(exc, RequestFailedError):
         return APIError(500, str(exc), code="request_failed", type="server_error")
     logger.exception("unexpected error", exc_info=exc)

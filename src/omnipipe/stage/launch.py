@@ -12,7 +12,8 @@ class ChunkLink(msgspec.Struct, frozen=True):
     relay: str
     inline_threshold_bytes: int
     chunk_processor: str  # dotted path
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {}  # the edge's deploy options (validated, defaults filled)
+    options_schema: str | None = None  # dotted path of the options dataclass the chunk processor reads
 
 
 class StageLaunch(msgspec.Struct, frozen=True):
@@ -32,10 +33,6 @@ class StageLaunch(msgspec.Struct, frozen=True):
     out_relay: str
     out_inline_threshold_bytes: int
     relay_options: dict[str, Any]
-    codec_chunk_frames: int
-    left_context_frames: int
-    right_context_frames: int
-    initial_codec_chunk_frames: int | str
     log_level: str = "WARNING"
     aborted_request_ids: list[str] = []  # a restarted stage drops late chunks of these
 

@@ -23,7 +23,6 @@ class StageRequest:
     emit_final: bool
     emit_data: bool
     chunk_targets: list[str]
-    chunk_options: dict[str, Any]
     status: RequestStatus = RequestStatus.WAITING
     inputs: deque[dict[str, Any]] = field(default_factory=deque)  # input chunks not consumed yet
     input_finished: bool = False

@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 import zmq
 
-from omnipipe.chunk.accumulation import choose_initial_chunk_frames
 from omnipipe.chunk.connector import ChunkConnector, EdgeLink, ReceivedChunk
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
@@ -44,6 +43,8 @@ from omnipipe.transport.relay.inline import InlineRelay
 from omnipipe.transport.relay.registry import create_relay
 from omnipipe.transport.relay.shm import ShmRelay
 from omnipipe.transport.relay_io import read_payload, write_payload
+from omnipipe.util.field_error import FieldError
+from omnipipe.util.options import options_from_dict
 
 logger = logging.getLogger(__name__)
 
@@ -112,12 +113,15 @@ class StageCoreProc:
         self.chunk_processors: dict[str, ChunkProcessor] = {
             t: resolve(l.chunk_processor) for t, l in launch.chunk_links.items()
         }
+        self._option_schemas: dict[str, type] = {
+            t: resolve(l.options_schema) for t, l in launch.chunk_links.items() if l.options_schema
+        }
 
         self.scheduler: ARScheduler | GenerationScheduler = (
             ARScheduler(launch.max_num_seqs) if launch.kind == "ar" else GenerationScheduler(launch.max_num_seqs)
         )
         self.requests: dict[str, StageRequest] = {}
-        self.chunk_contexts: dict[str, ChunkContext] = {}
+        self.chunk_contexts: dict[str, dict[str, ChunkContext]] = {}  # request -> target -> context
         self.edge_stats: dict[str, dict[str, dict[str, float]]] = {}
         self.aborted: OrderedDict[str, None] = OrderedDict()
         for request_id in launch.aborted_request_ids:
@@ -207,7 +211,7 @@ class StageCoreProc:
         if request_id in self.aborted or request_id in self.requests:
             return
         request = StageRequest(request_id, dict(message.params), message.emit_final, message.emit_data,
-                               list(message.chunk_targets), dict(message.chunk_options))
+                               list(message.chunk_targets))
         try:
             for payload in message.inputs:
                 request.inputs.append(read_payload(payload, self.recv_relays_main, request_id))
@@ -219,14 +223,24 @@ class StageCoreProc:
         if message.chunk_sources:
             self.adapter.register(request_id, list(message.chunk_sources))
         if request.chunk_targets:
-            requested = message.chunk_options.get("initial_codec_chunk_frames") or self.launch.initial_codec_chunk_frames
-            initial = choose_initial_chunk_frames(requested, self.launch.codec_chunk_frames, len(self.requests),
-                                                  self.launch.max_num_seqs)
-            options = {k: v for link in self.launch.chunk_links.values() for k, v in link.options.items()}
-            self.chunk_contexts[request_id] = ChunkContext(self.launch.codec_chunk_frames,
-                                                           self.launch.left_context_frames,
-                                                           self.launch.right_context_frames, initial, options)
+            try:
+                self.chunk_contexts[request_id] = {
+                    target: self._chunk_context(target, message.edge_options.get(f"{self.stage}->{target}", {}))
+                    for target in request.chunk_targets}
+            except FieldError as exc:  # validated at the API already; a stage never dies of a request's options
+                self._send(StageError(request_id, self.stage, str(exc)))
+                self._abort(request_id)
+                return
         self.scheduler.add(request)
+
+    def _chunk_context(self, target: str, overrides: dict[str, Any]) -> ChunkContext:
+        """What the chunk processor towards ``target`` knows: the edge's options with this request's overrides
+        (validated at the API) and the load when the request arrived."""
+        link = self.launch.chunk_links[target]
+        options = (options_from_dict(self._option_schemas[target], {**link.options, **overrides},
+                                     f"edge_options.{self.stage}->{target}")
+                   if target in self._option_schemas else None)
+        return ChunkContext(options, len(self.requests), self.launch.max_num_seqs)
 
     def _collect_chunks(self) -> None:
         for request_id, chunks in self.adapter.take_ready().items():
@@ -322,11 +336,11 @@ class StageCoreProc:
                                    output.finish_reason if finished else None, metrics))
             request.seq += 1
         if request.chunk_targets and (output.data is not None or finished):
-            context = self.chunk_contexts[request_id]
+            contexts = self.chunk_contexts[request_id]
             for target in request.chunk_targets:
                 state = request.chunk_state.setdefault(target, {})
                 try:
-                    chunks = self.chunk_processors[target](state, output.data or {}, finished, context)
+                    chunks = self.chunk_processors[target](state, output.data or {}, finished, contexts[target])
                 except Exception as exc:
                     logger.exception("chunk processor for %s failed on %s", target, request_id)
                     self._send(StageError(request_id, self.stage, f"chunk processor for {target} failed: {exc}"))
@@ -353,9 +367,7 @@ class StageCoreProc:
             "units": request.num_units,
             "max_batch_size": request.max_batch_size,
             "edges": self.edge_stats.get(request.request_id, {}),
-            "initial_chunk_frames": (self.chunk_contexts[request.request_id].initial_chunk_frames
-                                     if request.request_id in self.chunk_contexts else None),
-        }
+        } | {key: value for state in request.chunk_state.values() for key, value in state.get("metrics", {}).items()}
 
 
 if __name__ == "__main__":  # started by StageClient.spawn with the launch spec on stdin

@@ -45,7 +45,7 @@ class Submit(msgspec.Struct, tag="submit", frozen=True):
     emit_data: bool  # send step data to the orchestrator (non-async forwarding)
     chunk_targets: list[str]  # downstream stages to stream chunks to (async chunk)
     chunk_sources: list[str]  # upstream stages that stream chunks into this request (async chunk)
-    chunk_options: dict[str, Any]
+    edge_options: dict[str, dict[str, Any]]  # edge name -> this request's overrides of the edge's options
     arrival_time_s: float
 
 

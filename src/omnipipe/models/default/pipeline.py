@@ -6,7 +6,7 @@ out) and ``asr`` (speech in, text out).
 
 from dataclasses import replace
 
-from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, StageSpec
+from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, ServingTraits, StageSpec
 
 _P = "omnipipe.models.default"
 VOICE_SAMPLE_RATE_HZ = 22_050  # the packaged "joe" voice; the code2wav runner checks it at load
@@ -19,17 +19,17 @@ CODE2WAV = StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:PiperCode
 
 ENCODER_TO_THINKER = EdgeSpec("encoder", "thinker", f"{_P}.processors.encoder2thinker")
 THINKER_TO_TALKER = EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker",
-                             f"{_P}.processors.thinker2talker_async_chunk")
+                             f"{_P}.processors.thinker2talker_async_chunk", options=f"{_P}.processors:SpokenPieceOptions")
 TALKER_TO_CODE2WAV = EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_processors.frames_whole",
-                              "omnipipe.chunk.frame_processors.frames_async_chunk")
+                              "omnipipe.chunk.frame_processors.frames_async_chunk",
+                              options="omnipipe.chunk.accumulation:FrameChunkOptions")
 
 # Two cores: the thinker gets both, the bursty ONNX stages one each. The decoder needs about 10 latent frames
 # of context on each side of a seam to match a whole decode (measured: max abs diff 1.3e-6 at 10/10).
+_FRAME_EDGE = {"options": {"codec_chunk_frames": 25, "left_context_frames": 10, "right_context_frames": 10,
+                          "initial_codec_chunk_frames": "auto"}}
 _DEPLOY = {
-    "codec_chunk_frames": 25,
-    "left_context_frames": 10,
-    "right_context_frames": 10,
-    "initial_codec_chunk_frames": "auto",
+    "edges": {"talker->code2wav": _FRAME_EDGE},
     "stages": {
         "encoder": {"threads": 1, "max_num_seqs": 4},
         "thinker": {"threads": 2, "max_num_seqs": 8},
@@ -38,6 +38,7 @@ _DEPLOY = {
     },
 }
 
+_VOICES = f"{_P}.weights.voice:list_voices"
 _WEIGHTS = {"prepare_weights": f"{_P}.weights.prepare.prepare_all", "weights_status": f"{_P}.weights.prepare.status"}
 
 DEFAULT = PipelineSpec(
@@ -49,6 +50,7 @@ DEFAULT = PipelineSpec(
     input_modalities=("text", "audio"),
     comprehension_stage="thinker",
     default_deploy=_DEPLOY,
+    serving=ServingTraits(speech_pipeline="tts", transcription_pipeline="asr", voices=_VOICES, speed_stage="talker"),
     **_WEIGHTS,
 )
 
@@ -60,8 +62,9 @@ TTS = PipelineSpec(
     prompt_processor=f"{_P}.processors.tts_prompt",
     input_modalities=("text",),
     comprehension_stage="talker",
-    default_deploy={k: v for k, v in _DEPLOY.items() if k != "stages"}
-    | {"stages": {k: v for k, v in _DEPLOY["stages"].items() if k in ("talker", "code2wav")}},
+    default_deploy={"edges": {"talker->code2wav": _FRAME_EDGE},
+                    "stages": {k: v for k, v in _DEPLOY["stages"].items() if k in ("talker", "code2wav")}},
+    serving=ServingTraits(voices=_VOICES, speed_stage="talker"),
     **_WEIGHTS,
 )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 from omnipipe.util.audio import load_audio
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.config.pipeline_spec import EntryInput
+from omnipipe.util.field_error import FieldError
 
 WHISPER_RATE_HZ = 16_000
 MAX_AUDIO_S = 120.0
@@ -21,28 +23,40 @@ MAX_RUN_WORDS = 16  # cut an unpunctuated run anyway after this many words
 FIRST_CHUNK_WORDS = 4  # the first piece may end at a plain word boundary, to start speaking sooner
 
 
+@dataclass(frozen=True)
+class SpokenPieceOptions:
+    """Options of the thinker -> talker edge (deploy ``edges.thinker->talker.options``)."""
+
+    first_chunk_words: int = FIRST_CHUNK_WORDS  # 0: the first piece waits for a clause or sentence end too
+
+    def __post_init__(self) -> None:
+        value = self.first_chunk_words
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise FieldError("first_chunk_words", f"must be an integer >= 0, got {value!r}")
+
+
 def _decode_audio(value: Any) -> np.ndarray:
     """``(samples, rate)``, a path, encoded bytes or a data URI -> float32 mono at 16 kHz."""
     field = "prompt.multi_modal_data.audio"
     if isinstance(value, tuple):
         if len(value) != 2 or not isinstance(value[1], int) or isinstance(value[1], bool) or value[1] <= 0:
-            raise ValueError(f"{field}: give (samples, sample_rate_hz) with a positive integer rate")
+            raise FieldError(field, "give (samples, sample_rate_hz) with a positive integer rate")
         audio, _ = load_audio(np.asarray(value[0]), WHISPER_RATE_HZ, source_rate_hz=value[1])
     elif isinstance(value, np.ndarray):
-        raise ValueError(f"{field}: raw samples need their rate: pass (samples, sample_rate_hz)")
+        raise FieldError(field, "raw samples need their rate: pass (samples, sample_rate_hz)")
     elif isinstance(value, (str, Path)):
         if isinstance(value, Path) or not value.startswith("data:"):
             if not Path(value).is_file():
-                raise ValueError(f"{field}: file not found: {value}")
+                raise FieldError(field, f"file not found: {value}")
         audio, _ = load_audio(value, WHISPER_RATE_HZ)
     elif isinstance(value, (bytes, bytearray, memoryview)):
         audio, _ = load_audio(bytes(value), WHISPER_RATE_HZ)
     else:
-        raise ValueError(f"{field}: expected (samples, rate), a path or encoded bytes, got {type(value).__name__}")
+        raise FieldError(field, f"expected (samples, rate), a path or encoded bytes, got {type(value).__name__}")
     if audio.size == 0:
-        raise ValueError(f"{field}: the audio is empty")
+        raise FieldError(field, "the audio is empty")
     if audio.size > MAX_AUDIO_S * WHISPER_RATE_HZ:
-        raise ValueError(f"{field}: longer than {MAX_AUDIO_S:.0f} s")
+        raise FieldError(field, f"longer than {MAX_AUDIO_S:.0f} s")
     return np.ascontiguousarray(audio, dtype=np.float32)
 
 
@@ -75,7 +89,7 @@ def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     the same utterances whether or not async chunk is on (only the timing differs)."""
     text = "".join(o.get("text", "") for o in outputs).strip()
     state: dict[str, Any] = {}
-    ctx = ChunkContext(0, 0, 0, 0)
+    ctx = ChunkContext(SpokenPieceOptions(), active_requests=0, max_num_seqs=1)
     words = re.findall(r"\S+\s*", text)
     pieces: list[dict[str, Any]] = []
     for index, word in enumerate(words):
@@ -108,7 +122,8 @@ def thinker2talker_async_chunk(state: dict[str, Any], output: dict[str, Any], is
     """Stream text to the talker a sentence or clause at a time, as the thinker writes it."""
     state["buffer"] = state.get("buffer", "") + output.get("text", "")
     buffer: str = state["buffer"]
-    first_words = 0 if state.get("sent") else int(ctx.options.get("first_chunk_words", FIRST_CHUNK_WORDS))
+    options: SpokenPieceOptions = ctx.options
+    first_words = 0 if state.get("sent") else options.first_chunk_words
     cut = speakable_cut(buffer, is_last, first_words)
     if cut <= 0:
         return []

@@ -1,6 +1,6 @@
 """The toy thinker -> talker -> code2wav pipeline."""
 
-from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, StageSpec
+from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, ServingTraits, StageSpec
 from omnipipe.models.toy.runners.vocoder import SAMPLE_RATE_HZ
 
 _P = "omnipipe.models.toy"
@@ -17,12 +17,13 @@ PIPELINE = PipelineSpec(
     edges=(
         EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker", f"{_P}.processors.thinker2talker_async_chunk"),
         EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_processors.frames_whole",
-                 "omnipipe.chunk.frame_processors.frames_async_chunk"),
+                 "omnipipe.chunk.frame_processors.frames_async_chunk", options="omnipipe.chunk.accumulation:FrameChunkOptions"),
     ),
     prompt_processor=f"{_P}.processors.text_prompt",
     input_modalities=("text",),
     comprehension_stage="thinker",
-    default_deploy={"codec_chunk_frames": 8, "left_context_frames": 2},
+    default_deploy={"edges": {"talker->code2wav": {"options": {"codec_chunk_frames": 8, "left_context_frames": 2}}}},
+    serving=ServingTraits(speech_pipeline="toy_tts", speed_stage="talker"),
 )
 
 TTS_PIPELINE = PipelineSpec(
@@ -33,4 +34,5 @@ TTS_PIPELINE = PipelineSpec(
     prompt_processor=f"{_P}.processors.tts_prompt",
     input_modalities=("text",),
     default_deploy=dict(PIPELINE.default_deploy),
+    serving=ServingTraits(speed_stage="talker"),
 )

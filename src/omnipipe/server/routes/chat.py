@@ -19,6 +19,7 @@ from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.server.audio_stream import Pcm16Stream, encode_whole
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error, invalid
+from omnipipe.util.field_error import FieldError
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.protocol.openai import (
     ChatCompletion,
@@ -57,7 +58,7 @@ class ChatPlan:
     modalities: list[str]
     sampling_params: dict[str, SamplingParams]
     field_map: dict[str, str]
-    initial_codec_chunk_frames: int | None
+    edge_options: dict[str, dict[str, Any]]
 
 
 # ---------------------------------------------------------------------------------------------- request -> plan
@@ -129,29 +130,25 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tup
     for stage, fields in per_stage.items():
         try:
             params[stage] = SamplingParams.from_dict(fields)
-        except (ValueError, TypeError) as exc:
-            name, _, rule = str(exc).partition(": ")
-            name = name.removeprefix("sampling_params.")
+        except FieldError as exc:
+            name, rule = exc.field.removeprefix("sampling_params."), exc.rule
             if name in extension.get(stage, {}):
                 param = f"omnipipe.sampling_params.{stage}.{name}"
             elif name == "max_tokens":
                 param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
             else:
                 param = name
-            raise invalid(f"{param}: {rule or exc}", param) from None
+            raise invalid(f"{param}: {rule}", param) from None
     return params, field_map
 
 
 def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineSpec) -> ChatPlan:
     prompt, audio_param = _question(body.messages, pipeline)
-    modalities = list(dict.fromkeys(body.modalities or ["text"]))
-    for modality in modalities:
-        if modality not in pipeline.output_modalities:
-            raise invalid(f"modalities: pipeline {pipeline.name!r} does not produce {modality!r} "
-                          f"(it produces {', '.join(pipeline.output_modalities)})", "modalities")
+    try:  # audio brings the transcript of the spoken answer
+        modalities = pipeline.check_output_modalities(body.modalities or ["text"], "modalities", with_transcript=True)
+    except FieldError as exc:
+        raise invalid(str(exc), exc.field) from None
     if "audio" in modalities:
-        if "text" in pipeline.output_modalities and "text" not in modalities:
-            modalities.insert(0, "text")  # the transcript of the spoken answer
         audio = body.audio
         if audio is not None:
             pool.check_voice(audio.voice, pipeline, "audio.voice")
@@ -165,8 +162,17 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
     params, field_map = _sampling_params(body, pipeline)
     if audio_param is not None:
         field_map["prompt.multi_modal_data.audio"] = audio_param
+    edge_options: dict[str, dict[str, Any]] = {}
     chunk_frames = body.omnipipe.initial_codec_chunk_frames if body.omnipipe is not None else None
-    return ChatPlan(prompt, audio_param, modalities, params, field_map, chunk_frames)
+    if chunk_frames is not None:
+        param = "omnipipe.initial_codec_chunk_frames"
+        edges = pipeline.edges_with_option("initial_codec_chunk_frames")
+        if not edges:
+            raise invalid(f"{param}: pipeline {pipeline.name!r} streams no frames", param)
+        for edge in edges:
+            edge_options[edge.name] = {"initial_codec_chunk_frames": chunk_frames}
+            field_map[f"edge_options.{edge.name}.initial_codec_chunk_frames"] = param
+    return ChatPlan(prompt, audio_param, modalities, params, field_map, edge_options)
 
 
 # ---------------------------------------------------------------------------------------------- responses
@@ -258,7 +264,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     outputs = engine.generate(plan.prompt, request_id=request_id, sampling_params=plan.sampling_params,
                               output_modalities=plan.modalities,
-                              initial_codec_chunk_frames=plan.initial_codec_chunk_frames)
+                              edge_options=plan.edge_options)
     try:
         first = await first_output(outputs)
     except Exception as exc:  # noqa: BLE001 - mapped to an API error

@@ -72,6 +72,7 @@ from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.server.audio_stream import PCM16_RATE_HZ, Pcm16Stream
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error
+from omnipipe.util.field_error import FieldError
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.capacity import Session, SessionTracker, at_capacity_error
 from omnipipe.server.vad import EnergyVAD
@@ -248,15 +249,10 @@ class RealtimeSession:
     def _check_modalities(self, value: Any, param: str) -> list[str]:
         if not isinstance(value, list) or not value or not all(isinstance(m, str) for m in value):
             raise EventError(f"{param}: expected a non-empty list such as ['text', 'audio']", param)
-        modalities = list(dict.fromkeys(value))
-        for modality in modalities:
-            if modality not in self.pipeline.output_modalities:
-                raise EventError(f"{param}: pipeline {self.pipeline.name!r} does not produce {modality!r} (it "
-                                 f"produces {', '.join(self.pipeline.output_modalities)})", param,
-                                 code="unsupported_modality")
-        if "audio" in modalities and "text" in self.pipeline.output_modalities and "text" not in modalities:
-            modalities.insert(0, "text")  # the transcript of the spoken answer
-        return modalities
+        try:  # audio brings the transcript of the spoken answer
+            return self.pipeline.check_output_modalities(value, param, with_transcript=True)
+        except FieldError as exc:
+            raise EventError(str(exc), param, code="unsupported_modality") from None
 
     def _turn_detection(self, value: Any) -> dict[str, Any] | None:
         param = "session.turn_detection"

@@ -30,7 +30,6 @@ from omnipipe.api.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 ENDPOINT = "/v1/audio/speech"
-SPEED_STAGE = "talker"
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 429,
                                                                                           503)}
 router = APIRouter()
@@ -44,10 +43,11 @@ def _native_rate(pipeline: PipelineSpec) -> int:
 
 
 def _sampling_params(body: SpeechRequest, pipeline: PipelineSpec) -> dict[str, SamplingParams] | None:
-    if SPEED_STAGE in pipeline.stage_names:
-        return {SPEED_STAGE: SamplingParams(extra={"speed": float(body.speed)})}
+    stage = pipeline.serving.speed_stage
+    if stage is not None:
+        return {stage: SamplingParams(extra={"speed": float(body.speed)})}
     if body.speed != 1.0:
-        raise invalid(f"speed: pipeline {pipeline.name!r} has no {SPEED_STAGE!r} stage to change the speed", "speed")
+        raise invalid(f"speed: pipeline {pipeline.name!r} cannot change the speaking rate", "speed")
     return None
 
 

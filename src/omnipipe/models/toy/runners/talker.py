@@ -1,4 +1,7 @@
-"""Toy talker: text -> 8-dim frames, ``frames_per_char`` per character, one batched call for many requests."""
+"""Toy talker: text -> 8-dim frames, ``frames_per_char`` per character, one batched call for many requests.
+
+``extra["speed"]`` (the pipeline's speed stage) stretches or squeezes a request's frames in time.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +45,12 @@ class ToyTalkerRunner(StageRunner):
         outputs, start = [], 0
         for request, piece in zip(batch, pieces):
             count = len(piece) * self.frames_per_char
-            block = np.ascontiguousarray(frames[:, start : start + count])
+            block = frames[:, start : start + count]
             start += count
+            speed = float(request.params.get("extra", {}).get("speed", 1.0))
+            if speed != 1.0:
+                block = block[:, (np.arange(int(round(count / speed))) * speed).astype(np.int64)]
+            block = np.ascontiguousarray(block)
+            count = block.shape[1]
             outputs.append(RunnerOutput(request.request_id, data={"frames": block}, num_units=count))
         return outputs
