@@ -285,7 +285,7 @@ class Orchestrator:
             emit_data=any(not self._streams(e) for e in out_edges),
             chunk_targets=[e.target for e in out_edges if self._streams(e)],
             chunk_sources=[e.source for e in in_edges if self._streams(e)],
-            chunk_options=request.chunk_options, arrival_time_s=time.time(),
+            chunk_options=request.chunk_options,
         )
 
     async def _add_request(self, command: AddRequest) -> None:

@@ -318,9 +318,8 @@ class StageCoreProc:
                 self._abort(request_id)
                 return
             metrics = self._metrics(request) if finished else None
-            self._send(StageOutput(request_id, self.stage, request.seq, finished, text, output.num_units, payload,
+            self._send(StageOutput(request_id, self.stage, finished, text, output.num_units, payload,
                                    output.finish_reason if finished else None, metrics))
-            request.seq += 1
         if request.chunk_targets and (output.data is not None or finished):
             context = self.chunk_contexts[request_id]
             for target in request.chunk_targets:

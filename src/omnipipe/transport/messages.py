@@ -46,7 +46,6 @@ class Submit(msgspec.Struct, tag="submit", frozen=True):
     chunk_targets: list[str]  # downstream stages to stream chunks to (async chunk)
     chunk_sources: list[str]  # upstream stages that stream chunks into this request (async chunk)
     chunk_options: dict[str, Any]
-    arrival_time_s: float
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
@@ -87,7 +86,6 @@ class StageOutput(msgspec.Struct, tag="output", frozen=True):
 
     request_id: str
     stage: str
-    seq: int
     finished: bool
     text_delta: str = ""
     num_tokens: int = 0

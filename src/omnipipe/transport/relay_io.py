@@ -17,14 +17,13 @@ _local = LocalRelay()
 def write_payload(obj: Any, relay: Relay | LocalRelay, request_id: str, inline_threshold_bytes: int) -> Payload:
     """Encode ``obj``; small buffers ride inline, larger ones go through ``relay``."""
     if isinstance(relay, LocalRelay):
-        op = relay.put_object(obj, request_id)
-        return Payload(b"", [], 0, "local", relay=op.metadata)
+        return Payload(b"", [], 0, "local", relay=relay.put_object(obj, request_id))
     encoded = payload_codec.encode(obj)
     if encoded.nbytes <= inline_threshold_bytes or isinstance(relay, InlineRelay):
         return Payload(encoded.skeleton, encoded.tensors, encoded.nbytes, "inline", data=encoded.join())
     pieces = [(info.offset, buf) for info, buf in zip(encoded.tensors, encoded.buffers)]
-    op = relay.put(pieces, encoded.nbytes, request_id)
-    return Payload(encoded.skeleton, encoded.tensors, encoded.nbytes, relay.name, relay=op.metadata)
+    metadata = relay.put(pieces, encoded.nbytes, request_id)
+    return Payload(encoded.skeleton, encoded.tensors, encoded.nbytes, relay.name, relay=metadata)
 
 
 def read_payload(payload: Payload, relays: dict[str, Relay], request_id: str) -> Any:

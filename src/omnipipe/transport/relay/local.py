@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any
 
-from omnipipe.transport.relay.base import RelayError, RelayOperation
+from omnipipe.transport.relay.base import RelayError
 
 _objects: dict[int, tuple[str, Any]] = {}
 _lock = threading.Lock()
@@ -24,11 +24,11 @@ class LocalRelay:
 
     name = "local"
 
-    def put_object(self, obj: Any, request_id: str) -> RelayOperation:
+    def put_object(self, obj: Any, request_id: str) -> dict[str, Any]:
         handle = next(_counter)
         with _lock:
             _objects[handle] = (request_id, obj)
-        return RelayOperation({"handle": handle, "pid": os.getpid()}, done=True)
+        return {"handle": handle, "pid": os.getpid()}
 
     def get_object(self, metadata: dict[str, Any], request_id: str) -> Any:
         if metadata.get("pid") != os.getpid():

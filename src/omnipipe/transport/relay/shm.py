@@ -19,12 +19,12 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from omnipipe.transport.relay.base import Relay, RelayError, RelayOperation
+from omnipipe.transport.relay.base import Relay, RelayError
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,6 @@ class _Held:
     generation: int
     request_id: str
     one_off: bool
-    operation: RelayOperation = field(repr=False, default=None)  # type: ignore[assignment]
 
 
 class ShmRelay(Relay):
@@ -131,7 +130,7 @@ class ShmRelay(Relay):
         self._closed = False
 
     # ---------------------------------------------------------------- sender
-    def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> RelayOperation:
+    def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> dict[str, Any]:
         with self._lock:
             if self._closed:
                 raise RelayError("relay is closed")
@@ -157,10 +156,8 @@ class ShmRelay(Relay):
                 "generation": generation,
                 "one_off": one_off,
             }
-            held = _Held(segment, slot, generation, request_id, one_off)
-            held.operation = RelayOperation(metadata)
-            self._held[(segment.name, slot)] = held
-            return held.operation
+            self._held[(segment.name, slot)] = _Held(segment, slot, generation, request_id, one_off)
+            return metadata
 
     def _pool_segment(self) -> _Segment:
         if self._pool is None:
@@ -203,7 +200,6 @@ class ShmRelay(Relay):
 
     def _release(self, key: tuple[str, int], held: _Held) -> None:
         del self._held[key]
-        held.operation.mark_done()
         if held.one_off:
             held.segment.close()
             _unlink(held.segment.name)
@@ -275,7 +271,6 @@ class ShmRelay(Relay):
                 return
             self._closed = True
             for held in self._held.values():
-                held.operation.mark_done()
                 if held.one_off:
                     held.segment.close()
                     _unlink(held.segment.name)
