@@ -23,11 +23,10 @@ from omnipipe.chunk.connector import ChunkConnector, EdgeLink, ReceivedChunk
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
 from omnipipe.config.pipeline_spec import resolve
-from omnipipe.stage.schedulers.ar import ARScheduler
-from omnipipe.stage.schedulers.generation import GenerationScheduler
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner
+from omnipipe.stage.schedulers import Scheduler, scheduler_for
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
@@ -113,9 +112,7 @@ class StageCoreProc:
             t: resolve(l.chunk_processor) for t, l in launch.chunk_links.items()
         }
 
-        self.scheduler: ARScheduler | GenerationScheduler = (
-            ARScheduler(launch.max_num_seqs) if launch.kind == "ar" else GenerationScheduler(launch.max_num_seqs)
-        )
+        self.scheduler: Scheduler = scheduler_for(launch.kind)(launch.max_num_seqs)
         self.requests: dict[str, StageRequest] = {}
         self.chunk_contexts: dict[str, ChunkContext] = {}
         self.edge_stats: dict[str, dict[str, dict[str, float]]] = {}
@@ -162,9 +159,8 @@ class StageCoreProc:
             self._collect_chunks()
             if not self.running:
                 break
-            if isinstance(self.scheduler, GenerationScheduler):
-                for request in self.scheduler.exhausted():
-                    self._route(request, RunnerOutput(request.request_id), finished=True)
+            for request in self.scheduler.finish_exhausted():
+                self._deliver(request, RunnerOutput(request.request_id), finished=True)
             if self.scheduler.has_work():
                 self._step()
 
@@ -252,8 +248,7 @@ class StageCoreProc:
         while not self.adapter.save_errors.empty():
             request_id, message = self.adapter.save_errors.get()
             if request_id in self.requests:
-                self._send(StageError(request_id, self.stage, message))
-                self._abort(request_id)
+                self._fail(request_id, message)
 
     def _abort(self, request_id: str) -> None:
         self.aborted[request_id] = None
@@ -272,6 +267,8 @@ class StageCoreProc:
 
     # ------------------------------------------------------------------ compute
     def _step(self) -> None:
+        """One step: the scheduler picks a batch, the runner runs it, the scheduler applies each output, and the
+        stage delivers what the output carries."""
         assert self.runner is not None
         batch, is_prefill = self.scheduler.schedule()
         if not batch:
@@ -284,65 +281,84 @@ class StageCoreProc:
         except Exception as exc:  # a model error fails this batch's requests; the stage lives on
             logger.exception("runner failed on a batch of %d", len(batch))
             for request in batch:
-                self._send(StageError(request.request_id, self.stage, f"{type(exc).__name__}: {exc}"))
-                self._abort(request.request_id)
+                self._fail(request.request_id, f"{type(exc).__name__}: {exc}")
             return
         elapsed = time.perf_counter() - start
         for request, output in zip(batch, outputs):
             if output.error is not None:
-                self._send(StageError(request.request_id, self.stage, output.error))
-                self._abort(request.request_id)
+                self._fail(request.request_id, output.error)
                 continue
             request.compute_s += elapsed
             request.max_batch_size = max(request.max_batch_size, len(batch))
             request.num_units += output.num_units
-            finished = output.finished or (self.launch.kind != "ar" and request.input_exhausted)
-            self._route(request, output, finished)
+            finished = self.scheduler.postprocess(request, output)
+            self._deliver(request, output, finished)
 
-    def _route(self, request: StageRequest, output: RunnerOutput, finished: bool) -> None:
-        request_id = request.request_id
-        if not finished and (output.needs_input or self.launch.kind != "ar"):
-            self.scheduler.park(request)
+    def _deliver(self, request: StageRequest, output: RunnerOutput, finished: bool) -> None:
+        """Send a step's output where it goes (the orchestrator, the next stages); release a finished request."""
+        if not self._emit(request, output, finished):
+            return
+        if request.chunk_targets and (output.data is not None or finished):
+            if not self._ship_chunks(request, output, finished):
+                return
+        if finished:
+            self._finish(request)
+
+    def _emit(self, request: StageRequest, output: RunnerOutput, finished: bool) -> bool:
+        """Send the orchestrator what it wants of this output (text/audio for the caller, data to forward, the
+        finish with metrics). False if the request failed on the way."""
         body: dict[str, Any] = {}
         if request.emit_final and output.audio is not None:
             body["audio"] = output.audio
         if request.emit_data and output.data is not None:
             body["data"] = output.data
         text = output.text_delta if request.emit_final else ""
-        if body or text or finished:
+        if not (body or text or finished):
+            return True
+        request_id = request.request_id
+        try:
+            payload = (write_payload(body, self.out_relay, request_id, self.launch.out_inline_threshold_bytes)
+                       if body else None)
+        except (RelayError, ValueError) as exc:
+            self._fail(request_id, f"output could not be sent: {exc}")
+            return False
+        metrics = self._metrics(request) if finished else None
+        self._send(StageOutput(request_id, self.stage, finished, text, output.num_units, payload,
+                               output.finish_reason if finished else None, metrics))
+        return True
+
+    def _ship_chunks(self, request: StageRequest, output: RunnerOutput, finished: bool) -> bool:
+        """Run each outgoing edge's chunk processor on the output and hand ready chunks to the save loop. A
+        finished request always ships a last chunk (empty if the processor had nothing left)."""
+        request_id = request.request_id
+        context = self.chunk_contexts[request_id]
+        for target in request.chunk_targets:
+            state = request.chunk_state.setdefault(target, {})
             try:
-                payload = (write_payload(body, self.out_relay, request_id, self.launch.out_inline_threshold_bytes)
-                           if body else None)
-            except (RelayError, ValueError) as exc:
-                self._send(StageError(request_id, self.stage, f"output could not be sent: {exc}"))
-                self._abort(request_id)
-                return
-            metrics = self._metrics(request) if finished else None
-            self._send(StageOutput(request_id, self.stage, finished, text, output.num_units, payload,
-                                   output.finish_reason if finished else None, metrics))
-        if request.chunk_targets and (output.data is not None or finished):
-            context = self.chunk_contexts[request_id]
-            for target in request.chunk_targets:
-                state = request.chunk_state.setdefault(target, {})
-                try:
-                    chunks = self.chunk_processors[target](state, output.data or {}, finished, context)
-                except Exception as exc:
-                    logger.exception("chunk processor for %s failed on %s", target, request_id)
-                    self._send(StageError(request_id, self.stage, f"chunk processor for {target} failed: {exc}"))
-                    self._abort(request_id)
-                    return
-                for index, chunk in enumerate(chunks):
-                    self.adapter.save_async(request_id, target, chunk, finished and index == len(chunks) - 1)
-                if finished and not chunks:
-                    self.adapter.save_async(request_id, target, None, True)
-        if finished:
-            self.scheduler.finish(request)
-            if self.runner is not None:
-                self.runner.free(request)
-            self.requests.pop(request_id, None)
-            self.adapter.cleanup(request_id, aborted=False)
-            self.chunk_contexts.pop(request_id, None)
-            self.edge_stats.pop(request_id, None)
+                chunks = self.chunk_processors[target](state, output.data or {}, finished, context)
+            except Exception as exc:
+                logger.exception("chunk processor for %s failed on %s", target, request_id)
+                self._fail(request_id, f"chunk processor for {target} failed: {exc}")
+                return False
+            for index, chunk in enumerate(chunks):
+                self.adapter.save_async(request_id, target, chunk, finished and index == len(chunks) - 1)
+            if finished and not chunks:
+                self.adapter.save_async(request_id, target, None, True)
+        return True
+
+    def _finish(self, request: StageRequest) -> None:
+        """Release what this stage holds for a request the scheduler has finished (its chunks still ship)."""
+        request_id = request.request_id
+        if self.runner is not None:
+            self.runner.free(request)
+        self.requests.pop(request_id, None)
+        self.adapter.cleanup(request_id, aborted=False)
+        self.chunk_contexts.pop(request_id, None)
+        self.edge_stats.pop(request_id, None)
+
+    def _fail(self, request_id: str, message: str) -> None:
+        self._send(StageError(request_id, self.stage, message))
+        self._abort(request_id)
 
     def _metrics(self, request: StageRequest) -> dict[str, Any]:
         queue_s = (request.first_scheduled_s or time.perf_counter()) - request.arrival_s
