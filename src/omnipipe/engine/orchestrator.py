@@ -46,9 +46,8 @@ from omnipipe.transport.messages import (
     Submit,
 )
 from omnipipe.transport.relay.base import Relay, RelayError
-from omnipipe.transport.relay.inline import InlineRelay
-from omnipipe.transport.relay.registry import create_relay
-from omnipipe.transport.relay.shm import ShmRelay, segment_prefix, sweep_segments
+from omnipipe.transport.relay.registry import create_receivers, create_relay
+from omnipipe.transport.relay.shm import segment_prefix, sweep_segments
 from omnipipe.transport.relay_io import read_payload, write_payload
 
 logger = logging.getLogger(__name__)
@@ -170,7 +169,7 @@ class Orchestrator:
         self.ctx = zmq.asyncio.Context()
         abort_address = self._address("abort")
         self.abort_pub = control_plane.make_socket(self.ctx, zmq.PUB, abort_address, bind=True)
-        self.recv_relays: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(self.run_id, "orch-rx")}
+        self.recv_relays = create_receivers(self.run_id, "orch-rx")
         self.entry_relay = create_relay(self.deploy.relay.backend, run_id=self.run_id, owner="orch-entry",
                                         options=self.deploy.relay_options())
         self.send_relays: dict[str, Relay] = {"<entry>": self.entry_relay}

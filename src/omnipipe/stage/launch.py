@@ -31,7 +31,7 @@ class StageLaunch(msgspec.Struct, frozen=True):
     chunk_links: dict[str, ChunkLink]  # target stage -> link
     out_relay: str
     out_inline_threshold_bytes: int
-    relay_options: dict[str, Any]
+    relay_options: dict[str, dict[str, Any]]  # backend -> its options
     codec_chunk_frames: int
     left_context_frames: int
     right_context_frames: int

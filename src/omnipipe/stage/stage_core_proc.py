@@ -39,9 +39,7 @@ from omnipipe.transport.messages import (
     Submit,
 )
 from omnipipe.transport.relay.base import Relay, RelayError
-from omnipipe.transport.relay.inline import InlineRelay
-from omnipipe.transport.relay.registry import create_relay
-from omnipipe.transport.relay.shm import ShmRelay
+from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
 
 logger = logging.getLogger(__name__)
@@ -99,11 +97,9 @@ class StageCoreProc:
                                  options=relay_options)
             for target, link in launch.chunk_links.items()
         }
-        # receive side: shm needs no pool of its own, only mappings
-        self.recv_relays_main: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(launch.run_id, f"{self.stage}-rx")}
-        # chunks are consumed by the runner and dropped: read them in place, the slot frees when they go
-        recv_relays_chunks: dict[str, Relay] = {"inline": InlineRelay(),
-                                                "shm": ShmRelay(launch.run_id, f"{self.stage}-rxc", zero_copy=True)}
+        self.recv_relays_main = create_receivers(launch.run_id, f"{self.stage}-rx")
+        # chunks are consumed by the runner and dropped: read them in place, the buffer frees when they go
+        recv_relays_chunks = create_receivers(launch.run_id, f"{self.stage}-rxc", zero_copy=True)
         links = {t: EdgeLink(l.address, self.send_relays[t], l.inline_threshold_bytes) for t, l in launch.chunk_links.items()}
         connector = ChunkConnector(self.ctx, self.stage, links, launch.chunk_listen_address, recv_relays_chunks)
         self._recv_relays_chunks = recv_relays_chunks

@@ -14,6 +14,9 @@ class Relay(ABC):
     """Moves one flat buffer (a list of byte pieces at given offsets) from a sender to a receiver."""
 
     name: str = ""
+    # False: tensors are copied to host memory and travel as bytes (put/get). True: the relay moves tensors as
+    # objects (put_objects/get_objects), so the payload codec keeps each tensor's device and storage.
+    keeps_device: bool = False
 
     @abstractmethod
     def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> dict[str, Any]:
@@ -32,6 +35,14 @@ class Relay(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release everything; the relay is unusable afterwards."""
+
+    def put_objects(self, objects: list[Any], request_id: str) -> dict[str, Any]:
+        """Hand over tensors as objects (``keeps_device`` relays only); return the receiver's metadata."""
+        raise RelayError(f"relay {self.name!r} moves bytes, not objects")
+
+    def get_objects(self, metadata: dict[str, Any], request_id: str) -> list[Any]:
+        """Take the objects of one ``put_objects`` (``keeps_device`` relays only)."""
+        raise RelayError(f"relay {self.name!r} moves bytes, not objects")
 
     def slots_in_use(self) -> int:
         return 0

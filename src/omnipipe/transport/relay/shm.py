@@ -33,6 +33,8 @@ SEGMENT_PREFIX = "omnipipe-"
 _HEADER_RECORD_WORDS = 2
 _PAGE_BYTES = 4096
 _FREE, _FULL = 0, 1
+DEFAULT_SLOT_BYTES = 4 << 20
+DEFAULT_NUM_SLOTS = 8
 _instances = itertools.count()
 
 
@@ -110,8 +112,8 @@ class ShmRelay(Relay):
         self,
         run_id: str,
         owner: str,
-        slot_bytes: int = 4 << 20,
-        num_slots: int = 8,
+        slot_bytes: int = DEFAULT_SLOT_BYTES,
+        num_slots: int = DEFAULT_NUM_SLOTS,
         acquire_timeout_s: float = 30.0,
         zero_copy: bool = False,
     ) -> None:
@@ -298,3 +300,14 @@ def _unlink(name: str) -> None:
         os.unlink(os.path.join(SHM_DIR, name))
     except FileNotFoundError:
         pass
+
+
+def make_sender(run_id: str, owner: str, options: dict[str, Any]) -> ShmRelay:
+    """A sender's pool; ``options``: ``slot_bytes``, ``num_slots``."""
+    return ShmRelay(run_id, owner, slot_bytes=int(options.get("slot_bytes", DEFAULT_SLOT_BYTES)),
+                    num_slots=int(options.get("num_slots", DEFAULT_NUM_SLOTS)))
+
+
+def make_receiver(run_id: str, owner: str, zero_copy: bool) -> ShmRelay:
+    """A receiver only maps the senders' segments; zero-copy reads free a slot when its view is dropped."""
+    return ShmRelay(run_id, owner, zero_copy=zero_copy)
