@@ -185,3 +185,28 @@ def test_a_stage_that_fails_to_load_is_named() -> None:
     with pytest.raises(EngineStartError, match=r"stage 'talker' failed to start.*NoSuchRunner"):
         asyncio.run(run())
     assert {p.pid for p in child_processes()} <= before
+
+
+@pytest.mark.parametrize("victim_stage", ["talker", "code2wav"])
+def test_a_restarted_consumer_under_tcp_gets_chunks_at_its_new_port(harness_factory, victim_stage: str) -> None:
+    harness = harness_factory("toy", {"transport": "tcp", "host": "127.0.0.1"})
+    engine = harness.engine
+    orchestrator = engine.engine.orchestrator
+    old_address = orchestrator.chunk_addresses[victim_stage]
+    assert old_address.startswith("tcp://127.0.0.1:") and not old_address.endswith(":*")
+
+    async def run() -> list:
+        pid = (await engine.debug_state())["pids"][victim_stage]
+        os.kill(pid, signal.SIGKILL)
+        while not (await engine.debug_state())["restarts"][victim_stage]:  # the death is noticed
+            await asyncio.sleep(0.01)
+        # submitted while the stage is restarting: it waits for the stage, then runs
+        outputs = await collect(engine, "after a tcp restart")
+        await wait_until_idle(engine)
+        return outputs
+
+    outputs = harness.run(run())
+    assert outputs[-1].text == "AFTER A TCP RESTART"
+    np.testing.assert_allclose(outputs[-1].audio, expected_audio("AFTER A TCP RESTART"), atol=1e-5)
+    assert orchestrator.clients[victim_stage].restarts == 1
+    assert orchestrator.chunk_addresses[victim_stage] != old_address

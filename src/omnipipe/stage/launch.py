@@ -8,7 +8,7 @@ import msgspec
 
 
 class ChunkLink(msgspec.Struct, frozen=True):
-    address: str  # the consumer stage's chunk socket
+    address: str | None  # the consumer stage's chunk socket; None: announced later (ChunkRoutes, tcp)
     relay: str
     inline_threshold_bytes: int
     chunk_processor: str  # dotted path
@@ -38,6 +38,9 @@ class StageLaunch(msgspec.Struct, frozen=True):
     initial_codec_chunk_frames: int | str
     log_level: str = "WARNING"
     aborted_request_ids: list[str] = []  # a restarted stage drops late chunks of these
+    world_size: int = 1  # rank processes of this stage (tensor parallel); rank 0 holds the control sockets
+    rank: int = 0  # set per process by the launcher
+    dist_init_address: str | None = None  # where the ranks meet to set up their process group
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

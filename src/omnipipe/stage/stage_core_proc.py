@@ -30,6 +30,7 @@ from omnipipe.stage.schedulers import Scheduler, scheduler_for
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
+    ChunkRoutes,
     HealthCheck,
     HealthReply,
     Shutdown,
@@ -60,6 +61,9 @@ def _die_with_parent() -> None:
 def run_stage_process(launch_bytes: bytes) -> None:
     """Entry point of a spawned stage process."""
     launch = StageLaunch.decode(launch_bytes)
+    if launch.rank != 0:
+        raise SystemExit(f"stage {launch.stage}: rank {launch.rank} of {launch.world_size}: tensor-parallel ranks "
+                         "have no loop yet; only rank 0 (the control loop) runs today")
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -123,7 +127,8 @@ class StageCoreProc:
     def run(self) -> None:
         start = time.perf_counter()
         context = RunnerContext(self.stage, self.launch.device, self.launch.threads, self.launch.max_num_seqs,
-                                dict(self.launch.options))
+                                dict(self.launch.options), self.launch.rank, self.launch.world_size,
+                                self.launch.dist_init_address)
         try:
             runner_cls = resolve(self.launch.runner)
             self.runner = runner_cls(context)
@@ -135,7 +140,8 @@ class StageCoreProc:
             self._send(StageError("", self.stage, f"failed to load {self.launch.runner}: {type(exc).__name__}: {exc}"))
             raise SystemExit(3) from exc
         self.adapter.start()
-        self._send(StageReady(self.stage, os.getpid(), time.perf_counter() - start))
+        self._send(StageReady(self.stage, os.getpid(), time.perf_counter() - start,
+                              self.adapter.connector.listen_address))
         logger.info("ready in %.2f s", time.perf_counter() - start)
 
         poller = zmq.Poller()
@@ -183,6 +189,10 @@ class StageCoreProc:
     def _handle_control(self, message: Any) -> None:
         if isinstance(message, Submit):
             self._add_request(message)
+        elif isinstance(message, ChunkRoutes):
+            for target, address in message.routes.items():
+                if target in self.send_relays:
+                    self.adapter.set_route(target, address)
         elif isinstance(message, Abort):
             for request_id in message.request_ids:
                 self._abort(request_id)
@@ -369,5 +379,5 @@ class StageCoreProc:
         }
 
 
-if __name__ == "__main__":  # started by StageClient.spawn with the launch spec on stdin
+if __name__ == "__main__":  # started by a placement launcher with the launch spec on stdin
     run_stage_process(sys.stdin.buffer.read())

@@ -48,6 +48,15 @@ class Submit(msgspec.Struct, tag="submit", frozen=True):
     chunk_options: dict[str, Any]
 
 
+class ChunkRoutes(msgspec.Struct, tag="chunk_routes", frozen=True):
+    """Orchestrator -> producing stage: where each consumer stage's chunk socket is bound (target -> address).
+
+    Sent once every stage is ready (before any request) and again whenever a consumer stage comes back from a
+    restart, since a tcp consumer binds a fresh port each time it starts."""
+
+    routes: dict[str, str]
+
+
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
     reason: str = ""
 
@@ -79,6 +88,7 @@ class StageReady(msgspec.Struct, tag="ready", frozen=True):
     stage: str
     pid: int
     load_time_s: float
+    chunk_address: str | None = None  # the address this stage's chunk socket is bound to (read back after bind)
 
 
 class StageOutput(msgspec.Struct, tag="output", frozen=True):
@@ -111,6 +121,6 @@ class HealthReply(msgspec.Struct, tag="health_reply", frozen=True):
     pending_chunks: int
 
 
-ToStage = Submit | Shutdown | HealthCheck
+ToStage = Submit | ChunkRoutes | Shutdown | HealthCheck
 FromStage = StageOutput | StageError | StageReady | HealthReply
 Broadcast = Abort
