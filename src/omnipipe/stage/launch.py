@@ -27,7 +27,7 @@ class StageLaunch(msgspec.Struct, frozen=True):
     ctrl_address: str  # orchestrator PUSH (bound) -> stage PULL
     out_address: str  # stage PUSH -> orchestrator PULL (bound)
     abort_address: str  # orchestrator PUB (bound) -> stage SUB
-    chunk_listen_address: str | None  # this stage's PULL for incoming chunks (bound here)
+    chunk_listen_address: str | None  # this stage's PULL for chunks, bound here (tcp://host:*: announced in StageReady)
     chunk_links: dict[str, ChunkLink]  # target stage -> link
     out_relay: str
     out_inline_threshold_bytes: int
