@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -185,3 +188,69 @@ def test_a_stage_that_fails_to_load_is_named() -> None:
     with pytest.raises(EngineStartError, match=r"stage 'talker' failed to start.*NoSuchRunner"):
         asyncio.run(run())
     assert {p.pid for p in child_processes()} <= before
+
+
+@pytest.mark.parametrize("victim_stage", ["talker", "code2wav"])
+def test_a_restarted_consumer_under_tcp_gets_chunks_at_its_new_port(harness_factory, victim_stage: str) -> None:
+    harness = harness_factory("toy", {"transport": "tcp", "host": "127.0.0.1"})
+    engine = harness.engine
+    orchestrator = engine.engine.orchestrator
+    old_address = orchestrator.chunk_addresses[victim_stage]
+    assert old_address.startswith("tcp://127.0.0.1:") and not old_address.endswith(":*")
+
+    async def run() -> list:
+        pid = (await engine.debug_state())["pids"][victim_stage]
+        os.kill(pid, signal.SIGKILL)
+        while not (await engine.debug_state())["restarts"][victim_stage]:  # the death is noticed
+            await asyncio.sleep(0.01)
+        # submitted while the stage is restarting: it waits for the stage, then runs
+        outputs = await collect(engine, "after a tcp restart")
+        await wait_until_idle(engine)
+        return outputs
+
+    outputs = harness.run(run())
+    assert outputs[-1].text == "AFTER A TCP RESTART"
+    np.testing.assert_allclose(outputs[-1].audio, expected_audio("AFTER A TCP RESTART"), atol=1e-5)
+    assert orchestrator.clients[victim_stage].restarts == 1
+    assert orchestrator.chunk_addresses[victim_stage] != old_address
+
+
+HANDOFF_STARTED = threading.Event()
+
+
+def slow_thinker2talker(outputs: list) -> list:
+    """The toy handoff, slowed down: long enough to abort the request while it runs."""
+    from omnipipe.models.toy.processors import thinker2talker
+
+    HANDOFF_STARTED.set()
+    time.sleep(1.0)
+    return thinker2talker(outputs)
+
+
+def test_a_request_aborted_during_its_edge_handoff_is_not_submitted_and_others_flow(harness_factory) -> None:
+    toy = get_pipeline("toy")
+    slow_edge = dataclasses.replace(toy.edges[0], input_processor=f"{__name__}:slow_thinker2talker")
+    pipeline = dataclasses.replace(toy, name="toy_slow_handoff", edges=(slow_edge, toy.edges[1]))
+    harness = harness_factory(pipeline, {"async_chunk": False})
+    engine = harness.engine
+    HANDOFF_STARTED.clear()
+
+    async def run() -> tuple[list, float, dict]:
+        async def victim() -> None:
+            with pytest.raises(RequestFailedError, match="aborted"):
+                await collect(engine, "handoff victim", request_id="handoff-victim")
+
+        task = asyncio.create_task(victim())
+        while not HANDOFF_STARTED.is_set():
+            await asyncio.sleep(0.01)
+        started = time.perf_counter()
+        text_only = await collect(engine, "meanwhile", output_modalities=["text"])  # not stuck behind the handoff
+        elapsed_s = time.perf_counter() - started
+        await engine.abort("handoff-victim")
+        await task
+        await asyncio.sleep(1.2)  # the handoff finishes after the abort
+        return text_only, elapsed_s, await wait_until_idle(engine)
+
+    text_only, elapsed_s, state = harness.run(run())
+    assert text_only[-1].text == "MEANWHILE" and elapsed_s < 1.0
+    assert state_is_idle(state), state

@@ -125,7 +125,9 @@ def test_tts_pipeline_runs_talker_and_vocoder_only(harness_factory) -> None:
 def test_tcp_transport_carries_the_same_results(harness_factory) -> None:
     harness = harness_factory("toy", {"transport": "tcp", "host": "127.0.0.1"})
     launch = harness.engine.engine.orchestrator.clients["talker"].launch
-    assert launch.ctrl_address.startswith("tcp://127.0.0.1:") and launch.chunk_listen_address.startswith("tcp://")
+    assert launch.ctrl_address.startswith("tcp://127.0.0.1:") and launch.chunk_listen_address == "tcp://127.0.0.1:*"
+    announced = harness.engine.engine.orchestrator.chunk_addresses["talker"]  # the port the stage's bind chose
+    assert announced.startswith("tcp://127.0.0.1:") and int(announced.rsplit(":", 1)[1]) > 0
     outputs = harness.run(collect(harness.engine, "over tcp"))
     text, audio = assemble(outputs)
     assert text == "OVER TCP"

@@ -176,7 +176,7 @@ def _echo_peer(to_peer: str, from_peer: str) -> None:
                 if msg.payload is not None:
                     body = read_payload(msg.payload, relays, msg.request_id)
                     payload = write_payload(body, inline, msg.request_id, 1 << 16)
-                reply = StageOutput(msg.request_id, "echo", msg.seq, False, msg.text_delta, msg.num_tokens, payload)
+                reply = StageOutput(msg.request_id, "echo", False, msg.text_delta, msg.num_tokens, payload)
                 push.send(control_plane.encode(reply), copy=False)
     finally:
         pull.close(0)
@@ -190,7 +190,7 @@ def _hop_round_trips(push: zmq.Socket, pull: zmq.Socket, phase: str, iterations:
     warmup = max(20, iterations // 10)
     inline = InlineRelay()
     relays: dict[str, Relay] = {"inline": inline}
-    raw_frame = control_plane.encode(StageOutput("r-bench", "thinker", 0, False, "x", 1,
+    raw_frame = control_plane.encode(StageOutput("r-bench", "thinker", False, "x", 1,
                                                  write_payload({"audio": audio}, inline, "r-bench", 1 << 16)
                                                  if audio is not None else None))
     push.send(f"{phase}:{warmup + iterations}".encode())
@@ -204,7 +204,7 @@ def _hop_round_trips(push: zmq.Socket, pull: zmq.Socket, phase: str, iterations:
             frame_bytes = len(raw_frame)
         else:
             payload = write_payload({"audio": audio}, inline, "r-bench", 1 << 16) if audio is not None else None
-            frame = control_plane.encode(StageOutput("r-bench", "thinker", i, False, "x", 1, payload))
+            frame = control_plane.encode(StageOutput("r-bench", "thinker", False, "x", 1, payload))
             push.send(frame, copy=False)
             reply = control_plane.decode(control_plane.FROM_STAGE, pull.recv(), "bench")
             if reply is not None and reply.payload is not None:
@@ -331,7 +331,7 @@ def _relay_transfers(peer: _Peer, relay: Relay, nbytes: int, iterations: int,
         start = time.perf_counter()
         payload = write_payload({"x": array}, relay, f"{id_prefix}{i}", inline_threshold_bytes=0)
         written = time.perf_counter()
-        peer.push.send(control_plane.encode(StageOutput(f"{id_prefix}{i}", "bench", i, False, payload=payload)),
+        peer.push.send(control_plane.encode(StageOutput(f"{id_prefix}{i}", "bench", False, payload=payload)),
                        copy=False)
         ack = _ack_decoder.decode(peer.recv())
         if ack["first"] != i or ack["last"] != -i or ack["size"] != array.size:

@@ -40,7 +40,7 @@ class ReceivedChunk:
 class EdgeLink:
     """Sender end of one edge: where the consumer listens and how bytes travel."""
 
-    address: str
+    address: str | None  # None until the orchestrator sends the consumer's bound address (ChunkRoutes)
     relay: Relay
     inline_threshold_bytes: int
 
@@ -50,22 +50,40 @@ class ChunkConnector:
                  receive_relays: dict[str, Relay]) -> None:
         self.stage = stage
         self._links = links
-        self._push = {target: control_plane.make_socket(ctx, zmq.PUSH, link.address, bind=False)
-                      for target, link in links.items()}
+        self._ctx = ctx
+        self._push: dict[str, zmq.Socket] = {}
+        self._push_address: dict[str, str] = {}
+        for target, link in links.items():
+            if link.address is not None:
+                self.connect(target, link.address)
         self._pull = (control_plane.make_socket(ctx, zmq.PULL, listen_address, bind=True)
                       if listen_address else None)
+        self.listen_address = control_plane.bound_address(self._pull) if self._pull is not None else None
         self._receive_relays = receive_relays
         self._store: dict[str, ReceivedChunk] = {}
         self._lock = threading.Lock()
 
     # ---------------------------------------------------------------- sender (save loop thread only)
+    def connect(self, to_stage: str, address: str) -> None:
+        """Send ``to_stage``'s chunks to ``address`` from now on (a consumer restarted on a new port)."""
+        if self._push_address.get(to_stage) == address:
+            return
+        old = self._push.pop(to_stage, None)
+        if old is not None:
+            old.close(0)
+        self._push[to_stage] = control_plane.make_socket(self._ctx, zmq.PUSH, address, bind=False)
+        self._push_address[to_stage] = address
+
     def put(self, to_stage: str, key: str, request_id: str, chunk_id: int, is_last: bool,
             data: dict[str, Any] | None) -> int:
         link = self._links[to_stage]
+        sock = self._push.get(to_stage)
+        if sock is None:
+            raise RelayError(f"no address for stage {to_stage!r}'s chunk socket yet")
         payload = (write_payload(data, link.relay, request_id, link.inline_threshold_bytes)
                    if data is not None else None)
         message = ChunkReady(key, request_id, self.stage, to_stage, chunk_id, is_last, payload, time.time())
-        self._push[to_stage].send(control_plane.encode(message), copy=False)
+        sock.send(control_plane.encode(message), copy=False)
         return payload.nbytes if payload is not None else 0
 
     # -------------------------------------------------------------- receiver (recv loop thread only)

@@ -42,13 +42,19 @@ class _SaveTask:
     on_sent: Any  # callable(nbytes, seconds) run in the save thread
 
 
+@dataclass
+class _RouteTask:
+    to_stage: str
+    address: str
+
+
 class ChunkTransferAdapter:
     def __init__(self, ctx: zmq.Context, connector: ChunkConnector, stage: str, wake_address: str) -> None:
         self.ctx = ctx
         self.connector = connector
         self.stage = stage
         self._wake_address = wake_address
-        self._save_queue: queue.Queue[_SaveTask | None] = queue.Queue()
+        self._save_queue: queue.Queue[_SaveTask | _RouteTask | None] = queue.Queue()
         self._next_send_id: dict[tuple[str, str], int] = defaultdict(int)
         self._expect: dict[str, dict[str, int]] = {}  # request -> from_stage -> next chunk id
         self._arrived: dict[str, set[str]] = defaultdict(set)  # request -> keys filed, not yet taken
@@ -68,6 +74,10 @@ class ChunkTransferAdapter:
             thread.start()
 
     # ------------------------------------------------------------------ producer side
+    def set_route(self, to_stage: str, address: str) -> None:
+        """Chunks for ``to_stage`` saved from now on go to ``address`` (applied in order by the save loop)."""
+        self._save_queue.put(_RouteTask(to_stage, address))
+
     def save_async(self, request_id: str, to_stage: str, data: dict[str, Any] | None, is_last: bool,
                    on_sent: Any = None) -> int:
         key = (request_id, to_stage)
@@ -83,6 +93,9 @@ class ChunkTransferAdapter:
             task = self._save_queue.get()
             if task is None:
                 return
+            if isinstance(task, _RouteTask):
+                self.connector.connect(task.to_stage, task.address)
+                continue
             with self._lock:
                 if task.request_id in self._aborted:
                     continue

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.transport.relay import shm
 from omnipipe.transport.relay.registry import RELAY_BACKENDS
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict, options_to_dict
@@ -46,8 +47,8 @@ class EdgeDeploy:
 class RelayDeploy:
     backend: str = "shm"
     inline_threshold_bytes: int = 64 * 1024
-    shm_slot_bytes: int = 4 << 20
-    shm_num_slots: int = 8
+    shm_slot_bytes: int = shm.DEFAULT_SLOT_BYTES
+    shm_num_slots: int = shm.DEFAULT_NUM_SLOTS
 
 
 @dataclass
@@ -71,8 +72,9 @@ class DeployConfig:
         threshold = edge.inline_threshold_bytes
         return backend, self.relay.inline_threshold_bytes if threshold is None else threshold
 
-    def relay_options(self) -> dict[str, Any]:
-        return {"shm_slot_bytes": self.relay.shm_slot_bytes, "shm_num_slots": self.relay.shm_num_slots}
+    def relay_options(self) -> dict[str, dict[str, Any]]:
+        """Options per relay backend, read by that backend's factory."""
+        return {"shm": {"slot_bytes": self.relay.shm_slot_bytes, "num_slots": self.relay.shm_num_slots}}
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,8 @@ import janus
 from omnipipe.config.deploy_config import DeployConfig
 from omnipipe.config.pipeline_spec import EntryInput, PipelineSpec, resolve
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
-from omnipipe.engine.orchestrator import Orchestrator
+from omnipipe.engine.orchestrator import EngineStartError, Orchestrator
+from omnipipe.stage.schedulers import SCHEDULERS, has_scheduler
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +28,18 @@ class EngineOverloadedError(RuntimeError):
     """The engine already holds ``max_pending_requests`` requests."""
 
 
+def check_stage_kinds(pipeline: PipelineSpec) -> None:
+    """Refuse a pipeline with a stage whose kind no scheduler serves, before any process starts."""
+    for stage in pipeline.stages:
+        if not has_scheduler(stage.kind):
+            raise EngineStartError(
+                f"pipeline {pipeline.name!r}: stage {stage.name!r} has kind {stage.kind!r}, which no scheduler "
+                f"serves yet (kinds served: {', '.join(sorted(SCHEDULERS))})")
+
+
 class AsyncOmniEngine:
     def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, log_level: str = "WARNING") -> None:
+        check_stage_kinds(pipeline)
         self.pipeline = pipeline
         self.deploy = deploy
         self.run_id = f"{os.getpid():x}{uuid.uuid4().hex[:6]}"

@@ -34,7 +34,7 @@ class QueryState:
 
 @dataclass
 class ShutdownEngine:
-    done: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    """Abort every request, stop the stages and end the orchestrator thread."""
 
 
 @dataclass

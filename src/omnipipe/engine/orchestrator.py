@@ -15,9 +15,7 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import shutil
-import socket
 import tempfile
 import threading
 import time
@@ -32,11 +30,14 @@ import zmq.asyncio
 from omnipipe.config.deploy_config import DeployConfig, EdgeDeploy
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, resolve
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
-from omnipipe.stage.launch import ChunkLink, StageLaunch
+from omnipipe.engine.route_plan import RoutePlan, RoutePlans, streams
 from omnipipe.engine.stage_client import StageClient
+from omnipipe.placement import DEFAULT_LAUNCHER, Launcher, launcher_for
+from omnipipe.stage.launch import ChunkLink, StageLaunch
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
+    ChunkRoutes,
     HealthCheck,
     HealthReply,
     Shutdown,
@@ -45,10 +46,10 @@ from omnipipe.transport.messages import (
     StageReady,
     Submit,
 )
+from omnipipe.transport.messages import Payload
 from omnipipe.transport.relay.base import Relay, RelayError
-from omnipipe.transport.relay.inline import InlineRelay
-from omnipipe.transport.relay.registry import create_relay
-from omnipipe.transport.relay.shm import ShmRelay, segment_prefix, sweep_segments
+from omnipipe.transport.relay.registry import create_receivers, create_relay
+from omnipipe.transport.relay.shm import segment_prefix, sweep_segments
 from omnipipe.transport.relay_io import read_payload, write_payload
 
 logger = logging.getLogger(__name__)
@@ -61,8 +62,7 @@ class EngineStartError(RuntimeError):
 @dataclass
 class _Request:
     request_id: str
-    plan: list[str]
-    modalities: list[str]
+    route: RoutePlan
     params: dict[str, dict[str, Any]]
     edge_options: dict[str, dict[str, Any]]
     arrival_s: float = field(default_factory=time.perf_counter)
@@ -75,7 +75,8 @@ class _Request:
 
 class Orchestrator:
     def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, run_id: str,
-                 emit: Callable[[EngineEvent], None], log_level: str = "WARNING") -> None:
+                 emit: Callable[[EngineEvent], None], log_level: str = "WARNING",
+                 launcher: Launcher | None = None) -> None:
         self.pipeline = pipeline
         self.deploy = deploy
         self.run_id = run_id
@@ -92,6 +93,14 @@ class Orchestrator:
         self._health_waiters: dict[int, tuple[asyncio.Future[list[HealthReply]], list[HealthReply], int]] = {}
         self._nonce = 0
         self._input_processors = {e.name: resolve(e.input_processor) for e in pipeline.edges}
+        self.launcher = launcher or launcher_for(DEFAULT_LAUNCHER)
+        self.route_plans = RoutePlans(pipeline, deploy.async_chunk)
+        # consumer stage -> the producers that stream chunks into it, and its announced chunk socket address
+        self._chunk_producers = {s.name: [e.source for e in pipeline.edges_into(s.name) if self._streams(e)]
+                                 for s in pipeline.stages}
+        self.chunk_addresses: dict[str, str] = {}
+        self._parked: dict[str, AddRequest] = {}  # requests waiting for a restarting stage of their plan
+        self._forwards: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._recently_ended: collections.deque[str] = collections.deque(maxlen=1024)  # aborted or failed
 
@@ -129,34 +138,34 @@ class Orchestrator:
 
     # ================================================================== setup
     def _address(self, name: str) -> str:
-        if self.deploy.transport == "ipc":
-            return f"ipc://{os.path.join(self.run_dir, name)}"
-        with socket.socket() as probe:
-            probe.bind((self.deploy.host, 0))
-            port = probe.getsockname()[1]
-        return f"tcp://{self.deploy.host}:{port}"
+        """Where to bind ``name``: an ipc path in the run directory, or ``tcp://host:*`` (port chosen at bind)."""
+        return control_plane.bind_address(self.deploy.transport, self.deploy.host, self.run_dir, name)
 
     def _streams(self, edge: EdgeSpec) -> bool:
-        return self.deploy.async_chunk and edge.chunk_processor is not None
+        return streams(edge, self.deploy.async_chunk)
 
     def _launches(self, abort_address: str) -> dict[str, StageLaunch]:
+        # a consumer binds its own chunk socket; under tcp producers learn its port from ChunkRoutes
         chunk_inputs = {stage.name: self._address(f"{stage.name}-chunks") for stage in self.pipeline.stages
-                        if any(self._streams(e) for e in self.pipeline.edges_into(stage.name))}
+                        if self._chunk_producers[stage.name]}
+        known_up_front = self.deploy.transport == "ipc"
         launches = {}
         for stage in self.pipeline.stages:
             settings = self.deploy.stage(stage.name)
+            client = self.clients[stage.name]
             links = {}
             for edge in self.pipeline.edges_from(stage.name):
                 if self._streams(edge):
                     backend, threshold = self.deploy.edge_relay(edge.source, edge.target)
-                    links[edge.target] = ChunkLink(chunk_inputs[edge.target], backend, threshold,
+                    address = chunk_inputs[edge.target] if known_up_front else None
+                    links[edge.target] = ChunkLink(address, backend, threshold,
                                                    edge.chunk_processor or "",
                                                    dict(self.deploy.edges.get(edge.name, EdgeDeploy()).options),
                                                    edge.options)
             launches[stage.name] = StageLaunch(
                 run_id=self.run_id, stage=stage.name, kind=stage.kind, runner=stage.runner, device=settings.device,
                 threads=settings.threads, max_num_seqs=settings.max_num_seqs, options=settings.options,
-                ctrl_address=self._address(f"{stage.name}-ctrl"), out_address=self._address(f"{stage.name}-out"),
+                ctrl_address=client.ctrl_address, out_address=client.out_address,
                 abort_address=abort_address, chunk_listen_address=chunk_inputs.get(stage.name), chunk_links=links,
                 out_relay=self.deploy.relay.backend, out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
                 relay_options=self.deploy.relay_options(), log_level=self.log_level,
@@ -166,9 +175,9 @@ class Orchestrator:
     async def _main(self) -> None:
         self.request_queue = janus.Queue(maxsize=0)
         self.ctx = zmq.asyncio.Context()
-        abort_address = self._address("abort")
-        self.abort_pub = control_plane.make_socket(self.ctx, zmq.PUB, abort_address, bind=True)
-        self.recv_relays: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(self.run_id, "orch-rx")}
+        self.abort_pub = control_plane.make_socket(self.ctx, zmq.PUB, self._address("abort"), bind=True)
+        abort_address = control_plane.bound_address(self.abort_pub)
+        self.recv_relays = create_receivers(self.run_id, "orch-rx")
         self.entry_relay = create_relay(self.deploy.relay.backend, run_id=self.run_id, owner="orch-entry",
                                         options=self.deploy.relay_options())
         self.send_relays: dict[str, Relay] = {"<entry>": self.entry_relay}
@@ -177,11 +186,17 @@ class Orchestrator:
             self.send_relays[edge.name] = create_relay(backend, run_id=self.run_id, owner=f"orch-{edge.source}",
                                                        options=self.deploy.relay_options())
         try:
+            for stage in self.pipeline.stages:
+                self.clients[stage.name] = StageClient(self.ctx, stage.name, self.launcher,
+                                                       self._address(f"{stage.name}-ctrl"),
+                                                       self._address(f"{stage.name}-out"))
             for name, launch in self._launches(abort_address).items():
-                self.clients[name] = StageClient(self.ctx, launch)
+                self.clients[name].launch = launch
             for client in self.clients.values():
                 client.spawn()
             await self._wait_ready(list(self.clients.values()))
+            for producer in self.clients.values():
+                await self._send_chunk_routes(producer.name)
         except BaseException:
             await self._teardown()
             raise
@@ -192,9 +207,9 @@ class Orchestrator:
         try:
             await self._request_handler()
         finally:
-            for task in tasks:
+            for task in [*tasks, *self._forwards]:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *self._forwards, return_exceptions=True)
             await self._teardown()
 
     async def _wait_ready(self, clients: list[StageClient]) -> None:
@@ -215,6 +230,8 @@ class Orchestrator:
                     message = task.result()
                     if isinstance(message, StageReady):
                         pending.pop(client.name, None)
+                        if message.chunk_address is not None:
+                            self.chunk_addresses[client.name] = message.chunk_address
                         client.ready.set()
                         logger.info("stage %s ready (pid %d, %.1f s)", client.name, message.pid, message.load_time_s)
                         continue
@@ -222,7 +239,7 @@ class Orchestrator:
                         client.load_error = message.message
                     recv_tasks[asyncio.create_task(client.recv())] = client
                 for client in list(pending.values()):
-                    if client.process is not None and not client.is_running():
+                    if client.handle is not None and not client.is_running():
                         code = client.exit_code()
                         await asyncio.sleep(0.05)  # give a last error message a moment to arrive
                         for task in [t for t, c in recv_tasks.items() if c is client and t.done()]:
@@ -245,7 +262,7 @@ class Orchestrator:
                 except (asyncio.TimeoutError, zmq.ZMQError) as exc:  # stop() below kills it after a timeout
                     logger.warning("stage %s did not take the shutdown message: %r", client.name, exc)
         for client in self.clients.values():
-            if self.loop is not None and client.process is not None:
+            if self.loop is not None and client.handle is not None:
                 with contextlib.suppress(ValueError, OSError):  # no reader left: the stage had already died
                     self.loop.remove_reader(client.sentinel)
             await asyncio.to_thread(client.stop)
@@ -269,21 +286,16 @@ class Orchestrator:
             elif isinstance(command, QueryState):
                 asyncio.create_task(self._query_state(command))
             elif isinstance(command, ShutdownEngine):
-                await self._abort(list(self.requests), notify="engine shut down")
+                await self._abort([*self.requests, *self._parked], notify="engine shut down")
                 return
 
-    def _submit_for(self, request: _Request, stage: str, inputs: list[Any], input_finished: bool) -> Submit:
-        plan = request.plan
-        wanted = self.pipeline.stage(stage).final_output in request.modalities
-        out_edges = [e for e in self.pipeline.edges_from(stage) if e.target in plan]
-        in_edges = [e for e in self.pipeline.edges_into(stage) if e.source in plan]
+    def _submit_for(self, request: _Request, stage: str, inputs: list[Payload], input_finished: bool) -> Submit:
+        route = request.route.routes[stage]
         return Submit(
             request_id=request.request_id, inputs=inputs, input_finished=input_finished,
-            params=request.params.get(stage, {}), emit_final=wanted,
-            emit_data=any(not self._streams(e) for e in out_edges),
-            chunk_targets=[e.target for e in out_edges if self._streams(e)],
-            chunk_sources=[e.source for e in in_edges if self._streams(e)],
-            edge_options=request.edge_options, arrival_time_s=time.time(),
+            params=request.params.get(stage, {}), emit_final=route.emit_final, emit_data=route.emit_data,
+            chunk_targets=list(route.chunk_targets), chunk_sources=list(route.chunk_sources),
+            edge_options=request.edge_options,
         )
 
     async def _add_request(self, command: AddRequest) -> None:
@@ -291,7 +303,11 @@ class Orchestrator:
         if down:
             self._emit(EngineEvent(command.request_id, "error", down[0], error=f"stage {down[0]!r} is down"))
             return
-        request = _Request(command.request_id, command.plan, command.modalities, command.params, command.edge_options)
+        if not all(self.clients[name].ready.is_set() for name in command.plan):
+            self._parked[command.request_id] = command  # submitted when the restarting stage is back
+            return
+        route = self.route_plans.get(command.entry.stage, command.plan, command.modalities)
+        request = _Request(command.request_id, route, command.params, command.edge_options)
         self.requests[request.request_id] = request
         entry = command.entry.stage
         try:
@@ -302,12 +318,39 @@ class Orchestrator:
             return
         await self._send(entry, self._submit_for(request, entry, [payload], True), request)
         # prewarm: every stage fed only by streaming edges is registered now and waits for chunks
-        for stage in command.plan:
-            if stage == entry:
-                continue
-            in_edges = [e for e in self.pipeline.edges_into(stage) if e.source in command.plan]
-            if in_edges and all(self._streams(e) for e in in_edges):
-                await self._send(stage, self._submit_for(request, stage, [], False), request)
+        for stage in route.prewarm:
+            await self._send(stage, self._submit_for(request, stage, [], False), request)
+
+    async def _submit_parked(self) -> None:
+        """Submit the requests that waited for a restarting stage, now that every stage of their plan is ready."""
+        for request_id, command in list(self._parked.items()):
+            if all(self.clients[name].ready.is_set() for name in command.plan):
+                del self._parked[request_id]
+                await self._add_request(command)
+
+    def _fail_parked(self, stage: str, message: str) -> None:
+        for request_id, command in list(self._parked.items()):
+            if stage in command.plan:
+                del self._parked[request_id]
+                self._emit(EngineEvent(request_id, "error", stage, error=message))
+
+    async def _send_chunk_routes(self, producer: str) -> None:
+        """Tell ``producer`` where each stage it streams to listens for chunks."""
+        routes = {edge.target: self.chunk_addresses[edge.target] for edge in self.pipeline.edges_from(producer)
+                  if self._streams(edge) and edge.target in self.chunk_addresses}
+        if routes:
+            await self.clients[producer].send(ChunkRoutes(routes))
+
+    async def _on_stage_back(self, client: StageClient, message: StageReady) -> None:
+        """A restarted stage is ready: re-announce routes that involve it, then submit what waited for it."""
+        client.ready.set()
+        logger.warning("stage %s is back (pid %d)", client.name, message.pid)
+        if message.chunk_address is not None:
+            self.chunk_addresses[client.name] = message.chunk_address
+            for producer in self._chunk_producers[client.name]:
+                await self._send_chunk_routes(producer)
+        await self._send_chunk_routes(client.name)
+        await self._submit_parked()
 
     def _restartable(self, stage: str) -> bool:
         settings = self.deploy.stage(stage)
@@ -318,6 +361,9 @@ class Orchestrator:
         await self.clients[stage].send(message)
 
     async def _abort(self, request_ids: list[str], notify: str | None) -> None:
+        for rid in request_ids:
+            if self._parked.pop(rid, None) is not None and notify:
+                self._emit(EngineEvent(rid, "error", "", error=notify))
         known = [rid for rid in request_ids if rid in self.requests]
         if not request_ids:
             return
@@ -354,8 +400,7 @@ class Orchestrator:
                 elif isinstance(message, HealthReply):
                     self._on_health(message)
                 elif isinstance(message, StageReady):
-                    client.ready.set()
-                    logger.warning("stage %s is back (pid %d)", client.name, message.pid)
+                    await self._on_stage_back(client, message)
             except Exception:  # one bad message must not stop routing for everyone
                 logger.exception("orchestrator: routing a message from %s failed", client.name)
 
@@ -389,33 +434,44 @@ class Orchestrator:
         request.stage_metrics[stage] = metrics
         if message.finish_reason:
             request.stage_metrics[stage]["finish_reason"] = message.finish_reason
-        for edge in self.pipeline.edges_from(stage):
-            if edge.target in request.plan and not self._streams(edge):
-                if not await self._forward(request, edge):
-                    return
-        if request.done_stages >= set(request.plan):
+        forward_edges = request.route.routes[stage].forward_edges
+        outputs = request.forward_data.pop(stage, []) if forward_edges else []
+        for edge in forward_edges:
+            # off this handler: a heavy handoff must not hold up this stage's other outputs
+            task = asyncio.create_task(self._forward(request, edge, outputs), name=f"forward-{edge.name}")
+            self._forwards.add(task)
+            task.add_done_callback(self._forwards.discard)
+        if request.done_stages >= set(request.route.stages):
             self.requests.pop(request.request_id, None)
             reason = next((m.get("finish_reason") for m in request.stage_metrics.values() if m.get("finish_reason")),
                           None)
             self._emit(EngineEvent(request.request_id, "done", stage, finish_reason=reason,
                                    stage_metrics=request.stage_metrics, edge_metrics=request.edge_metrics))
 
-    async def _forward(self, request: _Request, edge: EdgeSpec) -> bool:
-        """Non-streaming edge: the whole upstream output -> the downstream stage's input."""
+    async def _forward(self, request: _Request, edge: EdgeSpec, outputs: list[dict[str, Any]]) -> None:
+        """Non-streaming edge: the whole upstream output -> the downstream stage's input. The input processor and
+        the relay writes run in a worker thread; a request that ended meanwhile is not submitted."""
         start = time.perf_counter()
+        _, threshold = self.deploy.edge_relay(edge.source, edge.target)
+        relay = self.send_relays[edge.name]
+
+        def handoff() -> list[Payload]:
+            inputs = self._input_processors[edge.name](outputs)
+            return [write_payload(item, relay, request.request_id, threshold) for item in inputs]
+
         try:
-            inputs = self._input_processors[edge.name](request.forward_data.pop(edge.source, []))
-            _, threshold = self.deploy.edge_relay(edge.source, edge.target)
-            payloads = [write_payload(item, self.send_relays[edge.name], request.request_id, threshold)
-                        for item in inputs]
+            payloads = await asyncio.to_thread(handoff)
         except Exception as exc:
             logger.exception("input processor %s failed", edge.input_processor)
+            relay.cleanup(request.request_id)
             self._fail(request, edge.source, f"input processor for {edge.name} failed: {exc}")
-            return False
+            return
+        if self.requests.get(request.request_id) is not request:  # aborted or failed while the handoff ran
+            relay.cleanup(request.request_id)
+            return
         request.edge_metrics[edge.name] = {"chunks": len(payloads), "bytes": sum(len(p.skeleton) + p.nbytes for p in payloads),
                                            "transfer_s": time.perf_counter() - start}
         await self._send(edge.target, self._submit_for(request, edge.target, payloads, True), request)
-        return True
 
     def _on_stage_error(self, client: StageClient, message: StageError) -> None:
         if not message.request_id:
@@ -440,13 +496,16 @@ class Orchestrator:
         client.alive = False
         client.ready.clear()
         logger.error("stage %s died (exit code %s)", client.name, code)
-        victims = [r for r in self.requests.values() if client.name in r.plan and client.name not in r.done_stages]
+        victims = [r for r in self.requests.values()
+                   if client.name in r.route.stages and client.name not in r.done_stages]
         for request in victims:
             self._fail(request, client.name, f"stage {client.name!r} died (exit code {code})")
         removed = sweep_segments(segment_prefix(self.run_id, client.name))
         if removed:
             logger.info("released %d shared-memory segments of stage %s", len(removed), client.name)
-        if self._restartable(client.name):
+        if not self._restartable(client.name):
+            self._fail_parked(client.name, f"stage {client.name!r} died (exit code {code}) and is not restarted")
+        else:
             client.restarts += 1
             logger.warning("restarting stage %s (restart %d)", client.name, client.restarts)
             client.launch = msgspec.structs.replace(client.launch, aborted_request_ids=list(self._recently_ended))
@@ -469,7 +528,7 @@ class Orchestrator:
         finally:
             self._health_waiters.pop(nonce, None)
         state = {
-            "orchestrator_requests": sorted(self.requests),
+            "orchestrator_requests": sorted([*self.requests, *self._parked]),
             "orchestrator_relay_slots": sum(r.slots_in_use() for r in self.send_relays.values()),
             "stages": {
                 r.stage: {"requests": r.request_ids, "running": r.num_running, "waiting": r.num_waiting,

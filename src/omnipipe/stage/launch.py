@@ -8,7 +8,7 @@ import msgspec
 
 
 class ChunkLink(msgspec.Struct, frozen=True):
-    address: str  # the consumer stage's chunk socket
+    address: str | None  # the consumer stage's chunk socket; None: announced later (ChunkRoutes, tcp)
     relay: str
     inline_threshold_bytes: int
     chunk_processor: str  # dotted path
@@ -28,13 +28,16 @@ class StageLaunch(msgspec.Struct, frozen=True):
     ctrl_address: str  # orchestrator PUSH (bound) -> stage PULL
     out_address: str  # stage PUSH -> orchestrator PULL (bound)
     abort_address: str  # orchestrator PUB (bound) -> stage SUB
-    chunk_listen_address: str | None  # this stage's PULL for incoming chunks (bound here)
+    chunk_listen_address: str | None  # this stage's PULL for chunks, bound here (tcp://host:*: announced in StageReady)
     chunk_links: dict[str, ChunkLink]  # target stage -> link
     out_relay: str
     out_inline_threshold_bytes: int
-    relay_options: dict[str, Any]
+    relay_options: dict[str, dict[str, Any]]  # backend -> its options
     log_level: str = "WARNING"
     aborted_request_ids: list[str] = []  # a restarted stage drops late chunks of these
+    world_size: int = 1  # rank processes of this stage (tensor parallel); rank 0 holds the control sockets
+    rank: int = 0  # set per process by the launcher
+    dist_init_address: str | None = None  # where the ranks meet to set up their process group
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

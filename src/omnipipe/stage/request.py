@@ -30,13 +30,11 @@ class StageRequest:
     prefilled: bool = False
     runner_state: Any = None  # owned by the runner
     chunk_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # per target, owned by chunk processors
-    seq: int = 0
     num_units: int = 0  # tokens or frames produced
     arrival_s: float = field(default_factory=time.perf_counter)
     first_scheduled_s: float | None = None
     compute_s: float = 0.0
     max_batch_size: int = 0
-    edge_stats: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def take_input(self) -> dict[str, Any] | None:
         if not self.inputs:

@@ -33,6 +33,9 @@ class RunnerContext:
     threads: int
     max_num_seqs: int
     options: dict[str, Any]
+    rank: int = 0
+    world_size: int = 1
+    dist_init_address: str | None = None
 
 
 class StageRunner(ABC):

@@ -22,14 +22,14 @@ from omnipipe.chunk.connector import ChunkConnector, EdgeLink, ReceivedChunk
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
 from omnipipe.config.pipeline_spec import resolve
-from omnipipe.stage.schedulers.ar import ARScheduler
-from omnipipe.stage.schedulers.generation import GenerationScheduler
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner
+from omnipipe.stage.schedulers import Scheduler, scheduler_for
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
+    ChunkRoutes,
     HealthCheck,
     HealthReply,
     Shutdown,
@@ -39,9 +39,7 @@ from omnipipe.transport.messages import (
     Submit,
 )
 from omnipipe.transport.relay.base import Relay, RelayError
-from omnipipe.transport.relay.inline import InlineRelay
-from omnipipe.transport.relay.registry import create_relay
-from omnipipe.transport.relay.shm import ShmRelay
+from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
@@ -64,6 +62,9 @@ def _die_with_parent() -> None:
 def run_stage_process(launch_bytes: bytes) -> None:
     """Entry point of a spawned stage process."""
     launch = StageLaunch.decode(launch_bytes)
+    if launch.rank != 0:
+        raise SystemExit(f"stage {launch.stage}: rank {launch.rank} of {launch.world_size}: tensor-parallel ranks "
+                         "have no loop yet; only rank 0 (the control loop) runs today")
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -101,11 +102,9 @@ class StageCoreProc:
                                  options=relay_options)
             for target, link in launch.chunk_links.items()
         }
-        # receive side: shm needs no pool of its own, only mappings
-        self.recv_relays_main: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(launch.run_id, f"{self.stage}-rx")}
-        # chunks are consumed by the runner and dropped: read them in place, the slot frees when they go
-        recv_relays_chunks: dict[str, Relay] = {"inline": InlineRelay(),
-                                                "shm": ShmRelay(launch.run_id, f"{self.stage}-rxc", zero_copy=True)}
+        self.recv_relays_main = create_receivers(launch.run_id, f"{self.stage}-rx")
+        # chunks are consumed by the runner and dropped: read them in place, the buffer frees when they go
+        recv_relays_chunks = create_receivers(launch.run_id, f"{self.stage}-rxc", zero_copy=True)
         links = {t: EdgeLink(l.address, self.send_relays[t], l.inline_threshold_bytes) for t, l in launch.chunk_links.items()}
         connector = ChunkConnector(self.ctx, self.stage, links, launch.chunk_listen_address, recv_relays_chunks)
         self._recv_relays_chunks = recv_relays_chunks
@@ -117,9 +116,7 @@ class StageCoreProc:
             t: resolve(l.options_schema) for t, l in launch.chunk_links.items() if l.options_schema
         }
 
-        self.scheduler: ARScheduler | GenerationScheduler = (
-            ARScheduler(launch.max_num_seqs) if launch.kind == "ar" else GenerationScheduler(launch.max_num_seqs)
-        )
+        self.scheduler: Scheduler = scheduler_for(launch.kind)(launch.max_num_seqs)
         self.requests: dict[str, StageRequest] = {}
         self.chunk_contexts: dict[str, dict[str, ChunkContext]] = {}  # request -> target -> context
         self.edge_stats: dict[str, dict[str, dict[str, float]]] = {}
@@ -134,7 +131,8 @@ class StageCoreProc:
     def run(self) -> None:
         start = time.perf_counter()
         context = RunnerContext(self.stage, self.launch.device, self.launch.threads, self.launch.max_num_seqs,
-                                dict(self.launch.options))
+                                dict(self.launch.options), self.launch.rank, self.launch.world_size,
+                                self.launch.dist_init_address)
         try:
             runner_cls = resolve(self.launch.runner)
             self.runner = runner_cls(context)
@@ -146,7 +144,8 @@ class StageCoreProc:
             self._send(StageError("", self.stage, f"failed to load {self.launch.runner}: {type(exc).__name__}: {exc}"))
             raise SystemExit(3) from exc
         self.adapter.start()
-        self._send(StageReady(self.stage, os.getpid(), time.perf_counter() - start))
+        self._send(StageReady(self.stage, os.getpid(), time.perf_counter() - start,
+                              self.adapter.connector.listen_address))
         logger.info("ready in %.2f s", time.perf_counter() - start)
 
         poller = zmq.Poller()
@@ -166,9 +165,8 @@ class StageCoreProc:
             self._collect_chunks()
             if not self.running:
                 break
-            if isinstance(self.scheduler, GenerationScheduler):
-                for request in self.scheduler.exhausted():
-                    self._route(request, RunnerOutput(request.request_id), finished=True)
+            for request in self.scheduler.finish_exhausted():
+                self._deliver(request, RunnerOutput(request.request_id), finished=True)
             if self.scheduler.has_work():
                 self._step()
 
@@ -195,6 +193,10 @@ class StageCoreProc:
     def _handle_control(self, message: Any) -> None:
         if isinstance(message, Submit):
             self._add_request(message)
+        elif isinstance(message, ChunkRoutes):
+            for target, address in message.routes.items():
+                if target in self.send_relays:
+                    self.adapter.set_route(target, address)
         elif isinstance(message, Abort):
             for request_id in message.request_ids:
                 self._abort(request_id)
@@ -266,8 +268,7 @@ class StageCoreProc:
         while not self.adapter.save_errors.empty():
             request_id, message = self.adapter.save_errors.get()
             if request_id in self.requests:
-                self._send(StageError(request_id, self.stage, message))
-                self._abort(request_id)
+                self._fail(request_id, message)
 
     def _abort(self, request_id: str) -> None:
         self.aborted[request_id] = None
@@ -286,6 +287,8 @@ class StageCoreProc:
 
     # ------------------------------------------------------------------ compute
     def _step(self) -> None:
+        """One step: the scheduler picks a batch, the runner runs it, the scheduler applies each output, and the
+        stage delivers what the output carries."""
         assert self.runner is not None
         batch, is_prefill = self.scheduler.schedule()
         if not batch:
@@ -298,66 +301,85 @@ class StageCoreProc:
         except Exception as exc:  # a model error fails this batch's requests; the stage lives on
             logger.exception("runner failed on a batch of %d", len(batch))
             for request in batch:
-                self._send(StageError(request.request_id, self.stage, f"{type(exc).__name__}: {exc}"))
-                self._abort(request.request_id)
+                self._fail(request.request_id, f"{type(exc).__name__}: {exc}")
             return
         elapsed = time.perf_counter() - start
         for request, output in zip(batch, outputs):
             if output.error is not None:
-                self._send(StageError(request.request_id, self.stage, output.error))
-                self._abort(request.request_id)
+                self._fail(request.request_id, output.error)
                 continue
             request.compute_s += elapsed
             request.max_batch_size = max(request.max_batch_size, len(batch))
             request.num_units += output.num_units
-            finished = output.finished or (self.launch.kind != "ar" and request.input_exhausted)
-            self._route(request, output, finished)
+            finished = self.scheduler.postprocess(request, output)
+            self._deliver(request, output, finished)
 
-    def _route(self, request: StageRequest, output: RunnerOutput, finished: bool) -> None:
-        request_id = request.request_id
-        if not finished and (output.needs_input or self.launch.kind != "ar"):
-            self.scheduler.park(request)
+    def _deliver(self, request: StageRequest, output: RunnerOutput, finished: bool) -> None:
+        """Send a step's output where it goes (the next stages, then the orchestrator: a finished request's
+        metrics include what its chunk processors reported); release a finished request."""
+        if request.chunk_targets and (output.data is not None or finished):
+            if not self._ship_chunks(request, output, finished):
+                return
+        if not self._emit(request, output, finished):
+            return
+        if finished:
+            self._finish(request)
+
+    def _emit(self, request: StageRequest, output: RunnerOutput, finished: bool) -> bool:
+        """Send the orchestrator what it wants of this output (text/audio for the caller, data to forward, the
+        finish with metrics). False if the request failed on the way."""
         body: dict[str, Any] = {}
         if request.emit_final and output.audio is not None:
             body["audio"] = output.audio
         if request.emit_data and output.data is not None:
             body["data"] = output.data
         text = output.text_delta if request.emit_final else ""
-        if body or text or finished:
+        if not (body or text or finished):
+            return True
+        request_id = request.request_id
+        try:
+            payload = (write_payload(body, self.out_relay, request_id, self.launch.out_inline_threshold_bytes)
+                       if body else None)
+        except (RelayError, ValueError) as exc:
+            self._fail(request_id, f"output could not be sent: {exc}")
+            return False
+        metrics = self._metrics(request) if finished else None
+        self._send(StageOutput(request_id, self.stage, finished, text, output.num_units, payload,
+                               output.finish_reason if finished else None, metrics))
+        return True
+
+    def _ship_chunks(self, request: StageRequest, output: RunnerOutput, finished: bool) -> bool:
+        """Run each outgoing edge's chunk processor on the output and hand ready chunks to the save loop. A
+        finished request always ships a last chunk (empty if the processor had nothing left)."""
+        request_id = request.request_id
+        contexts = self.chunk_contexts[request_id]
+        for target in request.chunk_targets:
+            state = request.chunk_state.setdefault(target, {})
             try:
-                payload = (write_payload(body, self.out_relay, request_id, self.launch.out_inline_threshold_bytes)
-                           if body else None)
-            except (RelayError, ValueError) as exc:
-                self._send(StageError(request_id, self.stage, f"output could not be sent: {exc}"))
-                self._abort(request_id)
-                return
-            metrics = self._metrics(request) if finished else None
-            self._send(StageOutput(request_id, self.stage, request.seq, finished, text, output.num_units, payload,
-                                   output.finish_reason if finished else None, metrics))
-            request.seq += 1
-        if request.chunk_targets and (output.data is not None or finished):
-            contexts = self.chunk_contexts[request_id]
-            for target in request.chunk_targets:
-                state = request.chunk_state.setdefault(target, {})
-                try:
-                    chunks = self.chunk_processors[target](state, output.data or {}, finished, contexts[target])
-                except Exception as exc:
-                    logger.exception("chunk processor for %s failed on %s", target, request_id)
-                    self._send(StageError(request_id, self.stage, f"chunk processor for {target} failed: {exc}"))
-                    self._abort(request_id)
-                    return
-                for index, chunk in enumerate(chunks):
-                    self.adapter.save_async(request_id, target, chunk, finished and index == len(chunks) - 1)
-                if finished and not chunks:
-                    self.adapter.save_async(request_id, target, None, True)
-        if finished:
-            self.scheduler.finish(request)
-            if self.runner is not None:
-                self.runner.free(request)
-            self.requests.pop(request_id, None)
-            self.adapter.cleanup(request_id, aborted=False)
-            self.chunk_contexts.pop(request_id, None)
-            self.edge_stats.pop(request_id, None)
+                chunks = self.chunk_processors[target](state, output.data or {}, finished, contexts[target])
+            except Exception as exc:
+                logger.exception("chunk processor for %s failed on %s", target, request_id)
+                self._fail(request_id, f"chunk processor for {target} failed: {exc}")
+                return False
+            for index, chunk in enumerate(chunks):
+                self.adapter.save_async(request_id, target, chunk, finished and index == len(chunks) - 1)
+            if finished and not chunks:
+                self.adapter.save_async(request_id, target, None, True)
+        return True
+
+    def _finish(self, request: StageRequest) -> None:
+        """Release what this stage holds for a request the scheduler has finished (its chunks still ship)."""
+        request_id = request.request_id
+        if self.runner is not None:
+            self.runner.free(request)
+        self.requests.pop(request_id, None)
+        self.adapter.cleanup(request_id, aborted=False)
+        self.chunk_contexts.pop(request_id, None)
+        self.edge_stats.pop(request_id, None)
+
+    def _fail(self, request_id: str, message: str) -> None:
+        self._send(StageError(request_id, self.stage, message))
+        self._abort(request_id)
 
     def _metrics(self, request: StageRequest) -> dict[str, Any]:
         queue_s = (request.first_scheduled_s or time.perf_counter()) - request.arrival_s
@@ -370,5 +392,5 @@ class StageCoreProc:
         } | {key: value for state in request.chunk_state.values() for key, value in state.get("metrics", {}).items()}
 
 
-if __name__ == "__main__":  # started by StageClient.spawn with the launch spec on stdin
+if __name__ == "__main__":  # started by a placement launcher with the launch spec on stdin
     run_stage_process(sys.stdin.buffer.read())

@@ -59,5 +59,19 @@ def make_socket(ctx: zmq.Context, kind: int, address: str, *, bind: bool, hwm: i
     return sock
 
 
+def bind_address(transport: str, host: str, ipc_dir: str, name: str) -> str:
+    """What to bind: a path in the run's directory for ipc; for tcp any free port, chosen by the kernel at bind
+    time (``tcp://host:*``) and read back with ``bound_address``, so no port is probed and re-bound later."""
+    if transport == "ipc":
+        return f"ipc://{os.path.join(ipc_dir, name)}"
+    return f"tcp://{host}:*"
+
+
+def bound_address(sock: zmq.Socket) -> str:
+    """The concrete endpoint a socket was last bound to (the port the kernel chose for ``tcp://host:*``)."""
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+    return endpoint.decode() if isinstance(endpoint, bytes) else str(endpoint)
+
+
 def ipc_path(address: str) -> str | None:
     return address.removeprefix("ipc://") if address.startswith("ipc://") else None

@@ -46,7 +46,15 @@ class Submit(msgspec.Struct, tag="submit", frozen=True):
     chunk_targets: list[str]  # downstream stages to stream chunks to (async chunk)
     chunk_sources: list[str]  # upstream stages that stream chunks into this request (async chunk)
     edge_options: dict[str, dict[str, Any]]  # edge name -> this request's overrides of the edge's options
-    arrival_time_s: float
+
+
+class ChunkRoutes(msgspec.Struct, tag="chunk_routes", frozen=True):
+    """Orchestrator -> producing stage: where each consumer stage's chunk socket is bound (target -> address).
+
+    Sent once every stage is ready (before any request) and again whenever a consumer stage comes back from a
+    restart, since a tcp consumer binds a fresh port each time it starts."""
+
+    routes: dict[str, str]
 
 
 class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
@@ -80,6 +88,7 @@ class StageReady(msgspec.Struct, tag="ready", frozen=True):
     stage: str
     pid: int
     load_time_s: float
+    chunk_address: str | None = None  # the address this stage's chunk socket is bound to (read back after bind)
 
 
 class StageOutput(msgspec.Struct, tag="output", frozen=True):
@@ -87,7 +96,6 @@ class StageOutput(msgspec.Struct, tag="output", frozen=True):
 
     request_id: str
     stage: str
-    seq: int
     finished: bool
     text_delta: str = ""
     num_tokens: int = 0
@@ -113,6 +121,6 @@ class HealthReply(msgspec.Struct, tag="health_reply", frozen=True):
     pending_chunks: int
 
 
-ToStage = Submit | Shutdown | HealthCheck
+ToStage = Submit | ChunkRoutes | Shutdown | HealthCheck
 FromStage = StageOutput | StageError | StageReady | HealthReply
 Broadcast = Abort

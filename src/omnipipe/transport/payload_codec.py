@@ -3,11 +3,15 @@
 The skeleton left behind is plain msgpack (dicts, lists, str, int, float, bool, None, bytes); each tensor is
 replaced by ``{"__tensor__": index}`` and described by a ``TensorInfo`` (path, dtype, shape, offset, nbytes).
 Tuples come back as lists.
+
+With ``keep_device`` (for a relay that moves tensors as objects) no tensor is copied: each one is kept by
+reference in ``EncodedPayload.kept`` (its device and storage unchanged) and described by a ``TensorInfo`` of
+kind ``"ref"`` whose ``offset`` is its index in that list. Everything else is the same as for byte relays.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -34,25 +38,42 @@ class PayloadCodecError(ValueError):
 class EncodedPayload:
     skeleton: bytes
     tensors: list[TensorInfo]
-    buffers: list[memoryview]  # one per tensor, in order, each placed at tensors[i].offset
+    buffers: list[memoryview]  # one per byte tensor, in order, each placed at tensors[i].offset
     nbytes: int
+    kept: list[Any] = field(default_factory=list)  # tensors kept by reference (keep_device)
 
     def join(self) -> bytes:
         """The flat buffer as one bytes object (for inline transport)."""
         out = bytearray(self.nbytes)
-        for info, buf in zip(self.tensors, self.buffers):
+        for info, buf in zip(self.byte_tensors, self.buffers):
             out[info.offset : info.offset + info.nbytes] = buf
         return bytes(out)
+
+    @property
+    def byte_tensors(self) -> list[TensorInfo]:
+        """The tensors that travel in the flat buffer (all of them unless some were kept by reference)."""
+        return [info for info in self.tensors if info.kind != "ref"]
+
+    def pieces(self) -> list[tuple[int, memoryview]]:
+        """(offset, bytes) of every tensor in the flat buffer, as a byte relay's ``put`` takes them."""
+        return [(info.offset, buf) for info, buf in zip(self.byte_tensors, self.buffers)]
 
 
 def _torch_dtype_name(t: Any) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def encode(obj: Any) -> EncodedPayload:
+def encode(obj: Any, keep_device: bool = False) -> EncodedPayload:
+    """Split ``obj``. ``keep_device``: keep tensors and arrays by reference instead of copying them to bytes."""
     state = EncodedPayload(b"", [], [], 0)
-    skeleton = _encoder.encode(_extract(obj, "", state))
-    return EncodedPayload(skeleton, state.tensors, state.buffers, state.nbytes)
+    skeleton = _encoder.encode(_extract(obj, "", state, keep_device))
+    return EncodedPayload(skeleton, state.tensors, state.buffers, state.nbytes, state.kept)
+
+
+def _keep(value: Any, path: str, dtype_name: str, state: EncodedPayload) -> dict[str, int]:
+    state.tensors.append(TensorInfo(path, dtype_name, list(value.shape), len(state.kept), 0, "ref"))
+    state.kept.append(value)
+    return {TENSOR_MARKER: len(state.tensors) - 1}
 
 
 def _add(array: np.ndarray, path: str, kind: str, dtype_name: str, state: EncodedPayload) -> dict[str, int]:
@@ -64,15 +85,19 @@ def _add(array: np.ndarray, path: str, kind: str, dtype_name: str, state: Encode
     return {TENSOR_MARKER: len(state.tensors) - 1}
 
 
-def _extract(value: Any, path: str, state: EncodedPayload) -> Any:
+def _extract(value: Any, path: str, state: EncodedPayload, keep_device: bool) -> Any:
     if isinstance(value, np.ndarray):
         if value.dtype.hasobject:
             raise PayloadCodecError(f"{path or '<root>'}: object arrays cannot be sent")
+        if keep_device:
+            return _keep(value, path, value.dtype.str, state)
         return _add(value, path, "numpy", value.dtype.str, state)
     if isinstance(value, np.generic):
         return value.item()
     if torch is not None and isinstance(value, torch.Tensor):
         t = value.detach()
+        if keep_device:
+            return _keep(t, path, _torch_dtype_name(t), state)
         if t.device.type != "cpu":
             t = t.cpu()
         name = _torch_dtype_name(t)
@@ -85,20 +110,27 @@ def _extract(value: Any, path: str, state: EncodedPayload) -> Any:
                 raise PayloadCodecError(f"{path or '<root>'}: dict keys must be str, got {type(key).__name__}")
             if key == TENSOR_MARKER:
                 raise PayloadCodecError(f"{path or '<root>'}: the key {TENSOR_MARKER!r} is reserved")
-            out[key] = _extract(item, f"{path}.{key}" if path else key, state)
+            out[key] = _extract(item, f"{path}.{key}" if path else key, state, keep_device)
         return out
     if isinstance(value, (list, tuple)):
-        return [_extract(item, f"{path}[{i}]", state) for i, item in enumerate(value)]
+        return [_extract(item, f"{path}[{i}]", state, keep_device) for i, item in enumerate(value)]
     if value is None or isinstance(value, (str, int, float, bool, bytes)):
         return value
     raise PayloadCodecError(f"{path or '<root>'}: cannot send a value of type {type(value).__name__}")
 
 
-def decode(skeleton: bytes, tensors: list[TensorInfo], buffer: bytes | bytearray | memoryview) -> Any:
-    """Rebuild the nested object. Arrays are views into ``buffer`` (no copy); keep it alive and read-only."""
+def decode(skeleton: bytes, tensors: list[TensorInfo], buffer: bytes | bytearray | memoryview,
+           kept: list[Any] | None = None) -> Any:
+    """Rebuild the nested object. Arrays are views into ``buffer`` (no copy); keep it alive and read-only.
+    ``kept``: the tensors a ``keep_device`` relay handed over, for the ``"ref"`` entries."""
     view = memoryview(buffer).cast("B") if not isinstance(buffer, memoryview) else buffer.cast("B")
     restored: list[Any] = []
     for info in tensors:
+        if info.kind == "ref":
+            if kept is None or not 0 <= info.offset < len(kept):
+                raise PayloadCodecError(f"{info.path}: no tensor was handed over for it")
+            restored.append(kept[info.offset])
+            continue
         end = info.offset + info.nbytes
         if info.offset < 0 or end > len(view):
             raise PayloadCodecError(f"{info.path}: tensor bytes [{info.offset}, {end}) outside a {len(view)}-byte buffer")

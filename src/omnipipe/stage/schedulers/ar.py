@@ -11,11 +11,13 @@ import time
 from collections import deque
 
 from omnipipe.stage.request import RequestStatus, StageRequest
+from omnipipe.stage.runner import RunnerOutput
+from omnipipe.stage.schedulers.base import Scheduler
 
 
-class ARScheduler:
+class ARScheduler(Scheduler):
     def __init__(self, max_num_seqs: int) -> None:
-        self.max_num_seqs = max_num_seqs
+        super().__init__(max_num_seqs)
         self.waiting: deque[StageRequest] = deque()
         self.running: list[StageRequest] = []
         self.waiting_for_chunk: dict[str, StageRequest] = {}
@@ -56,6 +58,15 @@ class ARScheduler:
             self.running.extend(admitted)
             return admitted, True
         return list(self.running), False
+
+    def postprocess(self, request: StageRequest, output: RunnerOutput) -> bool:
+        """An AR request finishes when the runner says so; it leaves the batch only when it needs more input."""
+        if output.finished:
+            self.finish(request)
+            return True
+        if output.needs_input:
+            self.park(request)
+        return False
 
     def park(self, request: StageRequest) -> None:
         """The runner consumed all input and needs more."""

@@ -11,11 +11,13 @@ import time
 from collections import OrderedDict
 
 from omnipipe.stage.request import RequestStatus, StageRequest
+from omnipipe.stage.runner import RunnerOutput
+from omnipipe.stage.schedulers.base import Scheduler
 
 
-class GenerationScheduler:
+class GenerationScheduler(Scheduler):
     def __init__(self, max_num_seqs: int) -> None:
-        self.max_num_seqs = max_num_seqs
+        super().__init__(max_num_seqs)
         self.requests: OrderedDict[str, StageRequest] = OrderedDict()
 
     def add(self, request: StageRequest) -> None:
@@ -37,6 +39,12 @@ class GenerationScheduler:
         """Requests whose input ended with nothing left to run (e.g. an empty last chunk)."""
         return [r for r in self.requests.values() if r.input_exhausted]
 
+    def finish_exhausted(self) -> list[StageRequest]:
+        done = self.exhausted()
+        for request in done:
+            self.finish(request)
+        return done
+
     def schedule(self) -> tuple[list[StageRequest], bool]:
         batch = [r for r in self.requests.values() if r.inputs][: self.max_num_seqs]
         now = time.perf_counter()
@@ -45,6 +53,15 @@ class GenerationScheduler:
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = now
         return batch, False
+
+    def postprocess(self, request: StageRequest, output: RunnerOutput) -> bool:
+        """A request finishes once its input is finished and consumed (or the runner says so); until then it
+        waits for its next chunk after every step."""
+        if output.finished or request.input_exhausted:
+            self.finish(request)
+            return True
+        self.park(request)
+        return False
 
     def park(self, request: StageRequest) -> None:
         self._refresh(request)

@@ -1,8 +1,7 @@
-"""The relay interface: put / get / cleanup / close with operation handles. Backends own transport only."""
+"""The relay interface: put / get / cleanup / close. Backends own transport only."""
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -11,34 +10,18 @@ class RelayError(RuntimeError):
     """A relay transfer failed (pool exhausted, segment gone, metadata malformed)."""
 
 
-class RelayOperation:
-    """Handle of one put or get. ``metadata`` goes into the control message; completion means the buffer is free."""
-
-    def __init__(self, metadata: dict[str, Any], done: bool = False) -> None:
-        self.metadata = metadata
-        self._done = threading.Event()
-        if done:
-            self._done.set()
-
-    def mark_done(self) -> None:
-        self._done.set()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait_for_completion(self, timeout_s: float | None = None) -> bool:
-        return self._done.wait(timeout_s)
-
-
 class Relay(ABC):
     """Moves one flat buffer (a list of byte pieces at given offsets) from a sender to a receiver."""
 
     name: str = ""
+    # False: tensors are copied to host memory and travel as bytes (put/get). True: the relay moves tensors as
+    # objects (put_objects/get_objects), so the payload codec keeps each tensor's device and storage.
+    keeps_device: bool = False
 
     @abstractmethod
-    def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> RelayOperation:
-        """Write ``pieces`` (offset, bytes) into a buffer of ``nbytes``; return an operation with its metadata."""
+    def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> dict[str, Any]:
+        """Write ``pieces`` (offset, bytes) into a buffer of ``nbytes``; return the metadata a receiver needs to
+        fetch it (it rides in the control message). The buffer is freed when the receiver acknowledges it."""
 
     @abstractmethod
     def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> Any:
@@ -52,6 +35,14 @@ class Relay(ABC):
     @abstractmethod
     def close(self) -> None:
         """Release everything; the relay is unusable afterwards."""
+
+    def put_objects(self, objects: list[Any], request_id: str) -> dict[str, Any]:
+        """Hand over tensors as objects (``keeps_device`` relays only); return the receiver's metadata."""
+        raise RelayError(f"relay {self.name!r} moves bytes, not objects")
+
+    def get_objects(self, metadata: dict[str, Any], request_id: str) -> list[Any]:
+        """Take the objects of one ``put_objects`` (``keeps_device`` relays only)."""
+        raise RelayError(f"relay {self.name!r} moves bytes, not objects")
 
     def slots_in_use(self) -> int:
         return 0

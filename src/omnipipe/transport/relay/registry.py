@@ -1,25 +1,52 @@
-"""Choose a relay backend by name."""
+"""Relay backends by name: one registry builds both ends. A new backend is one module and one line here.
+
+A backend module offers ``make_sender(run_id, owner, options) -> Relay`` (``options``: that backend's own dict
+from the deploy config) and ``make_receiver(run_id, owner, zero_copy) -> Relay``.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable
 
+from omnipipe.transport.relay import inline, local, shm
 from omnipipe.transport.relay.base import Relay
-from omnipipe.transport.relay.inline import InlineRelay
-from omnipipe.transport.relay.shm import ShmRelay
-
-RELAY_BACKENDS = ("inline", "shm")  # byte relays; "local" object handoff lives in relay/local.py
 
 
-def create_relay(backend: str, *, run_id: str, owner: str, options: dict[str, Any] | None = None) -> Relay:
-    options = options or {}
-    if backend == "shm":
-        return ShmRelay(
-            run_id,
-            owner,
-            slot_bytes=int(options.get("shm_slot_bytes", 4 << 20)),
-            num_slots=int(options.get("shm_num_slots", 8)),
-        )
-    if backend == "inline":
-        return InlineRelay()
-    raise ValueError(f"unknown relay backend {backend!r}; expected one of {', '.join(RELAY_BACKENDS)}")
+@dataclass(frozen=True)
+class RelayBackend:
+    name: str
+    make_sender: Callable[[str, str, dict[str, Any]], Relay]
+    make_receiver: Callable[[str, str, bool], Relay]
+    crosses_processes: bool = True  # may carry data between stage processes (a deploy file may choose it)
+
+
+def _backend(name: str, module: ModuleType, crosses_processes: bool = True) -> RelayBackend:
+    return RelayBackend(name, module.make_sender, module.make_receiver, crosses_processes)
+
+
+BACKENDS: dict[str, RelayBackend] = {
+    backend.name: backend
+    for backend in (_backend("inline", inline), _backend("shm", shm), _backend("local", local, crosses_processes=False))
+}
+RELAY_BACKENDS = tuple(name for name, backend in BACKENDS.items() if backend.crosses_processes)
+
+
+def _lookup(backend: str) -> RelayBackend:
+    try:
+        return BACKENDS[backend]
+    except KeyError:
+        raise ValueError(f"unknown relay backend {backend!r}; expected one of {', '.join(BACKENDS)}") from None
+
+
+def create_relay(backend: str, *, run_id: str, owner: str,
+                 options: dict[str, dict[str, Any]] | None = None) -> Relay:
+    """The sending end of ``backend``. ``options`` maps backend name -> that backend's options."""
+    return _lookup(backend).make_sender(run_id, owner, dict((options or {}).get(backend, {})))
+
+
+def create_receivers(run_id: str, owner: str, *, zero_copy: bool = False) -> dict[str, Relay]:
+    """One receiving end per registered backend, keyed by name (what ``read_payload`` looks payloads up in).
+    ``zero_copy``: backends that can return views over their buffers do (the buffer frees when the view goes)."""
+    return {name: backend.make_receiver(run_id, owner, zero_copy) for name, backend in BACKENDS.items()}

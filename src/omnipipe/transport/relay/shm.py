@@ -19,12 +19,12 @@ import os
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from omnipipe.transport.relay.base import Relay, RelayError, RelayOperation
+from omnipipe.transport.relay.base import Relay, RelayError
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,8 @@ SEGMENT_PREFIX = "omnipipe-"
 _HEADER_RECORD_WORDS = 2
 _PAGE_BYTES = 4096
 _FREE, _FULL = 0, 1
+DEFAULT_SLOT_BYTES = 4 << 20
+DEFAULT_NUM_SLOTS = 8
 _instances = itertools.count()
 
 
@@ -101,7 +103,6 @@ class _Held:
     generation: int
     request_id: str
     one_off: bool
-    operation: RelayOperation = field(repr=False, default=None)  # type: ignore[assignment]
 
 
 class ShmRelay(Relay):
@@ -111,8 +112,8 @@ class ShmRelay(Relay):
         self,
         run_id: str,
         owner: str,
-        slot_bytes: int = 4 << 20,
-        num_slots: int = 8,
+        slot_bytes: int = DEFAULT_SLOT_BYTES,
+        num_slots: int = DEFAULT_NUM_SLOTS,
         acquire_timeout_s: float = 30.0,
         zero_copy: bool = False,
     ) -> None:
@@ -131,7 +132,7 @@ class ShmRelay(Relay):
         self._closed = False
 
     # ---------------------------------------------------------------- sender
-    def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> RelayOperation:
+    def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> dict[str, Any]:
         with self._lock:
             if self._closed:
                 raise RelayError("relay is closed")
@@ -157,10 +158,8 @@ class ShmRelay(Relay):
                 "generation": generation,
                 "one_off": one_off,
             }
-            held = _Held(segment, slot, generation, request_id, one_off)
-            held.operation = RelayOperation(metadata)
-            self._held[(segment.name, slot)] = held
-            return held.operation
+            self._held[(segment.name, slot)] = _Held(segment, slot, generation, request_id, one_off)
+            return metadata
 
     def _pool_segment(self) -> _Segment:
         if self._pool is None:
@@ -203,7 +202,6 @@ class ShmRelay(Relay):
 
     def _release(self, key: tuple[str, int], held: _Held) -> None:
         del self._held[key]
-        held.operation.mark_done()
         if held.one_off:
             held.segment.close()
             _unlink(held.segment.name)
@@ -275,7 +273,6 @@ class ShmRelay(Relay):
                 return
             self._closed = True
             for held in self._held.values():
-                held.operation.mark_done()
                 if held.one_off:
                     held.segment.close()
                     _unlink(held.segment.name)
@@ -303,3 +300,14 @@ def _unlink(name: str) -> None:
         os.unlink(os.path.join(SHM_DIR, name))
     except FileNotFoundError:
         pass
+
+
+def make_sender(run_id: str, owner: str, options: dict[str, Any]) -> ShmRelay:
+    """A sender's pool; ``options``: ``slot_bytes``, ``num_slots``."""
+    return ShmRelay(run_id, owner, slot_bytes=int(options.get("slot_bytes", DEFAULT_SLOT_BYTES)),
+                    num_slots=int(options.get("num_slots", DEFAULT_NUM_SLOTS)))
+
+
+def make_receiver(run_id: str, owner: str, zero_copy: bool) -> ShmRelay:
+    """A receiver only maps the senders' segments; zero-copy reads free a slot when its view is dropped."""
+    return ShmRelay(run_id, owner, zero_copy=zero_copy)

@@ -1,0 +1,54 @@
+"""Where a stage runs: a ``Launcher`` starts a stage's processes and returns a ``StageHandle`` to watch them.
+
+A stage may be ``world_size`` rank processes behind one handle (tensor parallel); rank 0 is the one that holds
+the control sockets. The handle answers for the group: it is alive while every rank runs, its exit code is the
+first rank's that ended, and killing it kills every rank.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from omnipipe.stage.launch import StageLaunch
+
+
+class StageHandle(ABC):
+    """The engine's view of one launched stage (all its ranks)."""
+
+    @property
+    @abstractmethod
+    def pids(self) -> list[int]:
+        """Process ids, rank order (where the processes are on this host; empty where they are not)."""
+
+    @property
+    @abstractmethod
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable when any rank exits (for ``loop.add_reader``)."""
+
+    @abstractmethod
+    def alive(self) -> bool:
+        """True while every rank runs."""
+
+    @abstractmethod
+    def exit_code(self) -> int | None:
+        """The exit code of the first rank found ended, or None while all run. Does not block."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """Kill every rank still running."""
+
+    @abstractmethod
+    def wait(self, timeout_s: float | None) -> int | None:
+        """Wait until every rank has exited; return ``exit_code()``, or None if ``timeout_s`` passed first."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release the handle's own resources (file descriptors); the processes are not touched."""
+
+
+class Launcher(ABC):
+    name: str = ""
+
+    @abstractmethod
+    def launch(self, launch: StageLaunch) -> StageHandle:
+        """Start ``launch.world_size`` rank processes of the stage; return their handle."""
