@@ -15,8 +15,7 @@ def launch_spec(world_size: int = 1) -> StageLaunch:
         run_id="t", stage="s", kind="ar", runner="x:Y", device="cpu", threads=1, max_num_seqs=1, options={},
         ctrl_address="ipc:///nowhere", out_address="ipc:///nowhere", abort_address="ipc:///nowhere",
         chunk_listen_address=None, chunk_links={}, out_relay="inline", out_inline_threshold_bytes=0,
-        relay_options={}, codec_chunk_frames=1, left_context_frames=0, right_context_frames=0,
-        initial_codec_chunk_frames=1, world_size=world_size,
+        relay_options={}, world_size=world_size,
     )
 
 
