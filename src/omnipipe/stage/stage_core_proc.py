@@ -7,7 +7,6 @@ threads, so the loop only computes and routes.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -44,20 +43,12 @@ from omnipipe.transport.relay.inline import InlineRelay
 from omnipipe.transport.relay.registry import create_relay
 from omnipipe.transport.relay.shm import ShmRelay
 from omnipipe.transport.relay_io import read_payload, write_payload
+from omnipipe.util.process import die_with_parent as _die_with_parent
 
 logger = logging.getLogger(__name__)
 
 _ABORTED_MEMORY = 4096
 ChunkProcessor = Callable[[dict[str, Any], dict[str, Any], bool, ChunkContext], list[dict[str, Any]]]
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the engine process dies, so no stage outlives it."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def run_stage_process(launch_bytes: bytes) -> None:
