@@ -82,7 +82,7 @@ def test_gateway_loads_no_torch_zmq_engine_or_server(module: str) -> None:
     code = (f"import json, sys, {module}\n"
             f"print(json.dumps(sorted(m for m in sys.modules if any(m == h or m.startswith(h + '.') "
             f"for h in {HEAVY!r}))))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     loaded = json.loads(done.stdout.strip().splitlines()[-1])
     assert loaded == [], f"importing {module} loads {loaded}"

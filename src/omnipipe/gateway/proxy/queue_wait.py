@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from omnipipe.gateway.pool import Ticket, WorkerPool
 from omnipipe.gateway.worker import Worker
@@ -44,7 +44,7 @@ class QueueWait:
         self._remove_listener: Callable[[], None] | None = None
         self._waiter: asyncio.Future[Worker] | None = None
 
-    async def __aenter__(self) -> QueueWait:
+    async def __aenter__(self) -> Self:
         self._remove_listener = self.pool.add_listener(self._changed.set)
         self._waiter = asyncio.ensure_future(self.pool.wait(self.ticket))
         return self
@@ -73,10 +73,10 @@ class QueueWait:
         the queue changes, or ``poll_s`` has passed."""
         assert self._waiter is not None, "use QueueWait in 'async with'"
         waiter = self._waiter
+        self._changed.clear()  # cleared just before each read of the place: a change made meanwhile is not lost
         position, wait_s = last = self._place()
         yield {"type": QUEUED, "position": position, "estimated_wait_s": wait_s, "ticket_id": self.ticket.ticket_id}
         while not waiter.done():
-            self._changed.clear()
             helpers = [asyncio.ensure_future(self._changed.wait())]
             if wake is not None:
                 helpers.append(asyncio.ensure_future(wake.wait()))
@@ -90,6 +90,7 @@ class QueueWait:
             if until is not None and await until():
                 self.stopped = True
                 return
+            self._changed.clear()
             now = self._place()
             if now != last:
                 last = now
