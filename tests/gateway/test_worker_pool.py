@@ -8,7 +8,8 @@ import random
 import pytest
 
 from omnipipe.gateway.eta import EtaEstimator
-from omnipipe.gateway.worker import Worker, WorkerState
+from omnipipe.gateway.worker import Worker
+from omnipipe.protocol.worker import WorkerState
 from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
 
 

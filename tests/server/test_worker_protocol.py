@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from omnipipe.server.capacity import SessionTracker
-from omnipipe.gateway.worker import WorkerState
+from omnipipe.protocol.worker import WorkerState
 from tests.server.conftest import ServerProcess, engines_idle, running_server
 from tests.server.test_realtime import LONG_TEXT, no_vad, pcm16_b64, recv, send, tone, until, user_text, ws_url
 from tests.server.test_realtime import session as open_session

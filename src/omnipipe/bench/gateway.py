@@ -43,7 +43,7 @@ from websockets.exceptions import WebSocketException
 
 from omnipipe.bench.report import format_table, machine_info, summarize, write_json
 from omnipipe.bench.serve import RequestResult, load_prompts, one_request, summarize_run
-from omnipipe.cli.gateway import _die_with_parent
+from omnipipe.util.process import start_in_group, stop_groups
 
 DIRECT, GATEWAY, NO_RECORD = "direct", "gateway", "gateway --no-record"
 TARGETS = (DIRECT, GATEWAY, NO_RECORD)
@@ -78,10 +78,9 @@ class Child:
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = workdir / f"{name.replace(' ', '')}.log"
         self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen([sys.executable, "-m", "omnipipe.cli.main", *args], stdout=self._log,
-                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-                                        preexec_fn=_die_with_parent)  # noqa: PLW1509 - started before any thread
+        self.process = start_in_group([sys.executable, "-m", "omnipipe.cli.main", *args], stdout=self._log,
+                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
     def log_tail(self) -> str:
         self._log.flush()
@@ -99,40 +98,17 @@ class Child:
         self._log.close()
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def stop_children(children: Sequence[Child]) -> list[str]:
     """SIGINT each (in the given order) and wait; after ``STOP_TIMEOUT_S`` SIGKILL its process group. What it
     started (its stage processes, which share its process group) get 10 s more to end before the group is killed,
     also when the child itself died earlier. Returns what had to be killed."""
     killed: list[str] = []
     for child in children:
-        pgid = child.process.pid  # start_new_session: the child leads its own group
-        if child.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                child.process.send_signal(signal.SIGINT)
-            try:
-                child.process.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                killed.append(child.name)
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-                child.process.wait(timeout=STOP_TIMEOUT_S)
-        deadline = time.monotonic() + 10.0
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _group_alive(pgid):
+        [stopped] = stop_groups([child.process], signum=signal.SIGINT, timeout_s=STOP_TIMEOUT_S, leftovers_s=10.0)
+        if stopped.killed:
+            killed.append(child.name)
+        if stopped.killed_leftovers:
             killed.append(f"what {child.name} left running")
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
         child.close_log()
     return killed
 

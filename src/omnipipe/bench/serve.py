@@ -31,8 +31,8 @@ import httpx
 
 from omnipipe.bench.prompts import QUESTIONS
 from omnipipe.bench.report import format_table, machine_info, mean, summarize, write_json
+from omnipipe.protocol.audio import PCM16_RATE_HZ, PCM16_SAMPLE_BYTES
 
-PCM16_RATE_HZ = 24_000
 METRICS = ("e2e", "ttft", "tpot", "itl", "ttfp", "rtf")
 MAIN_HEADERS = ["Max_Concurrency", "Prompts", "Mean E2E (ms)", "Mean TTFT (ms)", "Mean TPOT (ms)", "Mean TTFP (ms)",
                 "Mean RTF", "Mean ITL (ms)", "req/s"]
@@ -132,7 +132,7 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
             result.tpot_s = (text_times[-1] - text_times[0]) / (result.output_tokens - 1)
     if first_audio is not None:
         result.ttfp_s = first_audio - start
-    result.audio_s = audio_bytes / 2 / PCM16_RATE_HZ
+    result.audio_s = audio_bytes / PCM16_SAMPLE_BYTES / PCM16_RATE_HZ
     if result.audio_s > 0:
         result.rtf = result.e2e_s / result.audio_s
     return result

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import re
 import secrets
@@ -22,6 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
+from omnipipe.util.process import start_in_group, stop_groups
 
 _FIELD = re.compile(r"^([a-z_]+): ")
 
@@ -50,7 +52,7 @@ def add_gateway(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-token", default=os.environ.get("OMNIPIPE_ADMIN_TOKEN"),
                    help="token for the admin API and page (default: $OMNIPIPE_ADMIN_TOKEN; none disables admin)")
     p.add_argument("--no-record", action="store_true", help="do not record sessions")
-    p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger request bodies get 413")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies get 413")
     _add_storage_flags(p)
     _add_tls_flags(p)
     p.add_argument("--verbose", "-v", action="store_true")
@@ -80,7 +82,7 @@ def gateway_config(args: argparse.Namespace) -> Any:
         return GatewayConfig(workers=workers, host=args.host, port=args.port, max_queue=args.max_queue,
                              admin_token=args.admin_token, data_dir=args.data_dir, record=not args.no_record,
                              retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
-                             max_body_bytes=getattr(args, "max_body_bytes", 32 << 20))
+                             max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
     except ValueError as exc:
         raise GatewayCLIError(_flag_message(exc)) from None
 
@@ -136,12 +138,6 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def _die_with_parent() -> None:
-    """Run in a child before exec: get SIGTERM if ``omnipipe up`` itself dies (even by SIGKILL)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
 def run_up(args: argparse.Namespace) -> int:
     from omnipipe.models.registry import get_pipeline
 
@@ -164,7 +160,7 @@ def run_up(args: argparse.Namespace) -> int:
                                       port=args.port, max_queue=args.max_queue, admin_token=token,
                                       data_dir=args.data_dir, no_record=args.no_record,
                                       retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
-                             max_body_bytes=getattr(args, "max_body_bytes", 32 << 20))
+                                      max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
     gateway_config(gateway_args)  # validate before starting anything
     cli = [sys.executable, "-m", "omnipipe.cli.main"]
     verbose = ["--verbose"] if args.verbose else []
@@ -189,9 +185,9 @@ def run_up(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for name, command in commands.items():
-            # own process groups: a Ctrl-C reaches only `up`, which then stops every child in order
-            children[name] = subprocess.Popen(command, env=env, preexec_fn=_die_with_parent,
-                                              start_new_session=True)
+            # own process groups: a Ctrl-C reaches only `up`, which then stops every child in order; and each
+            # gets SIGTERM if `up` itself dies (even by SIGKILL)
+            children[name] = start_in_group(command, env=env)
         url = f"{'https' if tls else 'http'}://{args.host}:{args.port}"
         print(f"omnipipe: starting {args.workers} worker(s) (pipeline {args.pipeline!r}, ports "
               f"{worker_ports[0]}..{worker_ports[-1]}) and the gateway on {url}", file=sys.stderr)
@@ -235,21 +231,10 @@ def _worker_states(url: str) -> dict[str, str]:
 def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> None:
     """The gateway first (so no new work goes out and queued clients are told), then the workers; each gets
     SIGTERM, then SIGKILL of its process group if it has not ended within 15 s."""
-    gateway = {n: c for n, c in children.items() if n == "gateway"}
-    workers = {n: c for n, c in children.items() if n != "gateway"}
+    gateway = [c for n, c in children.items() if n == "gateway"]
+    workers = [c for n, c in children.items() if n != "gateway"]
     for group in (gateway, workers):
-        for child in group.values():
-            if child.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15.0
-        for child in group.values():
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
+        stop_groups(group, signum=signal.SIGTERM, timeout_s=15.0)
 
 
 # ---------------------------------------------------------------------------------------------- sessions

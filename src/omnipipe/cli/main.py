@@ -17,6 +17,7 @@ from typing import Any
 
 from omnipipe.cli import gateway as gateway_cli
 from omnipipe.models.registry import PIPELINES, UnknownPipelineError, get_pipeline
+from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 
 USER_ERRORS: tuple[type[BaseException], ...] = (ValueError, FileNotFoundError, PermissionError)
 
@@ -140,7 +141,7 @@ def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=port)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /debug routes")
-    p.add_argument("--max-body-bytes", type=int, default=32 << 20, help="larger request bodies get 413")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies get 413")
     p.add_argument("--verbose", "-v", action="store_true")
 
 

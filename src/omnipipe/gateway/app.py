@@ -31,6 +31,7 @@ from omnipipe.gateway.recording.cleanup import PeriodicCleanup
 from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.worker import Worker
 from omnipipe.gateway.pool import WorkerPool
+from omnipipe.protocol.worker import CHAT_PATH, MODELS_PATH, REALTIME_PATH, SPEECH_PATH, TRANSCRIPTION_PATH
 
 logger = logging.getLogger(__name__)
 _IDLE_SWEEP_S = 30.0
@@ -99,23 +100,23 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(pages.router)
 
-    @app.post("/v1/chat/completions")
+    @app.post(CHAT_PATH)
     async def chat(request: Request):  # type: ignore[no-untyped-def]
         return await proxy.handle(request, "chat")
 
-    @app.post("/v1/audio/speech")
+    @app.post(SPEECH_PATH)
     async def speech(request: Request):  # type: ignore[no-untyped-def]
         return await proxy.handle(request, "speech")
 
-    @app.post("/v1/audio/transcriptions")
+    @app.post(TRANSCRIPTION_PATH)
     async def transcriptions(request: Request):  # type: ignore[no-untyped-def]
         return await proxy.handle(request, "transcription")
 
-    @app.get("/v1/models")
+    @app.get(MODELS_PATH)
     async def models(request: Request):  # type: ignore[no-untyped-def]
         return await proxy.models(request)
 
-    @app.websocket("/v1/realtime")
+    @app.websocket(REALTIME_PATH)
     async def realtime_session(ws: WebSocket) -> None:
         await realtime.handle(ws)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omnipipe.gateway.worker import check_address
+from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 
 REQUEST_TYPES = ("chat", "speech", "transcription", "voice")
 """What the queue, the ETA estimator and the app switches distinguish."""
@@ -31,7 +32,7 @@ class GatewayConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 2.0
     offline_after_failures: int = 2
-    max_body_bytes: int = 32 << 20
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_held_ws_bytes: int = 4 << 20
     chat_session_idle_s: float = 300.0
     eta_baselines_s: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BASELINES_S))

@@ -1,39 +1,17 @@
-"""Polls every worker's ``/health`` and folds the replies into the worker pool."""
+"""Polls every worker's ``/health`` (read by ``protocol.worker.parse_health``) and folds the replies into the
+worker pool."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from typing import Any
-
 import httpx
 
-from omnipipe.gateway.worker import WorkerState
 from omnipipe.gateway.pool import WorkerPool
+from omnipipe.protocol.worker import HEALTH_PATH, parse_health
 
 logger = logging.getLogger(__name__)
-
-
-def parse_health(body: Any) -> tuple[WorkerState, str | None, int | None]:
-    """The state, failure reason and capacity a worker's ``/health`` JSON reports.
-
-    Raises ``ValueError`` for a reply that is not the worker protocol (e.g. a plain ``omnipipe serve``
-    of an older version, or something else listening on the port).
-    """
-    if not isinstance(body, dict) or not isinstance(body.get("state"), str):
-        raise ValueError("health reply has no 'state' field")
-    try:
-        state = WorkerState[body["state"].upper()]
-    except KeyError:
-        raise ValueError(f"health reply has an unknown state {body['state']!r}") from None
-    if state is WorkerState.OFFLINE:
-        raise ValueError("a worker cannot report itself OFFLINE")
-    reason = body.get("error") if isinstance(body.get("error"), str) else None
-    capacity = body.get("capacity")
-    if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1:
-        capacity = None
-    return state, reason, capacity
 
 
 class HealthMonitor:
@@ -65,7 +43,7 @@ class HealthMonitor:
     async def check(self, address: str) -> None:
         started = self.pool.now()
         try:
-            reply = await self.client.get(f"http://{address}/health", timeout=self.timeout_s)
+            reply = await self.client.get(f"http://{address}{HEALTH_PATH}", timeout=self.timeout_s)
             state, reason, capacity = parse_health(reply.json())
         except (httpx.HTTPError, ValueError) as exc:
             detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from omnipipe.gateway.eta import EtaEstimator
-from omnipipe.gateway.worker import BLOCKED_STATES, BUSY_STATES, Worker, WorkerState
+from omnipipe.gateway.worker import Worker
+from omnipipe.protocol.worker import BLOCKED_STATES, BUSY_STATES, WorkerState
 
 
 class QueueFullError(Exception):

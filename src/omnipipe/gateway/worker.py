@@ -4,26 +4,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import Enum
 
-
-class WorkerState(str, Enum):
-    """States a worker reports from its /health endpoint, plus the gateway-only ``OFFLINE``."""
-
-    LOADING = "loading"
-    IDLE = "idle"
-    BUSY = "busy"
-    DUPLEX_ACTIVE = "duplex_active"
-    DUPLEX_PAUSED = "duplex_paused"
-    ERROR = "error"
-    OFFLINE = "offline"
-
-
-BUSY_STATES = frozenset({WorkerState.BUSY, WorkerState.DUPLEX_ACTIVE, WorkerState.DUPLEX_PAUSED})
-"""Reported states meaning the worker is serving a session."""
-
-BLOCKED_STATES = frozenset({WorkerState.LOADING, WorkerState.ERROR, WorkerState.OFFLINE})
-"""Reported states in which a worker takes no new sessions at all."""
+from omnipipe.protocol.worker import BLOCKED_STATES, BUSY_STATES, WorkerState
 
 
 def check_address(address: str, field: str = "address") -> None:

@@ -2,9 +2,10 @@
 
 The main pipeline starts loading when the server starts; until it is ready ``/health`` answers 503
 ``{"status": "loading", "state": "LOADING", ...}`` and the model endpoints answer 503 with ``Retry-After``.
-``/health`` also reports the worker protocol's fields (docs/gateway.md): ``state`` (``LOADING``, ``IDLE``, ``BUSY``,
-``DUPLEX_ACTIVE``, ``DUPLEX_PAUSED``, ``ERROR``), ``models``, ``active_sessions``, ``capacity`` (``null``:
-unlimited) and ``sessions`` ``{http, realtime, paused}``; with ``error`` when the main pipeline failed to start.
+``/health`` also reports the worker protocol's fields (docs/gateway.md; ``HealthReply`` in ``protocol/worker.py``):
+``state`` (``LOADING``, ``IDLE``, ``BUSY``, ``DUPLEX_ACTIVE``, ``DUPLEX_PAUSED``, ``ERROR``), ``models``,
+``active_sessions``, ``capacity`` (``null``: unlimited) and ``sessions`` ``{http, realtime, paused}``; with ``error``
+when the main pipeline failed to start.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from omnipipe.server.guard import RequestGuard
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.protocol.openai import ModelCard, ModelList
 from omnipipe.server.capacity import SessionLimiter, SessionTracker
+from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, HealthReply
 
 logger = logging.getLogger(__name__)
 
@@ -69,17 +71,17 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     app.include_router(transcription.router)
     app.include_router(realtime.router)
 
-    @app.get("/v1/models", response_model=ModelList)
+    @app.get(MODELS_PATH, response_model=ModelList)
     async def list_models() -> ModelList:
         return ModelList(data=[ModelCard(id=name, created=started) for name in pool.model_ids()])
 
-    @app.get("/health")
+    @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:
         slot = pool.main
-        body: dict[str, Any] = {"status": slot.status if slot.status != "idle" else "loading",
-                                "state": sessions.state(slot.status).name, "pipeline": slot.name,
-                                "models": pool.model_ids(), "active_sessions": sessions.active,
-                                "capacity": sessions.capacity, "sessions": sessions.counts()}
+        body: HealthReply = {"status": slot.status if slot.status != "idle" else "loading",
+                             "state": sessions.state(slot.status).name, "pipeline": slot.name,
+                             "models": pool.model_ids(), "active_sessions": sessions.active,
+                             "capacity": sessions.capacity, "sessions": sessions.counts()}
         if slot.error:
             body["error"] = slot.error
         return JSONResponse(body, status_code=200 if slot.status == "ready" else 503)

@@ -12,16 +12,16 @@ import struct
 
 import numpy as np
 
+from omnipipe.protocol.audio import PCM16_MEDIA_TYPE, PCM16_RATE_HZ
 from omnipipe.util.audio import encode_audio, resample, to_int16
 
-PCM16_RATE_HZ = 24_000
 OPUS_RATE_HZ = 24_000
 _UNKNOWN_LENGTH = 0xFFFFFFFF
 
 MEDIA_TYPES: dict[str, str] = {
     "wav": "audio/wav",
-    "pcm": "audio/pcm",
-    "pcm16": "audio/pcm",
+    "pcm": PCM16_MEDIA_TYPE,
+    "pcm16": PCM16_MEDIA_TYPE,
     "flac": "audio/flac",
     "mp3": "audio/mpeg",
     "opus": "audio/ogg",

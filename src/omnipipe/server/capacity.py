@@ -1,4 +1,5 @@
-"""The sessions a server holds, its capacity, and the state it reports on ``/health`` (the worker protocol).
+"""The sessions a server holds, its capacity, and the state it reports on ``/health`` (the worker protocol,
+whose shapes and codes live in ``omnipipe.protocol.worker``).
 
 A session is one HTTP request to a model endpoint (chat completions, audio speech, audio transcriptions), from
 its arrival at the model routes until its response body has been sent or the client went away, or one realtime
@@ -13,14 +14,19 @@ from __future__ import annotations
 
 from typing import Literal
 
-from omnipipe.server.routes import chat, speech, transcription
 from omnipipe.protocol.errors import RETRY_AFTER_S, APIError
+from omnipipe.protocol.worker import (
+    AT_CAPACITY,
+    CHAT_PATH,
+    SPEECH_PATH,
+    TRANSCRIPTION_PATH,
+    SessionCounts,
+    WorkerState,
+)
 from omnipipe.server.guard import ASGIApp, Message, Receive, Scope, Send
-from omnipipe.gateway.worker import WorkerState
 
 SessionKind = Literal["http", "realtime"]
-MODEL_ENDPOINTS = frozenset({chat.ENDPOINT, speech.ENDPOINT, transcription.ENDPOINT})
-AT_CAPACITY = "worker_at_capacity"
+MODEL_ENDPOINTS = frozenset({CHAT_PATH, SPEECH_PATH, TRANSCRIPTION_PATH})
 
 
 def at_capacity_error(capacity: int | None) -> APIError:
@@ -95,7 +101,7 @@ class SessionTracker:
         self._open[kind] += 1
         return Session(self, kind)
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> SessionCounts:
         return {"http": self.http, "realtime": self.realtime, "paused": self.paused}
 
     def state(self, engine_status: str = "ready") -> WorkerState:

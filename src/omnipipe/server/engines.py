@@ -23,6 +23,7 @@ from omnipipe.config.pipeline_spec import PipelineSpec, resolve
 from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.server.errors import APIError, unavailable
 from omnipipe.models.registry import get_pipeline
+from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8091
     api_key: str | None = None
-    max_body_bytes: int = 32 << 20
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     served_model_name: str | None = None
     log_level: str = "WARNING"
     companions: dict[str, str] | None = field(default=None)  # endpoint -> pipeline; None: the family's traits

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from omnipipe.protocol.audio import PCM16_RATE_HZ
+
 FRAME_MS = 20
 
 
@@ -22,7 +24,7 @@ class VadEvent:
 
 class EnergyVAD:
     def __init__(self, threshold: float, silence_duration_ms: int, prefix_padding_ms: int = 0,
-                 sample_rate_hz: int = 24_000, frame_ms: int = FRAME_MS) -> None:
+                 sample_rate_hz: int = PCM16_RATE_HZ, frame_ms: int = FRAME_MS) -> None:
         if not threshold > 0:
             raise ValueError("threshold: must be > 0")
         self.threshold = float(threshold)

@@ -7,7 +7,6 @@ threads, so the loop only computes and routes.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -43,20 +42,12 @@ from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
+from omnipipe.util.process import die_with_parent
 
 logger = logging.getLogger(__name__)
 
 _ABORTED_MEMORY = 4096
 ChunkProcessor = Callable[[dict[str, Any], dict[str, Any], bool, ChunkContext], list[dict[str, Any]]]
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM this process when the engine process dies, so no stage outlives it."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def run_stage_process(launch_bytes: bytes) -> None:
@@ -65,7 +56,7 @@ def run_stage_process(launch_bytes: bytes) -> None:
     if launch.rank != 0:
         raise SystemExit(f"stage {launch.stage}: rank {launch.rank} of {launch.world_size}: tensor-parallel ranks "
                          "have no loop yet; only rank 0 (the control loop) runs today")
-    _die_with_parent()
+    die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(launch.threads)

@@ -8,7 +8,6 @@ to the session's tap, which records the turn.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -22,13 +21,15 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from omnipipe.protocol.errors import APIError
 from omnipipe.gateway.apps import AppSwitches
 from omnipipe.gateway.live_sessions import LiveSession, LiveSessions
+from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
+from omnipipe.gateway.proxy.queue_wait import QUEUE_DONE, QueueWait, retry_at_capacity
 from omnipipe.gateway.recording.store import InvalidSessionPath, validate_session_id
 from omnipipe.gateway.recording.taps import ChatTap, SpeechTap, TranscriptionTap
 from omnipipe.gateway.worker import Worker
-from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
+from omnipipe.protocol.errors import APIError
+from omnipipe.protocol.worker import MODELS_PATH, is_at_capacity
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,6 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "prox
                          "transfer-encoding", "upgrade", "host", "content-length"})
 _GATEWAY_ONLY = frozenset({"x-admin-token", "cookie"})
 _MAX_RECORDED_JSON = 64 << 20
-_CAPACITY_RETRY_S = 3.0
 _MAX_RECONNECTS = 2
 Tap = ChatTap | SpeechTap | TranscriptionTap
 
@@ -128,6 +128,7 @@ class _Exchange:
         self.upstream: httpx.Response | None = None
         self.tap: Tap | None = None
         self.prefetched: bytes | None = None  # a body already read (a refusal checked for worker_at_capacity)
+        self.reconnects = 0  # times the request got the head of the queue again after a refused connection
         self.status = "completed"
         self.error: str | None = None
         self._closed = False
@@ -166,7 +167,7 @@ class ModelProxy:
             if not worker.online:
                 continue
             try:
-                reply = await self.client.get(f"http://{worker.address}/v1/models",
+                reply = await self.client.get(f"http://{worker.address}{MODELS_PATH}",
                                               headers=request_headers(request.headers), timeout=5.0)
             except httpx.HTTPError:
                 continue
@@ -247,24 +248,20 @@ class ModelProxy:
 
     async def _wait_for_worker(self, exchange: _Exchange, request: Request) -> Worker:
         """Wait for the ticket's worker; a client that disconnects meanwhile gives its place back."""
-        waiter = asyncio.ensure_future(self.pool.wait(exchange.ticket))
+        wait = QueueWait(self.pool, exchange.ticket)
         try:
-            while True:
-                done, _ = await asyncio.wait({waiter}, timeout=0.5)
-                if done:
-                    if waiter.cancelled():
-                        raise _cancelled_error()
-                    exchange.worker = waiter.result()
-                    self._start_session(exchange, request)
-                    return exchange.worker
-                if await request.is_disconnected():
-                    raise _ClientGone
+            async with wait:
+                async for _ in wait.updates(until=request.is_disconnected, poll_s=0.5):
+                    pass  # a plain request is told nothing while it waits
         finally:
-            if not waiter.done():
-                waiter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await waiter
-            _keep_assigned_worker(exchange, waiter)
+            if wait.worker is not None:
+                exchange.worker = wait.worker  # closing the exchange releases it, however the wait ended
+        if wait.cancelled:
+            raise _cancelled_error()
+        if wait.stopped or exchange.worker is None:
+            raise _ClientGone
+        self._start_session(exchange, request)
+        return exchange.worker
 
     def _start_session(self, exchange: _Exchange, request: Request) -> None:
         assert exchange.worker is not None
@@ -303,8 +300,13 @@ class ModelProxy:
         self._make_tap(exchange, request, body, parsed)
         with contextlib.suppress(Exception):
             await self._record_upload(exchange, request, body)
-        deadline = asyncio.get_running_loop().time() + _CAPACITY_RETRY_S
-        reconnects = 0
+        return await retry_at_capacity(lambda: self._connect_upstream(exchange, request, body),
+                                       lambda upstream: self._refused_at_capacity(exchange, upstream))
+
+    async def _connect_upstream(self, exchange: _Exchange, request: Request, body: bytes) -> httpx.Response:
+        """Send the request to the exchange's worker; one that refuses the connection is taken offline and the
+        request waits, first in line, for another (up to ``_MAX_RECONNECTS`` times)."""
+        assert exchange.worker is not None
         while True:
             address = exchange.worker.address
             url = f"http://{address}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
@@ -316,29 +318,35 @@ class ModelProxy:
                 # the request never reached the worker: take it offline and give the request its turn back
                 self.pool.mark_unreachable(address, f"connection refused: {exc}")
                 self.on_worker_failure(address)
-                if reconnects >= _MAX_RECONNECTS:
+                if exchange.reconnects >= _MAX_RECONNECTS:
                     exchange.status, exchange.error = "failed", f"ConnectError: {exc}"
                     raise worker_failed_error(address, exchange.error) from None
-                reconnects += 1
+                exchange.reconnects += 1
                 await self._requeue_at_front(exchange, request)
                 continue
             except httpx.HTTPError as exc:
                 exchange.status, exchange.error = "failed", f"{type(exc).__name__}: {exc}"
                 self.on_worker_failure(address)
                 raise worker_failed_error(address, exchange.error) from None
-            if exchange.upstream.status_code != 429 or asyncio.get_running_loop().time() >= deadline:
-                return exchange.upstream
-            # the worker counts a session until its response is done, a moment after the gateway released it
-            try:
-                exchange.prefetched = await exchange.upstream.aread()
-            except httpx.HTTPError as exc:
-                exchange.status, exchange.error = "failed", f"{type(exc).__name__}: {exc}"
-                raise worker_failed_error(address, exchange.error) from None
-            if b'"worker_at_capacity"' not in exchange.prefetched:
-                return exchange.upstream
-            exchange.prefetched = None
-            await exchange.upstream.aclose()
-            await asyncio.sleep(0.05)
+            return exchange.upstream
+
+    @staticmethod
+    async def _refused_at_capacity(exchange: _Exchange, upstream: httpx.Response) -> bool:
+        """Whether ``upstream`` is a ``worker_at_capacity`` refusal (then closed); another 429's body is kept in
+        ``exchange.prefetched`` for the client."""
+        if upstream.status_code != 429:
+            return False
+        assert exchange.worker is not None
+        try:
+            exchange.prefetched = await upstream.aread()
+        except httpx.HTTPError as exc:
+            exchange.status, exchange.error = "failed", f"{type(exc).__name__}: {exc}"
+            raise worker_failed_error(exchange.worker.address, exchange.error) from None
+        if not is_at_capacity(exchange.prefetched):
+            return False
+        exchange.prefetched = None
+        await upstream.aclose()
+        return True
 
     async def _requeue_at_front(self, exchange: _Exchange, request: Request) -> None:
         """Give the exchange's worker back and wait, first in line, for another one."""
@@ -373,37 +381,19 @@ class ModelProxy:
     async def _queued_stream(self, exchange: _Exchange, request: Request, body: bytes,
                              parsed: Any) -> AsyncIterator[bytes]:
         """SSE for a chat request that asked for queue events: queued, updates, done, then the worker's stream."""
-        ticket = exchange.ticket
-        changed = asyncio.Event()
-        remove = self.pool.add_listener(changed.set)
+        wait = QueueWait(self.pool, exchange.ticket)
         try:
-            yield _sse("queue", {"type": "queued", "position": ticket.position,
-                                 "estimated_wait_s": round(ticket.estimated_wait_s, 1), "ticket_id": ticket.ticket_id})
-            last = (ticket.position, round(ticket.estimated_wait_s, 1))
-            waiter = asyncio.ensure_future(self.pool.wait(ticket))
-            try:
-                while not waiter.done():
-                    changed.clear()
-                    change = asyncio.ensure_future(changed.wait())
-                    try:
-                        await asyncio.wait({waiter, change}, return_when=asyncio.FIRST_COMPLETED)
-                    finally:
-                        change.cancel()
-                    now = (ticket.position, round(ticket.estimated_wait_s, 1))
-                    if not waiter.done() and now != last:
-                        last = now
-                        yield _sse("queue", {"type": "queue_update", "position": now[0], "estimated_wait_s": now[1]})
-            finally:
-                if not waiter.done():
-                    waiter.cancel()
-                _keep_assigned_worker(exchange, waiter)  # even if the client went just as a worker was assigned
-            if waiter.cancelled():
-                yield _sse(None, _cancelled_error().body())
-                return
+            async with wait:
+                async for message in wait.updates():
+                    yield _sse("queue", message)
         finally:
-            remove()
+            if wait.worker is not None:
+                exchange.worker = wait.worker  # even if the client went just as a worker was assigned
+        if wait.cancelled or exchange.worker is None:
+            yield _sse(None, _cancelled_error().body())
+            return
         self._start_session(exchange, request)
-        yield _sse("queue", {"type": "queue_done", "session_id": exchange.session_id,
+        yield _sse("queue", {"type": QUEUE_DONE, "session_id": exchange.session_id,
                              "worker": exchange.worker.address})
         try:
             upstream = await self._send_upstream(exchange, request, body, parsed)
@@ -496,12 +486,6 @@ async def _multipart_file(headers: Headers, body: bytes, field: str) -> tuple[by
 
 def _cancelled_error() -> APIError:
     return APIError(503, "the queued request was cancelled", code="queue_cancelled")
-
-
-def _keep_assigned_worker(exchange: _Exchange, waiter: asyncio.Future[Worker]) -> None:
-    """Record the worker a finished ``waiter`` got, so that closing the exchange releases it."""
-    if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-        exchange.worker = waiter.result()
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:

@@ -19,23 +19,29 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
-from omnipipe.protocol.errors import APIError
 from omnipipe.gateway.apps import AppSwitches
 from omnipipe.gateway.live_sessions import LiveSession, LiveSessions
+from omnipipe.gateway.pool import QueueFullError, WorkerPool
+from omnipipe.gateway.proxy.queue_wait import QUEUE_DONE, QueueWait, retry_at_capacity
 from omnipipe.gateway.recording.taps import RealtimeTap
 from omnipipe.gateway.worker import Worker
-from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
+from omnipipe.protocol.errors import APIError
+from omnipipe.protocol.worker import (
+    CLOSE_ABNORMAL,
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL,
+    CLOSE_NORMAL,
+    CLOSE_POLICY,
+    CLOSE_TOO_BIG,
+    CLOSE_TRY_AGAIN,
+    REALTIME_PATH,
+    is_at_capacity,
+)
 
 logger = logging.getLogger(__name__)
 
-CLOSE_NORMAL = 1000
-CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
-CLOSE_INTERNAL = 1011
-CLOSE_TRY_AGAIN = 1013
 _FORWARDED_HANDSHAKE_HEADERS = ("authorization", "openai-beta")
 _CLIENT_GONE = object()
-_CAPACITY_RETRY_S = 3.0
 _CLIENT_LEFT = 0  # not a WebSocket close code: the client went while the worker was still talking
 
 
@@ -112,12 +118,13 @@ class RealtimeProxy:
             return
         inbox = _Inbox()
         reader = asyncio.create_task(self._read_client(ws, inbox), name="omnipipe-gateway-ws-reader")
-        assigned: dict[str, Worker] = {}  # the worker the ticket got, however waiting ended
+        wait = QueueWait(self.pool, ticket)  # after it, wait.worker is the worker the ticket got, however it ended
         session: LiveSession | None = None
         tap: RealtimeTap | None = None
         status, error = "completed", None
         try:
-            worker = await self._wait_in_queue(ws, ticket, inbox, assigned)
+            async with wait:
+                worker = await self._wait_in_queue(ws, wait, inbox)
             if worker is None:
                 status = "cancelled"
                 return
@@ -135,8 +142,8 @@ class RealtimeProxy:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-            if "worker" in assigned:
-                self.pool.release(assigned["worker"], ticket)
+            if wait.worker is not None:
+                self.pool.release(wait.worker, ticket)
             elif ticket.waiting:
                 self.pool.cancel(ticket.ticket_id)
             if tap is not None:
@@ -168,57 +175,27 @@ class RealtimeProxy:
         finally:
             inbox.close()
 
-    async def _wait_in_queue(self, ws: WebSocket, ticket: Ticket, inbox: _Inbox,
-                             assigned: dict[str, Worker]) -> Worker | None:
-        """Send queue messages until a worker is assigned; ``None`` if the client left or was cancelled.
+    async def _wait_in_queue(self, ws: WebSocket, wait: QueueWait, inbox: _Inbox) -> Worker | None:
+        """Send queue messages until a worker is assigned; ``None`` if the client left or was cancelled."""
 
-        However it ends, a worker the ticket got is put in ``assigned`` (so the caller releases it).
-        """
-        changed = asyncio.Event()
-        remove = self.pool.add_listener(changed.set)
-        waiter = asyncio.ensure_future(self.pool.wait(ticket))
+        async def client_gone() -> bool:
+            return inbox.gone.is_set()  # also set when it sent too much while queued
+
         try:
-            await ws.send_text(json.dumps({"type": "queued", "position": ticket.position,
-                                           "estimated_wait_s": round(ticket.estimated_wait_s, 1),
-                                           "ticket_id": ticket.ticket_id}))
-            last = (ticket.position, round(ticket.estimated_wait_s, 1))
-            while not waiter.done():
-                changed.clear()
-                change = asyncio.ensure_future(changed.wait())
-                gone = asyncio.ensure_future(inbox.gone.wait())
-                try:
-                    await asyncio.wait({waiter, change, gone}, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    change.cancel()
-                    gone.cancel()
-                if waiter.done():
-                    break
-                if inbox.overflowed:
-                    await _close(ws, CLOSE_TOO_BIG, error_event(
-                        "held_too_much", f"sent more than {self.max_held_bytes} bytes while queued; wait for "
-                        "queue_done before streaming audio"))
-                    return None
-                if inbox.gone.is_set():
-                    return None
-                now = (ticket.position, round(ticket.estimated_wait_s, 1))
-                if now != last:
-                    last = now
-                    await ws.send_text(json.dumps({"type": "queue_update", "position": now[0],
-                                                   "estimated_wait_s": now[1]}))
-            if waiter.cancelled():
-                await _close(ws, CLOSE_TRY_AGAIN, error_event("queue_cancelled", "your place in the queue was cancelled"))
-                return None
-            return waiter.result()
+            async for message in wait.updates(until=client_gone, wake=inbox.gone, poll_s=1.0):
+                await ws.send_text(json.dumps(message))
         except (WebSocketDisconnect, RuntimeError, OSError):
             return None  # the client went while a queue message was being sent
-        finally:
-            remove()
-            if not waiter.done():
-                waiter.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await waiter
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
-                assigned["worker"] = waiter.result()
+        if wait.cancelled:
+            await _close(ws, CLOSE_TRY_AGAIN, error_event("queue_cancelled", "your place in the queue was cancelled"))
+            return None
+        if wait.stopped:
+            if inbox.overflowed:
+                await _close(ws, CLOSE_TOO_BIG, error_event(
+                    "held_too_much", f"sent more than {self.max_held_bytes} bytes while queued; wait for "
+                    "queue_done before streaming audio"))
+            return None
+        return wait.worker
 
     async def _relay(self, ws: WebSocket, worker: Worker, session: LiveSession, inbox: _Inbox,
                      tap: RealtimeTap | None) -> tuple[str, str | None]:
@@ -230,7 +207,7 @@ class RealtimeProxy:
         to_worker = asyncio.create_task(self._client_to_worker(inbox, upstream, tap))
         to_client: asyncio.Task[tuple[int, str]] | None = None
         try:
-            await ws.send_text(json.dumps({"type": "queue_done", "session_id": session.session_id,
+            await ws.send_text(json.dumps({"type": QUEUE_DONE, "session_id": session.session_id,
                                            "worker": worker.address}))
             if tap is not None:
                 with contextlib.suppress(Exception):
@@ -242,15 +219,15 @@ class RealtimeProxy:
                 code, reason = to_client.result()
                 if code == _CLIENT_LEFT:
                     return "completed", None
-                if code in (CLOSE_NORMAL, 1001):
+                if code in (CLOSE_NORMAL, CLOSE_GOING_AWAY):
                     await _close(ws, code, None, reason)
                     return "completed", None
-                if code == 1006 or code == CLOSE_INTERNAL:
+                if code in (CLOSE_ABNORMAL, CLOSE_INTERNAL):
                     self.on_worker_failure(worker.address)
                     message = f"worker {worker.address} failed mid-session (connection closed, code {code})"
                     await _close(ws, CLOSE_INTERNAL, error_event("worker_failed", message))
                     return "failed", message
-                await _close(ws, code, None, reason)  # e.g. 1008 pause timeout, 1013 at capacity
+                await _close(ws, code, None, reason)  # e.g. 1008 refused, 1013 at capacity or loading
                 return "failed", f"worker closed the session: {code} {reason}".strip()
             return "completed", None  # the client closed
         except (WebSocketDisconnect, RuntimeError):
@@ -266,32 +243,35 @@ class RealtimeProxy:
     async def _open_upstream(self, ws: WebSocket, worker: Worker) -> tuple[ClientConnection | None, str]:
         """Connect to the worker and read its first event (``session.created``).
 
-        The worker counts a session until it has processed the close, a moment after the gateway released it:
-        a ``worker_at_capacity`` refusal in that moment is retried for up to ``_CAPACITY_RETRY_S``. Returns the
-        connection and the first event, or ``None`` and the failure (already sent to the client).
+        A ``worker_at_capacity`` refusal just after the worker was assigned is retried (``retry_at_capacity``).
+        Returns the connection and the first event, or ``None`` and the failure (already sent to the client).
         """
         headers = [(k, v) for k, v in ws.headers.items() if k.lower() in _FORWARDED_HANDSHAKE_HEADERS]
-        deadline = asyncio.get_running_loop().time() + _CAPACITY_RETRY_S
-        while True:
-            try:
-                upstream, first = await _connect(worker.address, headers)
-            except InvalidStatus as exc:
-                message = f"worker {worker.address} refused the session (HTTP {exc.response.status_code})"
-                await _close(ws, CLOSE_TRY_AGAIN if exc.response.status_code >= 500 else CLOSE_POLICY,
-                             error_event("worker_refused", message))
-                return None, message
-            except (OSError, InvalidHandshake, ConnectionClosed, asyncio.TimeoutError) as exc:
-                self.on_worker_failure(worker.address)
-                message = f"worker {worker.address} failed: {type(exc).__name__}: {exc}"
-                await _close(ws, CLOSE_INTERNAL, error_event("worker_failed", message))
-                return None, message
-            first_text = first if isinstance(first, str) else first.decode("utf-8", "replace")
-            if '"worker_at_capacity"' in first_text and asyncio.get_running_loop().time() < deadline:
-                with contextlib.suppress(Exception):
-                    await upstream.close()
-                await asyncio.sleep(0.05)
-                continue
-            return upstream, first_text
+
+        async def attempt() -> tuple[ClientConnection, str]:
+            upstream, first = await _connect(worker.address, headers)
+            return upstream, first if isinstance(first, str) else first.decode("utf-8", "replace")
+
+        async def refused(opened: tuple[ClientConnection, str]) -> bool:
+            upstream, first_text = opened
+            if not is_at_capacity(first_text):
+                return False
+            with contextlib.suppress(Exception):
+                await upstream.close()
+            return True
+
+        try:
+            return await retry_at_capacity(attempt, refused)
+        except InvalidStatus as exc:
+            message = f"worker {worker.address} refused the session (HTTP {exc.response.status_code})"
+            await _close(ws, CLOSE_TRY_AGAIN if exc.response.status_code >= 500 else CLOSE_POLICY,
+                         error_event("worker_refused", message))
+            return None, message
+        except (OSError, InvalidHandshake, ConnectionClosed, asyncio.TimeoutError) as exc:
+            self.on_worker_failure(worker.address)
+            message = f"worker {worker.address} failed: {type(exc).__name__}: {exc}"
+            await _close(ws, CLOSE_INTERNAL, error_event("worker_failed", message))
+            return None, message
 
     async def _client_to_worker(self, inbox: _Inbox, upstream: ClientConnection,
                                 tap: RealtimeTap | None) -> None:
@@ -325,13 +305,13 @@ class RealtimeProxy:
         except ConnectionClosed:
             pass
         close = upstream.protocol.close_rcvd
-        return (close.code, close.reason) if close is not None else (1006, "")
+        return (close.code, close.reason) if close is not None else (CLOSE_ABNORMAL, "")
 
 
 async def _connect(address: str, headers: list[tuple[str, str]]) -> tuple[ClientConnection, str | bytes]:
     """Open a realtime session on the worker and read its first event; on any failure after the connection
     opened, close it (a session left open would hold one of the worker's slots)."""
-    upstream = await connect(f"ws://{address}/v1/realtime", additional_headers=headers, max_size=None,
+    upstream = await connect(f"ws://{address}{REALTIME_PATH}", additional_headers=headers, max_size=None,
                              open_timeout=10, ping_interval=None)
     try:
         return upstream, await asyncio.wait_for(upstream.recv(), 30)

@@ -20,18 +20,18 @@ from typing import Any, TypeVar
 import numpy as np
 
 from omnipipe.gateway.recording.recorder import SESSION_STATUSES, TURN_STATUSES, SessionRecorder
+from omnipipe.protocol.audio import PCM16_DTYPE, PCM16_MEDIA_TYPE, PCM16_RATE_HZ, PCM16_SAMPLE_BYTES
+from omnipipe.protocol.realtime import COMMIT_EMPTY, ClientEvent, ServerEvent
 
 logger = logging.getLogger(__name__)
 
-PCM16_RATE_HZ = 24_000
-"""Rate of the API's headerless ``pcm``/``pcm16`` audio (mono int16 little-endian)."""
 MAX_BUFFERED_AUDIO_BYTES = 64 * 1024 * 1024
 """Audio a tap holds in memory at once (uncommitted realtime input, one speech response); more is dropped."""
 MAX_RECORDED_CHARS = 2000
 """Longer strings from requests (URLs, instructions, error messages) are cut before they are recorded."""
 
-SPEECH_FORMATS_BY_MEDIA_TYPE = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/pcm": "pcm", "audio/flac": "flac",
-                                "audio/mpeg": "mp3", "audio/ogg": "opus"}
+SPEECH_FORMATS_BY_MEDIA_TYPE = {"audio/wav": "wav", "audio/x-wav": "wav", PCM16_MEDIA_TYPE: "pcm",
+                                "audio/flac": "flac", "audio/mpeg": "mp3", "audio/ogg": "opus"}
 """``response_format`` of a ``/v1/audio/speech`` answer by its media type."""
 
 _Method = TypeVar("_Method", bound=Callable[..., None])
@@ -60,7 +60,7 @@ def _b64decode(text: Any) -> bytes:
 
 def _pcm16(data: bytes) -> np.ndarray:
     """Little-endian int16 samples (a trailing odd byte is dropped)."""
-    return np.frombuffer(data, dtype="<i2", count=len(data) // 2)
+    return np.frombuffer(data, dtype=PCM16_DTYPE, count=len(data) // PCM16_SAMPLE_BYTES)
 
 
 def _clipped(value: Any) -> Any:
@@ -415,21 +415,21 @@ class RealtimeTap(_Tap):
         if not isinstance(event, dict) or self._closed:
             return
         kind = event.get("type")
-        if kind == "input_audio_buffer.append":
+        if kind == ClientEvent.INPUT_AUDIO_BUFFER_APPEND:
             self._append(_pcm16(_b64decode(event.get("audio"))))
-        elif kind == "input_audio_buffer.commit":
+        elif kind == ClientEvent.INPUT_AUDIO_BUFFER_COMMIT:
             self._client_commits_pending += 1
             self._commit()
-        elif kind == "input_audio_buffer.clear":
+        elif kind == ClientEvent.INPUT_AUDIO_BUFFER_CLEAR:
             self._clear()
-        elif kind == "conversation.item.create":
+        elif kind == ClientEvent.CONVERSATION_ITEM_CREATE:
             self._text_item(event.get("item"))
-        elif kind in ("session.pause", "session.resume"):
-            self._paused = kind == "session.pause"
+        elif kind in (ClientEvent.SESSION_PAUSE, ClientEvent.SESSION_RESUME):
+            self._paused = kind == ClientEvent.SESSION_PAUSE
             self.recorder.event(kind)
-        elif kind == "session.update":
+        elif kind == ClientEvent.SESSION_UPDATE:
             self.recorder.event(kind, session=_clipped(event.get("session")))
-        elif kind in ("response.create", "response.cancel"):
+        elif kind in (ClientEvent.RESPONSE_CREATE, ClientEvent.RESPONSE_CANCEL):
             self.recorder.event(kind)
 
     @_never_raises
@@ -440,14 +440,14 @@ class RealtimeTap(_Tap):
             return
         kind = event.get("type")
         response = event.get("response") if isinstance(event.get("response"), dict) else {}
-        if kind in ("response.text.delta", "response.audio_transcript.delta"):
+        if kind in (ServerEvent.RESPONSE_TEXT_DELTA, ServerEvent.RESPONSE_AUDIO_TRANSCRIPT_DELTA):
             self._answer_text(event.get("delta"))
-        elif kind == "response.audio.delta":
+        elif kind == ServerEvent.RESPONSE_AUDIO_DELTA:
             self._answer_audio(_pcm16(_b64decode(event.get("delta"))))
-        elif kind == "input_audio_buffer.speech_started":
+        elif kind == ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED:
             self.recorder.event(kind)
             self._speech_started()
-        elif kind == "input_audio_buffer.committed":
+        elif kind == ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED:
             self.recorder.event(kind)
             if isinstance(event.get("item_id"), str):
                 self._item_turns[event["item_id"]] = self._input_turn_index()
@@ -455,29 +455,29 @@ class RealtimeTap(_Tap):
                 self._client_commits_pending -= 1  # the echo of a commit already saved
             else:
                 self._commit()
-        elif kind == "input_audio_buffer.cleared":
+        elif kind == ServerEvent.INPUT_AUDIO_BUFFER_CLEARED:
             self._clear()
-        elif kind == "response.created":
+        elif kind == ServerEvent.RESPONSE_CREATED:
             self._response_created(response.get("id"))
-        elif kind == "response.done":
+        elif kind == ServerEvent.RESPONSE_DONE:
             self._response_done(response)
-        elif kind == "error":
+        elif kind == ServerEvent.ERROR:
             error = _error_fields(event.get("error"))
             self.recorder.event(kind, **error)
-            if error.get("code") == "input_audio_buffer_commit_empty" and self._client_commits_pending:
+            if error.get("code") == COMMIT_EMPTY and self._client_commits_pending:
                 self._client_commits_pending -= 1  # that commit gets no committed event
-        elif kind in ("session.paused", "session.resumed"):
-            self._paused = kind == "session.paused"
+        elif kind in (ServerEvent.SESSION_PAUSED, ServerEvent.SESSION_RESUMED):
+            self._paused = kind == ServerEvent.SESSION_PAUSED
             self.recorder.event(kind)
-        elif kind in ("session.created", "session.updated"):
+        elif kind in (ServerEvent.SESSION_CREATED, ServerEvent.SESSION_UPDATED):
             self.recorder.event(kind, session=_clipped(event.get("session")))
-        elif kind == "input_audio_buffer.speech_stopped":
+        elif kind == ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STOPPED:
             self.recorder.event(kind)
-        elif kind == "conversation.item.input_audio_transcription.completed":
+        elif kind == ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED:
             turn_index = self._item_turns.pop(event.get("item_id"), None)
             if turn_index is not None and isinstance(event.get("transcript"), str):
                 self.recorder.user_transcript(turn_index, event["transcript"])
-        elif kind == "conversation.item.input_audio_transcription.failed":
+        elif kind == ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED:
             self._item_turns.pop(event.get("item_id"), None)
             self.recorder.event(kind, **_error_fields(event.get("error")))
 
@@ -493,7 +493,7 @@ class RealtimeTap(_Tap):
             self.recorder.end_turn("cancelled")
             self._open_next_turn()
         if self._audio_bytes:
-            duration_s = round(self._audio_bytes / 2 / PCM16_RATE_HZ, 3)
+            duration_s = round(self._audio_bytes / PCM16_SAMPLE_BYTES / PCM16_RATE_HZ, 3)
             self.recorder.event("input_audio_buffer.discarded", duration_s=duration_s)
         self._closed = True
         self.recorder.finish(status, error)

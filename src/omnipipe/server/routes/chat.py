@@ -21,6 +21,7 @@ from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.util.field_error import FieldError
 from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.protocol.worker import CHAT_PATH
 from omnipipe.protocol.openai import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -42,7 +43,7 @@ from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, fir
 from omnipipe.api.outputs import OmniRequestOutput, RequestMetrics
 from omnipipe.api.sampling_params import SamplingParams
 
-ENDPOINT = "/v1/chat/completions"
+ENDPOINT = CHAT_PATH
 AUDIO_EXPIRY_S = 3600
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 429,
                                                                                           503)}

@@ -69,7 +69,10 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.api.async_omni import AsyncOmni
-from omnipipe.server.audio_stream import PCM16_RATE_HZ, Pcm16Stream
+from omnipipe.protocol.audio import PCM16_DTYPE, PCM16_RATE_HZ
+from omnipipe.protocol.realtime import COMMIT_EMPTY, PAUSE_TIMEOUT, ClientEvent, ServerEvent
+from omnipipe.protocol.worker import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN, REALTIME_PATH
+from omnipipe.server.audio_stream import Pcm16Stream
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error
 from omnipipe.util.field_error import FieldError
@@ -80,12 +83,9 @@ from omnipipe.api.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-ENDPOINT = "/v1/realtime"
+ENDPOINT = REALTIME_PATH
 DEFAULT_TURN_DETECTION: dict[str, Any] = {"type": "server_vad", "threshold": 0.02, "prefix_padding_ms": 300,
                                           "silence_duration_ms": 500, "create_response": True}
-CLOSE_NORMAL = 1000
-CLOSE_TRY_AGAIN = 1013
-CLOSE_POLICY = 1008
 router = APIRouter()
 
 
@@ -124,7 +124,7 @@ def _decode_pcm16(data: str, param: str) -> np.ndarray:
     if len(raw) % 2:
         raise EventError(f"{param}: pcm16 audio must have an even number of bytes, got {len(raw)}", param,
                          code="invalid_audio")
-    return np.frombuffer(raw, dtype="<i2").astype(np.float32) / 32768.0
+    return np.frombuffer(raw, dtype=PCM16_DTYPE).astype(np.float32) / 32768.0
 
 
 @dataclass
@@ -184,12 +184,12 @@ class RealtimeSession:
 
     async def send_error(self, message: str, *, param: str | None = None, code: str | None = None,
                          type_: str = "invalid_request_error", client_event_id: str | None = None) -> None:
-        await self.send("error", error={"type": type_, "code": code, "message": message, "param": param,
+        await self.send(ServerEvent.ERROR, error={"type": type_, "code": code, "message": message, "param": param,
                                         "event_id": client_event_id})
 
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
-        await self.send("session.created", session=self.session)
+        await self.send(ServerEvent.SESSION_CREATED, session=self.session)
         try:
             while not self.closed:
                 message = await self.ws.receive()
@@ -332,7 +332,7 @@ class RealtimeSession:
         self.session = new
         if detection_changed:
             self.vad = self._make_vad()
-        await self.send("session.updated", session=self.session)
+        await self.send(ServerEvent.SESSION_UPDATED, session=self.session)
 
     # ------------------------------------------------------------------ audio buffer
     async def on_append(self, event: dict[str, Any]) -> None:
@@ -350,11 +350,11 @@ class RealtimeSession:
             return
         for vad_event in self.vad.feed(samples):
             if vad_event.kind == "speech_started":
-                await self.send("input_audio_buffer.speech_started", audio_start_ms=vad_event.audio_ms,
+                await self.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED, audio_start_ms=vad_event.audio_ms,
                                 item_id=self._next_item_id())
                 await self.cancel_response()  # barge-in
             else:
-                await self.send("input_audio_buffer.speech_stopped", audio_end_ms=vad_event.audio_ms,
+                await self.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STOPPED, audio_end_ms=vad_event.audio_ms,
                                 item_id=self._next_item_id())
                 detection = self.session["turn_detection"]
                 try:
@@ -371,7 +371,7 @@ class RealtimeSession:
 
     async def commit(self, _: dict[str, Any] | None) -> None:
         if not self.buffer:
-            raise EventError("the input audio buffer is empty", None, code="input_audio_buffer_commit_empty")
+            raise EventError("the input audio buffer is empty", None, code=COMMIT_EMPTY)
         if "audio" not in self.pipeline.input_modalities:
             raise EventError(f"pipeline {self.pipeline.name!r} does not take audio input (it takes "
                              f"{', '.join(self.pipeline.input_modalities)})", None, code="unsupported_modality")
@@ -380,7 +380,7 @@ class RealtimeSession:
         self._reset_buffer()
         item_id = self._next_item_id()
         self._pending_item_id = None
-        await self.send("input_audio_buffer.committed", previous_item_id=self.last_item_id, item_id=item_id)
+        await self.send(ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED, previous_item_id=self.last_item_id, item_id=item_id)
         await self._item_created(item_id, [{"type": "input_audio", "transcript": None}])
         if self.session["input_audio_transcription"] is not None:
             task = asyncio.create_task(self._transcribe(item_id, audio), name=f"omnipipe-transcribe-{item_id}")
@@ -402,9 +402,9 @@ class RealtimeSession:
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
             error = from_engine_error(exc, {}).body()["error"]
-            await self.send("conversation.item.input_audio_transcription.failed", **base, error=error)
+            await self.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED, **base, error=error)
             return
-        await self.send("conversation.item.input_audio_transcription.completed", **base, transcript=transcript)
+        await self.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, **base, transcript=transcript)
 
     def _reset_buffer(self) -> None:
         self.buffer, self.buffer_bytes = [], 0
@@ -413,13 +413,13 @@ class RealtimeSession:
 
     async def on_clear(self, _: dict[str, Any]) -> None:
         self._reset_buffer()
-        await self.send("input_audio_buffer.cleared")
+        await self.send(ServerEvent.INPUT_AUDIO_BUFFER_CLEARED)
 
     # ------------------------------------------------------------------ items
     async def _item_created(self, item_id: str, content: list[dict[str, Any]]) -> None:
         item = {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed", "role": "user",
                 "content": content}
-        await self.send("conversation.item.created", previous_item_id=self.last_item_id, item=item)
+        await self.send(ServerEvent.CONVERSATION_ITEM_CREATED, previous_item_id=self.last_item_id, item=item)
         self.last_item_id = item_id
 
     async def on_item_create(self, event: dict[str, Any]) -> None:
@@ -517,25 +517,25 @@ class RealtimeSession:
         outputs = self.engine.generate(prompt, request_id=response_id, sampling_params=sampling,
                                        output_modalities=modalities)
         try:
-            await self.send("response.created", response={"id": response_id, "object": "realtime.response",
-                                                          "status": "in_progress", "status_details": None,
-                                                          "output": [], "modalities": modalities, "usage": None})
+            await self.send(ServerEvent.RESPONSE_CREATED, response={
+                "id": response_id, "object": "realtime.response", "status": "in_progress", "status_details": None,
+                "output": [], "modalities": modalities, "usage": None})
             async for out in outputs:
                 if out.modality == "text" and out.text_delta:
                     text_parts.append(out.text_delta)
-                    kind = "response.audio_transcript.delta" if spoken else "response.text.delta"
+                    kind = ServerEvent.RESPONSE_AUDIO_TRANSCRIPT_DELTA if spoken else ServerEvent.RESPONSE_TEXT_DELTA
                     await self.send(kind, delta=out.text_delta, **base)
                 elif out.modality == "audio" and spoken and out.audio is not None and out.sample_rate_hz:
                     pcm = pcm or Pcm16Stream(out.sample_rate_hz)
                     data = pcm.feed(out.audio)
                     if data:
-                        await self.send("response.audio.delta", delta=base64.b64encode(data).decode(), **base)
+                        await self.send(ServerEvent.RESPONSE_AUDIO_DELTA, delta=base64.b64encode(data).decode(), **base)
                 elif out.finished:
                     final = out
             if pcm is not None:
                 tail = pcm.flush()
                 if tail:
-                    await self.send("response.audio.delta", delta=base64.b64encode(tail).decode(), **base)
+                    await self.send(ServerEvent.RESPONSE_AUDIO_DELTA, delta=base64.b64encode(tail).decode(), **base)
             status = "completed"
         except asyncio.CancelledError:
             status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
@@ -549,15 +549,15 @@ class RealtimeSession:
         text = "".join(text_parts)
         if status == "completed":
             if spoken:
-                await self.send("response.audio.done", **base)
-                await self.send("response.audio_transcript.done", transcript=text, **base)
+                await self.send(ServerEvent.RESPONSE_AUDIO_DONE, **base)
+                await self.send(ServerEvent.RESPONSE_AUDIO_TRANSCRIPT_DONE, transcript=text, **base)
             else:
-                await self.send("response.text.done", text=text, **base)
+                await self.send(ServerEvent.RESPONSE_TEXT_DONE, text=text, **base)
         if final is not None:
             self.metrics.observe(ENDPOINT, final.metrics)
         tokens = final.metrics.num_output_tokens if final is not None and final.metrics is not None else 0
         content = [{"type": "audio", "transcript": text}] if spoken else [{"type": "text", "text": text}]
-        await self.send("response.done", response={
+        await self.send(ServerEvent.RESPONSE_DONE, response={
             "id": response_id, "object": "realtime.response", "status": status, "status_details": details,
             "modalities": modalities,
             "output": [{"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant",
@@ -573,7 +573,7 @@ class RealtimeSession:
             await self.cancel_response()
             self._reset_buffer()
             self._pause_timer = asyncio.create_task(self._pause_timeout(), name="omnipipe-realtime-pause")
-        await self.send("session.paused", pause_timeout_s=self.pause_timeout_s)
+        await self.send(ServerEvent.SESSION_PAUSED, pause_timeout_s=self.pause_timeout_s)
 
     async def on_resume(self, _: dict[str, Any]) -> None:
         if self.paused:
@@ -581,16 +581,16 @@ class RealtimeSession:
             self.paused = False
             if self.handle is not None:
                 self.handle.resume()
-        await self.send("session.resumed")
+        await self.send(ServerEvent.SESSION_RESUMED)
 
     async def _pause_timeout(self) -> None:
         await asyncio.sleep(self.pause_timeout_s)
         self._timing_out = True
         await self.send_error(f"the session was paused for more than {self.pause_timeout_s:g} s; closing it",
-                              code="pause_timeout")
+                              code=PAUSE_TIMEOUT)
         self.closed = True
         with contextlib.suppress(Exception):  # already gone
-            await self.ws.close(code=CLOSE_NORMAL, reason="pause_timeout")
+            await self.ws.close(code=CLOSE_NORMAL, reason=PAUSE_TIMEOUT)
 
     async def _stop_pause_timer(self) -> None:
         timer, self._pause_timer = self._pause_timer, None
@@ -601,15 +601,15 @@ class RealtimeSession:
         await asyncio.gather(timer, return_exceptions=True)
 
     HANDLERS: ClassVar[dict[str, Any]] = {
-        "session.update": on_session_update,
-        "session.pause": on_pause,
-        "session.resume": on_resume,
-        "input_audio_buffer.append": on_append,
-        "input_audio_buffer.commit": commit,
-        "input_audio_buffer.clear": on_clear,
-        "conversation.item.create": on_item_create,
-        "response.create": on_response_create,
-        "response.cancel": on_response_cancel,
+        ClientEvent.SESSION_UPDATE: on_session_update,
+        ClientEvent.SESSION_PAUSE: on_pause,
+        ClientEvent.SESSION_RESUME: on_resume,
+        ClientEvent.INPUT_AUDIO_BUFFER_APPEND: on_append,
+        ClientEvent.INPUT_AUDIO_BUFFER_COMMIT: commit,
+        ClientEvent.INPUT_AUDIO_BUFFER_CLEAR: on_clear,
+        ClientEvent.CONVERSATION_ITEM_CREATE: on_item_create,
+        ClientEvent.RESPONSE_CREATE: on_response_create,
+        ClientEvent.RESPONSE_CANCEL: on_response_cancel,
     }
 
 
@@ -654,6 +654,6 @@ async def realtime(websocket: WebSocket) -> None:
 async def _refuse(websocket: WebSocket, exc: APIError) -> None:
     """An ``error`` event, then close: 1013 (try again later) for 429/503, else 1008."""
     with contextlib.suppress(Exception):  # already gone
-        await websocket.send_text(json.dumps({"type": "error", "event_id": _event_id(), "error": {
+        await websocket.send_text(json.dumps({"type": ServerEvent.ERROR, "event_id": _event_id(), "error": {
             "type": exc.type, "code": exc.code, "message": exc.message, "param": None, "event_id": None}}))
         await websocket.close(code=CLOSE_TRY_AGAIN if exc.status in (429, 503) else CLOSE_POLICY)

@@ -23,13 +23,14 @@ from omnipipe.server.audio_stream import (
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.protocol.worker import SPEECH_PATH
 from omnipipe.protocol.openai import ErrorResponse, SpeechRequest
 from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
 from omnipipe.api.outputs import OmniRequestOutput
 from omnipipe.api.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
-ENDPOINT = "/v1/audio/speech"
+ENDPOINT = SPEECH_PATH
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 429,
                                                                                           503)}
 router = APIRouter()

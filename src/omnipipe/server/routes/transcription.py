@@ -14,9 +14,10 @@ from omnipipe.util.audio import load_audio
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.protocol.worker import TRANSCRIPTION_PATH
 from omnipipe.protocol.openai import ErrorResponse, TranscriptionFormat
 
-ENDPOINT = "/v1/audio/transcriptions"
+ENDPOINT = TRANSCRIPTION_PATH
 LANGUAGES = {"en": "english", "english": "english"}
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 429,
                                                                                           503)}
