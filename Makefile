@@ -41,7 +41,7 @@ test: install-test
 	$(BIN)/python -m pytest
 
 lint: install-test
-	$(BIN)/python -m ruff check --select E9,F src tests
+	$(BIN)/python -m ruff check --select E9,F,I src tests
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

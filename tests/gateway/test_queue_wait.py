@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+from omnipipe.gateway.pool import WorkerPool
 from omnipipe.gateway.proxy.queue_wait import QUEUE_UPDATE, QUEUED, QueueWait, retry_at_capacity
 from omnipipe.gateway.worker import Worker
-from omnipipe.gateway.pool import WorkerPool
 from omnipipe.protocol.worker import WorkerState
 
 

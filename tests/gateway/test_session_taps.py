@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omnipipe.server.audio_stream import streaming_wav_header
 from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
 from omnipipe.gateway.recording.replay import encode_wav, read_wav
 from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.recording.taps import ChatTap, RealtimeTap, SpeechTap, TranscriptionTap
+from omnipipe.server.audio_stream import streaming_wav_header
 
 RATE = 24_000
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32

@@ -8,9 +8,9 @@ import random
 import pytest
 
 from omnipipe.gateway.eta import EtaEstimator
+from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.worker import WorkerState
-from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
 
 
 class FakeClock:

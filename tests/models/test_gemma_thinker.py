@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sample_next_token
 from omnipipe.models.default.prompting import (
     build_prompt,
     clean_answer,
@@ -15,7 +16,6 @@ from omnipipe.models.default.prompting import (
     stop_strings,
     stream_safe_length,
 )
-from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sample_next_token
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

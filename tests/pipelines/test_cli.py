@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from omnipipe.util.audio import load_audio, word_error_rate
 from omnipipe.models.default.modeling.whisper import WhisperASR
+from omnipipe.util.audio import load_audio, word_error_rate
 
 CLI = [sys.executable, "-m", "omnipipe.cli.main"]
 

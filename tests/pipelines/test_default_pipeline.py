@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from omnipipe import RequestFailedError, SamplingParams
-from omnipipe.util.audio import word_error_rate
 from omnipipe.models.default.modeling.whisper import WhisperASR
+from omnipipe.util.audio import word_error_rate
 from tests.conftest import EngineHarness, collect, state_is_idle, wait_until_idle
 
 pytestmark = pytest.mark.models

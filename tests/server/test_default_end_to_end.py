@@ -15,8 +15,8 @@ import openai
 import pytest
 import soundfile
 
-from omnipipe.util.audio import load_audio, word_error_rate
 from omnipipe.models.default.modeling.whisper import WhisperASR
+from omnipipe.util.audio import load_audio, word_error_rate
 from tests.server.conftest import API_KEY, ServerProcess, engines_idle
 
 pytestmark = pytest.mark.models

@@ -22,8 +22,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from omnipipe.server.capacity import SessionTracker
 from omnipipe.protocol.worker import WorkerState
+from omnipipe.server.capacity import SessionTracker
 from tests.server.conftest import ServerProcess, engines_idle, running_server
 from tests.server.test_realtime import LONG_TEXT, no_vad, pcm16_b64, recv, send, tone, until, user_text, ws_url
 from tests.server.test_realtime import session as open_session

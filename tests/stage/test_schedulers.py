@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.schedulers.ar import ARScheduler
 from omnipipe.stage.schedulers.generation import GenerationScheduler
-from omnipipe.stage.request import RequestStatus, StageRequest
 
 
 def request(rid: str, inputs: int = 1, finished: bool = True) -> StageRequest:

@@ -20,15 +20,15 @@ from typing import Any, AsyncIterator
 
 import numpy as np
 
+from omnipipe.api.metrics import RequestClock
+from omnipipe.api.outputs import OmniRequestOutput
+from omnipipe.api.prompt import normalize_prompt
+from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.config.deploy_config import DeployConfig, load_deploy
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.engine.async_omni_engine import AsyncOmniEngine
 from omnipipe.engine.events import AddRequest, EngineEvent
-from omnipipe.api.prompt import normalize_prompt
-from omnipipe.api.metrics import RequestClock
 from omnipipe.models.registry import get_pipeline
-from omnipipe.api.outputs import OmniRequestOutput
-from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
 

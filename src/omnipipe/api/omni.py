@@ -9,11 +9,11 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from omnipipe.config.deploy_config import DeployConfig
-from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.api.outputs import OmniRequestOutput
 from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.config.deploy_config import DeployConfig
+from omnipipe.config.pipeline_spec import PipelineSpec
 
 
 class Omni:

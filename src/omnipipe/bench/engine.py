@@ -30,9 +30,9 @@ import msgspec
 import numpy as np
 import zmq
 
-from omnipipe.bench.report import format_table, machine_info, mean, median, percentile, summarize, write_json
 from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.api.outputs import RequestMetrics
+from omnipipe.bench.report import format_table, machine_info, mean, median, percentile, summarize, write_json
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import StageOutput
 from omnipipe.transport.relay.base import Relay

@@ -16,9 +16,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from omnipipe import AsyncOmni, SamplingParams
+from omnipipe.api.outputs import RequestMetrics
 from omnipipe.bench.prompts import QUESTIONS
 from omnipipe.bench.report import format_table, machine_info, mean, summarize, write_json
-from omnipipe.api.outputs import RequestMetrics
 
 METRICS = ("e2e_s", "ttft_s", "tpot_s", "itl_s", "ttfp_s", "rtf")
 

@@ -27,8 +27,8 @@ class CLIError(Exception):
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from omnipipe.engine.orchestrator import EngineStartError
     from omnipipe.api.async_omni import RequestFailedError
+    from omnipipe.engine.orchestrator import EngineStartError
     from omnipipe.models.preparation import ModelPreparationError
 
     return (*USER_ERRORS, CLIError, gateway_cli.GatewayCLIError, UnknownPipelineError, RequestFailedError, EngineStartError, ModelPreparationError)

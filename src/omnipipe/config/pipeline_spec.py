@@ -13,11 +13,11 @@ is visible in one file:
 
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
+from omnipipe.util.dotted import resolve
 from omnipipe.util.field_error import FieldError
 
 StageKind = Literal["ar", "generation", "encoder", "diffusion"]
@@ -219,20 +219,3 @@ class PipelineSpec:
                 if indegree[edge.target] == 0:
                     ready.append(edge.target)
         return order
-
-
-def resolve(dotted: str) -> Callable[..., Any]:
-    """Import ``package.module.attr`` or ``package.module:attr``."""
-    module_name, sep, attr = dotted.partition(":")
-    if not sep:
-        module_name, _, attr = dotted.rpartition(".")
-    if not module_name or not attr:
-        raise PipelineSpecError(f"{dotted!r} is not a dotted path to a function or class")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise PipelineSpecError(f"cannot import {module_name!r} for {dotted!r}: {exc}") from exc
-    try:
-        return getattr(module, attr)
-    except AttributeError as exc:
-        raise PipelineSpecError(f"{module_name!r} has no attribute {attr!r} (from {dotted!r})") from exc

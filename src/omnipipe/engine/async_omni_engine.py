@@ -16,10 +16,11 @@ from typing import Any
 import janus
 
 from omnipipe.config.deploy_config import DeployConfig
-from omnipipe.config.pipeline_spec import EntryInput, PipelineSpec, resolve
+from omnipipe.config.pipeline_spec import EntryInput, PipelineSpec
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
 from omnipipe.engine.orchestrator import EngineStartError, Orchestrator
 from omnipipe.stage.schedulers import SCHEDULERS, has_scheduler
+from omnipipe.util.dotted import resolve
 
 logger = logging.getLogger(__name__)
 

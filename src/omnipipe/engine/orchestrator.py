@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 
 from omnipipe.config.deploy_config import DeployConfig, EdgeDeploy
-from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, resolve
+from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
 from omnipipe.engine.route_plan import RoutePlan, RoutePlans, streams
 from omnipipe.engine.stage_client import StageClient
@@ -40,17 +40,18 @@ from omnipipe.transport.messages import (
     ChunkRoutes,
     HealthCheck,
     HealthReply,
+    Payload,
     Shutdown,
     StageError,
     StageOutput,
     StageReady,
     Submit,
 )
-from omnipipe.transport.messages import Payload
 from omnipipe.transport.relay.base import Relay, RelayError
 from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay.shm import segment_prefix, sweep_segments
 from omnipipe.transport.relay_io import read_payload, write_payload
+from omnipipe.util.dotted import resolve
 
 logger = logging.getLogger(__name__)
 

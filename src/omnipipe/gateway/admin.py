@@ -12,9 +12,9 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
-from omnipipe.protocol.errors import APIError
 from omnipipe.gateway.config import REQUEST_TYPES
 from omnipipe.gateway.pool import WorkerPool
+from omnipipe.protocol.errors import APIError
 
 
 def require_admin(request: Request) -> None:

@@ -18,19 +18,19 @@ import httpx
 from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 
-from omnipipe.protocol.errors import APIError, install_api_error_handlers
 from omnipipe.gateway import admin, pages
 from omnipipe.gateway.apps import AppSwitches
 from omnipipe.gateway.config import GatewayConfig
 from omnipipe.gateway.eta import EtaEstimator
 from omnipipe.gateway.health import HealthMonitor
-from omnipipe.gateway.proxy.http import ModelProxy
 from omnipipe.gateway.live_sessions import LiveSessions
+from omnipipe.gateway.pool import WorkerPool
+from omnipipe.gateway.proxy.http import ModelProxy
 from omnipipe.gateway.proxy.realtime import RealtimeProxy
 from omnipipe.gateway.recording.cleanup import PeriodicCleanup
 from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.worker import Worker
-from omnipipe.gateway.pool import WorkerPool
+from omnipipe.protocol.errors import APIError, install_api_error_handlers
 from omnipipe.protocol.worker import CHAT_PATH, MODELS_PATH, REALTIME_PATH, SPEECH_PATH, TRANSCRIPTION_PATH
 
 logger = logging.getLogger(__name__)

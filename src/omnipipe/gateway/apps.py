@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from omnipipe.protocol.errors import APIError
 from omnipipe.gateway.config import REQUEST_TYPES
+from omnipipe.protocol.errors import APIError
 
 
 class AppSwitches:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+
 import httpx
 
 from omnipipe.gateway.pool import WorkerPool

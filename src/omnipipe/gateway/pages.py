@@ -15,8 +15,8 @@ from fastapi import APIRouter, Request
 from starlette.background import BackgroundTask
 from starlette.responses import FileResponse, JSONResponse
 
-from omnipipe.protocol.errors import APIError
 from omnipipe.gateway.recording.store import InvalidSessionPath, validate_session_id
+from omnipipe.protocol.errors import APIError
 
 STATIC_DIR = Path(__file__).parent / "static"
 PAGES = {"/": "index.html", "/chat": "chat.html", "/voice": "voice.html", "/admin": "admin.html"}

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from omnipipe.config.pipeline_spec import resolve
 from omnipipe.models.registry import get_pipeline
+from omnipipe.util.dotted import resolve
 
 
 class ModelPreparationError(RuntimeError):

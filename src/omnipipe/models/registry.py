@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from omnipipe.config.pipeline_spec import PipelineSpec, resolve
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.util.dotted import resolve
 
 # name -> dotted path of a PipelineSpec
 PIPELINES: dict[str, str] = {

@@ -20,14 +20,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from omnipipe.server.routes import chat, realtime, speech, transcription
+from omnipipe.protocol.openai import ModelCard, ModelList
+from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, HealthReply
+from omnipipe.server.capacity import SessionLimiter, SessionTracker
 from omnipipe.server.engines import EnginePool, ServerConfig
 from omnipipe.server.errors import install_error_handlers
 from omnipipe.server.guard import RequestGuard
 from omnipipe.server.prometheus import ServerMetrics
-from omnipipe.protocol.openai import ModelCard, ModelList
-from omnipipe.server.capacity import SessionLimiter, SessionTracker
-from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, HealthReply
+from omnipipe.server.routes import chat, realtime, speech, transcription
 
 logger = logging.getLogger(__name__)
 

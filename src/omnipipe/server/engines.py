@@ -19,11 +19,12 @@ from typing import Any, Literal
 
 import yaml
 
-from omnipipe.config.pipeline_spec import PipelineSpec, resolve
 from omnipipe.api.async_omni import AsyncOmni
-from omnipipe.server.errors import APIError, unavailable
+from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.models.registry import get_pipeline
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
+from omnipipe.server.errors import APIError, unavailable
+from omnipipe.util.dotted import resolve
 
 logger = logging.getLogger(__name__)
 

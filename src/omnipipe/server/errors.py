@@ -13,11 +13,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
-from omnipipe.util.audio import AudioDecodeError
-from omnipipe.engine.async_omni_engine import EngineOverloadedError
 from omnipipe.api.async_omni import EngineClosedError, RequestFailedError
-from omnipipe.util.field_error import FieldError
+from omnipipe.engine.async_omni_engine import EngineOverloadedError
 from omnipipe.protocol.errors import RETRY_AFTER_S, APIError, install_api_error_handlers
+from omnipipe.util.audio import AudioDecodeError
+from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ import zmq
 from omnipipe.chunk.connector import ChunkConnector, EdgeLink, ReceivedChunk
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
-from omnipipe.config.pipeline_spec import resolve
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner
@@ -40,6 +39,7 @@ from omnipipe.transport.messages import (
 from omnipipe.transport.relay.base import Relay, RelayError
 from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
+from omnipipe.util.dotted import resolve
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
 from omnipipe.util.process import die_with_parent

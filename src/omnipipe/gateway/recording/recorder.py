@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.util.audio import load_audio
 from omnipipe.gateway.recording.replay import (
     REPLAY_RATE_HZ,
     Clip,
@@ -43,6 +42,7 @@ from omnipipe.gateway.recording.store import (
     SessionStore,
     atomic_write_bytes,
 )
+from omnipipe.util.audio import load_audio
 
 logger = logging.getLogger(__name__)
 

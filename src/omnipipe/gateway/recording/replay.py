@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from omnipipe.util.audio import resample
 from omnipipe.gateway.recording.store import temporary_path
+from omnipipe.util.audio import resample
 
 logger = logging.getLogger(__name__)
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.util.audio import load_audio
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.config.pipeline_spec import EntryInput
+from omnipipe.util.audio import load_audio
 from omnipipe.util.field_error import FieldError
 
 WHISPER_RATE_HZ = 16_000

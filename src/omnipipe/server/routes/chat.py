@@ -14,14 +14,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.api.async_omni import AsyncOmni
-from omnipipe.server.audio_stream import Pcm16Stream, encode_whole
-from omnipipe.server.engines import EnginePool
-from omnipipe.server.errors import APIError, from_engine_error, invalid
-from omnipipe.util.field_error import FieldError
-from omnipipe.server.prometheus import ServerMetrics
-from omnipipe.protocol.worker import CHAT_PATH
+from omnipipe.api.outputs import OmniRequestOutput, RequestMetrics
+from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.openai import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -39,9 +35,13 @@ from omnipipe.protocol.openai import (
     TextPart,
     Usage,
 )
+from omnipipe.protocol.worker import CHAT_PATH
+from omnipipe.server.audio_stream import Pcm16Stream, encode_whole
+from omnipipe.server.engines import EnginePool
+from omnipipe.server.errors import APIError, from_engine_error, invalid
+from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
-from omnipipe.api.outputs import OmniRequestOutput, RequestMetrics
-from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.util.field_error import FieldError
 
 ENDPOINT = CHAT_PATH
 AUDIO_EXPIRY_S = 3600

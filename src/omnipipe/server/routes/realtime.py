@@ -67,19 +67,19 @@ import numpy as np
 from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.api.async_omni import AsyncOmni
+from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.audio import PCM16_DTYPE, PCM16_RATE_HZ
 from omnipipe.protocol.realtime import COMMIT_EMPTY, PAUSE_TIMEOUT, ClientEvent, ServerEvent
 from omnipipe.protocol.worker import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN, REALTIME_PATH
 from omnipipe.server.audio_stream import Pcm16Stream
+from omnipipe.server.capacity import Session, SessionTracker, at_capacity_error
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error
-from omnipipe.util.field_error import FieldError
 from omnipipe.server.prometheus import ServerMetrics
-from omnipipe.server.capacity import Session, SessionTracker, at_capacity_error
 from omnipipe.server.vad import EnergyVAD
-from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,11 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 
+from omnipipe.api.outputs import OmniRequestOutput
+from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.protocol.openai import ErrorResponse, SpeechRequest
+from omnipipe.protocol.worker import SPEECH_PATH
 from omnipipe.server.audio_stream import (
     MEDIA_TYPES,
     Pcm16Stream,
@@ -23,11 +27,7 @@ from omnipipe.server.audio_stream import (
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
-from omnipipe.protocol.worker import SPEECH_PATH
-from omnipipe.protocol.openai import ErrorResponse, SpeechRequest
 from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
-from omnipipe.api.outputs import OmniRequestOutput
-from omnipipe.api.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 ENDPOINT = SPEECH_PATH

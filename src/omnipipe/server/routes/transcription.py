@@ -10,12 +10,12 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from omnipipe.util.audio import load_audio
+from omnipipe.protocol.openai import ErrorResponse, TranscriptionFormat
+from omnipipe.protocol.worker import TRANSCRIPTION_PATH
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
-from omnipipe.protocol.worker import TRANSCRIPTION_PATH
-from omnipipe.protocol.openai import ErrorResponse, TranscriptionFormat
+from omnipipe.util.audio import load_audio
 
 ENDPOINT = TRANSCRIPTION_PATH
 LANGUAGES = {"en": "english", "english": "english"}

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from omnipipe.util.audio import load_audio
 from omnipipe.models.default.weights.voice import ModelPreparationError, whisper_model_dir
+from omnipipe.util.audio import load_audio
 
 logger = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from omnipipe.models.default.pipeline import VOICE_SAMPLE_RATE_HZ
 from omnipipe.models.default.modeling.piper_decoder import DecoderWindow, PiperDecoder
+from omnipipe.models.default.pipeline import VOICE_SAMPLE_RATE_HZ
 from omnipipe.models.default.weights.voice import prepare_voice
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from omnipipe.models.default.modeling.gemma import GemmaThinker
-from omnipipe.models.default.prompting import prompt_parts, should_stop, stop_strings, stream_safe_length
 from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.models.default.prompting import prompt_parts, should_stop, stop_strings, stream_safe_length
 from omnipipe.models.default.weights.thinker import prepare_thinker
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
