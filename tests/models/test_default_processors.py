@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from omnipipe.chunk.context import ChunkContext
-from omnipipe.models.default.processors import encoder2thinker, thinker2talker, thinker2talker_async_chunk
+from omnipipe.models.default.processors import (
+    SpokenPieceOptions,
+    encoder2thinker,
+    thinker2talker,
+    thinker2talker_async_chunk,
+)
 
 ANSWER = "The sky on a clear day is blue. It looks nice, really very nice indeed."
 
 
 def stream(tokens: list[str]) -> list[str]:
     state: dict = {}
-    ctx = ChunkContext(25, 10, 10, 5)
+    ctx = ChunkContext(SpokenPieceOptions(), active_requests=1, max_num_seqs=8)
     pieces = []
     for i, token in enumerate(tokens):
         pieces += [c["text"] for c in thinker2talker_async_chunk(state, {"text": token}, i == len(tokens) - 1, ctx)]

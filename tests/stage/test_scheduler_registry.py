@@ -8,20 +8,13 @@ from omnipipe import AsyncOmni
 from omnipipe.config.pipeline_spec import PipelineSpec, StageSpec
 from omnipipe.engine.orchestrator import EngineStartError
 from omnipipe.models.registry import get_pipeline
-from omnipipe.stage.request import RequestStatus, StageRequest
+from omnipipe.stage.request import RequestStatus
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.schedulers import UnsupportedStageKindError, has_scheduler, scheduler_for
 from omnipipe.stage.schedulers.ar import ARScheduler
 from omnipipe.stage.schedulers.generation import GenerationScheduler
 from tests.conftest import child_processes
-
-
-def request(rid: str, inputs: int = 1, finished: bool = True) -> StageRequest:
-    r = StageRequest(rid, {}, True, False, [], {})
-    for i in range(inputs):
-        r.inputs.append({"i": i})
-    r.input_finished = finished
-    return r
+from tests.stage.test_schedulers import request
 
 
 def test_every_served_kind_has_its_scheduler() -> None:

@@ -8,7 +8,7 @@ from omnipipe.stage.schedulers.generation import GenerationScheduler
 
 
 def request(rid: str, inputs: int = 1, finished: bool = True) -> StageRequest:
-    r = StageRequest(rid, {}, True, False, [], {})
+    r = StageRequest(rid, {}, True, False, [])
     for i in range(inputs):
         r.inputs.append({"i": i})
     r.input_finished = finished
