@@ -40,7 +40,7 @@ class RequestFailedError(RuntimeError):
 
 
 class EngineClosedError(RuntimeError):
-    pass
+    """The AsyncOmni has been shut down; it takes no more requests."""
 
 
 @dataclass

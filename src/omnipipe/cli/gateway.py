@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import secrets
 import signal
 import socket
@@ -23,18 +22,17 @@ from typing import Any
 import httpx
 
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
+from omnipipe.util.field_error import FieldError
 from omnipipe.util.process import start_in_group, stop_groups
-
-_FIELD = re.compile(r"^([a-z_]+): ")
 
 
 class GatewayCLIError(Exception):
     """A mistake the user can fix; printed as one line, exit code 2."""
 
 
-def _flag_message(exc: ValueError) -> str:
-    """``max_queue: must be ...`` -> ``--max-queue: must be ...``."""
-    return _FIELD.sub(lambda m: "--" + m.group(1).replace("_", "-") + ": ", str(exc), count=1)
+def _flag_message(exc: FieldError) -> str:
+    """``FieldError("max_queue", "must be ...")`` -> ``--max-queue: must be ...``."""
+    return f"--{exc.field.replace('_', '-')}: {exc.rule}"
 
 
 def _add_storage_flags(p: argparse.ArgumentParser) -> None:
@@ -83,7 +81,7 @@ def gateway_config(args: argparse.Namespace) -> Any:
                              admin_token=args.admin_token, data_dir=args.data_dir, record=not args.no_record,
                              retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
                              max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
-    except ValueError as exc:
+    except FieldError as exc:
         raise GatewayCLIError(_flag_message(exc)) from None
 
 
@@ -263,7 +261,7 @@ def run_sessions(args: argparse.Namespace) -> int:
     try:
         report = cleanup_sessions(store, retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
                                   dry_run=args.dry_run)
-    except ValueError as exc:
+    except FieldError as exc:
         raise GatewayCLIError(_flag_message(exc)) from None
     print(report.format())
     return 1 if report.errors else 0

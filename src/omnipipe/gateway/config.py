@@ -7,6 +7,7 @@ from pathlib import Path
 
 from omnipipe.gateway.worker import check_address
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
+from omnipipe.util.field_error import FieldError
 
 REQUEST_TYPES = ("chat", "speech", "transcription", "voice")
 """What the queue, the ETA estimator and the app switches distinguish."""
@@ -39,26 +40,26 @@ class GatewayConfig:
 
     def __post_init__(self) -> None:
         if not self.workers:
-            raise ValueError("workers: give at least one worker address (host:port)")
+            raise FieldError("workers", "give at least one worker address (host:port)")
         for address in self.workers:
             check_address(address, "workers")
         if len(set(self.workers)) != len(self.workers):
-            raise ValueError(f"workers: an address is listed twice: {','.join(self.workers)}")
+            raise FieldError("workers", f"an address is listed twice: {','.join(self.workers)}")
         if not 0 < self.port < 65536:
-            raise ValueError(f"port: must be in 1..65535, got {self.port}")
+            raise FieldError("port", f"must be in 1..65535, got {self.port}")
         if self.max_queue < 0:
-            raise ValueError(f"max_queue: must be >= 0, got {self.max_queue}")
+            raise FieldError("max_queue", f"must be >= 0, got {self.max_queue}")
         if self.admin_token is not None and len(self.admin_token) < 8:
-            raise ValueError("admin_token: use at least 8 characters")
+            raise FieldError("admin_token", "use at least 8 characters")
         for name in ("retention_days", "max_storage_gb"):
             value = getattr(self, name)
             if value is not None and value < 0:
-                raise ValueError(f"{name}: must be >= 0, got {value}")
+                raise FieldError(name, f"must be >= 0, got {value}")
         for name in ("cleanup_interval_s", "health_interval_s", "health_timeout_s", "chat_session_idle_s"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name}: must be > 0, got {getattr(self, name)}")
+                raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
         if self.offline_after_failures < 1:
-            raise ValueError(f"offline_after_failures: must be >= 1, got {self.offline_after_failures}")
+            raise FieldError("offline_after_failures", f"must be >= 1, got {self.offline_after_failures}")
         if self.max_body_bytes < 1:
-            raise ValueError(f"max_body_bytes: must be >= 1, got {self.max_body_bytes}")
+            raise FieldError("max_body_bytes", f"must be >= 1, got {self.max_body_bytes}")
         self.data_dir = Path(self.data_dir)

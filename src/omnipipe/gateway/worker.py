@@ -6,13 +6,14 @@ import time
 from dataclasses import dataclass
 
 from omnipipe.protocol.worker import BLOCKED_STATES, BUSY_STATES, WorkerState
+from omnipipe.util.field_error import FieldError
 
 
 def check_address(address: str, field: str = "address") -> None:
     """``address`` must be "host:port" with a port in 1..65535; the error names ``field``."""
     host, sep, port = address.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{field}: a worker address must look like 'host:port', got {address!r}")
+        raise FieldError(field, f"a worker address must look like 'host:port', got {address!r}")
 
 
 @dataclass(eq=False)

@@ -24,6 +24,7 @@ from omnipipe.protocol.worker import (
     WorkerState,
 )
 from omnipipe.server.guard import ASGIApp, Message, Receive, Scope, Send
+from omnipipe.util.field_error import FieldError
 
 SessionKind = Literal["http", "realtime"]
 MODEL_ENDPOINTS = frozenset({CHAT_PATH, SPEECH_PATH, TRANSCRIPTION_PATH})
@@ -69,7 +70,7 @@ class SessionTracker:
 
     def __init__(self, capacity: int | None = None) -> None:
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
-            raise ValueError(f"capacity: must be an integer >= 1 or None, got {capacity!r}")
+            raise FieldError("capacity", f"must be an integer >= 1 or None, got {capacity!r}")
         self.capacity = capacity
         self._open: dict[SessionKind, int] = {"http": 0, "realtime": 0}
         self._paused = 0

@@ -25,6 +25,7 @@ from omnipipe.models.registry import get_pipeline
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 from omnipipe.server.errors import APIError, unavailable
 from omnipipe.util.dotted import resolve
+from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +50,9 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if self.capacity is not None and (isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
                                           or self.capacity < 1):
-            raise ValueError(f"capacity: must be an integer >= 1 or None, got {self.capacity!r}")
+            raise FieldError("capacity", f"must be an integer >= 1 or None, got {self.capacity!r}")
         if not (isinstance(self.pause_timeout_s, (int, float)) and 0 < self.pause_timeout_s < float("inf")):
-            raise ValueError(f"pause_timeout_s: must be a number > 0, got {self.pause_timeout_s!r}")
+            raise FieldError("pause_timeout_s", f"must be a number > 0, got {self.pause_timeout_s!r}")
 
 
 def _deploy_for(source: str | Path | dict[str, Any] | None, pipeline: PipelineSpec) -> dict[str, Any] | None:

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omnipipe.gateway.recording.store import SessionStore, SessionSummary
+from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ def _check_limit(value: float | None, name: str) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-        raise ValueError(f"{name}: must be a number >= 0 or None, got {value!r}")
+        raise FieldError(name, f"must be a number >= 0 or None, got {value!r}")
 
 
 def cleanup_sessions(store: SessionStore, *, retention_days: float | None, max_storage_gb: float | None,
@@ -134,7 +135,7 @@ class PeriodicCleanup:
         _check_limit(retention_days, "retention_days")
         _check_limit(max_storage_gb, "max_storage_gb")
         if not interval_s > 0:
-            raise ValueError(f"interval_s: must be > 0, got {interval_s!r}")
+            raise FieldError("interval_s", f"must be > 0, got {interval_s!r}")
         self.store = store
         self.retention_days = retention_days
         self.max_storage_gb = max_storage_gb
