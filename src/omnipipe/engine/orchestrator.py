@@ -16,7 +16,6 @@ import collections
 import contextlib
 import logging
 import shutil
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from omnipipe.config.deploy_config import DeployConfig, EdgeDeploy
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
 from omnipipe.engine.route_plan import RoutePlan, RoutePlans, streams
+from omnipipe.engine.run_dir import create_run_dir, sweep_stale_run_dirs
 from omnipipe.engine.stage_client import StageClient
 from omnipipe.placement import DEFAULT_LAUNCHER, Launcher, launcher_for
 from omnipipe.stage.launch import ChunkLink, StageLaunch
@@ -83,7 +83,8 @@ class Orchestrator:
         self.run_id = run_id
         self._emit = emit
         self.log_level = log_level
-        self.run_dir = tempfile.mkdtemp(prefix=f"omnipipe-{run_id}-")
+        sweep_stale_run_dirs()  # what SIGKILLed engines before this one left behind
+        self.run_dir = create_run_dir(run_id)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.request_queue: janus.Queue[Any] | None = None
         self.clients: dict[str, StageClient] = {}
