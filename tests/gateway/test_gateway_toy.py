@@ -5,6 +5,7 @@ mid-session."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -352,3 +353,36 @@ def test_killing_a_worker_mid_session_fails_only_its_client(cluster) -> None:
                           json={"model": "toy", "messages": [{"role": "user", "content": "still here"}]})
     assert response.status_code == 200 and response.headers["x-omnipipe-worker"] != victim
 
+
+
+def test_clients_queued_when_the_gateway_stops_get_queue_cancelled(cluster, tmp_path) -> None:
+    """A second gateway in front of the same workers is stopped while a plain request waits in its queue: the
+    client gets the OpenAI error object (503 queue_cancelled), not a cut connection or a bare 500."""
+    _, workers = cluster
+    second = GatewayProcess([w.address for w in workers], tmp_path)
+    try:
+        second.wait_ready(60)
+        held = _hold_both_workers(second)
+        try:
+            with httpx.Client(timeout=60) as client:
+                result: dict[str, httpx.Response] = {}
+                waiting = threading.Thread(target=lambda: result.setdefault("r", client.post(
+                    f"{second.url}/v1/chat/completions", json={"model": "toy", "messages": [
+                        {"role": "user", "content": "x"}]})))
+                waiting.start()
+                deadline = time.monotonic() + 30
+                while not second.admin("GET", "/queue").json() and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                assert second.admin("GET", "/queue").json(), "the request never queued"
+                second.process.send_signal(signal.SIGTERM)
+                waiting.join(30)
+            response = result["r"]
+            assert response.status_code == 503, response.text
+            assert response.json()["error"]["code"] == "queue_cancelled", response.text
+        finally:
+            for ws in held:
+                with contextlib.suppress(Exception):
+                    ws.close()
+    finally:
+        second.stop()
+    assert "told 1 queued client(s)" in second.log_path.read_text()

@@ -96,9 +96,19 @@ def run_gateway(args: argparse.Namespace) -> int:
     scheme = "https" if tls else "http"
     print(f"omnipipe: gateway on {scheme}://{config.host}:{config.port} for {len(config.workers)} worker(s); "
           f"recordings in {config.data_dir.resolve() if config.record else '(off)'}", file=sys.stderr)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
-                                           log_level="info" if args.verbose else "warning",
-                                           timeout_graceful_shutdown=5, **tls))
+    class GatewayServer(uvicorn.Server):
+        async def shutdown(self, sockets: Any = None) -> None:
+            # uvicorn drains open requests before the app's own shutdown runs: answer the queued ones first
+            # (queue_cancelled), so none waits out the drain and ends as a bare 500 when it is cut
+            cancelled = app.state.pool.cancel_all()
+            if cancelled:
+                print(f"omnipipe: gateway stopping; told {cancelled} queued client(s) (queue_cancelled)",
+                      file=sys.stderr)
+            await super().shutdown(sockets)
+
+    server = GatewayServer(uvicorn.Config(app, host=config.host, port=config.port,
+                                          log_level="info" if args.verbose else "warning",
+                                          timeout_graceful_shutdown=5, **tls))
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     return 0
