@@ -137,3 +137,13 @@ def test_cross_origin_websocket_is_refused(gateway: GatewayProcess) -> None:
         assert json.loads(ws.recv(timeout=10))["type"] == "queued"
     with connect(url, open_timeout=10) as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "queued"
+
+
+def test_oversized_request_headers_get_431(gateway: GatewayProcess) -> None:
+    with httpx.Client(base_url=gateway.url, timeout=30) as client:
+        big = client.get("/health", headers={"X-Big": "a" * 70_000})
+        many = client.get("/health", headers=[(f"X-H{i}", "1") for i in range(3000)])
+        assert client.get("/health").status_code in (200, 503)  # answered as usual (its workers may be down)
+    for response in (big, many):
+        assert response.status_code == 431, response.text
+        assert response.json()["error"]["code"] == "request_headers_too_large"

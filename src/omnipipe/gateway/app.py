@@ -31,6 +31,7 @@ from omnipipe.gateway.recording.cleanup import PeriodicCleanup
 from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.errors import APIError, install_api_error_handlers
+from omnipipe.protocol.header_limits import HeaderLimits
 from omnipipe.protocol.worker import CHAT_PATH, MODELS_PATH, REALTIME_PATH, SPEECH_PATH, TRANSCRIPTION_PATH
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     app.state.apps = apps
     app.state.monitor = monitor
     _install_error_handlers(app)
+    app.add_middleware(HeaderLimits)  # type: ignore
     app.include_router(admin.router)
     app.include_router(pages.router)
 

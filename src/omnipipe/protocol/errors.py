@@ -13,7 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 INVALID_REQUEST = "invalid_request_error"
 RETRY_AFTER_S = 1
 _STATUS_TYPES = {401: "authentication_error", 403: "permission_error", 404: INVALID_REQUEST, 405: INVALID_REQUEST,
-                 413: INVALID_REQUEST, 415: INVALID_REQUEST, 429: "rate_limit_error", 503: "server_error"}
+                 413: INVALID_REQUEST, 415: INVALID_REQUEST, 429: "rate_limit_error", 431: INVALID_REQUEST,
+                 503: "server_error"}
 
 
 class APIError(Exception):

@@ -20,6 +20,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from omnipipe.protocol.header_limits import HeaderLimits
 from omnipipe.protocol.openai import ModelCard, ModelList
 from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, HealthReply
 from omnipipe.server.capacity import SessionLimiter, SessionTracker
@@ -99,4 +100,5 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     app.add_middleware(SessionLimiter, tracker=sessions)  # type: ignore
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,  # type: ignore
                        metrics=metrics)
+    app.add_middleware(HeaderLimits)  # type: ignore  # outermost: nothing reads a request beyond the limits
     return app
