@@ -56,7 +56,7 @@ edges:
     ("async_chunk: maybe", "async_chunk: must be true or false"),
     ("transport: udp", "transport: must be one of ipc, tcp"),
     ("edges: {talker->code2wav: {options: {initial_codec_chunk_frames: 0}}}",
-     'edges.talker->code2wav.options.initial_codec_chunk_frames: must be "auto" or an integer >= 1'),
+     'edges.talker->code2wav.options.initial_codec_chunk_frames: must be "auto" or an integer in [1, 4096]'),
     ("edges: {talker->code2wav: {options: {chunk_size: 3}}}", "edges.talker->code2wav.options.chunk_size: unknown option"),
     ("edges: {thinker->talker: {options: {first_chunk_words: 2}}}", "edges.thinker->talker.options: edge thinker->talker takes no options"),
     ("codec_chunk_frames: 25", "codec_chunk_frames: is an option of the frame edge now"),

@@ -23,8 +23,10 @@ from tests.conftest import collect
     ({"prompt": "hi", "sampling_params": {"thinker": {"bogus": 1}}}, "sampling_params.bogus: unknown field"),
     ({"prompt": "hi", "sampling_params": "greedy"}, "sampling_params: must be SamplingParams"),
     ({"prompt": "hi", "edge_options": {"talker->code2wav": {"initial_codec_chunk_frames": 0}}},
-     'edge_options.talker->code2wav.initial_codec_chunk_frames: must be "auto" or an integer >= 1'),
+     'edge_options.talker->code2wav.initial_codec_chunk_frames: must be "auto" or an integer in [1, 4096]'),
     ({"prompt": "hi", "edge_options": {"thinker->talker": {"x": 1}}}, "edge_options.thinker->talker: no such edge with options"),
+    ({"prompt": "hi", "edge_options": {"talker->code2wav": {"initial_codec_chunk_frames": 10**25}}},
+     "edge_options.talker->code2wav.initial_codec_chunk_frames: must be"),
     ({"prompt": "hi", "request_id": ""}, "request_id: must be a non-empty string"),
 ])
 def test_bad_generate_arguments(toy, kwargs, message) -> None:

@@ -17,6 +17,9 @@ import numpy as np
 from omnipipe.util.field_error import FieldError
 
 
+MAX_CHUNK_FRAMES = 4096  # a bound far above any useful chunk (25 frames are about 0.3 s of speech)
+
+
 @dataclass(frozen=True)
 class FrameChunkOptions:
     """The options of a frame edge (talker -> vocoder): deploy ``edges.NAME.options``, per-request overrides."""
@@ -29,11 +32,13 @@ class FrameChunkOptions:
     def __post_init__(self) -> None:
         for name, minimum in (("codec_chunk_frames", 1), ("left_context_frames", 0), ("right_context_frames", 0)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-                raise FieldError(name, f"must be an integer >= {minimum}, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= MAX_CHUNK_FRAMES:
+                raise FieldError(name, f"must be an integer in [{minimum}, {MAX_CHUNK_FRAMES}], got {value!r}")
         value = self.initial_codec_chunk_frames
-        if not (value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)):
-            raise FieldError("initial_codec_chunk_frames", f'must be "auto" or an integer >= 1, got {value!r}')
+        if not (value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
+                                    and 1 <= value <= MAX_CHUNK_FRAMES)):
+            raise FieldError("initial_codec_chunk_frames",
+                             f'must be "auto" or an integer in [1, {MAX_CHUNK_FRAMES}], got {value!r}')
 
 
 def choose_initial_chunk_frames(

@@ -282,7 +282,7 @@ class Orchestrator:
         while True:
             command = await self.request_queue.async_q.get()
             if isinstance(command, AddRequest):
-                await self._add_request(command)
+                await self._add_request_or_fail(command)
             elif isinstance(command, AbortRequests):
                 await self._abort(command.request_ids, notify=None)
             elif isinstance(command, QueryState):
@@ -299,6 +299,20 @@ class Orchestrator:
             chunk_targets=list(route.chunk_targets), chunk_sources=list(route.chunk_sources),
             edge_options=request.edge_options,
         )
+
+    async def _add_request_or_fail(self, command: AddRequest) -> None:
+        """Add a request; whatever goes wrong on the way (a value the wire cannot carry, a relay error) fails that
+        request alone and never the loop that serves every other request."""
+        try:
+            await self._add_request(command)
+        except Exception as exc:
+            logger.exception("request %s could not be sent to its stages", command.request_id)
+            message = f"the request could not be sent to its stages: {type(exc).__name__}: {exc}"
+            request = self.requests.get(command.request_id)
+            if request is not None:
+                self._fail(request, "", message)
+            else:
+                self._emit(EngineEvent(command.request_id, "error", "", error=message))
 
     async def _add_request(self, command: AddRequest) -> None:
         down = [name for name in command.plan if not self.clients[name].alive and not self._restartable(name)]
@@ -328,7 +342,7 @@ class Orchestrator:
         for request_id, command in list(self._parked.items()):
             if all(self.clients[name].ready.is_set() for name in command.plan):
                 del self._parked[request_id]
-                await self._add_request(command)
+                await self._add_request_or_fail(command)
 
     def _fail_parked(self, stage: str, message: str) -> None:
         for request_id, command in list(self._parked.items()):
