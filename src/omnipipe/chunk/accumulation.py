@@ -16,7 +16,6 @@ import numpy as np
 
 from omnipipe.util.field_error import FieldError
 
-
 MAX_CHUNK_FRAMES = 4096  # a bound far above any useful chunk (25 frames are about 0.3 s of speech)
 
 
