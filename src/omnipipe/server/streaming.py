@@ -1,8 +1,13 @@
-"""Streaming responses whose generator is always closed, so a client that goes away aborts its request.
+"""Streaming responses whose generator is always closed, so a client that goes away aborts its request, and
+whose failure mid-stream looks like a failure to the client.
 
 Starlette stops sending when the client disconnects, but a body generator suspended at ``yield`` would only be
 closed by the garbage collector. ``ClosingStreamingResponse`` closes it as soon as the response ends, however it
 ends; the generator's ``finally`` then leaves ``AsyncOmni.generate`` early, which aborts the request everywhere.
+
+A body that cannot say "failed" in its own format (raw audio: pcm, wav, ...) raises ``StreamCut`` instead: the
+response then ends without its terminating chunk, the server drops the connection, and every HTTP client
+raises (an incomplete body), rather than taking the part it got for the whole.
 """
 
 from __future__ import annotations
@@ -20,6 +25,16 @@ from omnipipe.api.outputs import OmniRequestOutput
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+class StreamCut(Exception):
+    """Raised by a response body that failed after the response started: end it as cut, not as complete."""
+
+
+def _is_cut(exc: BaseException) -> bool:
+    if isinstance(exc, StreamCut):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and any(_is_cut(e) for e in exc.exceptions)
+
+
 class ClosingStreamingResponse(StreamingResponse):
     def __init__(self, content: AsyncIterator[Any], *, media_type: str,
                  headers: Mapping[str, str] | None = None) -> None:
@@ -29,6 +44,10 @@ class ClosingStreamingResponse(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except BaseException as exc:
+            if not _is_cut(exc):
+                raise
+            # returning without the final body message: the server closes the connection mid-body
         finally:
             aclose = getattr(self._source, "aclose", None)
             if aclose is not None:

@@ -27,7 +27,14 @@ from omnipipe.server.audio_stream import (
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
-from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
+from omnipipe.server.streaming import (
+    SSE_HEADERS,
+    ClosingStreamingResponse,
+    StreamCut,
+    first_output,
+    sse,
+    with_first,
+)
 
 logger = logging.getLogger(__name__)
 ENDPOINT = SPEECH_PATH
@@ -91,11 +98,13 @@ async def _body(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOut
         async for piece in pieces:
             yield sse({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
         yield sse({"type": "speech.audio.done", "usage": {"input_tokens": 0, "output_tokens": 0, "total_tokens": 0}})
-    except Exception as exc:  # noqa: BLE001 - the response has started: end it (an error event for SSE)
+    except Exception as exc:  # noqa: BLE001 - the response has started: an error event for SSE, else cut it
         error = from_engine_error(exc, {"prompt": "input"})
         logger.warning("speech request failed mid-stream: %s", error.message)
         if body.stream_format == "sse":
             yield sse(error.body())
+        else:
+            raise StreamCut(error.message) from exc
     finally:
         await pieces.aclose()  # type: ignore[attr-defined]
         await outputs.aclose()  # type: ignore[attr-defined]

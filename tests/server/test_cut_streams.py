@@ -1,0 +1,108 @@
+"""A stream cut short by a stage death must look cut to the client: raw audio bodies end without their terminating
+chunk (httpx and the openai client raise), SSE streams end with an error event (the openai client raises)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.server.conftest import ServerProcess, running_server
+
+# slow vocoder and talker calls stretch a long answer over seconds, so a stage can be killed mid-stream
+SLOW_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 20}},
+                          "talker": {"options": {"call_delay_ms": 20}},
+                          "code2wav": {"options": {"call_delay_ms": 40}}}}
+LONG_INPUT = " ".join(f"word{i}" for i in range(80))
+
+
+@pytest.fixture(scope="module")
+def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server("toy", SLOW_DEPLOY, tmp_path_factory.mktemp("cut-streams"), 120) as server:
+        yield server
+
+
+def stage_pid(server: ServerProcess, pipeline: str, stage: str, timeout_s: float = 30) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{server.url}/debug/state", headers=server.headers, timeout=10).json()["engines"]
+        pid = ((state.get(pipeline) or {}).get("state") or {}).get("pids", {}).get(stage)
+        if pid:
+            return int(pid)
+        time.sleep(0.1)
+    raise AssertionError(f"no pid for {pipeline}/{stage}")
+
+
+def wait_restarted(server: ServerProcess, pipeline: str, stage: str, old_pid: int, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if stage_pid(server, pipeline, stage, timeout_s=1) != old_pid:
+                return
+        except AssertionError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError(f"{pipeline}/{stage} did not come back")
+
+
+@pytest.mark.parametrize("response_format", ["pcm", "wav"])
+def test_raw_speech_cut_by_a_stage_death_raises_in_httpx(slow_server: ServerProcess, response_format: str) -> None:
+    """The vocoder dies mid-answer (the toy talker turns the whole input into frames in one call, so only the
+    vocoder is still at work when the audio streams)."""
+    victim = "code2wav"
+    body = {"model": "toy_tts", "input": LONG_INPUT, "response_format": response_format}
+    received = 0
+    with httpx.Client(base_url=slow_server.url, headers=slow_server.headers, timeout=60) as http:
+        http.post("/v1/audio/speech", json={**body, "input": "warm"}).raise_for_status()  # the companion is up
+        pid = victim_pid = stage_pid(slow_server, "toy_tts", victim)
+        with pytest.raises(httpx.RemoteProtocolError), http.stream("POST", "/v1/audio/speech", json=body) as response:
+            assert response.status_code == 200
+            for piece in response.iter_raw(1024):
+                received += len(piece)
+                if received >= 4096 and pid:
+                    os.kill(pid, signal.SIGKILL)
+                    pid = 0
+    assert received >= 4096
+    wait_restarted(slow_server, "toy_tts", victim, old_pid=victim_pid)
+
+
+def test_openai_client_raises_on_a_cut_speech_stream(slow_server: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=f"{slow_server.url}/v1", api_key=slow_server.api_key or "unused", max_retries=0)
+    client.audio.speech.create(model="toy_tts", input="warm", voice="default", response_format="pcm")  # companion up
+    pid = stage_pid(slow_server, "toy_tts", "code2wav")
+    # the openai client reads through its own HTTP stack: whatever it raises, it says the body was incomplete
+    with pytest.raises(Exception, match="incomplete chunked read"):
+        with client.audio.speech.with_streaming_response.create(model="toy_tts", input=LONG_INPUT, voice="default",
+                                                               response_format="pcm") as response:
+            for i, _ in enumerate(response.iter_bytes(1024)):
+                if i == 2:
+                    os.kill(pid, signal.SIGKILL)
+    wait_restarted(slow_server, "toy_tts", "code2wav", old_pid=pid)
+
+
+def test_openai_client_raises_on_a_cut_chat_stream(slow_server: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=f"{slow_server.url}/v1", api_key=slow_server.api_key or "unused", max_retries=0)
+    pid = stage_pid(slow_server, "toy", "code2wav")
+    chunks: list[Any] = []
+    with pytest.raises(openai.APIError, match="code2wav"):
+        stream = client.chat.completions.create(
+            model="toy", messages=[{"role": "user", "content": LONG_INPUT}], max_tokens=400, stream=True,
+            modalities=["text", "audio"], audio={"voice": "default", "format": "pcm16"})
+        for chunk in stream:
+            chunks.append(chunk)
+            if len(chunks) == 5:
+                os.kill(pid, signal.SIGKILL)
+    assert len(chunks) >= 5
+    wait_restarted(slow_server, "toy", "code2wav", old_pid=pid)
+
+
+def test_server_keeps_serving_after_the_cuts(slow_server: ServerProcess, tmp_path: Path) -> None:
+    with httpx.Client(base_url=slow_server.url, headers=slow_server.headers, timeout=60) as http:
+        response = http.post("/v1/audio/speech", json={"model": "toy_tts", "input": "fine", "response_format": "pcm"})
+    assert response.status_code == 200 and len(response.content) > 0
