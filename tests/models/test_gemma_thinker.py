@@ -297,3 +297,41 @@ def test_shared_prefix_cache_gives_the_same_tokens_as_a_full_prefill(thinker) ->
     for a, b in zip(full_logits, cached_logits):
         for x, y in zip(a, b):
             assert (x - y).abs().max().item() < 1e-3
+
+
+@pytest.mark.models
+def test_rewind_undoes_decode_steps(thinker) -> None:
+    """A checkpoint taken before a (failed) batched step brings the cache back: the retry alone gives the same
+    logits as a step that never went wrong."""
+    thinker.prefill("r", _encode(thinker, PROMPTS[1]))
+    thinker.prefill("s", _encode(thinker, PROMPTS[0]))
+    try:
+        thinker.decode(["r", "s"], [5, 6])
+        mark = thinker.checkpoint("r")
+        expected = thinker.decode(["r"], [7])[0]
+        thinker.rewind("r", mark)
+        for _ in range(3):  # steps that "failed" half-way, appending K/V that must not count
+            thinker.decode(["r", "s"], [9, 9])
+        thinker.rewind("r", mark)
+        torch.testing.assert_close(thinker.decode(["r"], [7])[0], expected)
+    finally:
+        thinker.free("r")
+        thinker.free("s")
+
+
+def test_layer_cache_reset_survives_growth_and_the_sliding_window() -> None:
+    from omnipipe.models.default.modeling.gemma import _LayerCache
+
+    for keep_last in (None, 4):
+        cache = _LayerCache(kv_heads=1, head_dim=2, dtype=torch.float32, keep_last=keep_last)
+        for i in range(70):  # past the first reallocation
+            cache.append(torch.full((1, 1, 2), float(i)), torch.full((1, 1, 2), float(-i)))
+        before = tuple(t.clone() for t in cache.view())
+        mark = cache.mark()
+        for i in range(200):  # appends in place and several reallocations (the window drops old entries)
+            cache.append(torch.full((1, 1, 2), 1e6), torch.full((1, 1, 2), -1e6))
+        cache.reset(mark)
+        for got, want in zip(cache.view(), before):
+            torch.testing.assert_close(got, want)
+        cache.append(torch.full((1, 1, 2), 70.0), torch.full((1, 1, 2), -70.0))
+        assert cache.view()[0][0, -1, 0] == 70.0 and cache.view()[0][0, -2, 0] == 69.0

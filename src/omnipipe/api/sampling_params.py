@@ -7,6 +7,10 @@ from typing import Any
 
 from omnipipe.util.field_error import FieldError
 
+MAX_TOP_K = 1_000_000  # more than any vocabulary; larger values only hide mistakes
+MAX_MAX_TOKENS = 32_768  # the longest context of the models served here
+SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
+
 
 @dataclass
 class SamplingParams:
@@ -39,11 +43,14 @@ class SamplingParams:
 
         need(number(self.temperature) and 0 <= self.temperature <= 10, "temperature", "must be in [0, 10]", self.temperature)
         need(number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
-        need(integer(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0", self.top_k)
-        need(integer(self.max_tokens) and self.max_tokens >= 1, "max_tokens", "must be an integer >= 1", self.max_tokens)
+        need(integer(self.top_k) and 0 <= self.top_k <= MAX_TOP_K, "top_k", f"must be an integer in [0, {MAX_TOP_K}]",
+             self.top_k)
+        need(integer(self.max_tokens) and 1 <= self.max_tokens <= MAX_MAX_TOKENS, "max_tokens",
+             f"must be an integer in [1, {MAX_MAX_TOKENS}]", self.max_tokens)
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16,
              "stop", "must be a list of at most 16 non-empty strings", self.stop)
-        need(self.seed is None or integer(self.seed), "seed", "must be an integer or null", self.seed)
+        need(self.seed is None or (integer(self.seed) and 0 <= self.seed < SEED_LIMIT), "seed",
+             "must be null or an integer in [0, 2**64)", self.seed)
         need(number(self.repetition_penalty) and 0 < self.repetition_penalty <= 10, "repetition_penalty",
              "must be in (0, 10]", self.repetition_penalty)
         need(number(self.presence_penalty) and -2 <= self.presence_penalty <= 2, "presence_penalty",

@@ -11,6 +11,15 @@ import numpy as np
 from omnipipe.stage.request import StageRequest
 
 
+class _NotRestorable:
+    def __repr__(self) -> str:
+        return "NOT_RESTORABLE"
+
+
+NOT_RESTORABLE: Any = _NotRestorable()
+"""What :meth:`StageRunner.snapshot` returns for a request whose runner state a failed step cannot be undone on."""
+
+
 @dataclass
 class RunnerOutput:
     """One step's result for one request."""
@@ -45,6 +54,12 @@ class StageRunner(ABC):
     ``request.take_all_inputs()``, build the per-request cache) or with the running batch (one decode step each).
     Generation stages: ``execute(batch, False)``; each request has at least one input chunk, take one with
     ``request.take_input()`` and return its result; the scheduler finishes a request once its input is exhausted.
+
+    A problem with one request should fail that request alone: reject unusable params in :meth:`validate` (the
+    stage fails the request when it arrives, before it shares a batch), or return ``RunnerOutput(error=...)`` for
+    it. If ``execute`` raises on a batch of several, the stage retries its members one by one so that only the
+    culprit fails; :meth:`snapshot` and :meth:`restore` let it undo what the failed call did to each member's
+    runner state first (the stage itself restores the request's inputs, ``consumed_inputs`` and ``prefilled``).
     """
 
     def __init__(self, context: RunnerContext) -> None:
@@ -60,6 +75,27 @@ class StageRunner(ABC):
 
     def warmup(self) -> None:
         """Run the model once on a dummy input so the first real request does not pay one-time costs."""
+
+    def validate(self, params: dict[str, Any]) -> str | None:
+        """Check a request's params for this stage when it arrives: an error message fails that request alone
+        (before it can share a batch with others), None accepts it."""
+        return None
+
+    def snapshot(self, request: StageRequest) -> Any:
+        """Taken before a batched step: what :meth:`restore` needs to put this runner's state for ``request``
+        back as it was, should the step raise and the batch be retried one request at a time.
+
+        Return ``NOT_RESTORABLE`` when a failed step cannot be undone for ``request``; the stage then fails it
+        with the batch rather than retry it on half-advanced state (which would silently give wrong output). The
+        default covers a request without runner state yet (a prefill, or a stateless generation stage):
+        :meth:`restore` frees whatever the failed step built. A runner that keeps state across steps must
+        override both methods to have its requests retried (see the toy thinker)."""
+        return None if request.runner_state is None else NOT_RESTORABLE
+
+    def restore(self, request: StageRequest, snapshot: Any) -> None:
+        """Undo what a failed batched step did to this runner's state for ``request``, given :meth:`snapshot`'s
+        value from before the step (never ``NOT_RESTORABLE``)."""
+        self.free(request)
 
     def free(self, request: StageRequest) -> None:
         """Drop whatever per-request state (KV cache, buffers) the runner holds for ``request``."""

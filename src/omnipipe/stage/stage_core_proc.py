@@ -13,6 +13,7 @@ import signal
 import sys
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
@@ -22,7 +23,7 @@ from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.request import StageRequest
-from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner
+from omnipipe.stage.runner import NOT_RESTORABLE, RunnerContext, RunnerOutput, StageRunner
 from omnipipe.stage.schedulers import Scheduler, scheduler_for
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
@@ -48,6 +49,16 @@ logger = logging.getLogger(__name__)
 
 _ABORTED_MEMORY = 4096
 ChunkProcessor = Callable[[dict[str, Any], dict[str, Any], bool, ChunkContext], list[dict[str, Any]]]
+
+
+@dataclass
+class _Snapshot:
+    """What a runner step may consume of a request, taken before a batched step (see ``_execute_isolated``)."""
+
+    inputs: list[dict[str, Any]]  # the items themselves are shared: runners read them, never mutate them
+    consumed_inputs: int
+    prefilled: bool
+    runner: Any  # the runner's own snapshot, or NOT_RESTORABLE
 
 
 def run_stage_process(launch_bytes: bytes) -> None:
@@ -212,6 +223,10 @@ class StageCoreProc:
             self._send(StageError(request_id, self.stage, f"input unreadable: {exc}"))
             return
         request.input_finished = message.input_finished
+        problem = self.runner.validate(request.params) if self.runner is not None else None
+        if problem is not None:  # fail it alone now rather than inside a batched step later
+            self._fail(request_id, problem)
+            return
         self.requests[request_id] = request
         if message.chunk_sources:
             self.adapter.register(request_id, list(message.chunk_sources))
@@ -279,22 +294,33 @@ class StageCoreProc:
     # ------------------------------------------------------------------ compute
     def _step(self) -> None:
         """One step: the scheduler picks a batch, the runner runs it, the scheduler applies each output, and the
-        stage delivers what the output carries."""
+        stage delivers what the output carries. A runner error fails only the request that caused it."""
         assert self.runner is not None
         batch, is_prefill = self.scheduler.schedule()
         if not batch:
             return
+        snapshots = [self._snapshot(request) for request in batch] if len(batch) > 1 else None
         start = time.perf_counter()
         try:
-            outputs = self.runner.execute(batch, is_prefill)
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"runner returned {len(outputs)} outputs for a batch of {len(batch)}")
-        except Exception as exc:  # a model error fails this batch's requests; the stage lives on
-            logger.exception("runner failed on a batch of %d", len(batch))
-            for request in batch:
-                self._fail(request.request_id, f"{type(exc).__name__}: {exc}")
+            outputs = self._execute(batch, is_prefill)
+        except Exception as exc:  # a model error fails its request; the stage lives on
+            if snapshots is None:
+                logger.exception("runner failed on %s", batch[0].request_id)
+                self._fail(batch[0].request_id, f"{type(exc).__name__}: {exc}")
+            else:
+                logger.exception("runner failed on a batch of %d; retrying its requests one by one", len(batch))
+                self._execute_isolated(batch, is_prefill, snapshots)
             return
-        elapsed = time.perf_counter() - start
+        self._apply(batch, outputs, time.perf_counter() - start)
+
+    def _execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+        assert self.runner is not None
+        outputs = self.runner.execute(batch, is_prefill)
+        if len(outputs) != len(batch):
+            raise RuntimeError(f"runner returned {len(outputs)} outputs for a batch of {len(batch)}")
+        return outputs
+
+    def _apply(self, batch: list[StageRequest], outputs: list[RunnerOutput], elapsed: float) -> None:
         for request, output in zip(batch, outputs):
             if output.error is not None:
                 self._fail(request.request_id, output.error)
@@ -304,6 +330,54 @@ class StageCoreProc:
             request.num_units += output.num_units
             finished = self.scheduler.postprocess(request, output)
             self._deliver(request, output, finished)
+
+    def _snapshot(self, request: StageRequest) -> _Snapshot:
+        assert self.runner is not None
+        try:
+            runner_snapshot = self.runner.snapshot(request)
+        except Exception:
+            logger.exception("runner could not snapshot %s", request.request_id)
+            runner_snapshot = NOT_RESTORABLE
+        return _Snapshot(list(request.inputs), request.consumed_inputs, request.prefilled, runner_snapshot)
+
+    def _execute_isolated(self, batch: list[StageRequest], is_prefill: bool, snapshots: list[_Snapshot]) -> None:
+        """After ``execute`` raised on ``batch``, run each of its requests alone, so that only the one(s) that
+        make the runner raise fail (each with its own error) and the others get the outputs they would have got
+        alone.
+
+        The failed call may have consumed inputs and advanced some members' runner state before it raised, so
+        each request is first put back as it was before the step: the stage restores what the step may consume
+        of the request itself (its pending ``inputs``, ``consumed_inputs``, ``prefilled``) and the runner its own
+        state through ``restore(request, snapshot)`` (``StageRunner.snapshot`` documents the contract; e.g. the
+        toy thinker keeps a shallow copy of its per-request dict, the default thinker rewinds its KV cache).
+        Nothing else is touched by a step: ``chunk_state``, metrics and the scheduler's bookkeeping change only
+        after the outputs are applied, which a failed step never reaches.
+
+        What cannot be restored is not retried: a request whose runner reported ``NOT_RESTORABLE`` (state that a
+        failed step may have half-advanced, e.g. a KV cache with no way back) fails, with a message that says so
+        and does not carry the other request's error. Retrying it would risk silently wrong output, which is
+        worse than an error. A request that raises again alone fails with its own error."""
+        assert self.runner is not None
+        for request, snapshot in zip(batch, snapshots):
+            request_id = request.request_id
+            if request_id not in self.requests:  # defensive: nothing above removes a batch-mate
+                continue
+            if snapshot.runner is NOT_RESTORABLE:
+                self._fail(request_id, "the runner failed on a batch this request was part of, and its state "
+                                       "cannot be restored to retry it alone")
+                continue
+            request.inputs.clear()
+            request.inputs.extend(snapshot.inputs)
+            request.consumed_inputs, request.prefilled = snapshot.consumed_inputs, snapshot.prefilled
+            start = time.perf_counter()
+            try:
+                self.runner.restore(request, snapshot.runner)
+                outputs = self._execute([request], is_prefill)
+            except Exception as exc:
+                logger.exception("runner failed on %s alone", request_id)
+                self._fail(request_id, f"{type(exc).__name__}: {exc}")
+                continue
+            self._apply([request], outputs, time.perf_counter() - start)
 
     def _deliver(self, request: StageRequest, output: RunnerOutput, finished: bool) -> None:
         """Send a step's output where it goes (the next stages, then the orchestrator: a finished request's

@@ -68,7 +68,7 @@ from fastapi import APIRouter, WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from omnipipe.api.async_omni import AsyncOmni
-from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.api.sampling_params import MAX_MAX_TOKENS, SamplingParams
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.audio import PCM16_DTYPE, PCM16_RATE_HZ
 from omnipipe.protocol.realtime import COMMIT_EMPTY, PAUSE_TIMEOUT, ClientEvent, ServerEvent
@@ -313,8 +313,9 @@ class RealtimeSession:
             new["turn_detection"] = self._turn_detection(update["turn_detection"])
         if "max_response_output_tokens" in update:
             limit = update["max_response_output_tokens"]
-            if limit != "inf" and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-                raise EventError("session.max_response_output_tokens: an integer >= 1 or 'inf'",
+            if limit != "inf" and (isinstance(limit, bool) or not isinstance(limit, int)
+                                   or not 1 <= limit <= MAX_MAX_TOKENS):
+                raise EventError(f"session.max_response_output_tokens: an integer in [1, {MAX_MAX_TOKENS}] or 'inf'",
                                  "session.max_response_output_tokens")
             new["max_response_output_tokens"] = limit
         if "temperature" in update:

@@ -131,6 +131,14 @@ class _LayerCache:
     def nbytes(self) -> int:
         return self.k.nbytes + self.v.nbytes
 
+    def mark(self) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+        """A cheap checkpoint (no copy): ``append`` writes only past ``end`` or into new tensors, so the entries
+        a mark covers stay intact and ``reset`` brings the cache back to them."""
+        return self.k, self.v, self.start, self.end
+
+    def reset(self, mark: tuple[torch.Tensor, torch.Tensor, int, int]) -> None:
+        self.k, self.v, self.start, self.end = mark
+
     def clone(self) -> "_LayerCache":
         copy = _LayerCache.__new__(_LayerCache)
         copy.keep_last, copy.start, copy.end = self.keep_last, self.start, self.end
@@ -234,6 +242,18 @@ class GemmaThinker:
     def kv_cache_bytes(self) -> int:
         """Bytes held by all request KV caches."""
         return sum(c.nbytes for r in self._requests.values() for c in r.caches)
+
+    def checkpoint(self, request_id: str) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor, int, int]]]:
+        """A cheap mark of a request's cache (no copy) that ``rewind`` returns to, undoing later decode steps
+        (e.g. one that failed half-way through a batch)."""
+        request = self._requests[request_id]
+        return request.num_tokens, [cache.mark() for cache in request.caches]
+
+    def rewind(self, request_id: str, checkpoint: tuple[int, list[tuple[torch.Tensor, torch.Tensor, int, int]]]) -> None:
+        request = self._requests[request_id]
+        request.num_tokens, marks = checkpoint
+        for cache, mark in zip(request.caches, marks):
+            cache.reset(mark)
 
     def free(self, request_id: str) -> bool:
         """Release a request's KV cache; returns False if it held none."""

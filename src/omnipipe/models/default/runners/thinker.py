@@ -3,11 +3,17 @@
 New requests are prefilled one by one (different lengths); running requests decode together in one batched
 forward. Text streams out as it is detokenised; anything that could still turn into a stop string is held back
 until it is clear, so a stop marker is never spoken.
+
+A request's params are checked when it arrives (``validate``), so a bad one fails alone, never its batch. Should a
+batched step still raise, the stage retries its requests one by one: ``snapshot`` marks each request's decoding
+state and KV cache (no copy) before the step and ``restore`` rewinds them, so a retry continues exactly where the
+request stood.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -53,25 +59,52 @@ class GemmaThinkerRunner(StageRunner):
         self.model.decode(["__warmup__"], [int(logits.argmax())])
         self.model.free("__warmup__")
 
+    def validate(self, params: dict[str, Any]) -> str | None:
+        sampling = _sampling(params)
+        if isinstance(sampling, str):
+            return sampling
+        max_tokens = params.get("max_tokens", 64)
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            return f"max_tokens: must be an integer >= 1, got {max_tokens!r}"
+        stop = params.get("stop", [])
+        if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+            return f"stop: must be a list of non-empty strings, got {stop!r}"
+        return None
+
     def _start(self, request: StageRequest) -> tuple[_Decoding, list[int]] | str:
         params = request.params
+        problem = self.validate(params)
+        if problem is not None:
+            return problem
         question = " ".join(str(item.get("text", "")) for item in request.take_all_inputs()).strip()
         if not question:
             return "the question is empty"
         ids = self.encode_prompt(question)
         if len(ids) > self.max_prompt_tokens:
             return f"prompt: {len(ids)} tokens is longer than the limit of {self.max_prompt_tokens}"
-        sampling = TokenSamplingParams(
-            temperature=float(params.get("temperature", 0.0)), top_p=float(params.get("top_p", 1.0)),
-            top_k=int(params.get("top_k", 0)), repetition_penalty=float(params.get("repetition_penalty", 1.0)),
-            presence_penalty=float(params.get("presence_penalty", 0.0)),
-            frequency_penalty=float(params.get("frequency_penalty", 0.0)), seed=params.get("seed"),
-        )
-        generator = None
-        if sampling.seed is not None:
-            generator = torch.Generator().manual_seed(int(sampling.seed))
+        sampling = _sampling(params)
+        assert not isinstance(sampling, str)
+        generator = sampling.make_generator()
         stops = [*stop_strings(), *params.get("stop", [])]
         return _Decoding(sampling, int(params.get("max_tokens", 64)), stops, generator), ids
+
+    def snapshot(self, request: StageRequest) -> Any:
+        state: _Decoding | None = request.runner_state
+        if state is None:  # not prefilled yet: restore frees whatever a failed prefill built
+            return None
+        rng = state.generator.get_state() if state.generator is not None else None
+        return len(state.generated), state.emitted_chars, rng, self.model.checkpoint(request.request_id)
+
+    def restore(self, request: StageRequest, snapshot: Any) -> None:
+        if snapshot is None:
+            self.free(request)
+            return
+        state: _Decoding = request.runner_state
+        generated, state.emitted_chars, rng, kv = snapshot
+        del state.generated[generated:]
+        if rng is not None:
+            state.generator.set_state(rng)  # type: ignore[union-attr]
+        self.model.rewind(request.request_id, kv)
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
@@ -117,3 +150,16 @@ class GemmaThinkerRunner(StageRunner):
     def free(self, request: StageRequest) -> None:
         self.model.free(request.request_id)
         request.runner_state = None
+
+
+def _sampling(params: dict[str, Any]) -> TokenSamplingParams | str:
+    """The sampling settings of a request's params, or why they cannot be used."""
+    try:
+        return TokenSamplingParams(
+            temperature=params.get("temperature", 0.0), top_p=params.get("top_p", 1.0), top_k=params.get("top_k", 0),
+            repetition_penalty=params.get("repetition_penalty", 1.0),
+            presence_penalty=params.get("presence_penalty", 0.0),
+            frequency_penalty=params.get("frequency_penalty", 0.0), seed=params.get("seed"),
+        )
+    except ValueError as exc:
+        return str(exc)

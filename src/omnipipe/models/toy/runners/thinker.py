@@ -3,11 +3,20 @@
 Prompt character ``p`` is cached with key one-hot(p) and value one-hot(token); decode step ``t`` queries
 one-hot(t), so attention picks prompt character ``t``; an output matrix maps it to upper case. Generated tokens
 are appended to the cache under a key no query matches. The prompt ends with EOS, so the copy ends with it.
+
+The per-request state is a dict whose entries each step replaces (never mutates in place), so a shallow copy
+taken before a step restores it after a failed batched step (``snapshot``/``restore``).
+
+Fault injection, for tests only: ``extra["fail"]`` in a request's thinker params makes ``execute`` raise a
+RuntimeError when it reaches that request, after its batch-mates before it have been advanced: ``True`` at its
+first step (the prefill call), an integer ``n >= 1`` at decode step ``n`` (after ``n`` tokens). It raises
+alone too, so that request fails and its batch-mates must come out as if it had never been there.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 
@@ -58,6 +67,12 @@ class ToyThinkerRunner(StageRunner):
         self.step_delay_s = float(self.context.options.get("step_delay_ms", 0)) / 1000
         self.prefill_delay_s = float(self.context.options.get("prefill_delay_ms", 0)) / 1000
 
+    def snapshot(self, request: StageRequest) -> Any:
+        return None if request.runner_state is None else dict(request.runner_state)
+
+    def restore(self, request: StageRequest, snapshot: Any) -> None:
+        request.runner_state = snapshot
+
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
         if is_prefill:
@@ -83,6 +98,9 @@ class ToyThinkerRunner(StageRunner):
             time.sleep(self.step_delay_s)
         outputs = []
         for request, state, token in zip(batch, states, tokens):
+            fail = request.params.get("extra", {}).get("fail")
+            if fail is True or (type(fail) is int and fail == state["step"]):
+                raise RuntimeError(f"injected fault in {request.request_id} at step {state['step']}")
             state["step"] += 1
             max_tokens = int(request.params.get("max_tokens", 1 << 30))
             if token == EOS:
