@@ -8,6 +8,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -58,6 +59,75 @@ def test_up_starts_workers_and_gateway_and_ctrl_c_stops_them_all(tmp_path: Path)
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def _wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.2):  # noqa: ANN001, ANN202
+    """Poll ``condition()`` until it returns something truthy (returned), at most ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = condition()
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(interval_s)
+
+
+def test_up_restarts_a_killed_worker_while_the_gateway_serves_on(tmp_path: Path) -> None:
+    port, worker_port = free_port(), free_port()
+    killed_port = worker_port + 1
+    process = subprocess.Popen([*CLI, "up", "--workers", "2", "--pipeline", "toy", "--port", str(port),
+                                "--worker-port", str(worker_port), "--data-dir", str(tmp_path / "data")],
+                               stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []  # `up`'s stderr (its children's too), read all along so that no one blocks on the pipe
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
+    reader.start()
+
+    def said(text: str) -> bool:
+        return any(text in line for line in list(lines))
+
+    def worker_pids() -> list[int]:
+        return [c.pid for c in psutil.Process(process.pid).children()
+                if c.cmdline()[3:6] == ["worker", "--port", str(killed_port)]]
+
+    def chat(content: str) -> str:
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60,
+                            json={"model": "toy", "messages": [{"role": "user", "content": content}]})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["choices"][0]["message"]["content"]
+
+    def state() -> str | None:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()["workers"].get(f"127.0.0.1:{killed_port}")
+
+    try:
+        _wait_for(lambda: said("ready.") or process.poll() is not None, 180, "ready")
+        assert said("ready."), "".join(lines)
+        [old_pid] = worker_pids()
+        old_group = psutil.Process(old_pid).children(recursive=True)
+        os.kill(old_pid, signal.SIGKILL)
+        # (a) the gateway goes on answering, on the survivor, right after the kill
+        assert [chat(f"after {i}") for i in range(4)] == [f"AFTER {i}" for i in range(4)]
+        # (c) `up` says what it does, one line per event
+        _wait_for(lambda: said(f"worker {killed_port} exited with code -9; restarting in 1 s (restart 1 of 5)"),
+                  30, "the restart line")
+        # (b) a new process serves on that port and the gateway takes it back by itself
+        [new_pid] = _wait_for(worker_pids, 30, "a new worker process")
+        assert new_pid != old_pid
+        _wait_for(lambda: state() == "IDLE", 120, "the gateway to see the restarted worker IDLE")
+        assert httpx.get(f"http://127.0.0.1:{killed_port}/health", timeout=5).json()["state"] == "IDLE"
+        _wait_for(lambda: said(f"worker {killed_port} is back (restart 1 of 5)"), 30, "the back line")
+        assert process.poll() is None and chat("again") == "AGAIN"
+        # (d) Ctrl-C still stops everything
+        children = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0, "".join(lines)
+        gone, alive = psutil.wait_procs([*children, *old_group], timeout=30)
+        assert not alive, [p.cmdline() for p in alive]
+        assert not said("stopping everything"), "".join(lines)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join(timeout=10)
 
 
 @pytest.mark.parametrize("args, message", [

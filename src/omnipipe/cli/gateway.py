@@ -16,11 +16,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from omnipipe.cli.supervisor import Supervised, Supervisor
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.process import start_in_group, stop_groups
@@ -116,8 +118,16 @@ def run_gateway(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------------------------- up
 def add_up(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="start N workers and a gateway on this machine; Ctrl-C stops them all")
+    p = sub.add_parser("up", help="start N workers and a gateway on this machine; Ctrl-C stops them all",
+                       description="Start N workers and a gateway on this machine. A worker that exits is started "
+                       "again (same command, same port) after 1 s, 2 s, 4 s ... (at most 30 s) while the gateway "
+                       "serves with the others and takes it back once it answers; past --max-worker-restarts "
+                       "restarts in a row it stays down. If the gateway exits, everything stops (exit code 1), as "
+                       "it does when no worker is left. Ctrl-C or SIGTERM stops everything.")
     p.add_argument("--workers", type=int, default=1, help="how many workers (default 1)")
+    p.add_argument("--max-worker-restarts", type=int, default=5,
+                   help="restarts of one worker in a row before it stays down (default 5; 0: never restart); the "
+                   "count starts over once a restarted worker has run 10 minutes")
     p.add_argument("--pipeline", default="default")
     p.add_argument("--deploy", type=Path, help="deploy YAML for every worker")
     p.add_argument("--capacity", type=int, default=2, help="sessions each worker takes at once")
@@ -153,6 +163,8 @@ def run_up(args: argparse.Namespace) -> int:
         raise GatewayCLIError(f"--workers: must be in 1..64, got {args.workers}")
     if args.capacity < 1:
         raise GatewayCLIError(f"--capacity: must be >= 1, got {args.capacity}")
+    if args.max_worker_restarts < 0:
+        raise GatewayCLIError(f"--max-worker-restarts: must be >= 0, got {args.max_worker_restarts}")
     if args.deploy is not None and not args.deploy.is_file():
         raise GatewayCLIError(f"--deploy: file not found: {args.deploy}")
     get_pipeline(args.pipeline)
@@ -183,7 +195,11 @@ def run_up(args: argparse.Namespace) -> int:
                            *(["--ssl-certfile", tls["ssl_certfile"], "--ssl-keyfile", tls["ssl_keyfile"]]
                              if tls else [])]
     env = {**os.environ, "OMNIPIPE_ADMIN_TOKEN": token, "PYTHONUNBUFFERED": "1"}
-    children: dict[str, subprocess.Popen[bytes]] = {}
+    # own process groups: a Ctrl-C reaches only `up`, which then stops every child in order; and each gets SIGTERM
+    # if `up` itself dies (even by SIGKILL)
+    children = [Supervised(name, command, restart=name != "gateway") for name, command in commands.items()]
+    supervisor = Supervisor(children, start=lambda command: start_in_group(command, env=env),
+                            max_restarts=args.max_worker_restarts)
     stopping = False
 
     def stop(signum: int, _: Any) -> None:
@@ -192,22 +208,20 @@ def run_up(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for name, command in commands.items():
-            # own process groups: a Ctrl-C reaches only `up`, which then stops every child in order; and each
-            # gets SIGTERM if `up` itself dies (even by SIGKILL)
-            children[name] = start_in_group(command, env=env)
+        supervisor.start_all()
         url = f"{'https' if tls else 'http'}://{args.host}:{args.port}"
         print(f"omnipipe: starting {args.workers} worker(s) (pipeline {args.pipeline!r}, ports "
               f"{worker_ports[0]}..{worker_ports[-1]}) and the gateway on {url}", file=sys.stderr)
         announced = False
         while not stopping:
-            for name, child in children.items():
-                if child.poll() is not None:
-                    print(f"omnipipe: {name} exited with code {child.returncode}; stopping everything",
-                          file=sys.stderr)
-                    return 1
-            states = _worker_states(url) if not announced else {}
-            if states and "LOADING" not in states.values() and "OFFLINE" not in states.values():
+            fatal = supervisor.check()
+            if fatal:
+                print(f"omnipipe: {fatal}", file=sys.stderr)
+                return 1
+            awaiting = supervisor.awaiting_back()
+            states = _worker_states(url) if not announced or awaiting else {}
+            _announce_back(supervisor, awaiting, states, url)
+            if not announced and states and "LOADING" not in states.values() and "OFFLINE" not in states.values():
                 announced = True
                 failed = sorted(address for address, state in states.items() if state == "ERROR")
                 if failed:
@@ -219,28 +233,48 @@ def run_up(args: argparse.Namespace) -> int:
         print("omnipipe: stopping", file=sys.stderr)
         return 0
     finally:
-        _stop_children(children)
+        _stop_children(supervisor.processes())
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-def _worker_states(url: str) -> dict[str, str]:
-    """The worker states the gateway at ``url`` reports ({} if it does not answer yet); its own certificate is not
-    checked: it is ours."""
+def _announce_back(supervisor: Supervisor, restarted: Sequence[Supervised], states: dict[str, str],
+                   url: str) -> None:
+    """Say which restarted workers are back: the new process answers on its port and the gateway (whose health
+    checks take it back by themselves) no longer reports it offline. The worker's own answer is asked for as the
+    gateway may still report the state it had before the exit."""
+    for child in restarted:
+        port = child.name.removeprefix("worker ")
+        state = _health(f"http://127.0.0.1:{port}").get("state")
+        if state == "ERROR":
+            supervisor.back(child, f"is back but failed to load (see {url}/admin)")
+        elif state not in (None, "LOADING") and states.get(f"127.0.0.1:{port}") not in (None, "OFFLINE", "LOADING"):
+            supervisor.back(child)
+
+
+def _health(url: str) -> dict[str, Any]:
+    """The /health reply of the gateway or worker at ``url`` ({} if it does not answer yet); the gateway's own
+    certificate is not checked: it is ours."""
     for wildcard in ("0.0.0.0", "[::]", "::"):
         url = url.replace(f"//{wildcard}:", "//127.0.0.1:")
     try:
-        workers = httpx.get(f"{url}/health", timeout=1.0, verify=False).json().get("workers", {})
-    except (httpx.HTTPError, ValueError, AttributeError):
+        reply = httpx.get(f"{url}/health", timeout=1.0, verify=False).json()
+    except (httpx.HTTPError, ValueError):
         return {}
+    return reply if isinstance(reply, dict) else {}
+
+
+def _worker_states(url: str) -> dict[str, str]:
+    """The worker states the gateway at ``url`` reports ({} if it does not answer yet)."""
+    workers = _health(url).get("workers", {})
     return workers if isinstance(workers, dict) else {}
 
 
-def _stop_children(children: dict[str, subprocess.Popen[bytes]]) -> None:
+def _stop_children(children: list[tuple[str, subprocess.Popen[bytes]]]) -> None:
     """The gateway first (so no new work goes out and queued clients are told), then the workers; each gets
     SIGTERM, then SIGKILL of its process group if it has not ended within 15 s."""
-    gateway = [c for n, c in children.items() if n == "gateway"]
-    workers = [c for n, c in children.items() if n != "gateway"]
+    gateway = [c for n, c in children if n == "gateway"]
+    workers = [c for n, c in children if n != "gateway"]
     for group in (gateway, workers):
         stop_groups(group, signum=signal.SIGTERM, timeout_s=15.0)
 
