@@ -69,8 +69,13 @@ def test_six_sessions_on_two_slots_get_positions_in_arrival_order_and_are_served
 
 def _hold_both_workers(gateway: GatewayProcess) -> list:
     """Two realtime sessions that occupy both workers until closed."""
+    return _hold_workers(gateway, 2)
+
+
+def _hold_workers(gateway: GatewayProcess, count: int) -> list:
+    """``count`` realtime sessions that occupy as many single-slot workers until closed."""
     held = []
-    for _ in range(2):
+    for _ in range(count):
         ws = open_ws(gateway.ws_url)
         first = json.loads(ws.recv(timeout=30))
         assert first["type"] == "queued" and first["position"] == 0, first
@@ -359,10 +364,13 @@ def test_clients_queued_when_the_gateway_stops_get_queue_cancelled(cluster, tmp_
     """A second gateway in front of the same workers is stopped while a plain request waits in its queue: the
     client gets the OpenAI error object (503 queue_cancelled), not a cut connection or a bare 500."""
     _, workers = cluster
-    second = GatewayProcess([w.address for w in workers], tmp_path)
+    live = [w for w in workers if w.process.poll() is None]  # an earlier test of this module kills one
+    for worker in live:
+        worker.wait_state("IDLE", 60)
+    second = GatewayProcess([w.address for w in live], tmp_path)
     try:
         second.wait_ready(60)
-        held = _hold_both_workers(second)
+        held = _hold_workers(second, len(live))
         try:
             with httpx.Client(timeout=60) as client:
                 result: dict[str, httpx.Response] = {}
