@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -228,24 +228,34 @@ def test_events_sent_while_queued_are_forwarded_in_order_once_served(cluster) ->
     _idle(gateway)
 
 
+def _queued_chat_after(gateway: GatewayProcess, action: Callable[[], None]) -> httpx.Response:
+    """Send a plain chat request that has to wait (every worker is held), run ``action`` once it is in the
+    queue, and return the response the client got."""
+    with httpx.Client(timeout=60) as client:
+        result: dict[str, httpx.Response] = {}
+        waiting = threading.Thread(target=lambda: result.setdefault("r", client.post(
+            f"{gateway.url}/v1/chat/completions", json={"model": "toy", "messages": [
+                {"role": "user", "content": "x"}]})))
+        waiting.start()
+        deadline = time.monotonic() + 30
+        while not gateway.admin("GET", "/queue").json() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert gateway.admin("GET", "/queue").json(), "the request never queued"
+        action()
+        waiting.join(30)
+    return result["r"]
+
+
 def test_a_cancelled_plain_request_gets_queue_cancelled(cluster) -> None:
     gateway, _ = cluster
     _idle(gateway)
     held = _hold_both_workers(gateway)
     try:
-        with httpx.Client(timeout=60) as client:
-            result: dict[str, httpx.Response] = {}
-            waiting = threading.Thread(target=lambda: result.setdefault("r", client.post(
-                f"{gateway.url}/v1/chat/completions", json={"model": "toy", "messages": [
-                    {"role": "user", "content": "x"}]})))
-            waiting.start()
-            deadline = time.monotonic() + 30
-            while not gateway.admin("GET", "/queue").json() and time.monotonic() < deadline:
-                time.sleep(0.05)
+        def cancel_its_ticket() -> None:
             ticket = gateway.admin("GET", "/queue").json()[0]["ticket_id"]
             assert gateway.admin("DELETE", f"/queue/{ticket}").status_code == 200
-            waiting.join(30)
-        response = result["r"]
+
+        response = _queued_chat_after(gateway, cancel_its_ticket)
         assert response.status_code == 503 and response.json()["error"]["code"] == "queue_cancelled", response.text
     finally:
         for ws in held:
@@ -372,19 +382,7 @@ def test_clients_queued_when_the_gateway_stops_get_queue_cancelled(cluster, tmp_
         second.wait_ready(60)
         held = _hold_workers(second, len(live))
         try:
-            with httpx.Client(timeout=60) as client:
-                result: dict[str, httpx.Response] = {}
-                waiting = threading.Thread(target=lambda: result.setdefault("r", client.post(
-                    f"{second.url}/v1/chat/completions", json={"model": "toy", "messages": [
-                        {"role": "user", "content": "x"}]})))
-                waiting.start()
-                deadline = time.monotonic() + 30
-                while not second.admin("GET", "/queue").json() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                assert second.admin("GET", "/queue").json(), "the request never queued"
-                second.process.send_signal(signal.SIGTERM)
-                waiting.join(30)
-            response = result["r"]
+            response = _queued_chat_after(second, lambda: second.process.send_signal(signal.SIGTERM))
             assert response.status_code == 503, response.text
             assert response.json()["error"]["code"] == "queue_cancelled", response.text
         finally:
