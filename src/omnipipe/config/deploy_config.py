@@ -7,7 +7,7 @@ Every problem is reported with the file and the dotted key, e.g.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.transport.relay import shm
 from omnipipe.transport.relay.registry import RELAY_BACKENDS
 from omnipipe.util.field_error import FieldError
-from omnipipe.util.options import options_from_dict, options_to_dict
+from omnipipe.util.options import options_from_dict
 
 TRANSPORTS = ("ipc", "tcp")
 
@@ -221,7 +221,7 @@ def _validate_against_pipeline(config: DeployConfig, pipeline: PipelineSpec, ori
             continue
         edge = config.edges.setdefault(spec.name, EdgeDeploy())
         try:
-            edge.options = options_to_dict(options_from_dict(schema, edge.options, f"edges.{spec.name}.options"))
+            edge.options = asdict(options_from_dict(schema, edge.options, f"edges.{spec.name}.options"))
         except FieldError as exc:
             raise _fail(origin, exc.field, exc.rule) from None
     for stage in pipeline.stages:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any, TypeVar
 
 from omnipipe.util.field_error import FieldError
@@ -28,7 +28,3 @@ def options_from_dict(schema: type[T], raw: Any, field: str) -> T:
         return schema(**raw)
     except FieldError as exc:
         raise exc.renamed(f"{field}.{exc.field}") from None
-
-
-def options_to_dict(options: Any) -> dict[str, Any]:
-    return asdict(options)
