@@ -36,8 +36,8 @@ class StageDeploy:
     max_restarts: int = 3
     # liveness (engine/liveness.py): no progress for stall_report_s is reported (/health "degraded"); past
     # stall_restart_s (None: never) the stage is killed and handled like a dead stage
-    stall_report_s: float = 3.0
-    stall_restart_s: float | None = 30.0
+    stall_report_s: float = 5.0
+    stall_restart_s: float | None = 60.0
     options: dict[str, Any] = field(default_factory=dict)  # runner-specific
 
 
