@@ -146,3 +146,21 @@ def test_a_stage_that_resumes_in_time_is_not_restarted(harness_factory) -> None:
     assert after.ok and after.stages["thinker"].restarts == 0 and after.stages["thinker"].pid == report["pid"]
     assert after.stages["thinker"].stalls >= 1  # a machine busy enough to starve the heartbeat may add one
     assert report["outputs"][-1].text == PROMPT.upper()
+
+
+def test_a_wedged_engine_loop_is_reported_without_waiting_on_it(toy) -> None:
+    """health() reads the orchestrator's records from the caller's thread: while the orchestrator's own loop is
+    blocked (here by a sleep scheduled on it) it still answers, and says the loop is not running."""
+    engine = toy.engine
+    orchestrator = engine.engine.orchestrator
+    assert engine.health().ok
+    orchestrator.loop.call_soon_threadsafe(time.sleep, 3.5)
+    deadline = time.monotonic() + 3.0
+    health = engine.health()
+    while health.ok and time.monotonic() < deadline:
+        time.sleep(0.05)
+        health = engine.health()
+    assert not health.ok and any("the engine loop has not run" in p for p in health.problems), health
+    while not engine.health().ok and time.monotonic() < deadline + 30:
+        time.sleep(0.05)
+    assert engine.health().ok

@@ -551,10 +551,15 @@ class Orchestrator:
         """Every half heartbeat interval: note that this loop runs, and judge each ready stage's progress."""
         period = self.deploy.heartbeat_interval_s / 2
         while True:
-            self.last_tick = now = time.monotonic()
-            for client in self.clients.values():
-                if client.alive and client.ready.is_set():
-                    self._judge(client, now)
+            now = time.monotonic()
+            late = now - self.last_tick > period + self.deploy.heartbeat_interval_s
+            self.last_tick = now
+            # a late tick means this loop was held up, and with it the reading of every beat: judge next round,
+            # once the beats that waited in the sockets have been read
+            if not late:
+                for client in self.clients.values():
+                    if client.alive and client.ready.is_set():
+                        self._judge(client, now)
             await asyncio.sleep(period)
 
     def _judge(self, client: StageClient, now: float) -> None:
