@@ -16,7 +16,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 
@@ -53,10 +53,13 @@ class _ClientRequest:
 
 class AsyncOmni:
     def __init__(self, pipeline: str | PipelineSpec = "default",
-                 deploy: str | Path | dict[str, Any] | DeployConfig | None = None, *, log_level: str = "WARNING") -> None:
+                 deploy: str | Path | dict[str, Any] | DeployConfig | None = None, *, log_level: str = "WARNING",
+                 progress: Callable[[str], None] | None = None) -> None:
+        """``progress`` is called with a line of text as start-up goes (each stage as it becomes ready, "stopping
+        stages..." when start-up is cancelled); without it those lines are logged at INFO."""
         self.pipeline = get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
         self.deploy = load_deploy(deploy, self.pipeline)
-        self.engine = AsyncOmniEngine(self.pipeline, self.deploy, log_level=log_level)
+        self.engine = AsyncOmniEngine(self.pipeline, self.deploy, log_level=log_level, progress=progress)
         self._requests: dict[str, _ClientRequest] = {}  # by internal id
         self._user_ids: dict[str, str] = {}  # user id -> internal id
         self._router: asyncio.Task[None] | None = None

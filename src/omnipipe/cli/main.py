@@ -12,8 +12,9 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omnipipe.cli import gateway as gateway_cli
 from omnipipe.models.registry import PIPELINES, UnknownPipelineError, get_pipeline
@@ -88,7 +89,8 @@ async def _generate(args: argparse.Namespace) -> int:
     if args.output is not None and args.output.parent and not args.output.parent.exists():
         raise CLIError(f"--output: directory does not exist: {args.output.parent}")
     final = None
-    async with AsyncOmni(pipeline, deploy, log_level="INFO" if args.verbose else "WARNING") as engine:
+    async with AsyncOmni(pipeline, deploy, log_level="INFO" if args.verbose else "WARNING",
+                         progress=_progress_printer()) as engine:
         async for out in engine.generate(prompt, sampling_params=params, output_modalities=modalities):
             if out.modality == "text":
                 print(out.text_delta, end="", flush=True)
@@ -107,6 +109,16 @@ async def _generate(args: argparse.Namespace) -> int:
 
         print(format_request_metrics(final.metrics))
     return 0
+
+
+def _progress_printer() -> Callable[[str], None]:
+    """Start-up lines on stderr with the seconds since the command started (the answer goes to stdout)."""
+    start = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"omnipipe: {line} [{time.monotonic() - start:.0f} s]", file=sys.stderr, flush=True)
+
+    return say
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -261,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
                 from omnipipe.bench.offline import main as bench_main
             return bench_main(args.rest)
     except KeyboardInterrupt:
-        print("omnipipe: interrupted", file=sys.stderr)
+        print("\nomnipipe: interrupted", file=sys.stderr)
         return 130
     except _user_errors() as exc:
         print(f"omnipipe: error: {exc}", file=sys.stderr)

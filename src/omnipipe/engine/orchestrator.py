@@ -81,8 +81,11 @@ class _Request:
 class Orchestrator:
     def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, run_id: str,
                  emit: Callable[[EngineEvent], None], log_level: str = "WARNING",
-                 launcher: Launcher | None = None) -> None:
+                 launcher: Launcher | None = None, progress: Callable[[str], None] | None = None) -> None:
+        """``progress`` hears start-up in words (each stage as it becomes ready), from this thread; without it
+        those lines are logged at INFO."""
         self.pipeline = pipeline
+        self._progress = progress
         self.deploy = deploy
         self.run_id = run_id
         self._emit = emit
@@ -94,6 +97,7 @@ class Orchestrator:
         self.clients: dict[str, StageClient] = {}
         self.requests: dict[str, _Request] = {}
         self._started = threading.Event()
+        self._cancel_start = threading.Event()
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._thread_main, name="omnipipe-orchestrator", daemon=True)
         self._health_waiters: dict[int, tuple[asyncio.Future[list[HealthReply]], list[HealthReply], int]] = {}
@@ -118,6 +122,20 @@ class Orchestrator:
         if self._start_error is not None:
             self._thread.join(timeout=30)
             raise self._start_error
+
+    def cancel_start(self) -> None:
+        """Stop loading (Ctrl-C during start-up): ``start()`` raises EngineStartError once every stage is gone;
+        stages still loading are killed rather than waited for."""
+        self._cancel_start.set()
+
+    def _say(self, message: str) -> None:
+        if self._progress is not None:
+            try:
+                self._progress(message)
+            except Exception:  # a broken progress callback must not stop the engine
+                logger.exception("progress callback failed")
+        else:
+            logger.info("%s", message)
 
     def submit(self, command: Any) -> None:
         assert self.request_queue is not None
@@ -202,6 +220,7 @@ class Orchestrator:
                                                        StageLiveness(settings.stall_report_s, settings.stall_restart_s))
             for name, launch in self._launches(abort_address).items():
                 self.clients[name].launch = launch
+            self._say(f"starting {len(self.clients)} stage(s) of {self.pipeline.name!r}: {', '.join(self.clients)}")
             for client in self.clients.values():
                 client.spawn()
             await self._wait_ready(list(self.clients.values()))
@@ -230,6 +249,8 @@ class Orchestrator:
         recv_tasks = {asyncio.create_task(c.recv()): c for c in clients}
         try:
             while pending:
+                if self._cancel_start.is_set():
+                    raise EngineStartError("start-up cancelled")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise EngineStartError(f"stages {', '.join(pending)} did not load within "
@@ -245,7 +266,8 @@ class Orchestrator:
                             self.chunk_addresses[client.name] = message.chunk_address
                         client.ready.set()
                         client.liveness.reset()
-                        logger.info("stage %s ready (pid %d, %.1f s)", client.name, message.pid, message.load_time_s)
+                        waiting = f"; waiting for {', '.join(pending)}" if pending else ""
+                        self._say(f"stage {client.name} ready ({message.load_time_s:.1f} s){waiting}")
                         continue
                     if isinstance(message, StageError) and not message.request_id:
                         client.load_error = message.message
@@ -267,8 +289,11 @@ class Orchestrator:
 
     async def _teardown(self) -> None:
         self._stopping = True
+        for client in self.clients.values():  # a stage still loading reads no Shutdown message: do not wait for it
+            if client.handle is not None and not client.ready.is_set():
+                client.handle.kill()
         for client in self.clients.values():
-            if client.alive:
+            if client.alive and client.ready.is_set():
                 try:
                     await asyncio.wait_for(client.send(Shutdown("engine shutdown")), timeout=1.0)
                 except (asyncio.TimeoutError, zmq.ZMQError) as exc:  # stop() below kills it after a timeout

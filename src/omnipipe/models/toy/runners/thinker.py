@@ -63,6 +63,7 @@ class ToyThinkerModel(torch.nn.Module):
 
 class ToyThinkerRunner(StageRunner):
     def load(self) -> None:
+        time.sleep(float(self.context.options.get("load_delay_ms", 0)) / 1000)  # stands in for a slow model load
         self.model = ToyThinkerModel().eval()
         self.step_delay_s = float(self.context.options.get("step_delay_ms", 0)) / 1000
         self.prefill_delay_s = float(self.context.options.get("prefill_delay_ms", 0)) / 1000
