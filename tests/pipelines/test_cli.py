@@ -98,3 +98,14 @@ def test_ctrl_c_during_start_up_stops_the_stages_at_once(tmp_path: Path) -> None
     assert lines[-1] == "omnipipe: interrupted" and process.returncode == 130
     time.sleep(0.5)
     assert not [p for p in stages if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_version_help_defaults_and_a_subcommands_own_usage() -> None:
+    from omnipipe import __version__
+
+    assert run("--version").stdout.strip() == f"omnipipe {__version__}"
+    help_text = run("serve", "--help").stdout
+    assert "(default: 127.0.0.1)" in help_text and "(default: 8091)" in help_text
+    result = run("generate", "hi", "--bogus")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: omnipipe generate") and "unrecognized arguments: --bogus" in result.stderr

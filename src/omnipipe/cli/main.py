@@ -45,9 +45,9 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
     p.add_argument("--no-async-chunk", action="store_true", help="hand whole outputs between stages")
     p.add_argument("--text-only", action="store_true", help="produce text only")
-    p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--max-tokens", type=int, default=None, help="most tokens the thinker writes")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed, for a repeatable answer")
     p.add_argument("--stats", action="store_true", help="print the request's metrics table")
     p.add_argument("--verbose", "-v", action="store_true")
 
@@ -150,8 +150,8 @@ def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
     """The options ``serve`` and ``worker`` share."""
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=port, help="port to listen on")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /debug routes")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies get 413")
     p.add_argument("--verbose", "-v", action="store_true")
@@ -221,9 +221,38 @@ def _worker(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------- main
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default in --help (when it has one worth showing)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text and action.option_strings
+                and action.nargs != 0):
+            text += " (default: %(default)s)" if text else "default: %(default)s"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every (sub)command's parser: defaults shown in --help; a mistake is reported with that command's usage."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra and self.prog != "omnipipe":  # a subcommand: its own usage, not the top level's
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omnipipe", description="Serve multi-stage omni-modal models.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from omnipipe import __version__
+
+    parser = _Parser(prog="omnipipe", description="Serve multi-stage omni-modal models.")
+    parser.add_argument("--version", action="version", version=f"omnipipe {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
     _add_serve(sub)
     _add_worker(sub)

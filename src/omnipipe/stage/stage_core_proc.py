@@ -231,6 +231,8 @@ class StageCoreProc:
             self._send(StageError(request_id, self.stage, f"input unreadable: {exc}"))
             return
         request.input_finished = message.input_finished
+        if request.inputs:
+            request.first_input_s = request.arrival_s
         problem = self.runner.validate(request.params) if self.runner is not None else None
         if problem is not None:  # fail it alone now rather than inside a batched step later
             self._fail(request_id, problem)
@@ -267,6 +269,8 @@ class StageCoreProc:
                 self._count_edge(request_id, chunk)
                 if chunk.data is not None:
                     request.inputs.append(chunk.data)
+                    if request.first_input_s is None:
+                        request.first_input_s = time.perf_counter()
                 if chunk.is_last:
                     request.input_finished = True
             self.scheduler.on_input(request)
@@ -455,9 +459,11 @@ class StageCoreProc:
         self._abort(request_id)
 
     def _metrics(self, request: StageRequest) -> dict[str, Any]:
-        queue_s = (request.first_scheduled_s or time.perf_counter()) - request.arrival_s
+        now = time.perf_counter()
+        first_input = request.first_input_s or request.first_scheduled_s or now
         return {
-            "queue_s": queue_s,
+            "input_wait_s": first_input - request.arrival_s,  # waiting for the upstream stage's first chunk
+            "queue_s": max(0.0, (request.first_scheduled_s or now) - first_input),  # input there, not yet scheduled
             "compute_s": request.compute_s,
             "units": request.num_units,
             "max_batch_size": request.max_batch_size,
