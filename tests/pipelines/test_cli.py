@@ -51,6 +51,10 @@ def test_models_lists_the_pipelines() -> None:
     (["generate"], "give a question as text, or --audio-in FILE"),
     (["generate", "hi", "--output", "/no/such/dir/a.wav", "--pipeline", "toy"], "--output: directory does not exist"),
     (["generate", "hi", "--max-tokens", "0", "--pipeline", "toy"], "sampling_params.max_tokens"),
+    (["generate", "hi", "--pipeline", "asr"], "pipeline 'asr' takes audio, not a text prompt: use --audio-in FILE"),
+    (["generate", "hi", "--pipeline", "toy_tts"], "pipeline 'toy_tts' only speaks: give --output FILE.wav"),
+    (["generate", "--pipeline", "toy_tts", "--audio-in", "/no/such.wav", "-o", "a.wav"],
+     "--audio-in: pipeline 'toy_tts' takes text, not audio"),
 ])
 def test_user_mistakes_get_one_line_and_exit_2(args, message) -> None:
     result = run(*args)
@@ -98,6 +102,14 @@ def test_ctrl_c_during_start_up_stops_the_stages_at_once(tmp_path: Path) -> None
     assert lines[-1] == "omnipipe: interrupted" and process.returncode == 130
     time.sleep(0.5)
     assert not [p for p in stages if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_without_output_the_answer_is_text_only() -> None:
+    result = run("generate", "quick question", "--pipeline", "toy", "--stats")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("QUICK QUESTION\n")
+    stages = result.stdout.split("\nstages\n")[1]
+    assert "thinker" in stages and "talker" not in stages and "code2wav" not in stages  # no speech was made
 
 
 def test_version_help_defaults_and_a_subcommands_own_usage() -> None:

@@ -40,11 +40,12 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="answer one question (text and/or spoken) and write the spoken answer")
     p.add_argument("prompt", nargs="?", default="", help="the question as text")
     p.add_argument("--audio-in", type=Path, help="a spoken question (wav/flac/ogg/mp3)")
-    p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV)")
+    p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV); without it the "
+                   "answer is text only")
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
     p.add_argument("--no-async-chunk", action="store_true", help="hand whole outputs between stages")
-    p.add_argument("--text-only", action="store_true", help="produce text only")
+    p.add_argument("--text-only", action="store_true", help="produce text only (even with --output)")
     p.add_argument("--max-tokens", type=int, default=None, help="most tokens the thinker writes")
     p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
     p.add_argument("--seed", type=int, default=None, help="sampling seed, for a repeatable answer")
@@ -73,11 +74,16 @@ async def _generate(args: argparse.Namespace) -> int:
 
     pipeline, deploy = _deploy_source(args)
     prompt: Any = args.prompt
+    takes = pipeline.input_modalities
     if args.audio_in is not None:
+        if "audio" not in takes:
+            raise CLIError(f"--audio-in: pipeline {pipeline.name!r} takes {' and '.join(takes)}, not audio")
         if not args.audio_in.is_file():
             raise CLIError(f"--audio-in: file not found: {args.audio_in}")
         audio, rate = load_audio(args.audio_in)
         prompt = {"prompt": args.prompt, "multi_modal_data": {"audio": (audio, rate)}}
+    elif "text" not in takes:
+        raise CLIError(f"pipeline {pipeline.name!r} takes {' and '.join(takes)}, not a text prompt: use --audio-in FILE")
     elif not args.prompt.strip():
         raise CLIError("give a question as text, or --audio-in FILE")
     params = None
@@ -85,9 +91,12 @@ async def _generate(args: argparse.Namespace) -> int:
                                    ("seed", args.seed)) if v is not None}
     if overrides:
         params = SamplingParams(**overrides)
-    modalities = ["text"] if args.text_only else None
     if args.output is not None and args.output.parent and not args.output.parent.exists():
         raise CLIError(f"--output: directory does not exist: {args.output.parent}")
+    if "text" not in pipeline.output_modalities and (args.output is None or args.text_only):
+        raise CLIError(f"pipeline {pipeline.name!r} only speaks: give --output FILE.wav")
+    # speech is made only where it goes somewhere: without --output the answer is text only
+    modalities = ["text"] if args.text_only or args.output is None else None
     final = None
     async with AsyncOmni(pipeline, deploy, log_level="INFO" if args.verbose else "WARNING",
                          progress=_progress_printer()) as engine:
