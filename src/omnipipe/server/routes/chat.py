@@ -37,6 +37,7 @@ from omnipipe.protocol.openai import (
 )
 from omnipipe.protocol.worker import CHAT_PATH
 from omnipipe.server.audio_stream import Pcm16Stream, encode_whole
+from omnipipe.server.disconnect import ClientGone, while_connected
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
@@ -267,13 +268,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                               output_modalities=plan.modalities,
                               edge_options=plan.edge_options)
     try:
-        first = await first_output(outputs)
+        first = await while_connected(request, first_output(outputs))
+    except ClientGone:
+        await outputs.aclose()  # type: ignore[attr-defined]
+        raise
     except Exception as exc:  # noqa: BLE001 - mapped to an API error
         await outputs.aclose()  # type: ignore[attr-defined]
         raise from_engine_error(exc, plan.field_map, plan.audio_param) from None
     if not body.stream:
         try:
-            return await _complete(outputs, first, body, plan, body.model, request_id, metrics)
+            return await while_connected(request, _complete(outputs, first, body, plan, body.model, request_id,
+                                                            metrics))
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
     stream = _stream(outputs, first, body, plan, body.model, request_id, metrics)
