@@ -146,13 +146,14 @@ class AsyncOmni:
                     sample_rate = event.sample_rate_hz
                     yield OmniRequestOutput(request_id, event.stage, "audio", text=text, audio=chunk,
                                             sample_rate_hz=event.sample_rate_hz)
-                elif event.kind == "done":
+                elif event.kind in ("done", "aborted"):
                     finished = True
                     metrics = clock.finish(event.stage_metrics, event.edge_metrics)
                     full_audio = np.concatenate(audio_parts) if audio_parts else None
+                    reason = "abort" if event.kind == "aborted" else event.finish_reason
                     yield OmniRequestOutput(request_id, event.stage, "final", text=text, audio=full_audio,
                                             sample_rate_hz=sample_rate, finished=True,
-                                            finish_reason=event.finish_reason, metrics=metrics)
+                                            finish_reason=reason, metrics=metrics)
                     return
                 elif event.kind == "error":
                     finished = True
@@ -165,14 +166,15 @@ class AsyncOmni:
                 self.engine.abort([internal_id])
 
     async def abort(self, request_id: str) -> None:
-        """Abort a running request in every stage; its ``generate`` raises RequestFailedError."""
+        """Abort a running request in every stage. Its ``generate`` ends with a final output (``finished``,
+        ``finish_reason="abort"``) holding the text and audio produced until then; nothing more follows."""
         internal_id = self._user_ids.get(request_id)
         if internal_id is None:
             return
         self.engine.abort([internal_id])
         state = self._requests.get(internal_id)
         if state is not None:
-            state.queue.put_nowait(EngineEvent(internal_id, "error", "", error="aborted"))
+            state.queue.put_nowait(EngineEvent(internal_id, "aborted", ""))
 
     def health(self) -> EngineHealth | None:
         """Whether the engine can make progress: ``ok``, each stage's state (ok, stalled, restarting, down) with its

@@ -42,7 +42,7 @@ class EngineEvent:
     """Orchestrator -> caller: something happened to a request."""
 
     request_id: str
-    kind: str  # "text" | "audio" | "done" | "error"
+    kind: str  # "text" | "audio" | "done" | "error" | "aborted" (by the caller's abort(): ends it as "abort")
     stage: str
     text_delta: str = ""
     num_tokens: int = 0

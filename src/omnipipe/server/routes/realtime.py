@@ -533,6 +533,8 @@ class RealtimeSession:
                         await self.send(ServerEvent.RESPONSE_AUDIO_DELTA, delta=base64.b64encode(data).decode(), **base)
                 elif out.finished:
                     final = out
+            if final is not None and final.finish_reason == "abort":  # cancel_response's abort got here first
+                raise asyncio.CancelledError
             if pcm is not None:
                 tail = pcm.flush()
                 if tail:
