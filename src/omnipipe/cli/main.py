@@ -226,7 +226,8 @@ def _worker(args: argparse.Namespace) -> int:
         raise CLIError(f"--capacity: must be >= 1, got {args.capacity}")
     if not (math.isfinite(args.pause_timeout_s) and args.pause_timeout_s > 0):
         raise CLIError(f"--pause-timeout-s: must be a number > 0, got {args.pause_timeout_s:g}")
-    return _serve(args, capacity=args.capacity, pause_timeout_s=args.pause_timeout_s, exit_on_engine_failure=False)
+    return _serve(args, capacity=args.capacity, pause_timeout_s=args.pause_timeout_s, exit_on_engine_failure=False,
+                  preload_companions=("transcription",))  # the voice page transcribes every turn
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -45,6 +45,7 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = pool.main.start_in_background()
+        pool.start_preloaded()
 
         def report(done: asyncio.Task[Any]) -> None:
             if done.cancelled() or done.exception() is None:
