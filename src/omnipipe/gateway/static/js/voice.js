@@ -255,6 +255,7 @@ const HANDLERS = {
     session.awaitingResponse = false;
     session.responseId = event.response.id;
     assistantEntry(event.response.id);
+    player.startAnswer();
   },
   "response.audio_transcript.delta"(event) { HANDLERS["response.text.delta"](event); },
   "response.text.delta"(event) {
@@ -270,6 +271,7 @@ const HANDLERS = {
   },
   "response.done"(event) {
     const response = event.response || {};
+    player.endAnswer();
     if (session.responseId === response.id) session.responseId = null;
     session.awaitingResponse = false;
     const item = session.entries.get(response.id);
