@@ -27,6 +27,7 @@ from omnipipe.server.capacity import SessionLimiter, SessionTracker
 from omnipipe.server.engines import EnginePool, ServerConfig
 from omnipipe.server.errors import install_error_handlers
 from omnipipe.server.guard import RequestGuard
+from omnipipe.server.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.routes import chat, realtime, speech, transcription
 
@@ -38,7 +39,8 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     ``config.exit_on_engine_failure`` is set; otherwise the server keeps answering ``/health`` with state ``ERROR``.
     """
     pool = EnginePool(config)
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(pool.model_name, entry_stages={name: slot.pipeline.stages[0].name
+                                                           for name, slot in pool.slots.items()})
     sessions = SessionTracker(config.capacity)
     started = int(time.time())
 
@@ -98,8 +100,7 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(await pool.debug_states()),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(metrics.render(await pool.debug_states()), media_type=PROMETHEUS_CONTENT_TYPE)
 
     @app.get("/debug/state")
     async def debug_state(request: Request) -> JSONResponse:
