@@ -220,8 +220,11 @@ function etaEntries(snapshot) {
 function renderEta(snapshot) {
   setChildren(els.etaFields, etaEntries(snapshot).map(([name, info]) => {
     const id = `eta-${name}`;
-    const measured = info.samples ? `in use: ${formatSeconds(info.duration_s)} (from ${info.samples} session${info.samples === 1 ? "" : "s"})`
-      : "no measurements yet";
+    const sessions = (n) => `${n} session${n === 1 ? "" : "s"}`;
+    const needed = info.min_samples ?? 5;
+    const measured = info.measured
+      ? `Not used now: waits use the measured average, ${formatSeconds(info.duration_s)} (${sessions(info.samples)}).`
+      : `In use: ${sessions(info.samples || 0)} measured so far; the average replaces this after ${needed}.`;
     return h("div", { class: "field" },
       h("label", { for: id }, name),
       h("input", { type: "number", id, name, min: "0", step: "any", required: true, value: info.baseline_s ?? "" }),
