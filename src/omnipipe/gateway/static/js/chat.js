@@ -361,14 +361,14 @@ async function send(event) {
       describeError(failure));
     hooks.lastError = describeError(failure);
     if (!hadSession && failure.type === "invalid_request_error") forgetSession(); // refused: nothing was recorded
+  } else if (stopped) {
+    assistant.bubble.textContent = answer ? `${answer} (stopped)` : "(stopped)";
   }
   if ((failure || stopped) && !answer && text && !els.prompt.value.trim()) {
     els.prompt.value = text; // the question was not answered: keep it to send again
   }
   if (heardLine && !state.heardStarted) heardLine.remove();
-  state.heardStarted = false; else if (stopped) {
-    assistant.bubble.textContent = answer ? `${answer} (stopped)` : "(stopped)";
-  }
+  state.heardStarted = false;
   if (pcmPieces.length) {
     const wav = wavFromPcm16(concatBytes(pcmPieces), RATE);
     const url = URL.createObjectURL(new Blob([wav], { type: "audio/wav" }));

@@ -173,8 +173,12 @@ async function startMicrophone(current) {
   try {
     await mic.start();
   } catch (error) {
+    if (session === current) {
+      session = null; // nothing was opened: no connection, no place in the queue
+      hooks.state = "error";
+      render();
+    }
     showError(error.message);
-    stop();
     return false;
   }
   if (session !== current) { // stopped while the browser asked for permission
