@@ -419,6 +419,11 @@ async function showCapabilities() {
   const speaks = model.output ? model.output.includes("audio") : true;
   els.speak.closest("label").classList.toggle("hidden", !speaks);
   if (!speaks) els.speak.checked = false;
+  const extras = [takes("audio") ? "record a question or attach an audio file" : "", takes("image") ? "attach an image" : ""]
+    .filter(Boolean);
+  if (els.placeholder && els.placeholder.isConnected) {
+    els.placeholder.textContent = `Ask something to start.${extras.length ? ` You can also ${extras.join(", or ")}.` : ""}`;
+  }
   document.body.dataset.capabilities = "known";
 }
 
