@@ -162,7 +162,8 @@ function renderQueue(tickets) {
 
 function renderRunning(sessions) {
   setChildren(els.running, table([
-    { label: "Session", cell: (s) => sessionLink(s.session_id) },
+    // a link only where a recording is being made (not with --no-record)
+    { label: "Session", cell: (s) => (s.recording === false ? h("span", { class: "mono" }, s.session_id) : sessionLink(s.session_id)) },
     { label: "Type", cell: (s) => s.type },
     { label: "Worker", cell: (s) => h("span", { class: "mono" }, s.worker || "—") },
     { label: "Running for", num: true, cell: (s) => ago(s.started_at) },
