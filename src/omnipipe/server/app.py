@@ -77,7 +77,9 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
 
     @app.get(MODELS_PATH, response_model=ModelList)
     async def list_models() -> ModelList:
-        return ModelList(data=[ModelCard(id=name, created=started) for name in pool.model_ids()])
+        return ModelList(data=[ModelCard(id=name, created=started, input_modalities=list(pipeline.input_modalities),
+                                         output_modalities=list(pipeline.output_modalities))
+                               for name, pipeline in pool.model_pipelines()])
 
     @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:

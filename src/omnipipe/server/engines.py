@@ -181,6 +181,11 @@ class EnginePool:
     def model_ids(self) -> list[str]:
         return [self.model_name, *(name for name in self.slots if name != self.main.name)]
 
+    def model_pipelines(self) -> list[tuple[str, PipelineSpec]]:
+        """Each model id ``/v1/models`` lists, with the pipeline that serves it."""
+        return [(self.model_name, self.main.pipeline),
+                *((name, slot.pipeline) for name, slot in self.slots.items() if name != self.main.name)]
+
     def check_model(self, model: str, endpoint: str) -> None:
         """``model`` must be the served model or the pipeline that serves ``endpoint``."""
         accepted = {self.model_name, self.main.name, self.endpoint_pipelines.get(endpoint)} - {None}
