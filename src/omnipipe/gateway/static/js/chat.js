@@ -246,6 +246,7 @@ async function send(event) {
   const speak = els.speak.checked;
   if (speak) player.resume(); // inside the click: browsers only allow sound after a user gesture
   player.stop();
+  player.startAnswer();
   setBusy(true);
 
   // the user's message, as sent and as shown
@@ -349,6 +350,7 @@ async function send(event) {
     else failure = error;
   }
   if (!complete && !failure && !stopped) failure = new ApiError(0, "The connection closed before the answer was complete.");
+  player.endAnswer();
   metrics.total_s = since();
   showQueue("");
   state.controller = null;
