@@ -37,14 +37,14 @@ export class PcmPlayer {
 
   /** An answer begins: its first chunk starts after the current lead. */
   startAnswer() {
-    this._answer = { startWall: performance.now() / 1000, audioSeconds: 0, underruns: 0 };
+    this._answer = { startWall: null, audioSeconds: 0, underruns: 0 }; // the clock starts with its first chunk
   }
 
   /** The answer's last chunk has arrived: learn from how fast it came (a calm answer lowers the lead). */
   endAnswer() {
     const answer = this._answer;
     this._answer = null;
-    if (!answer || answer.audioSeconds <= 0 || answer.underruns > 0) return;
+    if (!answer || answer.startWall === null || answer.audioSeconds <= 0 || answer.underruns > 0) return;
     const rate = answer.audioSeconds / Math.max(1e-3, performance.now() / 1000 - answer.startWall);
     if (rate > 1.2) this.lead = Math.max(MIN_LEAD_S, this.lead * 0.7);
   }
@@ -52,7 +52,7 @@ export class PcmPlayer {
   /** Seconds of audio per second of wall time arriving in the current answer (Infinity before any time passed). */
   get arrivalRate() {
     const answer = this._answer;
-    if (!answer) return Infinity;
+    if (!answer || answer.startWall === null) return Infinity;
     const elapsed = performance.now() / 1000 - answer.startWall;
     return elapsed > 0.05 ? answer.audioSeconds / elapsed : Infinity;
   }
@@ -103,7 +103,10 @@ export class PcmPlayer {
       }
       startAt = now + this.lead;
     }
-    if (this._answer) this._answer.audioSeconds += buffer.duration;
+    if (this._answer) {
+      if (this._answer.startWall === null) this._answer.startWall = performance.now() / 1000;
+      this._answer.audioSeconds += buffer.duration;
+    }
     source.start(startAt);
     this.nextTime = startAt + buffer.duration;
     this.chunks += 1;
