@@ -212,6 +212,7 @@ class AsyncOmni:
         if isinstance(sampling_params, SamplingParams):
             stage = self.pipeline.comprehension_stage or self.pipeline.stages[0].name
             sampling_params.validate()
+            sampling_params.check_extra(self.pipeline.stage_extra_schema(stage))
             return {stage: sampling_params.to_dict()}
         if isinstance(sampling_params, dict):
             out = {}
@@ -224,6 +225,7 @@ class AsyncOmni:
                 if not isinstance(params, SamplingParams):
                     raise FieldError(f"sampling_params.{stage}", f"must be SamplingParams, got {type(params).__name__}")
                 params.validate()
+                params.check_extra(self.pipeline.stage_extra_schema(stage))
                 out[stage] = params.to_dict()
             return out
         raise FieldError("sampling_params", "must be SamplingParams or a dict of stage -> SamplingParams, "

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omnipipe.util.field_error import FieldError
+from omnipipe.util.options import NoOptions, options_from_dict
 
 MAX_TOP_K = 1_000_000  # more than any vocabulary; larger values only hide mistakes
 MAX_MAX_TOKENS = 32_768  # the longest context of the models served here
@@ -25,7 +26,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)  # stage-specific knobs (e.g. voice, speed)
+    extra: dict[str, Any] = field(default_factory=dict)  # the stage's own knobs (its StageSpec.extra_params)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -58,6 +59,11 @@ class SamplingParams:
         need(number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty",
              "must be in [-2, 2]", self.frequency_penalty)
         need(isinstance(self.extra, dict), "extra", "must be a mapping", self.extra)
+
+    def check_extra(self, schema: type | None) -> None:
+        """Check ``extra`` against its stage's knobs (``StageSpec.extra_params``, the dataclass the stage reads them
+        with; None: the stage takes none): unknown keys are refused, each value is checked by the schema."""
+        options_from_dict(schema or NoOptions, self.extra, "sampling_params.extra")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -169,6 +169,7 @@ class Orchestrator:
                 threads=settings.threads, max_num_seqs=settings.max_num_seqs, options=settings.options,
                 ctrl_address=client.ctrl_address, out_address=client.out_address,
                 abort_address=abort_address, chunk_listen_address=chunk_inputs.get(stage.name), chunk_links=links,
+                extra_params=stage.extra_params,
                 out_relay=self.deploy.relay.backend, out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
                 relay_options=self.deploy.relay_options(), log_level=self.log_level,
             )

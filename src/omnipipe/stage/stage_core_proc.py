@@ -42,7 +42,7 @@ from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
 from omnipipe.util.dotted import resolve
 from omnipipe.util.field_error import FieldError
-from omnipipe.util.options import options_from_dict
+from omnipipe.util.options import NoOptions, options_from_dict
 from omnipipe.util.process import die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ class StageCoreProc:
         self._option_schemas: dict[str, type] = {
             t: resolve(l.options_schema) for t, l in launch.chunk_links.items() if l.options_schema
         }
+        self._extra_schema: type = resolve(launch.extra_params) if launch.extra_params else NoOptions
 
         self.scheduler: Scheduler = scheduler_for(launch.kind)(launch.max_num_seqs)
         self.requests: dict[str, StageRequest] = {}
@@ -223,6 +224,11 @@ class StageCoreProc:
             self._send(StageError(request_id, self.stage, f"input unreadable: {exc}"))
             return
         request.input_finished = message.input_finished
+        try:  # checked at the API with the same schema; a stage never dies of a request's knobs
+            options_from_dict(self._extra_schema, request.params.get("extra"), "extra")
+        except FieldError as exc:
+            self._fail(request_id, str(exc))
+            return
         problem = self.runner.validate(request.params) if self.runner is not None else None
         if problem is not None:  # fail it alone now rather than inside a batched step later
             self._fail(request_id, problem)

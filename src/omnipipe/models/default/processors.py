@@ -1,4 +1,5 @@
-"""Stage handoff for the default family: where a request enters, and how text flows thinker -> talker."""
+"""Stage handoff for the default family: where a request enters, how text flows thinker -> talker, and the knobs
+the talker reads from ``SamplingParams.extra``."""
 
 from __future__ import annotations
 
@@ -33,6 +34,18 @@ class SpokenPieceOptions:
         value = self.first_chunk_words
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise FieldError("first_chunk_words", f"must be an integer >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TalkerParams:
+    """The talker's ``SamplingParams.extra``: ``speed`` scales the speaking rate (2.0: twice as fast)."""
+
+    speed: float = 1.0
+
+    def __post_init__(self) -> None:
+        value = self.speed
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.25 <= value <= 4.0:
+            raise FieldError("speed", f"must be a number in [0.25, 4], got {value!r}")
 
 
 def _decode_audio(value: Any) -> np.ndarray:

@@ -131,9 +131,10 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tup
     for stage, fields in per_stage.items():
         try:
             params[stage] = SamplingParams.from_dict(fields)
+            params[stage].check_extra(pipeline.stage_extra_schema(stage))
         except FieldError as exc:
             name, rule = exc.field.removeprefix("sampling_params."), exc.rule
-            if name in extension.get(stage, {}):
+            if name.partition(".")[0] in extension.get(stage, {}):
                 param = f"omnipipe.sampling_params.{stage}.{name}"
             elif name == "max_tokens":
                 param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
