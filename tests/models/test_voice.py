@@ -226,6 +226,13 @@ def test_talker_empty_text(talker) -> None:
 
 
 @pytest.mark.models
+def test_talker_reads_a_nul_as_a_space(talker) -> None:
+    """espeak takes C strings: a NUL in the text (``"\\u0000"`` in a speech request) made the talker raise."""
+    assert talker.phonemize("Hello\x00world.") == talker.phonemize("Hello world.")
+    assert talker.phonemize("\x00") == [] and len(talker.phonemize_sentences("One.\x00 Two.")) == 2
+
+
+@pytest.mark.models
 def test_phonemize_returns_ids(talker) -> None:
     ids = talker.phonemize("Hello world.")
     assert ids and all(isinstance(i, int) for i in ids)

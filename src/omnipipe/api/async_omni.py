@@ -101,7 +101,8 @@ class AsyncOmni:
         edge_options: dict[str, dict[str, Any]] | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         """Stream one request's outputs. Raises FieldError (a ValueError naming the argument) for bad arguments,
-        RequestFailedError on failure.
+        also when a stage finds the input unusable (e.g. ``prompt``: too long, or spoken audio with no speech in
+        it), RequestFailedError on failure.
 
         ``edge_options``: per-request overrides of an edge's deploy options, by edge name, e.g.
         ``{"talker->code2wav": {"initial_codec_chunk_frames": 5}}``.
@@ -151,6 +152,8 @@ class AsyncOmni:
                     return
                 elif event.kind == "error":
                     finished = True
+                    if event.error_field is not None:  # a stage found the request's own input unusable
+                        raise FieldError(event.error_field, event.error or "is not usable")
                     raise RequestFailedError(f"request {request_id}: {event.error}")
         finally:
             self._requests.pop(internal_id, None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from omnipipe.api.prompt import check_unicode
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import NoOptions, options_from_dict
 
@@ -50,6 +51,8 @@ class SamplingParams:
              f"must be an integer in [1, {MAX_MAX_TOKENS}]", self.max_tokens)
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16,
              "stop", "must be a list of at most 16 non-empty strings", self.stop)
+        for text in self.stop:
+            check_unicode(text, "sampling_params.stop")
         need(self.seed is None or (integer(self.seed) and 0 <= self.seed < SEED_LIMIT), "seed",
              "must be null or an integer in [0, 2**64)", self.seed)
         need(number(self.repetition_penalty) and 0 < self.repetition_penalty <= 10, "repetition_penalty",

@@ -329,7 +329,7 @@ class StageCoreProc:
     def _apply(self, batch: list[StageRequest], outputs: list[RunnerOutput], elapsed: float) -> None:
         for request, output in zip(batch, outputs):
             if output.error is not None:
-                self._fail(request.request_id, output.error)
+                self._fail(request.request_id, output.error, output.error_field)
                 continue
             request.compute_s += elapsed
             request.max_batch_size = max(request.max_batch_size, len(batch))
@@ -448,8 +448,8 @@ class StageCoreProc:
         self.chunk_contexts.pop(request_id, None)
         self.edge_stats.pop(request_id, None)
 
-    def _fail(self, request_id: str, message: str) -> None:
-        self._send(StageError(request_id, self.stage, message))
+    def _fail(self, request_id: str, message: str, field: str | None = None) -> None:
+        self._send(StageError(request_id, self.stage, message, field))
         self._abort(request_id)
 
     def _metrics(self, request: StageRequest) -> dict[str, Any]:

@@ -164,6 +164,8 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
     params, field_map = _sampling_params(body, pipeline)
     if audio_param is not None:
         field_map["prompt.multi_modal_data.audio"] = audio_param
+        if not prompt["prompt"]:  # a spoken question alone: what a stage finds wrong with the prompt is in its audio
+            field_map["prompt"] = audio_param
     edge_options: dict[str, dict[str, Any]] = {}
     chunk_frames = body.omnipipe.initial_codec_chunk_frames if body.omnipipe is not None else None
     if chunk_frames is not None:
