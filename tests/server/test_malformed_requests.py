@@ -212,6 +212,15 @@ def silent_wav(seconds: float = 1.0, rate: int = 16_000) -> str:
     return base64.b64encode(buffer.getvalue()).decode()
 
 
+def silent_flac(seconds: float, rate: int = 8000) -> str:
+    import numpy as np
+    import soundfile
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.zeros(int(seconds * rate), np.int16), rate, format="FLAC", subtype="PCM_16")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
 DEFAULT_CASES = [
     # found by the stages, after the request started: the thinker's prompt limit, whisper hearing nothing
     Case("question longer than the thinker's prompt limit", 400, "messages",
@@ -222,6 +231,12 @@ DEFAULT_CASES = [
          json_body=chat(model="default", stream=True, modalities=["text", "audio"],
                         audio={"voice": "default", "format": "pcm16"},
                         messages=[{"role": "user", "content": [audio_part(silent_wav())]}])),
+    # decoded (and resampled) in full before the length limit was checked: 38 GB of samples, hours of audio
+    Case("spoken question: 1.2 MB of wav at 1 Hz", 400, "messages[0].content[0].input_audio.data",
+         json_body=chat(model="default", messages=[{"role": "user", "content": [audio_part(silent_wav(600_000, 1))]}])),
+    Case("spoken question: an hour of flac silence in 90 kB", 400, "messages[0].content[0].input_audio.data",
+         json_body=chat(model="default", messages=[{"role": "user", "content": [
+             audio_part(silent_flac(3600), fmt="flac")]}])),
     Case("speech: a nul character", 200, None, path=SPEECH,
          json_body=speech(model="tts", input="Hello\u0000 there.", response_format="pcm")),
 ]
