@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
+import wave
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,6 +80,9 @@ CASES = [
     Case("no user message", 400, "messages", json_body=chat(messages=[{"role": "system", "content": "be nice"}])),
     Case("empty user message", 400, "messages[0].content",
          json_body=chat(messages=[{"role": "user", "content": "   "}])),
+    Case("text with a lone surrogate", 400, "messages",
+         json_body=chat(messages=[{"role": "user", "content": "a\ud800b"}])),
+    Case("stop string with a lone surrogate", 400, "stop", json_body=chat(stop=["\udfff"])),
     Case("temperature wrong type", 400, "temperature", json_body=chat(temperature="hot")),
     Case("temperature out of range", 400, "temperature", json_body=chat(temperature=5)),
     Case("top_p zero", 400, "top_p", json_body=chat(top_p=0)),
@@ -111,6 +116,14 @@ CASES = [
          json_body=chat(omnipipe={"sampling_params": {"thinker": {"temperature": -1}}})),
     Case("extension: unknown sampling field", 400, "omnipipe.sampling_params.talker.warmth",
          json_body=chat(omnipipe={"sampling_params": {"talker": {"warmth": 1}}})),
+    Case("extension: stage knob out of range", 400, "omnipipe.sampling_params.talker.extra.speed",
+         json_body=chat(omnipipe={"sampling_params": {"talker": {"extra": {"speed": 100}}}})),
+    Case("extension: stage knob wrong type", 400, "omnipipe.sampling_params.talker.extra.speed",
+         json_body=chat(modalities=["text", "audio"], omnipipe={"sampling_params": {"talker": {"extra": {"speed": "x"}}}})),
+    Case("extension: unknown stage knob too big for the wire", 400, "omnipipe.sampling_params.thinker.extra.x",
+         json_body=chat(omnipipe={"sampling_params": {"thinker": {"extra": {"x": 2**70}}}})),
+    Case("extension: knob for a stage that takes none", 400, "omnipipe.sampling_params.code2wav.extra.speed",
+         json_body=chat(omnipipe={"sampling_params": {"code2wav": {"extra": {"speed": 1.0}}}})),
     Case("extension: chunk frames zero", 400, "omnipipe.initial_codec_chunk_frames",
          json_body=chat(omnipipe={"initial_codec_chunk_frames": 0})),
     Case("extension: unknown key", 400, "omnipipe.turbo", json_body=chat(omnipipe={"turbo": True})),
@@ -125,6 +138,7 @@ CASES = [
     Case("speech: input missing", 400, "input", path=SPEECH, json_body=speech(input=...)),
     Case("speech: input empty", 400, "input", path=SPEECH, json_body=speech(input="")),
     Case("speech: input too long", 400, "input", path=SPEECH, json_body=speech(input="x" * 5000)),
+    Case("speech: input with a lone surrogate", 400, "input", path=SPEECH, json_body=speech(input="hi \ud83d")),
     Case("speech: voice unknown", 400, "voice", path=SPEECH, json_body=speech(voice="alloy")),
     Case("speech: response_format unknown", 400, "response_format", path=SPEECH,
          json_body=speech(response_format="aac")),
@@ -185,3 +199,60 @@ def test_server_keeps_serving_after_malformed_requests(toy_server: ServerProcess
     from tests.server.conftest import engines_idle
 
     assert engines_idle(toy_server.wait_idle())
+
+
+# ---------------------------------------------------------------------------------------------- default pipeline
+def silent_wav(seconds: float = 1.0, rate: int = 16_000) -> str:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(bytes(int(seconds * rate) * 2))
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def silent_flac(seconds: float, rate: int = 8000) -> str:
+    import numpy as np
+    import soundfile
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.zeros(int(seconds * rate), np.int16), rate, format="FLAC", subtype="PCM_16")
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+DEFAULT_CASES = [
+    # found by the stages, after the request started: the thinker's prompt limit, whisper hearing nothing
+    Case("question longer than the thinker's prompt limit", 400, "messages",
+         json_body=chat(model="default", messages=[{"role": "user", "content": "word " * 3000}])),
+    Case("spoken question with no speech in it", 400, "messages[0].content[0].input_audio.data",
+         json_body=chat(model="default", messages=[{"role": "user", "content": [audio_part(silent_wav())]}])),
+    Case("spoken question with no speech in it, streamed", 400, "messages[0].content[0].input_audio.data",
+         json_body=chat(model="default", stream=True, modalities=["text", "audio"],
+                        audio={"voice": "default", "format": "pcm16"},
+                        messages=[{"role": "user", "content": [audio_part(silent_wav())]}])),
+    # decoded (and resampled) in full before the length limit was checked: 38 GB of samples, hours of audio
+    Case("spoken question: 1.2 MB of wav at 1 Hz", 400, "messages[0].content[0].input_audio.data",
+         json_body=chat(model="default", messages=[{"role": "user", "content": [audio_part(silent_wav(600_000, 1))]}])),
+    Case("spoken question: an hour of flac silence in 90 kB", 400, "messages[0].content[0].input_audio.data",
+         json_body=chat(model="default", messages=[{"role": "user", "content": [
+             audio_part(silent_flac(3600), fmt="flac")]}])),
+    Case("speech: a nul character", 200, None, path=SPEECH,
+         json_body=speech(model="tts", input="Hello\u0000 there.", response_format="pcm")),
+]
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("case", DEFAULT_CASES, ids=[c.name for c in DEFAULT_CASES])
+def test_input_only_the_stages_can_judge_is_refused_naming_the_field(default_server: ServerProcess,
+                                                                    case: Case) -> None:
+    """These used to fail inside a stage with a 500 (request_failed): a stage now says the caller's input is at
+    fault and in which field (``RunnerOutput.error_field``)."""
+    response = send(default_server, case)
+    assert response.status_code == case.status, response.text
+    if case.status == 200:
+        assert response.content
+        return
+    error = response.json()["error"]
+    assert error["param"] == case.param and error["type"] == "invalid_request_error", error
+    assert case.param in error["message"], error

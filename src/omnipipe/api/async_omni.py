@@ -105,7 +105,8 @@ class AsyncOmni:
         edge_options: dict[str, dict[str, Any]] | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         """Stream one request's outputs. Raises FieldError (a ValueError naming the argument) for bad arguments,
-        RequestFailedError on failure.
+        also when a stage finds the input unusable (e.g. ``prompt``: too long, or spoken audio with no speech in
+        it), RequestFailedError on failure.
 
         ``edge_options``: per-request overrides of an edge's deploy options, by edge name, e.g.
         ``{"talker->code2wav": {"initial_codec_chunk_frames": 5}}``.
@@ -157,6 +158,8 @@ class AsyncOmni:
                     return
                 elif event.kind == "error":
                     finished = True
+                    if event.error_field is not None:  # a stage found the request's own input unusable
+                        raise FieldError(event.error_field, event.error or "is not usable")
                     raise RequestFailedError(f"request {request_id}: {event.error}")
         finally:
             self._requests.pop(internal_id, None)
@@ -225,6 +228,7 @@ class AsyncOmni:
         if isinstance(sampling_params, SamplingParams):
             stage = self.pipeline.comprehension_stage or self.pipeline.stages[0].name
             sampling_params.validate()
+            sampling_params.check_extra(self.pipeline.stage_extra_schema(stage))
             return {stage: sampling_params.to_dict()}
         if isinstance(sampling_params, dict):
             out = {}
@@ -237,6 +241,7 @@ class AsyncOmni:
                 if not isinstance(params, SamplingParams):
                     raise FieldError(f"sampling_params.{stage}", f"must be SamplingParams, got {type(params).__name__}")
                 params.validate()
+                params.check_extra(self.pipeline.stage_extra_schema(stage))
                 out[stage] = params.to_dict()
             return out
         raise FieldError("sampling_params", "must be SamplingParams or a dict of stage -> SamplingParams, "

@@ -50,5 +50,6 @@ class EngineEvent:
     sample_rate_hz: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    error_field: str | None = None  # the request's input is at fault, in this field; ``error`` is the rule it broke
     stage_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     edge_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -192,6 +192,7 @@ class Orchestrator:
                 threads=settings.threads, max_num_seqs=settings.max_num_seqs, options=settings.options,
                 ctrl_address=client.ctrl_address, out_address=client.out_address,
                 abort_address=abort_address, chunk_listen_address=chunk_inputs.get(stage.name), chunk_links=links,
+                extra_params=stage.extra_params,
                 out_relay=self.deploy.relay.backend, out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
                 relay_options=self.deploy.relay_options(), log_level=self.log_level,
                 heartbeat_interval_s=self.deploy.heartbeat_interval_s,
@@ -429,13 +430,13 @@ class Orchestrator:
                 self._emit(EngineEvent(rid, "error", "", error=notify))
             del request
 
-    def _fail(self, request: _Request, stage: str, message: str) -> None:
+    def _fail(self, request: _Request, stage: str, message: str, field: str | None = None) -> None:
         if self.requests.pop(request.request_id, None) is None:
             return
         self._recently_ended.append(request.request_id)
         for relay in self.send_relays.values():
             relay.cleanup(request.request_id)
-        self._emit(EngineEvent(request.request_id, "error", stage, error=message))
+        self._emit(EngineEvent(request.request_id, "error", stage, error=message, error_field=field))
         asyncio.ensure_future(self.abort_pub.send(control_plane.encode(Abort([request.request_id]))))
 
     # ================================================================== outputs
@@ -534,7 +535,13 @@ class Orchestrator:
             logger.error("stage %s: %s", client.name, message.message)
             return
         request = self.requests.get(message.request_id)
-        if request is not None:
+        if request is None:
+            return
+        if message.field is not None:  # the request's own input is at fault: its rule, for the caller
+            logger.info("stage %s refused request %s: %s %s", client.name, message.request_id, message.field,
+                        message.message)
+            self._fail(request, message.stage, message.message, message.field)
+        else:
             self._fail(request, message.stage, f"stage {message.stage!r}: {message.message}")
 
     # ================================================================== stage death

@@ -22,7 +22,8 @@ from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|tagged-union\[.*\]|literal\[.*\]|function-.*)$")
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|tagged-union\[.*\]|literal\[.*\]|function-.*|"
+                        r"constrained-.*)$")
 
 
 def invalid(message: str, param: str | None, code: str | None = "invalid_value") -> APIError:

@@ -43,7 +43,7 @@ from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
 from omnipipe.util.dotted import resolve
 from omnipipe.util.field_error import FieldError
-from omnipipe.util.options import options_from_dict
+from omnipipe.util.options import NoOptions, options_from_dict
 from omnipipe.util.process import die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -118,6 +118,7 @@ class StageCoreProc:
         self._option_schemas: dict[str, type] = {
             t: resolve(l.options_schema) for t, l in launch.chunk_links.items() if l.options_schema
         }
+        self._extra_schema: type = resolve(launch.extra_params) if launch.extra_params else NoOptions
 
         self.scheduler: Scheduler = scheduler_for(launch.kind)(launch.max_num_seqs)
         self.requests: dict[str, StageRequest] = {}
@@ -233,6 +234,11 @@ class StageCoreProc:
         request.input_finished = message.input_finished
         if request.inputs:
             request.first_input_s = request.arrival_s
+        try:  # checked at the API with the same schema; a stage never dies of a request's knobs
+            options_from_dict(self._extra_schema, request.params.get("extra"), "extra")
+        except FieldError as exc:
+            self._fail(request_id, str(exc))
+            return
         problem = self.runner.validate(request.params) if self.runner is not None else None
         if problem is not None:  # fail it alone now rather than inside a batched step later
             self._fail(request_id, problem)
@@ -335,7 +341,7 @@ class StageCoreProc:
     def _apply(self, batch: list[StageRequest], outputs: list[RunnerOutput], elapsed: float) -> None:
         for request, output in zip(batch, outputs):
             if output.error is not None:
-                self._fail(request.request_id, output.error)
+                self._fail(request.request_id, output.error, output.error_field)
                 continue
             request.compute_s += elapsed
             request.max_batch_size = max(request.max_batch_size, len(batch))
@@ -454,8 +460,8 @@ class StageCoreProc:
         self.chunk_contexts.pop(request_id, None)
         self.edge_stats.pop(request_id, None)
 
-    def _fail(self, request_id: str, message: str) -> None:
-        self._send(StageError(request_id, self.stage, message))
+    def _fail(self, request_id: str, message: str, field: str | None = None) -> None:
+        self._send(StageError(request_id, self.stage, message, field))
         self._abort(request_id)
 
     def _metrics(self, request: StageRequest) -> dict[str, Any]:

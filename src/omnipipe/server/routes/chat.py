@@ -132,9 +132,10 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tup
     for stage, fields in per_stage.items():
         try:
             params[stage] = SamplingParams.from_dict(fields)
+            params[stage].check_extra(pipeline.stage_extra_schema(stage))
         except FieldError as exc:
             name, rule = exc.field.removeprefix("sampling_params."), exc.rule
-            if name in extension.get(stage, {}):
+            if name.partition(".")[0] in extension.get(stage, {}):
                 param = f"omnipipe.sampling_params.{stage}.{name}"
             elif name == "max_tokens":
                 param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -164,6 +165,8 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
     params, field_map = _sampling_params(body, pipeline)
     if audio_param is not None:
         field_map["prompt.multi_modal_data.audio"] = audio_param
+        if not prompt["prompt"]:  # a spoken question alone: what a stage finds wrong with the prompt is in its audio
+            field_map["prompt"] = audio_param
     edge_options: dict[str, dict[str, Any]] = {}
     chunk_frames = body.omnipipe.initial_codec_chunk_frames if body.omnipipe is not None else None
     if chunk_frames is not None:

@@ -131,7 +131,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreami
         raise
     except Exception as exc:  # noqa: BLE001 - mapped to an API error
         await outputs.aclose()  # type: ignore[attr-defined]
-        raise from_engine_error(exc, {"prompt": "input", "sampling_params.extra": "speed"}) from None
+        raise from_engine_error(exc, {"prompt": "input", "sampling_params.extra.speed": "speed"}) from None
     stream = _body(outputs, first, body, native_rate, metrics)
     if body.stream_format == "sse":
         return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
