@@ -1111,6 +1111,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     spawn = args.spawn or args.gateway
     if spawn and args.deploy is not None and not args.deploy.is_file():
         parser.error(f"--deploy: file not found: {args.deploy}")
+    if spawn:
+        from omnipipe.models.registry import UnknownPipelineError, get_pipeline
+
+        try:
+            get_pipeline(args.pipeline)
+        except UnknownPipelineError as exc:
+            parser.error(f"--pipeline: {exc}")
     if not spawn and args.base_url is None:
         args.base_url = "http://127.0.0.1:8091"
     info = machine_info()
