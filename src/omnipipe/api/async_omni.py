@@ -28,6 +28,7 @@ from omnipipe.config.deploy_config import DeployConfig, load_deploy
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.engine.async_omni_engine import AsyncOmniEngine
 from omnipipe.engine.events import AddRequest, EngineEvent
+from omnipipe.engine.liveness import EngineHealth
 from omnipipe.models.registry import get_pipeline
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
@@ -168,6 +169,12 @@ class AsyncOmni:
         state = self._requests.get(internal_id)
         if state is not None:
             state.queue.put_nowait(EngineEvent(internal_id, "error", "", error="aborted"))
+
+    def health(self) -> EngineHealth | None:
+        """Whether the engine can make progress: ``ok``, each stage's state (ok, stalled, restarting, down) with its
+        heartbeat age, and the problems in words. None before ``start()``. Never waits on the engine, so it answers
+        even when the engine is wedged (see docs/reliability.md)."""
+        return self.engine.health()
 
     async def debug_state(self) -> dict[str, Any]:
         """What every stage and the orchestrator still hold (request ids, relay slots, pending chunks, pids)."""

@@ -7,6 +7,7 @@ Every problem is reported with the file and the dotted key, e.g.
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,10 @@ class StageDeploy:
     max_num_seqs: int = 8
     restart_on_failure: bool = True
     max_restarts: int = 3
+    # liveness (engine/liveness.py): no progress for stall_report_s is reported (/health "degraded"); past
+    # stall_restart_s (None: never) the stage is killed and handled like a dead stage
+    stall_report_s: float = 5.0
+    stall_restart_s: float | None = 60.0
     options: dict[str, Any] = field(default_factory=dict)  # runner-specific
 
 
@@ -58,6 +63,7 @@ class DeployConfig:
     host: str = "127.0.0.1"
     stage_start_timeout_s: float = 600.0
     max_pending_requests: int = 1024
+    heartbeat_interval_s: float = 0.5  # how often every stage reports that it lives (stage/heartbeat.py)
     relay: RelayDeploy = field(default_factory=RelayDeploy)
     stages: dict[str, StageDeploy] = field(default_factory=dict)
     edges: dict[str, EdgeDeploy] = field(default_factory=dict)
@@ -174,7 +180,12 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
         "shm_num_slots": (int, 1),
         "max_pending_requests": (int, 1),
         "stage_start_timeout_s": (float, 1),
+        "heartbeat_interval_s": (float, 0.05),
+        "stall_report_s": (float, 0.1),
+        "stall_restart_s": (float, 0.1),
     }
+    if name == "stall_restart_s" and value is None:
+        return None
     if name == "device":
         if not isinstance(value, str) or not (value == "cpu" or value.startswith("cuda")):
             raise _fail(origin, key, f'must be "cpu" or "cuda[:N]", got {value!r}')
@@ -189,7 +200,7 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
     elif isinstance(check, tuple) and len(check) == 2 and check[0] in (int, float):
         kind, minimum = check
         ok = isinstance(value, (int, float)) if kind is float else isinstance(value, int)
-        if isinstance(value, bool) or not ok or value < minimum:
+        if isinstance(value, bool) or not ok or not math.isfinite(value) or value < minimum:
             noun = "an integer" if kind is int else "a number"
             raise _fail(origin, key, f"must be {noun} >= {minimum}, got {value!r}")
         return kind(value)
@@ -225,7 +236,13 @@ def _validate_against_pipeline(config: DeployConfig, pipeline: PipelineSpec, ori
         except FieldError as exc:
             raise _fail(origin, exc.field, exc.rule) from None
     for stage in pipeline.stages:
-        config.stage(stage.name)
+        settings = config.stage(stage.name)
+        if settings.stall_report_s < 2 * config.heartbeat_interval_s:
+            raise _fail(origin, f"stages.{stage.name}.stall_report_s", f"must be at least twice heartbeat_interval_s "
+                        f"({config.heartbeat_interval_s:g} s), got {settings.stall_report_s:g}")
+        if settings.stall_restart_s is not None and settings.stall_restart_s <= settings.stall_report_s:
+            raise _fail(origin, f"stages.{stage.name}.stall_restart_s", f"must be above stall_report_s "
+                        f"({settings.stall_report_s:g} s) or null (never), got {settings.stall_restart_s:g}")
         merged = dict(stage.default_options)
         merged.update(config.stages[stage.name].options)
         config.stages[stage.name].options = merged

@@ -18,6 +18,7 @@ import janus
 from omnipipe.config.deploy_config import DeployConfig
 from omnipipe.config.pipeline_spec import EntryInput, PipelineSpec
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
+from omnipipe.engine.liveness import EngineHealth
 from omnipipe.engine.orchestrator import EngineStartError, Orchestrator
 from omnipipe.stage.schedulers import SCHEDULERS, has_scheduler
 from omnipipe.util.dotted import resolve
@@ -89,11 +90,16 @@ class AsyncOmniEngine:
         assert self.output_queue is not None
         return await self.output_queue.async_q.get()
 
-    async def query_state(self) -> dict[str, Any]:
+    def health(self) -> EngineHealth | None:
+        """Whether the engine can make progress (None before it has started); never waits on the engine."""
+        return self.orchestrator.health() if self.orchestrator is not None else None
+
+    async def query_state(self, timeout_s: float = 15.0) -> dict[str, Any]:
+        """What the orchestrator and every stage hold; raises TimeoutError if the engine loop does not answer."""
         assert self.orchestrator is not None
         command = QueryState()
         self.orchestrator.submit(command)
-        return await asyncio.wrap_future(command.result)
+        return await asyncio.wait_for(asyncio.wrap_future(command.result), timeout_s)
 
     async def shutdown(self) -> None:
         if self.orchestrator is None:

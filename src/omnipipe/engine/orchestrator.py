@@ -7,6 +7,8 @@
   turned into the next stage's input by the edge's input processor and forwarded.
 - a watcher per stage process (the process sentinel in the event loop): a stage that dies is noticed at once;
   its requests fail with an error naming it, their state is released everywhere, and the stage is restarted.
+- a watchdog (``engine/liveness.py``): from the stages' heartbeats it reports a stage that makes no progress and
+  kills one stalled past its bound (then handled as a death); its tick shows that this loop itself still runs.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import zmq.asyncio
 from omnipipe.config.deploy_config import DeployConfig, EdgeDeploy
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
+from omnipipe.engine.liveness import LOOP_STALL_S, EngineHealth, StageHealth, StageLiveness
 from omnipipe.engine.route_plan import RoutePlan, RoutePlans, streams
 from omnipipe.engine.run_dir import create_run_dir, sweep_stale_run_dirs
 from omnipipe.engine.stage_client import StageClient
@@ -43,6 +46,7 @@ from omnipipe.transport.messages import (
     Payload,
     Shutdown,
     StageError,
+    StageHeartbeat,
     StageOutput,
     StageReady,
     Submit,
@@ -105,6 +109,7 @@ class Orchestrator:
         self._forwards: set[asyncio.Task[None]] = set()
         self._stopping = False
         self._recently_ended: collections.deque[str] = collections.deque(maxlen=1024)  # aborted or failed
+        self.last_tick = time.monotonic()  # the watchdog's last run: this loop is alive
 
     # ================================================================== thread entry
     def start(self) -> None:
@@ -171,6 +176,7 @@ class Orchestrator:
                 abort_address=abort_address, chunk_listen_address=chunk_inputs.get(stage.name), chunk_links=links,
                 out_relay=self.deploy.relay.backend, out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
                 relay_options=self.deploy.relay_options(), log_level=self.log_level,
+                heartbeat_interval_s=self.deploy.heartbeat_interval_s,
             )
         return launches
 
@@ -189,9 +195,11 @@ class Orchestrator:
                                                        options=self.deploy.relay_options())
         try:
             for stage in self.pipeline.stages:
+                settings = self.deploy.stage(stage.name)
                 self.clients[stage.name] = StageClient(self.ctx, stage.name, self.launcher,
                                                        self._address(f"{stage.name}-ctrl"),
-                                                       self._address(f"{stage.name}-out"))
+                                                       self._address(f"{stage.name}-out"),
+                                                       StageLiveness(settings.stall_report_s, settings.stall_restart_s))
             for name, launch in self._launches(abort_address).items():
                 self.clients[name].launch = launch
             for client in self.clients.values():
@@ -203,6 +211,7 @@ class Orchestrator:
             await self._teardown()
             raise
         tasks = [asyncio.create_task(self._output_handler(c), name=f"out-{c.name}") for c in self.clients.values()]
+        tasks.append(asyncio.create_task(self._watchdog(), name="watchdog"))
         for client in self.clients.values():
             self._watch(client)
         self._started.set()
@@ -235,6 +244,7 @@ class Orchestrator:
                         if message.chunk_address is not None:
                             self.chunk_addresses[client.name] = message.chunk_address
                         client.ready.set()
+                        client.liveness.reset()
                         logger.info("stage %s ready (pid %d, %.1f s)", client.name, message.pid, message.load_time_s)
                         continue
                     if isinstance(message, StageError) and not message.request_id:
@@ -360,6 +370,7 @@ class Orchestrator:
     async def _on_stage_back(self, client: StageClient, message: StageReady) -> None:
         """A restarted stage is ready: re-announce routes that involve it, then submit what waited for it."""
         client.ready.set()
+        client.liveness.reset()
         logger.warning("stage %s is back (pid %d)", client.name, message.pid)
         if message.chunk_address is not None:
             self.chunk_addresses[client.name] = message.chunk_address
@@ -413,6 +424,9 @@ class Orchestrator:
                     await self._route_output(message)
                 elif isinstance(message, StageError):
                     self._on_stage_error(client, message)
+                elif isinstance(message, StageHeartbeat):
+                    if message.pid == client.pid:  # not a last beat of a process already replaced
+                        client.liveness.beat(message.step_s)
                 elif isinstance(message, HealthReply):
                     self._on_health(message)
                 elif isinstance(message, StageReady):
@@ -511,16 +525,20 @@ class Orchestrator:
         code = client.exit_code()
         client.alive = False
         client.ready.clear()
-        logger.error("stage %s died (exit code %s)", client.name, code)
+        if client.liveness.killed_for:
+            death = f"stage {client.name!r} {client.liveness.killed_for} and was killed"
+        else:
+            death = f"stage {client.name!r} died (exit code {code})"
+        logger.error("%s", death)
         victims = [r for r in self.requests.values()
                    if client.name in r.route.stages and client.name not in r.done_stages]
         for request in victims:
-            self._fail(request, client.name, f"stage {client.name!r} died (exit code {code})")
+            self._fail(request, client.name, death)
         removed = sweep_segments(segment_prefix(self.run_id, client.name))
         if removed:
             logger.info("released %d shared-memory segments of stage %s", len(removed), client.name)
         if not self._restartable(client.name):
-            self._fail_parked(client.name, f"stage {client.name!r} died (exit code {code}) and is not restarted")
+            self._fail_parked(client.name, f"{death} and is not restarted")
         else:
             client.restarts += 1
             logger.warning("restarting stage %s (restart %d)", client.name, client.restarts)
@@ -528,11 +546,71 @@ class Orchestrator:
             client.spawn()
             self._watch(client)
 
+    # ================================================================== liveness
+    async def _watchdog(self) -> None:
+        """Every half heartbeat interval: note that this loop runs, and judge each ready stage's progress."""
+        period = self.deploy.heartbeat_interval_s / 2
+        while True:
+            now = time.monotonic()
+            late = now - self.last_tick > period + self.deploy.heartbeat_interval_s
+            self.last_tick = now
+            # a late tick means this loop was held up, and with it the reading of every beat: judge next round,
+            # once the beats that waited in the sockets have been read
+            if not late:
+                for client in self.clients.values():
+                    if client.alive and client.ready.is_set():
+                        self._judge(client, now)
+            await asyncio.sleep(period)
+
+    def _judge(self, client: StageClient, now: float) -> None:
+        liveness = client.liveness
+        verdict = liveness.check(now)
+        idle_for = liveness.no_progress_s(now)
+        how = f"in one step for {liveness.step_s:.1f} s" if liveness.step_s > 0 else "silent"
+        if verdict == "newly_stalled":
+            logger.warning("stage %s has made no progress for %.1f s (%s; stall_report_s %g)", client.name,
+                           idle_for, how, liveness.report_s)
+        elif verdict == "recovered":
+            logger.warning("stage %s is making progress again", client.name)
+        elif verdict == "restart" and client.handle is not None:
+            liveness.killed_for = f"made no progress for {idle_for:.1f} s (stall_restart_s {liveness.restart_s:g})"
+            logger.error("stage %s %s; killing it", client.name, liveness.killed_for)
+            client.handle.kill()  # the sentinel fires: handled as a death (requests failed, stage restarted)
+
+    def health(self) -> EngineHealth:
+        """Whether the engine can make progress; safe to call from any thread (reads, never waits on the loop)."""
+        now = time.monotonic()
+        problems: list[str] = []
+        loop_age = now - self.last_tick
+        if not self.is_alive:
+            problems.append("the engine loop has stopped")
+        elif loop_age > max(LOOP_STALL_S, 2 * self.deploy.heartbeat_interval_s):
+            problems.append(f"the engine loop has not run for {loop_age:.1f} s")
+        stages: dict[str, StageHealth] = {}
+        for name, client in list(self.clients.items()):
+            liveness = client.liveness
+            up = client.alive and client.ready.is_set()
+            idle_for = liveness.no_progress_s(now) if up else None
+            if not client.alive:
+                state, problem = "down", f"stage {name!r} is down (restarts used: {client.restarts})"
+            elif not client.ready.is_set():
+                state, problem = "restarting", f"stage {name!r} is restarting (restart {client.restarts})"
+            elif liveness.stalled_since is not None:
+                state, problem = "stalled", f"stage {name!r} has made no progress for {idle_for:.1f} s"
+            else:
+                state, problem = "ok", None
+            if problem:
+                problems.append(problem)
+            stages[name] = StageHealth(state, client.pid if client.alive else None, client.restarts,
+                                       now - liveness.last_beat if up else None, idle_for, liveness.stalls, problem)
+        return EngineHealth(not problems, loop_age, stages, problems)
+
     # ================================================================== state (debug / tests)
     async def _query_state(self, command: QueryState) -> None:
         self._nonce += 1
         nonce = self._nonce
-        alive = [c for c in self.clients.values() if c.alive]
+        # a stalled stage cannot answer: it is reported by its liveness instead of holding up the query
+        alive = [c for c in self.clients.values() if c.alive and c.liveness.stalled_since is None]
         future: asyncio.Future[list[HealthReply]] = asyncio.get_running_loop().create_future()
         self._health_waiters[nonce] = (future, [], len(alive))
         for client in alive:

@@ -14,6 +14,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from omnipipe.engine.liveness import StageLiveness
 from omnipipe.placement.launcher import Launcher, StageHandle
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.transport import control_plane
@@ -23,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 class StageClient:
     def __init__(self, ctx: zmq.asyncio.Context, name: str, launcher: Launcher, ctrl_bind: str,
-                 out_bind: str) -> None:
+                 out_bind: str, liveness: StageLiveness) -> None:
         """Bind both sockets (``tcp://host:*`` picks a port at bind); ``launch`` is set before ``spawn``."""
         self.name = name
         self.launcher = launcher
@@ -37,6 +38,7 @@ class StageClient:
         self.alive = False
         self.restarts = 0
         self.load_error: str | None = None
+        self.liveness = liveness  # heartbeats and stall record (engine/liveness.py)
 
     def spawn(self) -> None:
         """Start the stage (a fresh one after a death)."""

@@ -3,8 +3,8 @@
 The server (``omnipipe.server``) produces it and the gateway (``omnipipe.gateway``) reads it; both import it from
 here, and neither imports the other. Imports nothing heavy.
 
-- ``GET /health`` answers ``HealthReply`` (200 when the worker can serve, 503 while loading or failed); ``state``
-  is a ``WorkerState`` name other than ``OFFLINE``.
+- ``GET /health`` answers ``HealthReply`` (200 when the worker can serve, 503 while loading, degraded or failed);
+  ``state`` is a ``WorkerState`` name other than ``OFFLINE`` (``ERROR`` while degraded).
 - Beyond its capacity a worker answers HTTP 429 with the OpenAI error code ``AT_CAPACITY`` and ``Retry-After``,
   or refuses a realtime WebSocket with an ``error`` event of that code and close ``CLOSE_TRY_AGAIN``.
 - The WebSocket close codes below are the ones the worker and the gateway send on ``/v1/realtime``.
@@ -53,16 +53,30 @@ class SessionCounts(TypedDict):
     paused: int
 
 
-class HealthReply(TypedDict, total=False):
-    """The JSON of a worker's ``GET /health``; ``error`` only when the main pipeline failed to start."""
+class StageHealthReply(TypedDict):
+    """One stage in ``/health``: ``state`` is ok, stalled, restarting or down."""
 
-    status: str  # "loading" | "ready" | "failed"
+    state: str
+    pid: int | None
+    restarts: int
+    heartbeat_age_s: float | None
+    no_progress_s: float | None
+    stalls: int
+
+
+class HealthReply(TypedDict, total=False):
+    """The JSON of a worker's ``GET /health``; ``error`` when the main pipeline failed to start or is degraded
+    (a stage stalled, restarting or down, or the engine loop not running: ``problems`` lists each)."""
+
+    status: str  # "loading" | "ready" | "degraded" | "failed"
     state: str  # a WorkerState name (never OFFLINE)
     pipeline: str
     models: list[str]
     active_sessions: int
     capacity: int | None  # None: no limit (plain ``omnipipe serve``)
     sessions: SessionCounts
+    stages: dict[str, StageHealthReply]  # once the engine has started
+    problems: list[str]
     error: str
 
 

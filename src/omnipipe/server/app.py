@@ -79,13 +79,21 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:
         slot = pool.main
-        body: HealthReply = {"status": slot.status if slot.status != "idle" else "loading",
-                             "state": sessions.state(slot.status).name, "pipeline": slot.name,
+        status = slot.status if slot.status != "idle" else "loading"
+        engine_health = slot.engine.health() if slot.status == "ready" and slot.engine is not None else None
+        if engine_health is not None and not engine_health.ok:
+            status = "degraded"
+        body: HealthReply = {"status": status, "state": sessions.state(status).name, "pipeline": slot.name,
                              "models": pool.model_ids(), "active_sessions": sessions.active,
                              "capacity": sessions.capacity, "sessions": sessions.counts()}
+        if engine_health is not None:
+            body["stages"] = engine_health.stages_dict()  # type: ignore[typeddict-item]  # same keys
+            body["problems"] = engine_health.problems
         if slot.error:
             body["error"] = slot.error
-        return JSONResponse(body, status_code=200 if slot.status == "ready" else 503)
+        elif status == "degraded":
+            body["error"] = "; ".join(engine_health.problems if engine_health else [])
+        return JSONResponse(body, status_code=200 if status == "ready" else 503)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:

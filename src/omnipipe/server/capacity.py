@@ -106,8 +106,8 @@ class SessionTracker:
         return {"http": self.http, "realtime": self.realtime, "paused": self.paused}
 
     def state(self, engine_status: str = "ready") -> WorkerState:
-        """The reported state; ``engine_status`` is the main pipeline's (``idle|loading|ready|failed``)."""
-        if engine_status == "failed":
+        """The reported state; ``engine_status`` is the main pipeline's (``idle|loading|ready|degraded|failed``)."""
+        if engine_status in ("failed", "degraded"):
             return WorkerState.ERROR
         if engine_status != "ready":
             return WorkerState.LOADING

@@ -198,10 +198,19 @@ class EnginePool:
                            code="invalid_voice")
 
     async def debug_states(self) -> dict[str, dict[str, Any]]:
+        """Per pipeline: its status, what its engine holds (``state``) and its liveness (``health``)."""
         out: dict[str, dict[str, Any]] = {}
         for name, slot in self.slots.items():
-            state = await slot.engine.debug_state() if slot.status == "ready" and slot.engine is not None else None
-            out[name] = {"status": slot.status, "error": slot.error, "state": state}
+            state = health = None
+            error = slot.error
+            if slot.status == "ready" and slot.engine is not None:
+                engine_health = slot.engine.health()
+                health = engine_health.to_dict() if engine_health is not None else None
+                try:
+                    state = await slot.engine.debug_state()
+                except asyncio.TimeoutError:
+                    error = "the engine did not answer the state query (its loop is not running)"
+            out[name] = {"status": slot.status, "error": error, "state": state, "health": health}
         return out
 
     async def shutdown(self) -> None:

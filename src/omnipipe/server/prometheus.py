@@ -93,4 +93,39 @@ class ServerMetrics:
             for stage, held in sorted((state.get("stages") or {}).items()):
                 count = len(held.get("requests") or [])
                 lines.append(f"omnipipe_stage_requests{_labels((('pipeline', name), ('stage', stage)))} {count}")
+        lines += self._liveness(engines)
         return "\n".join(lines) + "\n"
+
+    @staticmethod
+    def _liveness(engines: dict[str, dict[str, Any]]) -> list[str]:
+        """Per stage: up (ok) or not, stalled, heartbeat age, restarts and stalls so far; per engine: loop age."""
+        gauges = {
+            "omnipipe_stage_up": ("gauge", "1 when the stage is running and making progress"),
+            "omnipipe_stage_stalled": ("gauge", "1 while the stage makes no progress past its stall_report_s"),
+            "omnipipe_stage_heartbeat_age_seconds": ("gauge", "since the stage's last heartbeat"),
+            "omnipipe_stage_restarts_total": ("counter", "restarts of the stage (after a death or a stall)"),
+            "omnipipe_stage_stalls_total": ("counter", "times the stage was reported stalled"),
+            "omnipipe_engine_loop_age_seconds": ("gauge", "since the engine loop last ran its watchdog"),
+        }
+        values: dict[str, list[str]] = {metric: [] for metric in gauges}
+        for name, info in sorted(engines.items()):
+            health = info.get("health")
+            if not health:
+                continue
+            values["omnipipe_engine_loop_age_seconds"].append(
+                f"omnipipe_engine_loop_age_seconds{_labels((('pipeline', name),))} {health['loop_age_s']}")
+            for stage, report in sorted(health["stages"].items()):
+                labels = _labels((("pipeline", name), ("stage", stage)))
+                values["omnipipe_stage_up"].append(f"omnipipe_stage_up{labels} {int(report['state'] == 'ok')}")
+                values["omnipipe_stage_stalled"].append(
+                    f"omnipipe_stage_stalled{labels} {int(report['state'] == 'stalled')}")
+                if report["heartbeat_age_s"] is not None:
+                    values["omnipipe_stage_heartbeat_age_seconds"].append(
+                        f"omnipipe_stage_heartbeat_age_seconds{labels} {report['heartbeat_age_s']}")
+                values["omnipipe_stage_restarts_total"].append(
+                    f"omnipipe_stage_restarts_total{labels} {report['restarts']}")
+                values["omnipipe_stage_stalls_total"].append(f"omnipipe_stage_stalls_total{labels} {report['stalls']}")
+        lines: list[str] = []
+        for metric, (kind, help_text) in gauges.items():
+            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}", *values[metric]]
+        return lines

@@ -21,6 +21,7 @@ import zmq
 from omnipipe.chunk.connector import ChunkConnector, EdgeLink, ReceivedChunk
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
+from omnipipe.stage.heartbeat import Heartbeat
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import NOT_RESTORABLE, RunnerContext, RunnerOutput, StageRunner
@@ -128,6 +129,7 @@ class StageCoreProc:
             self.adapter.cleanup(request_id, aborted=True)
         self.runner: StageRunner | None = None
         self.running = True
+        self.heartbeat = Heartbeat(self.ctx, launch.out_address, self.stage, launch.heartbeat_interval_s)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -146,6 +148,7 @@ class StageCoreProc:
             self._send(StageError("", self.stage, f"failed to load {self.launch.runner}: {type(exc).__name__}: {exc}"))
             raise SystemExit(3) from exc
         self.adapter.start()
+        self.heartbeat.start()
         self._send(StageReady(self.stage, os.getpid(), time.perf_counter() - start,
                               self.adapter.connector.listen_address))
         logger.info("ready in %.2f s", time.perf_counter() - start)
@@ -170,9 +173,14 @@ class StageCoreProc:
             for request in self.scheduler.finish_exhausted():
                 self._deliver(request, RunnerOutput(request.request_id), finished=True)
             if self.scheduler.has_work():
-                self._step()
+                self.heartbeat.step_started = time.monotonic()
+                try:
+                    self._step()
+                finally:
+                    self.heartbeat.step_started = None
 
     def close(self) -> None:
+        self.heartbeat.stop()
         self.adapter.close()
         for relay in [self.out_relay, *self.send_relays.values(), *self.recv_relays_main.values(),
                       *self._recv_relays_chunks.values()]:

@@ -110,6 +110,15 @@ class StageError(msgspec.Struct, tag="error", frozen=True):
     message: str
 
 
+class StageHeartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
+    """Stage -> orchestrator, every ``heartbeat_interval_s`` from a thread of its own: the process lives, and its
+    current step (if one is running) has run ``step_s`` seconds. A stopped or wedged process sends none."""
+
+    stage: str
+    pid: int
+    step_s: float
+
+
 class HealthReply(msgspec.Struct, tag="health_reply", frozen=True):
     stage: str
     nonce: int
@@ -122,5 +131,5 @@ class HealthReply(msgspec.Struct, tag="health_reply", frozen=True):
 
 
 ToStage = Submit | ChunkRoutes | Shutdown | HealthCheck
-FromStage = StageOutput | StageError | StageReady | HealthReply
+FromStage = StageOutput | StageError | StageReady | HealthReply | StageHeartbeat
 Broadcast = Abort

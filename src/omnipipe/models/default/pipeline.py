@@ -28,12 +28,15 @@ TALKER_TO_CODE2WAV = EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_proces
 # of context on each side of a seam to match a whole decode (measured: max abs diff 1.3e-6 at 10/10).
 _FRAME_EDGE = {"options": {"codec_chunk_frames": 25, "left_context_frames": 10, "right_context_frames": 10,
                           "initial_codec_chunk_frames": "auto"}}
+# The encoder transcribes a whole clip and the talker speaks a whole piece in one step (seconds for a long one on a
+# busy CPU): their stall bounds are wider than the per-token stages'.
+_LONG_STEPS = {"stall_report_s": 15.0, "stall_restart_s": 120.0}
 _DEPLOY = {
     "edges": {"talker->code2wav": _FRAME_EDGE},
     "stages": {
-        "encoder": {"threads": 1, "max_num_seqs": 4},
+        "encoder": {"threads": 1, "max_num_seqs": 4, **_LONG_STEPS},
         "thinker": {"threads": 2, "max_num_seqs": 8},
-        "talker": {"threads": 1, "max_num_seqs": 8},
+        "talker": {"threads": 1, "max_num_seqs": 8, **_LONG_STEPS},
         "code2wav": {"threads": 1, "max_num_seqs": 16},
     },
 }
@@ -76,6 +79,6 @@ ASR = PipelineSpec(
     prompt_processor=f"{_P}.processors.asr_prompt",
     input_modalities=("audio",),
     comprehension_stage="encoder",
-    default_deploy={"stages": {"encoder": {"threads": 2, "max_num_seqs": 4}}},
+    default_deploy={"stages": {"encoder": {"threads": 2, "max_num_seqs": 4, **_LONG_STEPS}}},
     **_WEIGHTS,
 )
