@@ -78,6 +78,7 @@ CHAT = "/v1/chat/completions"
 HEALTH_POLL_S = 0.05
 PID_POLL_S = 0.1
 TREE_POLL_S = 1.0
+PROBE_PAUSE_S = (0.2, 2.0)  # between probes that did not complete: from, doubling up to
 STOP_REPORT_GRACE_S = 2.0  # a stop nothing reported by this long after it ended counts as undetected
 SPAWN_MAX_BODY_BYTES = 2_000_000
 GATEWAY_WORKERS = 2
@@ -536,6 +537,21 @@ class Rig:
             return sample.stages[fault.target].get("state") == "ok"
         return sample.code == 200
 
+    def down(self, fault: Fault, sample: HealthSample) -> str | None:
+        """A stage the server gave up (no restarts left): no request can complete, the fault will not heal."""
+        if fault.kind == KILL_WORKER:
+            return None
+        return next((name for name, s in (sample.stages or {}).items() if s.get("state") == "down"), None)
+
+    def describe(self, fault: Fault, sample: HealthSample) -> str:
+        if fault.kind == KILL_WORKER:
+            return f"gateway: {(sample.workers or {}).get(fault.target.removeprefix('worker '))}"
+        stage = (sample.stages or {}).get(fault.target)
+        down = self.down(fault, sample)
+        if down is not None and down != fault.target:
+            return f"stage {down!r} is down"
+        return f"state {stage.get('state')}" if stage else f"/health {sample.code}"
+
     def health_samples(self, fault: Fault) -> list[HealthSample]:
         watch = self.gateway_health if fault.kind == KILL_WORKER and self.gateway_health else self.stage_health
         return watch.samples
@@ -603,15 +619,32 @@ async def run_faults(rig: Rig, faults: list[Fault], progress: Progress, concurre
                 await asyncio.sleep(0.05)
             if progress.in_flight:
                 await asyncio.sleep(rng.uniform(0.3, 1.5))
-            fault.under_load = progress.in_flight > 0
             try:
-                await inject(rig, fault)
+                if await target_ready(rig, fault, time.perf_counter() + recovery_timeout_s):
+                    fault.under_load = progress.in_flight > 0
+                    await inject(rig, fault)
             finally:
                 progress.release(progress.total - share * (len(faults) - index - 1))
             if fault.at is not None:
                 await heal(rig, fault, probe, probes, fault.at + recovery_timeout_s)
     finally:
         progress.release(progress.total)
+
+
+async def target_ready(rig: Rig, fault: Fault, deadline: float) -> bool:
+    """Wait until ``/health`` shows the fault's target healthy (a stage may still be busy with a fault the server
+    found by itself); ``fault.error`` if it does not get there by ``deadline``."""
+    since = time.perf_counter()
+    while time.perf_counter() < deadline:
+        samples = rig.health_samples(fault)
+        if samples and samples[-1].t > since and rig.healthy(fault, samples[-1]):
+            return True
+        if samples and rig.down(fault, samples[-1]):
+            break
+        await asyncio.sleep(HEALTH_POLL_S)
+    samples = rig.health_samples(fault)
+    fault.error = f"{fault.target} not healthy before the fault ({rig.describe(fault, samples[-1]) if samples else '-'})"
+    return False
 
 
 async def inject(rig: Rig, fault: Fault) -> None:
@@ -641,12 +674,15 @@ async def heal(rig: Rig, fault: Fault, probe: Callable[[], Awaitable[Outcome]], 
     does), the stopped process continued, the fault seen by ``/health`` (a killed process replaced) and ``/health``
     healthy again after that. A stop that nothing reported by the time it ended is taken as undetected."""
     assert fault.at is not None
+    pause = PROBE_PAUSE_S[0]
     while time.perf_counter() < deadline:
         outcome = await probe()
         probes.append(outcome)
-        if outcome.kind == COMPLETED:
+        samples = rig.health_samples(fault)
+        if outcome.kind == COMPLETED or (samples and rig.down(fault, samples[-1])):
             break
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, PROBE_PAUSE_S[1])
     if fault.resume is not None:
         await fault.resume
     undetected_after = time.perf_counter() + STOP_REPORT_GRACE_S
@@ -656,6 +692,9 @@ async def heal(rig: Rig, fault: Fault, probe: Callable[[], Awaitable[Outcome]], 
         if fault.detected_s is not None and replaced and fault.ok_again_s is not None:
             return
         if fault.kind == STOP and fault.detected_s is None and time.perf_counter() > undetected_after:
+            return
+        samples = rig.health_samples(fault)
+        if samples and rig.down(fault, samples[-1]):
             return
         await asyncio.sleep(0.05)
 
@@ -756,6 +795,10 @@ def format_report(report: dict[str, Any]) -> str:
                                    title="Malformed requests")]
         lines += [f"  {e['status']} x{e['count']} {e['case']}: {e['body']}" for e in mal["server_errors"]]
         lines += [f"  no answer: {line}" for line in mal["no_answer"]]
+    if report["stages_at_end"]:
+        lines += ["", "stages at the end: " + ", ".join(
+            f"{name} {s['state']} (restarts {s['restarts']}, stall reports {s['stalls']})"
+            for name, s in report["stages_at_end"].items())]
     if report["leaks"]:
         lines += ["", "Leaks:", *(f"  {leak}" for leak in report["leaks"])]
     return "\n".join(lines)
@@ -783,6 +826,9 @@ def verdict(report: dict[str, Any]) -> list[str]:
             reasons.append(f"{name} did not heal: no request sent after it completed")
         elif f["ok_again_s"] is None:
             reasons.append(f"{name} did not heal: /health not healthy again")
+    down = [name for name, s in report["stages_at_end"].items() if s["state"] == "down"]
+    if down:
+        reasons.append(f"the server gave up stage(s) {', '.join(down)} (down at the end)")
     if report["leaks"]:
         reasons.append("leaked: " + "; ".join(report["leaks"]))
     return reasons
@@ -911,6 +957,7 @@ async def soak(args: argparse.Namespace, target: dict[str, Any]) -> tuple[dict[s
             for task in monitors:
                 task.cancel()
             await asyncio.gather(*monitors, return_exceptions=True)
+        end_health = await rig.stage_health.poll_once()
         after = None
         if processes is not None:
             processes.sample_tree()
@@ -927,6 +974,8 @@ async def soak(args: argparse.Namespace, target: dict[str, Any]) -> tuple[dict[s
                          f"{after['rss_mib']:.0f} MiB")
     return {
         "model": model, "wall_s": wall, "per_stage_health": rig.per_stage_health(),
+        "stages_at_end": {name: {k: info.get(k) for k in ("state", "pid", "restarts", "stalls")}
+                          for name, info in (end_health.stages or {}).items()},
         "requests": {"load": tally(outcomes), "probes": tally(probes),
                      "timeline": [{"probe": probe_flag, "kind": o.kind, "cause": o.cause,
                                    "started_s": o.started - start, "ended_s": o.ended - start}
