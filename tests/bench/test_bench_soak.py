@@ -67,7 +67,8 @@ def test_spawned_server_survives_stage_faults(tmp_path: Path) -> None:
     # machine a loaded stage's step (or a heartbeat) can take over 4 s, and the kills that follow use up its restarts
     code, report, printed = run_soak(
         tmp_path, "--spawn", "--pipeline", "default", "--requests", "24", "--concurrency", "4", "--abort-rate", "0.2",
-        "--kill-stages", ",".join(STAGES), "--stop-stage-s", "3", "--malformed", "1", "--stall-restart-s", "30")
+        "--kill-stages", ",".join(STAGES), "--stop-stage-s", "3", "--malformed", "1", "--stall-restart-s", "30",
+        "--max-tokens", "16")
     load, probes = report["requests"]["load"], report["requests"]["probes"]
     assert load["stuck"] == 0 and probes["stuck"] == 0, printed
     assert load["total"] == 24 and load["completed"] >= 1 and load["left_by_client"] >= 1, load
@@ -82,6 +83,7 @@ def test_spawned_server_survives_stage_faults(tmp_path: Path) -> None:
         assert fault["error"] is None and fault["pid"], fault
         assert fault["detected_s"] is not None, f"not detected: {fault}"
         assert fault["ok_again_s"] is not None and fault["recovered_s"] is not None, f"not healed: {fault}"
+        assert fault["answered_s"] is not None and fault["answered_s"] <= fault["recovered_s"], fault
         if fault["kind"] == KILL:
             assert fault["restarted_s"] is not None, fault
     assert any(f["under_load"] for f in faults), faults

@@ -16,9 +16,10 @@ then SIGCONTs it (unless the server replaced it meanwhile). The pids come from t
 else ``/debug/state``). Per fault, from the signal on: detection (``/health``, polled every 50 ms, reports the
 stage not ok; from a server whose ``/health`` has no per-stage states: anything but 200, or a new pid for the stage
 in ``/debug/state``, which answers only once every stage does, so within about 10 s), restart (a new pid for the
-stage), ok again (``/health`` healthy again after that) and recovery (the first request sent after the fault
-completes: load, or the probe requests the bench sends after each fault until one completes). The next fault comes
-once this one healed (bounded by ``--recovery-timeout``).
+stage), ok again (``/health`` healthy again after that), first answer (the first text or audio of a request sent
+after the fault) and recovery (the first request sent after the fault completes: load, or the short probe requests
+the bench sends after each fault until one completes). The next fault comes once this one healed (bounded by
+``--recovery-timeout``).
 
 ``--malformed M``: M rounds of the malformed requests of ``bench/malformed.py``, sent one by one while the load
 runs; 4xx and 5xx are counted and every 5xx is listed with its body.
@@ -78,6 +79,7 @@ CHAT = "/v1/chat/completions"
 HEALTH_POLL_S = 0.05
 PID_POLL_S = 0.1
 TREE_POLL_S = 1.0
+PROBE_MAX_TOKENS = 8  # probes are short: they tell when a whole request goes through again
 PROBE_PAUSE_S = (0.2, 2.0)  # between probes that did not complete: from, doubling up to
 STOP_REPORT_GRACE_S = 2.0  # a stop nothing reported by this long after it ended counts as undetected
 SPAWN_MAX_BODY_BYTES = 2_000_000
@@ -91,7 +93,7 @@ COMPLETED, FAILED, LEFT, STUCK = "completed", "failed", "left by client", "stuck
 KILL, STOP, KILL_WORKER = "SIGKILL", "SIGSTOP", "SIGKILL worker"
 REQUEST_HEADERS = ["Outcome", "Load", "Probes"]
 FAULT_HEADERS = ["Fault", "Target", "Pid", "Under load", "Detection (ms)", "Restart (ms)", "OK again (ms)",
-                 "Recovery (ms)"]
+                 "First answer (ms)", "Recovery (ms)"]
 RESOURCE_HEADERS = ["Resource", "Before", "After", "Change (%)"]
 MALFORMED_HEADERS = ["Rounds", "Requests", "2xx (tolerated)", "4xx", "5xx", "No answer"]
 
@@ -103,6 +105,7 @@ class Outcome:
     started: float
     ended: float
     cause: str | None = None  # for FAILED: what the server said (or "stream cut")
+    answered: float | None = None  # the first text or audio delta
 
 
 def cause_of(message: Any) -> str:
@@ -129,8 +132,10 @@ async def soak_request(client: httpx.AsyncClient, model: str, prompt: str, max_t
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
             "max_tokens": max_tokens, "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
     started = time.perf_counter()
+    answered: float | None = None
 
     async def stream() -> tuple[str, str | None]:
+        nonlocal answered
         async with client.stream("POST", CHAT, json=body) as response:
             if response.status_code != 200:
                 return FAILED, f"HTTP {response.status_code}: {cause_of(error_message(await response.aread()))}"
@@ -148,6 +153,9 @@ async def soak_request(client: httpx.AsyncClient, model: str, prompt: str, max_t
                     return FAILED, cause_of(error.get("message") if isinstance(error, dict) else error)
                 for choice in event.get("choices") or []:
                     finish = choice.get("finish_reason") or finish
+                    delta = choice.get("delta") or {}
+                    if answered is None and (delta.get("content") or (delta.get("audio") or {}).get("data")):
+                        answered = time.perf_counter()
                 events += 1
                 if leave_after is not None and events >= leave_after:
                     return LEFT, None  # leaving the block closes the connection mid-stream
@@ -161,7 +169,7 @@ async def soak_request(client: httpx.AsyncClient, model: str, prompt: str, max_t
         kind, cause = FAILED, "stream cut"
     except (httpx.HTTPError, ValueError) as exc:  # ValueError: an event that is not JSON
         kind, cause = FAILED, cause_of(f"client: {type(exc).__name__}: {exc}")
-    return Outcome(kind, started, time.perf_counter(), cause)
+    return Outcome(kind, started, time.perf_counter(), cause, answered)
 
 
 class Progress:
@@ -491,6 +499,7 @@ class Fault:
     detected_s: float | None = None
     restarted_s: float | None = None
     ok_again_s: float | None = None
+    answered_s: float | None = None
     recovered_s: float | None = None
     resume: asyncio.Task[None] | None = None  # the SIGCONT of a SIGSTOP
 
@@ -585,7 +594,10 @@ def measure(rig: Rig, fault: Fault, outcomes: Sequence[Outcome], until: float = 
     if detected is not None:
         after = max(detected, new_pid or detected)
         fault.ok_again_s = next((s.t - t0 for s in samples if s.t >= after and rig.healthy(fault, s)), None)
-    done = [o.ended for o in outcomes if o.kind == COMPLETED and t0 <= o.started < until]
+    after_fault = [o for o in outcomes if t0 <= o.started < until]
+    answers = [o.answered for o in after_fault if o.answered is not None]
+    fault.answered_s = min(answers) - t0 if answers else None
+    done = [o.ended for o in after_fault if o.kind == COMPLETED]
     fault.recovered_s = min(done) - t0 if done else None
 
 
@@ -643,7 +655,8 @@ async def target_ready(rig: Rig, fault: Fault, deadline: float) -> bool:
             break
         await asyncio.sleep(HEALTH_POLL_S)
     samples = rig.health_samples(fault)
-    fault.error = f"{fault.target} not healthy before the fault ({rig.describe(fault, samples[-1]) if samples else '-'})"
+    seen = rig.describe(fault, samples[-1]) if samples else "no /health answer"
+    fault.error = f"{fault.target} not healthy before the fault ({seen})"
     return False
 
 
@@ -775,7 +788,8 @@ def format_report(report: dict[str, Any]) -> str:
     if faults:
         lines += ["", format_table(FAULT_HEADERS, [
             [f["label"], f["target"], f["pid"], None if f["at_s"] is None else "yes" if f["under_load"] else "no",
-             ms(f["detected_s"]), ms(f["restarted_s"]), ms(f["ok_again_s"]), ms(f["recovered_s"])]
+             ms(f["detected_s"]), ms(f["restarted_s"]), ms(f["ok_again_s"]), ms(f["answered_s"]),
+             ms(f["recovered_s"])]
             for f in faults], digits=0, title="Faults (times from the signal)")]
         lines += [f"  {f['label']} {f['target']}: not done: {f['error']}" for f in faults if f["error"]]
     res = report["resources"]
@@ -937,8 +951,8 @@ async def soak(args: argparse.Namespace, target: dict[str, Any]) -> tuple[dict[s
         probe_prompts = iter(load_prompts("random", 10_000, args.seed + 1))
 
         def probe() -> Awaitable[Outcome]:
-            return soak_request(probe_client, model, next(probe_prompts), args.max_tokens, None,
-                                args.request_timeout)
+            return soak_request(probe_client, model, next(probe_prompts), min(args.max_tokens, PROBE_MAX_TOKENS),
+                                None, args.request_timeout)
 
         print(f"omnipipe bench soak: {len(prompts)} requests at concurrency {args.concurrency} "
               f"({len(leave)} left by the client), {len(faults)} fault(s), {args.malformed} malformed round(s) of "
@@ -983,7 +997,7 @@ async def soak(args: argparse.Namespace, target: dict[str, Any]) -> tuple[dict[s
         "faults": [{"label": f.label, "kind": f.kind, "target": f.target, "stop_s": f.stop_s, "pid": f.pid,
                     "at_s": None if f.at is None else f.at - start, "under_load": f.under_load, "error": f.error,
                     "detected_s": f.detected_s, "restarted_s": f.restarted_s, "ok_again_s": f.ok_again_s,
-                    "recovered_s": f.recovered_s} for f in faults],
+                    "answered_s": f.answered_s, "recovered_s": f.recovered_s} for f in faults],
         "resources": {"root_pid": root, "before": before, "after": after,
                       "note": None if root is not None else "the server's process is not on this machine"},
         "malformed": malformed_summary(malformed, args.malformed) if args.malformed else None,
