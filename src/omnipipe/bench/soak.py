@@ -81,7 +81,8 @@ PID_POLL_S = 0.1
 TREE_POLL_S = 1.0
 PROBE_MAX_TOKENS = 8  # probes are short: they tell when a whole request goes through again
 PROBE_PAUSE_S = (0.2, 2.0)  # between probes that did not complete: from, doubling up to
-STOP_REPORT_GRACE_S = 2.0  # a stop nothing reported by this long after it ended counts as undetected
+STOP_REPORT_GRACE_S = 2.0
+GIVEN_UP_AFTER_S = 5.0  # a stage down (not restarting) this long has been given up by the server  # a stop nothing reported by this long after it ended counts as undetected
 SPAWN_MAX_BODY_BYTES = 2_000_000
 GATEWAY_WORKERS = 2
 SERVING_WORKER_STATES = ("IDLE", "BUSY", "DUPLEX_ACTIVE", "DUPLEX_PAUSED")
@@ -546,17 +547,27 @@ class Rig:
             return sample.stages[fault.target].get("state") == "ok"
         return sample.code == 200
 
-    def down(self, fault: Fault, sample: HealthSample) -> str | None:
-        """A stage the server gave up (no restarts left): no request can complete, the fault will not heal."""
-        if fault.kind == KILL_WORKER:
+    def down(self, fault: Fault) -> str | None:
+        """A stage the server gave up (down, not restarting, for ``GIVEN_UP_AFTER_S``): no request can complete, the
+        fault will not heal. (A stage is also down for a moment between its death and its restart.)"""
+        samples = self.health_samples(fault)
+        if fault.kind == KILL_WORKER or not samples or samples[-1].stages is None:
             return None
-        return next((name for name, s in (sample.stages or {}).items() if s.get("state") == "down"), None)
+        since = samples[-1].t - GIVEN_UP_AFTER_S
+        if samples[0].t > since:
+            return None
+        down = {name for name, info in samples[-1].stages.items() if info.get("state") == "down"}
+        for sample in reversed(samples):
+            if sample.t < since or not down:
+                break
+            down &= {name for name, info in (sample.stages or {}).items() if info.get("state") == "down"}
+        return min(down) if down else None
 
     def describe(self, fault: Fault, sample: HealthSample) -> str:
         if fault.kind == KILL_WORKER:
             return f"gateway: {(sample.workers or {}).get(fault.target.removeprefix('worker '))}"
         stage = (sample.stages or {}).get(fault.target)
-        down = self.down(fault, sample)
+        down = self.down(fault)
         if down is not None and down != fault.target:
             return f"stage {down!r} is down"
         return f"state {stage.get('state')}" if stage else f"/health {sample.code}"
@@ -651,7 +662,7 @@ async def target_ready(rig: Rig, fault: Fault, deadline: float) -> bool:
         samples = rig.health_samples(fault)
         if samples and samples[-1].t > since and rig.healthy(fault, samples[-1]):
             return True
-        if samples and rig.down(fault, samples[-1]):
+        if rig.down(fault):
             break
         await asyncio.sleep(HEALTH_POLL_S)
     samples = rig.health_samples(fault)
@@ -691,8 +702,7 @@ async def heal(rig: Rig, fault: Fault, probe: Callable[[], Awaitable[Outcome]], 
     while time.perf_counter() < deadline:
         outcome = await probe()
         probes.append(outcome)
-        samples = rig.health_samples(fault)
-        if outcome.kind == COMPLETED or (samples and rig.down(fault, samples[-1])):
+        if outcome.kind == COMPLETED or rig.down(fault):
             break
         await asyncio.sleep(pause)
         pause = min(2 * pause, PROBE_PAUSE_S[1])
@@ -706,8 +716,7 @@ async def heal(rig: Rig, fault: Fault, probe: Callable[[], Awaitable[Outcome]], 
             return
         if fault.kind == STOP and fault.detected_s is None and time.perf_counter() > undetected_after:
             return
-        samples = rig.health_samples(fault)
-        if samples and rig.down(fault, samples[-1]):
+        if rig.down(fault):
             return
         await asyncio.sleep(0.05)
 
