@@ -273,9 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")
-    b.add_argument("suite", choices=["engine", "offline", "serve", "gateway"], help="engine: framework costs on "
-                   "test stages; offline: the default pipeline vs a sequential baseline; serve: load on a running "
-                   "server; gateway: a worker directly vs through a gateway (recording and not), side by side")
+    b.add_argument("suite", choices=["engine", "offline", "serve", "gateway", "soak"], help="engine: framework "
+                   "costs on test stages; offline: the default pipeline vs a sequential baseline; serve: load on a "
+                   "running server; gateway: a worker directly vs through a gateway (recording and not), side by "
+                   "side; soak: load with stage kills, a stopped stage, clients that leave and malformed requests, "
+                   "and what was left behind")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (see --help of the suite)")
     return parser
 
@@ -308,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                 from omnipipe.bench.serve import main as bench_main
             elif args.suite == "gateway":
                 from omnipipe.bench.gateway import main as bench_main
+            elif args.suite == "soak":
+                from omnipipe.bench.soak import main as bench_main
             else:
                 from omnipipe.bench.offline import main as bench_main
             return bench_main(args.rest)
