@@ -275,3 +275,34 @@ def test_a_request_the_wire_cannot_carry_fails_alone_and_the_engine_serves_on(ha
     outputs = toy.run(collect(toy.engine, "after it", output_modalities=["text", "audio"]))
     assert outputs[-1].text == "AFTER IT"
     assert state_is_idle(toy.run(wait_until_idle(toy.engine)))
+
+
+def test_max_restarts_counts_deaths_in_a_row(harness_factory, monkeypatch) -> None:
+    """max_restarts limits restarts in a row: a stage that served long enough after a restart starts its count over
+    (the window is shortened here), so a long-lived server does not run out of restarts."""
+    from omnipipe.engine import orchestrator
+
+    monkeypatch.setattr(orchestrator, "RESTART_WINDOW_S", 1.0)
+    harness = harness_factory("toy", {"stages": {"talker": {"max_restarts": 1}}})
+    engine = harness.engine
+
+    async def kill_and_wait(stage: str) -> dict:
+        pid = (await engine.debug_state())["pids"][stage]
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(600):
+            await asyncio.sleep(0.05)
+            health = engine.health()
+            if health.stages[stage].pid not in (None, pid) and health.stages[stage].state == "ok":
+                break
+        return await engine.debug_state()
+
+    async def run() -> tuple[dict, dict, str]:
+        first = await kill_and_wait("talker")
+        await asyncio.sleep(1.5)  # served past the (shortened) window
+        second = await kill_and_wait("talker")
+        outputs = await collect(engine, "still speaking")
+        return first, second, outputs[-1].text
+
+    first, second, text = harness.run(run())
+    assert first["restarts"]["talker"] == 1 and second["restarts"]["talker"] == 2
+    assert text == "STILL SPEAKING"

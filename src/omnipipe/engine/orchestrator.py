@@ -60,6 +60,9 @@ from omnipipe.util.dotted import resolve
 logger = logging.getLogger(__name__)
 
 
+RESTART_WINDOW_S = 600.0  # a stage that served this long after a restart has its max_restarts count start over
+
+
 class EngineStartError(RuntimeError):
     """A stage could not be started; the message names it."""
 
@@ -266,6 +269,7 @@ class Orchestrator:
                         if message.chunk_address is not None:
                             self.chunk_addresses[client.name] = message.chunk_address
                         client.ready.set()
+                        client.ready_since = time.monotonic()
                         client.liveness.reset()
                         waiting = f"; waiting for {', '.join(pending)}" if pending else ""
                         self._say(f"stage {client.name} ready ({message.load_time_s:.1f} s){waiting}")
@@ -396,6 +400,7 @@ class Orchestrator:
     async def _on_stage_back(self, client: StageClient, message: StageReady) -> None:
         """A restarted stage is ready: re-announce routes that involve it, then submit what waited for it."""
         client.ready.set()
+        client.ready_since = time.monotonic()
         client.liveness.reset()
         logger.warning("stage %s is back (pid %d)", client.name, message.pid)
         if message.chunk_address is not None:
@@ -407,7 +412,7 @@ class Orchestrator:
 
     def _restartable(self, stage: str) -> bool:
         settings = self.deploy.stage(stage)
-        return settings.restart_on_failure and self.clients[stage].restarts < settings.max_restarts
+        return settings.restart_on_failure and self.clients[stage].restarts_in_a_row < settings.max_restarts
 
     async def _send(self, stage: str, message: Submit, request: _Request) -> None:
         request.submitted.add(stage)
@@ -557,6 +562,9 @@ class Orchestrator:
         code = client.exit_code()
         client.alive = False
         client.ready.clear()
+        if client.ready_since is not None and time.monotonic() - client.ready_since >= RESTART_WINDOW_S:
+            client.restarts_in_a_row = 0  # it had been serving a good while: this death starts a new count
+        client.ready_since = None
         if client.liveness.killed_for:
             death = f"stage {client.name!r} {client.liveness.killed_for} and was killed"
         else:
@@ -573,7 +581,9 @@ class Orchestrator:
             self._fail_parked(client.name, f"{death} and is not restarted")
         else:
             client.restarts += 1
-            logger.warning("restarting stage %s (restart %d)", client.name, client.restarts)
+            client.restarts_in_a_row += 1
+            logger.warning("restarting stage %s (restart %d, %d in a row)", client.name, client.restarts,
+                           client.restarts_in_a_row)
             client.launch = msgspec.structs.replace(client.launch, aborted_request_ids=list(self._recently_ended))
             client.spawn()
             self._watch(client)
