@@ -103,6 +103,10 @@ DEFAULT_CASES = [
     # found by the stages, after the request started: the thinker's prompt limit, whisper hearing nothing
     Case("question longer than the thinker's prompt limit", 400, "messages",
          json_body=chat(model="default", messages=[{"role": "user", "content": "word " * 3000}])),
+    # refused before it is tokenised: a megabyte used to hold the thinker in one step for seconds (under load,
+    # past its stall_restart_s, so the watchdog killed it)
+    Case("a megabyte question", 400, "messages",
+         json_body=chat(model="default", messages=[{"role": "user", "content": "x" * 1_000_000}])),
     Case("spoken question with no speech in it", 400, "messages[0].content[0].input_audio.data",
          json_body=chat(model="default", messages=[{"role": "user", "content": [audio_part(silent_wav())]}])),
     Case("spoken question with no speech in it, streamed", 400, "messages[0].content[0].input_audio.data",

@@ -25,6 +25,9 @@ from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
 MAX_PROMPT_TOKENS = 2048
+# no token of the vocabulary is longer than this: a question with more characters than the limit allows is refused
+# before tokenising it (a megabyte of text costs seconds of one step, holding every request of the batch)
+MAX_CHARS_PER_TOKEN = 32
 
 
 @dataclass
@@ -80,6 +83,9 @@ class GemmaThinkerRunner(StageRunner):
         if not question:  # the caller's input: no text, and no speech heard in its audio
             return RunnerOutput(request.request_id, error="is empty (no text, and no speech heard in the audio)",
                                 error_field="prompt")
+        if len(question) > self.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # too long to be worth tokenising
+            return RunnerOutput(request.request_id, error=f"is {len(question)} characters long, more than the "
+                                f"{self.max_prompt_tokens} tokens the thinker takes", error_field="prompt")
         ids = self.encode_prompt(question)
         if len(ids) > self.max_prompt_tokens:
             return RunnerOutput(request.request_id, error=f"is {len(ids)} tokens long, more than the limit of "
