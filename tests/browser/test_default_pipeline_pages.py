@@ -5,6 +5,7 @@ microphone playing a spoken question."""
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.browser.conftest import ADMIN_TOKEN, Stack, expect, screenshot, silence, small_png, speech, write_wav
+from tests.browser.conftest import ADMIN_TOKEN, Stack, expect, screenshot, silence, speech, write_wav
 
 pytestmark = [pytest.mark.browser, pytest.mark.models]
 QUESTION = "What is the capital of France?"
@@ -100,24 +101,17 @@ def test_chat_streams_the_answer_as_text_and_speech(default_stack: Stack, new_pa
     _made["chat"] = session_id
 
 
-def test_chat_shows_that_the_pipeline_refuses_images(default_stack: Stack, new_page: Any, tmp_path: Path) -> None:
-    image = tmp_path / "dot.png"
-    image.write_bytes(small_png())
+def test_chat_offers_no_image_button_for_a_pipeline_without_image_input(default_stack: Stack,
+                                                                       new_page: Any) -> None:
+    models = httpx.get(f"{default_stack.url}/v1/models", timeout=30).json()["data"]
+    assert models[0]["id"] == "default" and models[0]["input_modalities"] == ["text", "audio"]
     page = new_page()
     page.goto(default_stack.url + "/chat")
-    page.get_by_role("switch", name="Speak the answer").uncheck()
-    page.set_input_files("#image-file", image)
-    expect(page.locator("#attachments")).to_contain_text("dot.png")
-    page.get_by_label("Your message").fill("What is in this picture?")
-    page.get_by_role("button", name="Send").click()
-    hooks = wait_turns(page, 1)
-    assert "does not take image input" in hooks["lastError"]
-    error = page.locator(".msg.assistant.error .bubble")
-    expect(error).to_contain_text("The request failed")
-    expect(error).to_contain_text("does not take image input")
-    expect(page.locator(".msg.user img")).to_have_count(1)
-    expect(page.locator("#attachments")).to_be_empty()
-    screenshot(page, "chat-image-refused")
+    page.wait_for_function("() => document.body.dataset.capabilities === 'known'")
+    expect(page.get_by_role("button", name="Image")).to_be_hidden()
+    expect(page.get_by_role("button", name="Record")).to_be_visible()
+    expect(page.get_by_role("button", name="Audio file")).to_be_visible()
+    expect(page.get_by_role("switch", name="Speak the answer")).to_be_visible()
 
 
 def test_chat_takes_a_spoken_question_from_a_file_or_the_microphone(default_stack: Stack, spoken_question: np.ndarray,
@@ -142,6 +136,18 @@ def test_chat_takes_a_spoken_question_from_a_file_or_the_microphone(default_stac
     assert hooks["lastError"] is None
     expect(page.locator(".msg.assistant .bubble").last).to_contain_text("Paris")
     expect(page.locator(".msg.user audio")).to_have_count(1)
+    # what the server heard is shown under the question, and kept in the recording's turn
+    heard = page.locator(".msg.user .heard").first
+    expect(heard).to_contain_text("capital", timeout=60_000)
+    expect(heard).to_contain_text("Heard:")
+    session_id = hooks["sessionId"]
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        turns = httpx.get(f"{default_stack.url}/api/sessions/{session_id}", timeout=10).json()["recording"]["turns"]
+        if turns and turns[0].get("user_transcript"):
+            break
+        time.sleep(0.2)
+    assert "capital" in turns[0]["user_transcript"].lower(), turns
 
     # the microphone (Chromium plays the same question): record, stop, send
     record = page.locator("#record")

@@ -3,8 +3,11 @@ viewer's not-found message. The gateway's only worker address has nothing listen
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.browser.conftest import ADMIN_TOKEN, Stack, expect, screenshot
@@ -82,6 +85,9 @@ def test_admin_page_refuses_a_missing_or_wrong_token_and_works_with_the_right_on
     page.get_by_role("button", name="Save estimates").click()
     expect(page.locator("#eta-status")).to_contain_text("Saved")
     assert bare_gateway.admin("GET", "/eta").json()["chat"]["baseline_s"] == 12.5
+    # one statement per value: this value is in use until enough sessions are measured
+    expect(page.locator("#eta-fields .field").first.locator(".hint")).to_have_text(
+        "In use: 0 sessions measured so far; the average replaces this after 5.")
 
     page.get_by_role("button", name="Run cleanup now").click()
     expect(page.locator("#cleanup-report")).to_contain_text("Scanned 0 session(s)")
@@ -104,3 +110,90 @@ def test_session_viewer_says_when_a_session_does_not_exist(bare_gateway: Stack, 
     expect(page.locator("#content")).to_be_hidden()
     expect(page.locator("#download")).to_be_hidden()
     screenshot(page, "session-not-found")
+
+
+def test_chat_offers_what_the_model_takes_and_a_question_cancelled_in_the_queue_stays(bare_gateway: Stack,
+                                                                                      new_page: Any) -> None:
+    """No worker answers /v1/models: no Image button. A question that waits (no worker is online) and loses its
+    place gets a worded error, stays in the box, and no link to a recording that was never made."""
+    page = new_page()
+    page.goto(bare_gateway.url + "/chat")
+    page.wait_for_function("() => document.body.dataset.capabilities === 'known'")
+    expect(page.get_by_role("button", name="Image")).to_be_hidden()
+    expect(page.get_by_role("button", name="Record")).to_be_visible()
+    page.get_by_role("switch", name="Speak the answer").uncheck()
+    page.get_by_label("Your message").fill("Is anyone there?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.locator("#queue-status")).to_be_visible()
+    deadline = time.monotonic() + 30
+    while not (waiting := bare_gateway.admin("GET", "/queue").json()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert bare_gateway.admin("DELETE", f"/queue/{waiting[0]['ticket_id']}").status_code == 200
+    page.wait_for_function("() => window.omnipipeChat.turnsCompleted >= 1")
+    error = page.locator(".msg.assistant.error .bubble")
+    expect(error).to_contain_text("Your place in the queue was cancelled.")
+    expect(error).not_to_contain_text("queue_cancelled")
+    expect(error).not_to_contain_text("HTTP")
+    expect(page.get_by_label("Your message")).to_have_value("Is anyone there?")
+    expect(page.locator("#session-info")).to_have_text("New conversation")
+    expect(page.locator("#session-info a")).to_have_count(0)
+    screenshot(page, "chat-cancelled-in-queue")
+
+    # a model that takes images (and answers only in text): Image shows, Record and Speak do not
+    page.route("**/v1/models", lambda route: route.fulfill(json={"object": "list", "data": [
+        {"id": "seer", "object": "model", "created": 0, "owned_by": "omnipipe",
+         "input_modalities": ["text", "image"], "output_modalities": ["text"]}]}))
+    page.reload()
+    page.wait_for_function("() => document.body.dataset.capabilities === 'known'")
+    expect(page.get_by_role("button", name="Image")).to_be_visible()
+    expect(page.get_by_role("button", name="Record")).to_be_hidden()
+    expect(page.get_by_role("button", name="Audio file")).to_be_hidden()
+    expect(page.get_by_role("switch", name="Speak the answer")).to_be_hidden()
+    screenshot(page, "chat-model-takes-images")
+
+
+def test_voice_asks_for_the_microphone_before_taking_a_place_in_the_queue(bare_gateway: Stack,
+                                                                          new_page: Any) -> None:
+    page = new_page()
+    page.add_init_script("""navigator.mediaDevices.getUserMedia = () =>
+        Promise.reject(new DOMException("denied", "NotAllowedError"));""")
+    sockets: list[str] = []
+    page.on("websocket", lambda ws: sockets.append(ws.url))
+    page.goto(bare_gateway.url + "/voice")
+    page.get_by_role("button", name="Start").click()
+    expect(page.locator("#error")).to_contain_text("permission was denied")
+    expect(page.get_by_role("button", name="Start")).to_be_enabled()
+    page.wait_for_timeout(300)
+    assert sockets == [] and bare_gateway.admin("GET", "/queue").json() == []
+    screenshot(page, "voice-microphone-denied")
+
+
+def test_session_viewer_shows_settings_transcripts_and_token_counts_readably(bare_gateway: Stack,
+                                                                            new_page: Any) -> None:
+    session_id = "20260101-000000_chat_viewer0001"
+    directory = bare_gateway.gateway.data_dir / "sessions" / session_id
+    directory.mkdir(parents=True)
+    (directory / "meta.json").write_text(json.dumps({
+        "session_id": session_id, "type": "chat", "created_at": 1767225600.0, "ended_at": 1767225612.0,
+        "status": "completed", "worker": "127.0.0.1:1", "error": None,
+        "config": {"path": "/v1/chat/completions", "turn_detection": {"type": "server_vad", "silence_ms": 500}}}))
+    (directory / "recording.json").write_text(json.dumps({"session_id": session_id, "type": "chat", "events": [],
+        "turns": [{"index": 1, "started_at": 0.0, "ended_at": 2.5, "status": "completed", "user_text": "",
+                   "user_transcript": "What is the capital of France?", "assistant_text": "Paris.",
+                   "user_audio": None, "user_audio_extra": [], "ai_audio": [], "user_images": [],
+                   "metrics": {"ttft_ms": 420.0, "usage": {"prompt_tokens": 0, "completion_tokens": 3,
+                                                           "total_tokens": 3}}}]}))
+    assert httpx.get(f"{bare_gateway.url}/api/sessions/{session_id}", timeout=10).status_code == 200
+    page = new_page()
+    page.goto(f"{bare_gateway.url}/s/{session_id}")
+    settings = page.locator("#meta ul.settings li")
+    expect(settings).to_have_text(["Endpoint: /v1/chat/completions",
+                                   "Turn detection: type: server_vad; silence ms: 500"])
+    expect(page.locator("#meta")).not_to_contain_text("{")
+    heard = page.locator(".turn .part.user .heard")
+    expect(heard).to_contain_text("What is the capital of France?")
+    assert heard.bounding_box()["height"] < 60  # one line, not the voice page's tall transcript box
+    metrics = page.locator(".turn .metrics")
+    expect(metrics).to_contain_text("completion tokens 3")
+    expect(metrics).not_to_contain_text("prompt tokens")
+    screenshot(page, "session-viewer-readable")

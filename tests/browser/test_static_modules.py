@@ -79,6 +79,35 @@ def test_pcm_player_schedules_chunks_back_to_back_and_stops_at_once(page: Any) -
     assert stopped == {"sources": 0, "playing": False, "remaining": 0}
 
 
+def test_pcm_player_jitter_buffer_stops_a_slow_stream_from_stuttering(page: Any) -> None:
+    """Audio that arrives slower than it plays (0.1 s every 0.15 s) runs dry during the first answer; the player
+    learns the arrival rate from it, so the second answer starts with enough buffered to play through."""
+    result = page.evaluate("""async () => {
+        const { PcmPlayer } = await import("/static/js/pcm-player.js");
+        const player = new PcmPlayer({ sampleRate: 24000 });
+        await player.resume();
+        const chunk = new Uint8Array(2400 * 2);  // 0.1 s
+        const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+        const underruns = [];
+        const leads = [];
+        for (let answer = 0; answer < 2; answer++) {
+            const before = player.underruns;
+            player.startAnswer();
+            leads.push(player.lead);
+            for (let i = 0; i < 14; i++) { player.enqueue(chunk); await sleep(150); }
+            player.endAnswer();
+            underruns.push(player.underruns - before);
+            while (player.playing) await sleep(50);
+        }
+        await player.close();
+        return { underruns, leads };
+    }""")
+    first, second = result["underruns"]
+    assert first >= 1, result  # with no buffer to start with, a slow stream runs dry
+    assert second < first and second <= 1, result
+    assert result["leads"][1] > result["leads"][0]
+
+
 @pytest.mark.parametrize("input_rate", [48000, 44100, 16000])
 def test_capture_worklet_resamples_to_24_khz(page: Any, input_rate: int) -> None:
     """A 440 Hz tone at the context's rate comes out of the worklet as 24 kHz mono with the same pitch."""

@@ -1,8 +1,8 @@
 """One request that makes a runner raise fails alone: its batch-mates come out exactly as if it had not been there.
 
-The toy runners' ``extra["fail"]`` knob (a test-only fault injection) makes the thinker or talker raise for one
-request in the middle of a batched call, after its batch-mates' inputs were taken and (thinker) their state
-advanced, so a correct retry must restore them.
+The toy runners' ``extra["fail"]`` knob (a test-only fault injection, on where the deploy sets the stages'
+``fault_injection`` option) makes the thinker or talker raise for one request in the middle of a batched call,
+after its batch-mates' inputs were taken and (thinker) their state advanced, so a correct retry must restore them.
 """
 
 from __future__ import annotations
@@ -19,8 +19,9 @@ from tests.engine.expected import expected_audio, expected_text
 
 DEPLOY = {
     "stages": {
-        "thinker": {"options": {"step_delay_ms": 15}},  # requests pile up between steps and run batched
-        "talker": {"options": {"call_delay_ms": 80}},  # chunks of several requests pile up meanwhile
+        # requests pile up between steps and run batched
+        "thinker": {"options": {"step_delay_ms": 15, "fault_injection": True}},
+        "talker": {"options": {"call_delay_ms": 80, "fault_injection": True}},  # chunks of several pile up meanwhile
         "code2wav": {"options": {"call_delay_ms": 5}},
     }
 }
@@ -96,9 +97,21 @@ def test_talker_fault_fails_only_its_request(engine) -> None:
     assert state_is_idle(state), state
 
 
-def test_bad_speed_fails_only_its_request_on_arrival(engine) -> None:
+def test_bad_speed_is_refused_at_the_api() -> None:
+    """The talker's knobs are checked against its schema (``ToyTalkerParams``) before the request starts."""
+    from omnipipe.models.registry import get_pipeline
+
+    schema = get_pipeline("toy").stage_extra_schema("talker")
+    with pytest.raises(FieldError, match=r"sampling_params\.extra\.speed: must be a number"):
+        SamplingParams(extra={"speed": "fast"}).check_extra(schema)
+
+
+def test_bad_speed_that_slips_past_the_api_fails_only_its_request_on_arrival(engine, monkeypatch) -> None:
+    """The stage checks the same schema when a request arrives, and fails that request alone."""
+    monkeypatch.setattr(engine.engine, "_params_by_stage", lambda params: {
+        stage: p.to_dict() for stage, p in (params or {}).items()})
     error, innocents, state = _run_with_culprit(engine, {"talker": SamplingParams(extra={"speed": "fast"})}, "speed")
-    assert error is not None and "stage 'talker'" in str(error) and "speed" in str(error)
+    assert error is not None and "stage 'talker'" in str(error) and "extra.speed" in str(error)
     _check_innocents(innocents)
     assert state_is_idle(state), state
 

@@ -104,11 +104,15 @@ def test_initial_chunk_override_sets_the_first_chunk_size(toy) -> None:
     assert outputs[-1].metrics.stages["talker"]["initial_chunk_frames"] == 5
 
 
-def test_omni_offline_batch_returns_full_results_in_order() -> None:
+def test_omni_offline_batch_returns_full_results_in_order(capsys) -> None:
     prompts = ["first prompt", "second one", "third"]
     with Omni("toy") as omni:
-        results = omni.generate(prompts, use_tqdm=False)
+        results = omni.generate(prompts)
     assert [r.text for r in results] == [p.upper() for p in prompts]
+    # the progress bar counted tokens and audio as they came, then the finished requests
+    bar = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert f"Generating: {sum(len(p) for p in prompts)}tok" in bar, bar  # the toy thinker: a token per character
+    assert "3/3 requests done" in bar and " s audio" in bar and "0.0 s audio" not in bar
     for result in results:
         assert result.finished
         np.testing.assert_allclose(result.audio, expected_audio(result.text), atol=1e-5)

@@ -31,6 +31,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayP
         yield gateway, workers
 
 
+def test_workers_start_the_transcription_companion_with_them(cluster) -> None:
+    """Before any transcription was asked for, each worker has its asr pipeline loading or loaded (the voice page
+    shows what was heard from the first turn on, without waiting for a cold start)."""
+    _, workers = cluster
+    for worker in workers:
+        engines = httpx.get(f"http://{worker.address}/debug/state", timeout=30).json()["engines"]
+        assert engines["asr"]["status"] in ("loading", "ready"), engines["asr"]
+        assert engines["tts"]["status"] == "idle"  # the speech companion still starts on first use
+
+
 def test_six_voice_sessions_on_two_workers_are_served_in_arrival_order(cluster) -> None:
     gateway, workers = cluster
     clients = asyncio.run(six_on_two_slots(gateway.ws_url, "What is the capital of France?",

@@ -149,6 +149,34 @@ def test_openai_client_through_the_gateway_is_recorded(cluster) -> None:
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "X-Omnipipe-Session-Id"
 
 
+def test_models_say_what_they_take_and_only_served_sessions_are_recorded(cluster) -> None:
+    """``/v1/models`` (from a worker, through the gateway) lists each model's input and output modalities; a
+    request the worker refuses (404 unknown model) or a route that does not exist leaves no recording."""
+    gateway, _ = cluster
+    _idle(gateway)
+    models = {m["id"]: m for m in httpx.get(f"{gateway.url}/v1/models", timeout=10).json()["data"]}
+    assert models["toy"]["input_modalities"] == ["text"]
+    assert models["toy"]["output_modalities"] == ["audio", "text"]
+    assert models["toy_tts"]["output_modalities"] == ["audio"]
+    before = {r["session_id"] for r in gateway.admin("GET", "/recordings").json()}
+    refused = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60,
+                         json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "model_not_found"
+    streamed = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60, headers={"X-Omnipipe-Queue-Events": "1"},
+                          json={"model": "nope", "stream": True, "messages": [{"role": "user", "content": "x"}]})
+    assert "model_not_found" in streamed.text
+    assert httpx.get(f"{gateway.url}/v1/nothing", timeout=10).status_code == 404
+    served = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60,
+                        json={"model": "toy", "messages": [{"role": "user", "content": "kept"}]})
+    assert served.status_code == 200
+    _idle(gateway)
+    time.sleep(0.5)  # the recording writes run on the gateway's threads
+    new = {r["session_id"] for r in gateway.admin("GET", "/recordings").json()} - before
+    assert new == {served.headers["x-omnipipe-session-id"]}
+    assert httpx.get(f"{gateway.url}/api/sessions/{refused.headers['x-omnipipe-session-id']}",
+                     timeout=10).status_code == 404
+
+
 def test_queue_full_answers_503_and_websocket_error(cluster) -> None:
     gateway, _ = cluster
     _idle(gateway)
@@ -392,3 +420,21 @@ def test_clients_queued_when_the_gateway_stops_get_queue_cancelled(cluster, tmp_
     finally:
         second.stop()
     assert "told 1 queued client(s)" in second.log_path.read_text()
+
+
+def test_a_chat_answered_before_the_gateway_stops_is_recorded_as_completed(cluster, tmp_path) -> None:
+    _, workers = cluster
+    live = [w for w in workers if w.process.poll() is None]
+    for worker in live:
+        worker.wait_state("IDLE", 60)
+    gateway = GatewayProcess([w.address for w in live], tmp_path)
+    try:
+        gateway.wait_ready(60)
+        answered = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60,
+                              json={"model": "toy", "messages": [{"role": "user", "content": "done"}]})
+        assert answered.status_code == 200
+    finally:
+        gateway.stop()  # the chat session is still open (idle) when the gateway stops
+    meta_path = gateway.data_dir / "sessions" / answered.headers["x-omnipipe-session-id"] / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    assert (meta["status"], meta["error"]) == ("completed", None), meta

@@ -14,7 +14,7 @@ import pytest
 from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
 from omnipipe.gateway.recording.replay import encode_wav, read_wav
 from omnipipe.gateway.recording.store import SessionStore
-from omnipipe.gateway.recording.taps import ChatTap, RealtimeTap, SpeechTap, TranscriptionTap
+from omnipipe.gateway.recording.taps import ChatTap, RealtimeTap, SpeechTap, TranscriptionTap, TurnTranscriptTap
 from omnipipe.server.audio_stream import streaming_wav_header
 
 RATE = 24_000
@@ -269,6 +269,46 @@ def test_transcription(store: SessionStore, writer: RecordingWriter, clock: Fake
     assert recording["turns"][2]["user_audio"]["path"] == "user_audio/turn003.bin"
     assert sorted(p.name for p in (directory / "user_audio").iterdir()) == ["turn001.wav", "turn002.m4a",
                                                                             "turn003.bin"]
+
+
+def test_the_transcript_of_a_spoken_chat_question_joins_its_turn(store: SessionStore, writer: RecordingWriter,
+                                                                 clock: FakeClock) -> None:
+    """The chat page transcribes a spoken question beside its answer: the transcript lands in that chat turn,
+    whether it comes while the answer streams or after it ended, and adds no turn or audio of its own."""
+    recorder = recorder_for(store, writer, clock, "chat")
+    chat = ChatTap(recorder)
+    chat.on_request(chat_request(modalities=["text"]))
+    during = TurnTranscriptTap(recorder)  # asked while the first answer streams
+    during.on_request(b"RIFF....", "question.wav")
+    chat.on_sse_data(sse_chunk({"content": "Paris"}, "stop"))
+    chat.end("completed")
+    during.on_response_text(" What is the capital of France? ")
+    during.end("completed")
+    second = ChatTap(recorder)
+    second.on_request({"model": "default", "messages": [{"role": "user", "content": "and Germany?"}]})
+    second.end("completed")
+    after = TurnTranscriptTap(recorder)  # the second answer was quicker than its transcript
+    after.on_error(404, "no transcription pipeline")
+    after.on_response_text("and Germany")
+    directory, recording = finished(recorder, writer)
+    first, last = recording["turns"]
+    assert first["user_transcript"] == "What is the capital of France?" and first["assistant_text"] == "Paris"
+    assert first["status"] == "completed" and first["user_audio_extra"] == []
+    assert last["user_transcript"] == "and Germany"
+    assert sorted(p.name for p in (directory / "user_audio").iterdir()) == ["turn001.wav"]
+    assert [e["kind"] for e in recording["events"]].count("transcript.error") == 1
+
+
+def test_a_discarded_recording_leaves_nothing(store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    tap = ChatTap(recorder)
+    tap.on_request(chat_request())
+    tap.on_error(404, "model: 'nope' does not exist")
+    tap.end("completed")
+    recorder.discard()
+    recorder.user_text("late")  # nothing is written after a discard
+    assert writer.flush(timeout=10)
+    assert not recorder.directory.exists() and store.list_sessions() == []
 
 
 def test_taps_never_raise_on_odd_input(store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:

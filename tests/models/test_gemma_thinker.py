@@ -259,6 +259,26 @@ def test_penalties_push_repeated_tokens_down() -> None:
     assert torch.equal(logits, original)  # the caller's logits are not modified
 
 
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-40, 10.0])
+@pytest.mark.parametrize("repetition_penalty", [5e-324, 1e-300, 1e-40, 10.0])
+def test_extreme_valid_parameters_still_sample_a_token(temperature: float, repetition_penalty: float) -> None:
+    """Every value SamplingParams accepts is usable: a tiny temperature (1e-300 was 0 in float32: 0/0) or a tiny
+    repetition penalty (a logit divided past the float range: inf - inf) used to make NaN probabilities, which
+    failed the request in the stage."""
+    logits = _logits(vocab=4096).to(torch.bfloat16)
+    generated = [int(i) for i in torch.topk(logits.float(), 20).indices] + [7, 7]
+    for top_k, top_p in ((0, 1.0), (1, 1.0), (5, 0.5), (1_000_000, 5e-324)):
+        params = TokenSamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
+                                     repetition_penalty=repetition_penalty, presence_penalty=-2.0,
+                                     frequency_penalty=2.0, seed=1)
+        token = sample_next_token(logits, params, generated, params.make_generator())
+        assert 0 <= token < 4096
+    if temperature < 1e-30 and repetition_penalty == 10.0:  # so small a temperature is greedy
+        greedy = sample_next_token(logits, TokenSamplingParams(repetition_penalty=10.0), generated)
+        assert sample_next_token(logits, TokenSamplingParams(temperature=temperature, repetition_penalty=10.0),
+                                 generated) == greedy
+
+
 # --- prompt format (no model needed) -------------------------------------------
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from omnipipe.util.audio import (
     AudioDecodeError,
+    AudioTooLongError,
     encode_audio,
     load_audio,
     normalize_text_for_wer,
@@ -110,6 +111,43 @@ def test_corrupt_bytes_raise(payload: bytes) -> None:
     with pytest.raises(AudioDecodeError) as info:
         load_audio(payload)
     assert "\n" not in str(info.value)
+
+
+def _wav(num_samples: int, rate_hz: int) -> bytes:
+    import wave
+
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate_hz)
+        out.writeframes(bytes(2 * num_samples))
+    return buffer.getvalue()
+
+
+def _silence(fmt: str, seconds: float, rate_hz: int = 8000) -> bytes:
+    import soundfile
+
+    buffer = io.BytesIO()
+    subtype = {"FLAC": "PCM_16", "OGG": "VORBIS"}.get(fmt)
+    soundfile.write(buffer, np.zeros(int(seconds * rate_hz), np.float32), rate_hz, format=fmt, subtype=subtype)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("name", ["2 MB wav at 1 Hz", "an hour of flac silence", "ogg", "mp3"])
+def test_too_long_audio_is_refused_before_it_is_decoded_or_resampled(name: str) -> None:
+    """A few kB of compressed silence decode to hours of samples, and a WAV at 1 Hz resampled to 16 kHz to 16000
+    times its size (a 2 MB body: 64 GB): the limit is applied while decoding, before resampling."""
+    payload = {"2 MB wav at 1 Hz": lambda: _wav(1_000_000, 1), "an hour of flac silence": lambda: _silence("FLAC", 3600),
+               "ogg": lambda: _silence("OGG", 200), "mp3": lambda: _silence("MP3", 200)}[name]()
+    assert len(payload) <= 2_000_100
+    with pytest.raises(AudioTooLongError, match="longer than 120 s"):
+        load_audio(payload, 16_000, max_seconds=120)
+    assert issubclass(AudioTooLongError, AudioDecodeError)
+    audio, rate = load_audio(_silence("FLAC", 100), 16_000, max_seconds=120)
+    assert rate == 16_000 and audio.size == 100 * 16_000
+    with pytest.raises(AudioTooLongError):
+        load_audio(np.zeros(200 * 8000, np.float32), 16_000, source_rate_hz=8000, max_seconds=120)
 
 
 def test_missing_file_raises(tmp_path: Path) -> None:
@@ -223,6 +261,13 @@ def test_talker_empty_text(talker) -> None:
     for text in ("", "   \n\t"):
         assert talker.phonemize(text) == []
         assert talker.synthesize_latents(text).shape == (talker.latent_channels, 0)
+
+
+@pytest.mark.models
+def test_talker_reads_a_nul_as_a_space(talker) -> None:
+    """espeak takes C strings: a NUL in the text (``"\\u0000"`` in a speech request) made the talker raise."""
+    assert talker.phonemize("Hello\x00world.") == talker.phonemize("Hello world.")
+    assert talker.phonemize("\x00") == [] and len(talker.phonemize_sentences("One.\x00 Two.")) == 2
 
 
 @pytest.mark.models

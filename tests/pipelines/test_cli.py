@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
+import yaml
 
 from omnipipe.models.default.modeling.whisper import WhisperASR
 from omnipipe.util.audio import load_audio, word_error_rate
@@ -47,6 +51,10 @@ def test_models_lists_the_pipelines() -> None:
     (["generate"], "give a question as text, or --audio-in FILE"),
     (["generate", "hi", "--output", "/no/such/dir/a.wav", "--pipeline", "toy"], "--output: directory does not exist"),
     (["generate", "hi", "--max-tokens", "0", "--pipeline", "toy"], "sampling_params.max_tokens"),
+    (["generate", "hi", "--pipeline", "asr"], "pipeline 'asr' takes audio, not a text prompt: use --audio-in FILE"),
+    (["generate", "hi", "--pipeline", "toy_tts"], "pipeline 'toy_tts' only speaks: give --output FILE.wav"),
+    (["generate", "--pipeline", "toy_tts", "--audio-in", "/no/such.wav", "-o", "a.wav"],
+     "--audio-in: pipeline 'toy_tts' takes text, not audio"),
 ])
 def test_user_mistakes_get_one_line_and_exit_2(args, message) -> None:
     result = run(*args)
@@ -65,3 +73,51 @@ def test_bad_deploy_yaml_and_corrupt_audio(tmp_path: Path) -> None:
     corrupt.write_bytes(b"RIFF\x00\x00\x00\x00WAVEjunk")
     result = run("generate", "--audio-in", str(corrupt))
     assert result.returncode == 2 and "Traceback" not in result.stderr and "corrupt.wav" in result.stderr
+
+
+def test_ctrl_c_during_start_up_stops_the_stages_at_once(tmp_path: Path) -> None:
+    """Start-up says what it does, stage by stage; Ctrl-C while a stage still loads says "stopping stages..." and
+    stops every stage without waiting for the load to end (here a load of 10 minutes)."""
+    deploy = tmp_path / "slow-load.yaml"
+    deploy.write_text(yaml.safe_dump({"stages": {"thinker": {"options": {"load_delay_ms": 600_000}}}}))
+    process = subprocess.Popen([*CLI, "generate", "hi", "--pipeline", "toy", "--deploy", str(deploy)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert process.stderr is not None
+    lines = []
+    try:
+        while not any("stage code2wav ready" in line for line in lines):  # another stage has loaded
+            line = process.stderr.readline()
+            assert line, f"the command ended early: {lines}"
+            lines.append(line)
+        stages = psutil.Process(process.pid).children(recursive=True)
+        assert len(stages) >= 3
+        process.send_signal(signal.SIGINT)
+        _, rest = process.communicate(timeout=120)  # far below the 10-minute load: it did not wait for it
+    finally:
+        process.kill()
+    lines += rest.splitlines()
+    assert lines[0].startswith("omnipipe: starting 3 stage(s) of 'toy': thinker, talker, code2wav")
+    assert any("stopping stages..." in line for line in lines), lines
+    assert lines[-1] == "omnipipe: interrupted" and process.returncode == 130
+    time.sleep(0.5)
+    assert not [p for p in stages if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_without_output_the_answer_is_text_only() -> None:
+    result = run("generate", "quick question", "--pipeline", "toy", "--stats")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("QUICK QUESTION\n")
+    stages = result.stdout.split("\nstages\n")[1]
+    assert "thinker" in stages and "talker" not in stages and "code2wav" not in stages  # no speech was made
+
+
+def test_version_help_defaults_and_a_subcommands_own_usage() -> None:
+    from omnipipe import __version__
+
+    assert run("--version").stdout.strip() == f"omnipipe {__version__}"
+    help_text = run("serve", "--help").stdout
+    assert "(default: 127.0.0.1)" in help_text and "(default: 8091)" in help_text
+    result = run("generate", "hi", "--bogus")
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: omnipipe generate") and "unrecognized arguments: --bogus" in result.stderr

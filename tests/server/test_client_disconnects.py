@@ -52,3 +52,21 @@ def test_disconnect_during_every_phase_of_one_stream(toy_server: ServerProcess) 
         disconnect_after(toy_server, "chat", events)
         state = toy_server.wait_idle(timeout_s=30)
         assert engines_idle(state), (events, state)
+
+
+def test_a_client_that_leaves_a_whole_answer_aborts_it(toy_server: ServerProcess) -> None:
+    """Non-streamed: the server sends nothing until the answer is complete, so only the watch on the connection
+    can notice the client leaving. This answer takes ~20 s (the toy thinker spends 2 ms per character); the
+    client gives up after 1 s, and every stage must be idle long before the answer would have been done."""
+    question = "x" * 10_000
+    body = {"model": "toy", "messages": [{"role": "user", "content": question}], "max_tokens": 20_000,
+            "modalities": ["text"]}
+    with httpx.Client(base_url=toy_server.url, headers=toy_server.headers, timeout=1.0) as http:
+        try:
+            http.post("/v1/chat/completions", json=body)
+        except httpx.ReadTimeout:
+            pass
+        else:
+            raise AssertionError("the answer came back within 1 s: the test needs a longer answer")
+    state = toy_server.wait_idle(timeout_s=8)
+    assert engines_idle(state), state

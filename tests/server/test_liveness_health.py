@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import ServerProcess, running_server
 
@@ -42,10 +43,11 @@ def wait_health(server: ServerProcess, status: str, timeout_s: float = 60) -> di
 
 
 def metric(text: str, name: str, stage: str) -> float:
-    prefix = f'{name}{{pipeline="toy",stage="{stage}"}} '
-    lines = [line for line in text.splitlines() if line.startswith(prefix)]
-    assert len(lines) == 1, (prefix, text)
-    return float(lines[0][len(prefix):])
+    labels = {"model_name": "toy", "pipeline": "toy", "stage": stage}
+    samples = [s for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and s.labels == labels]
+    assert len(samples) == 1, (name, stage, text)
+    return samples[0].value
 
 
 def test_health_reports_every_stage(server: ServerProcess) -> None:
@@ -72,16 +74,16 @@ def test_a_stopped_stage_degrades_health_until_it_resumes(server: ServerProcess)
     assert body["state"] == "ERROR" and body["stages"]["talker"]["state"] == "stalled"
     assert body["stages"]["thinker"]["state"] == "ok"
     assert "stage 'talker' has made no progress" in body["error"]
-    assert metric(metrics, "omnipipe_stage_stalled", "talker") == 1
-    assert metric(metrics, "omnipipe_stage_up", "talker") == 0
-    assert metric(metrics, "omnipipe_stage_up", "thinker") == 1
+    assert metric(metrics, "omnipipe:stage_stalled", "talker") == 1
+    assert metric(metrics, "omnipipe:stage_up", "talker") == 0
+    assert metric(metrics, "omnipipe:stage_up", "thinker") == 1
 
     body = wait_health(server, "ready")
     assert body["stages"]["talker"]["pid"] == pid and body["stages"]["talker"]["stalls"] == 1
     assert health(server).status_code == 200
     metrics = httpx.get(f"{server.url}/metrics", headers=server.headers, timeout=30).text
-    assert metric(metrics, "omnipipe_stage_stalled", "talker") == 0
-    assert metric(metrics, "omnipipe_stage_stalls_total", "talker") == 1
+    assert metric(metrics, "omnipipe:stage_stalled", "talker") == 0
+    assert metric(metrics, "omnipipe:stage_stalls_total", "talker") == 1
     # and it serves in full afterwards
     with server.client() as client:
         reply = client.post("/v1/chat/completions", json={"model": "toy", "messages": [

@@ -160,6 +160,7 @@ def test_text_turn_streams_transcript_audio_and_done(toy_server: ServerProcess) 
 def test_malformed_events_get_errors_and_the_session_keeps_working(toy_server: ServerProcess) -> None:
     cases: list[tuple[str, str | None]] = [
         ("not json", "invalid_json"),
+        ("[" * 100_000 + "]" * 100_000, "invalid_json"),  # json.loads raised RecursionError: the socket died
         ("[1, 2]", "invalid_event"),
         (json.dumps({"no": "type"}), "missing_field"),
         (json.dumps({"type": "no.such.event"}), "invalid_event_type"),

@@ -15,6 +15,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import API_KEY, ServerProcess
 
@@ -194,11 +195,28 @@ def test_transcription_not_available_on_toy(toy_server: ServerProcess) -> None:
 
 def test_metrics_and_debug_state(toy_server: ServerProcess) -> None:
     with toy_server.client() as http:
-        http.post("/v1/chat/completions", json={"model": "toy", "messages": [{"role": "user", "content": "x"}]})
+        http.post("/v1/chat/completions", json={"model": "toy", "messages": [{"role": "user", "content": "xyz"}],
+                                                "modalities": ["text", "audio"],
+                                                "audio": {"voice": "default", "format": "wav"}})
         text = http.get("/metrics").text
         state = http.get("/debug/state").json()
-    assert 'omnipipe_requests_total{endpoint="/v1/chat/completions",status="200"}' in text
-    assert "omnipipe_request_e2e_seconds_bucket" in text and "omnipipe_request_ttft_seconds_count" in text
-    assert 'omnipipe_stage_requests{pipeline="toy",stage="thinker"}' in text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    requests = [s for s in families["omnipipe:http_requests"].samples
+                if s.labels == {"model_name": "toy", "endpoint": "/v1/chat/completions", "status": "200"}]
+    assert requests and requests[0].value >= 1
+    # vLLM's names with our prefix, labelled by model: a vLLM dashboard query finds TTFT, running and waiting
+    for name in ("omnipipe:time_to_first_token_seconds", "omnipipe:e2e_request_latency_seconds",
+                 "omnipipe:time_per_output_token_seconds", "omnipipe:inter_token_latency_seconds",
+                 "omnipipe:time_to_first_packet_seconds", "omnipipe:real_time_factor"):
+        assert families[name].type == "histogram"
+        counts = [s for s in families[name].samples if s.name == f"{name}_count" and s.labels["model_name"] == "toy"]
+        assert counts and counts[0].value >= 1, name
+    for name in ("omnipipe:num_requests_running", "omnipipe:num_requests_waiting"):
+        assert [s for s in families[name].samples if s.labels == {"model_name": "toy", "pipeline": "toy"}], name
+    tokens = [s for s in families["omnipipe:generation_tokens"].samples if s.name.endswith("_total")]
+    assert tokens and tokens[0].value >= 1
+    assert [s for s in families["omnipipe:stage_requests"].samples
+            if s.labels == {"model_name": "toy", "pipeline": "toy", "stage": "thinker"}]
+    assert families["process_resident_memory_bytes"].samples[0].value > 0  # the process itself
     assert state["engines"]["toy"]["status"] == "ready"
     assert set(state["engines"]["toy"]["state"]["stages"]) == {"thinker", "talker", "code2wav"}

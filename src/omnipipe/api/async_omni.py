@@ -16,7 +16,7 @@ import logging
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 
@@ -53,10 +53,13 @@ class _ClientRequest:
 
 class AsyncOmni:
     def __init__(self, pipeline: str | PipelineSpec = "default",
-                 deploy: str | Path | dict[str, Any] | DeployConfig | None = None, *, log_level: str = "WARNING") -> None:
+                 deploy: str | Path | dict[str, Any] | DeployConfig | None = None, *, log_level: str = "WARNING",
+                 progress: Callable[[str], None] | None = None) -> None:
+        """``progress`` is called with a line of text as start-up goes (each stage as it becomes ready, "stopping
+        stages..." when start-up is cancelled); without it those lines are logged at INFO."""
         self.pipeline = get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
         self.deploy = load_deploy(deploy, self.pipeline)
-        self.engine = AsyncOmniEngine(self.pipeline, self.deploy, log_level=log_level)
+        self.engine = AsyncOmniEngine(self.pipeline, self.deploy, log_level=log_level, progress=progress)
         self._requests: dict[str, _ClientRequest] = {}  # by internal id
         self._user_ids: dict[str, str] = {}  # user id -> internal id
         self._router: asyncio.Task[None] | None = None
@@ -102,7 +105,8 @@ class AsyncOmni:
         edge_options: dict[str, dict[str, Any]] | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         """Stream one request's outputs. Raises FieldError (a ValueError naming the argument) for bad arguments,
-        RequestFailedError on failure.
+        also when a stage finds the input unusable (e.g. ``prompt``: too long, or spoken audio with no speech in
+        it), RequestFailedError on failure.
 
         ``edge_options``: per-request overrides of an edge's deploy options, by edge name, e.g.
         ``{"talker->code2wav": {"initial_codec_chunk_frames": 5}}``.
@@ -134,7 +138,8 @@ class AsyncOmni:
                 if event.kind == "text":
                     clock.on_text(event.num_tokens)
                     text += event.text_delta
-                    yield OmniRequestOutput(request_id, event.stage, "text", text=text, text_delta=event.text_delta)
+                    yield OmniRequestOutput(request_id, event.stage, "text", text=text, text_delta=event.text_delta,
+                                            num_tokens=event.num_tokens)
                 elif event.kind == "audio":
                     chunk = np.asarray(event.audio, dtype=np.float32).reshape(-1)
                     clock.on_audio(len(chunk), event.sample_rate_hz)
@@ -142,16 +147,19 @@ class AsyncOmni:
                     sample_rate = event.sample_rate_hz
                     yield OmniRequestOutput(request_id, event.stage, "audio", text=text, audio=chunk,
                                             sample_rate_hz=event.sample_rate_hz)
-                elif event.kind == "done":
+                elif event.kind in ("done", "aborted"):
                     finished = True
                     metrics = clock.finish(event.stage_metrics, event.edge_metrics)
                     full_audio = np.concatenate(audio_parts) if audio_parts else None
+                    reason = "abort" if event.kind == "aborted" else event.finish_reason
                     yield OmniRequestOutput(request_id, event.stage, "final", text=text, audio=full_audio,
                                             sample_rate_hz=sample_rate, finished=True,
-                                            finish_reason=event.finish_reason, metrics=metrics)
+                                            finish_reason=reason, metrics=metrics)
                     return
                 elif event.kind == "error":
                     finished = True
+                    if event.error_field is not None:  # a stage found the request's own input unusable
+                        raise FieldError(event.error_field, event.error or "is not usable")
                     raise RequestFailedError(f"request {request_id}: {event.error}")
         finally:
             self._requests.pop(internal_id, None)
@@ -161,14 +169,15 @@ class AsyncOmni:
                 self.engine.abort([internal_id])
 
     async def abort(self, request_id: str) -> None:
-        """Abort a running request in every stage; its ``generate`` raises RequestFailedError."""
+        """Abort a running request in every stage. Its ``generate`` ends with a final output (``finished``,
+        ``finish_reason="abort"``) holding the text and audio produced until then; nothing more follows."""
         internal_id = self._user_ids.get(request_id)
         if internal_id is None:
             return
         self.engine.abort([internal_id])
         state = self._requests.get(internal_id)
         if state is not None:
-            state.queue.put_nowait(EngineEvent(internal_id, "error", "", error="aborted"))
+            state.queue.put_nowait(EngineEvent(internal_id, "aborted", ""))
 
     def health(self) -> EngineHealth | None:
         """Whether the engine can make progress: ``ok``, each stage's state (ok, stalled, restarting, down) with its
@@ -219,6 +228,7 @@ class AsyncOmni:
         if isinstance(sampling_params, SamplingParams):
             stage = self.pipeline.comprehension_stage or self.pipeline.stages[0].name
             sampling_params.validate()
+            sampling_params.check_extra(self.pipeline.stage_extra_schema(stage))
             return {stage: sampling_params.to_dict()}
         if isinstance(sampling_params, dict):
             out = {}
@@ -231,6 +241,7 @@ class AsyncOmni:
                 if not isinstance(params, SamplingParams):
                     raise FieldError(f"sampling_params.{stage}", f"must be SamplingParams, got {type(params).__name__}")
                 params.validate()
+                params.check_extra(self.pipeline.stage_extra_schema(stage))
                 out[stage] = params.to_dict()
             return out
         raise FieldError("sampling_params", "must be SamplingParams or a dict of stage -> SamplingParams, "

@@ -60,9 +60,10 @@ def format_request_metrics(metrics: RequestMetrics) -> str:
         ("output tokens", str(metrics.num_output_tokens)),
     ]
     lines = ["request", *(f"  {name:<20} {value}" for name, value in rows), "stages"]
-    lines.append(f"  {'stage':<12} {'queue':>10} {'compute':>10} {'units':>7} {'max batch':>9}")
+    lines.append(f"  {'stage':<12} {'input wait':>10} {'queue':>10} {'compute':>10} {'units':>7} {'max batch':>9}")
     for stage, m in metrics.stages.items():
-        lines.append(f"  {stage:<12} {ms(m.get('queue_s')):>10} {ms(m.get('compute_s')):>10} "
+        lines.append(f"  {stage:<12} {ms(m.get('input_wait_s')):>10} {ms(m.get('queue_s')):>10} "
+                     f"{ms(m.get('compute_s')):>10} "
                      f"{m.get('units', 0):>7} {m.get('max_batch_size', 0):>9}")
     if metrics.edges:
         lines.append("edges")

@@ -51,15 +51,31 @@ class Omni:
 
     async def _generate_all(self, prompts: list[Any], sampling_params: Any, modalities: Any,
                             use_tqdm: bool) -> list[OmniRequestOutput]:
-        bar = tqdm(total=len(prompts), desc="Generating", unit="req", disable=not use_tqdm)
+        # counts what is produced as it comes (tokens, seconds of audio), not finished requests: a batch of a few
+        # long requests would otherwise sit at 0% and then jump, with an ETA worth nothing
+        bar = tqdm(desc="Generating", unit="tok", disable=not use_tqdm)
+        progress = {"done": 0, "audio_s": 0.0}
+
+        def show() -> None:
+            bar.set_postfix_str(f"{progress['done']}/{len(prompts)} requests done, {progress['audio_s']:.1f} s audio",
+                                refresh=False)
+
+        show()
 
         async def one(prompt: Any) -> OmniRequestOutput:
             final = None
             async for out in self._engine.generate(prompt, sampling_params=sampling_params,
                                                    output_modalities=modalities):
+                if out.modality == "text":
+                    bar.update(out.num_tokens)
+                elif out.modality == "audio":
+                    progress["audio_s"] += out.audio_duration_s
+                    show()
                 if out.finished:
                     final = out
-            bar.update(1)
+            progress["done"] += 1
+            show()
+            bar.refresh()
             assert final is not None
             return final
 

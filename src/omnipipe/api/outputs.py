@@ -50,6 +50,7 @@ class OmniRequestOutput:
     modality: str  # "text" | "audio" | "final" | "error"
     text: str = ""
     text_delta: str = ""
+    num_tokens: int = 0  # tokens in ``text_delta``
     audio: np.ndarray | None = None
     sample_rate_hz: int | None = None
     finished: bool = False

@@ -9,6 +9,16 @@ from omnipipe.util.field_error import FieldError
 MM_KEYS = ("audio", "image")
 
 
+def check_unicode(text: str, field: str) -> None:
+    """Refuse a string that is not Unicode text (a lone surrogate, which JSON's ``\\ud800`` escapes can carry):
+    it cannot be encoded as UTF-8, so no tokenizer, phonemizer or wire message could take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise FieldError(field, f"is not valid Unicode text: a lone surrogate {text[exc.start]!r} at "
+                         f"position {exc.start}") from None
+
+
 def normalize_prompt(prompt: Any, accepted: tuple[str, ...]) -> dict[str, Any]:
     """Return ``{"prompt": str, "multi_modal_data": {...}}`` or raise ValueError naming the field."""
     if isinstance(prompt, str):
@@ -24,6 +34,7 @@ def normalize_prompt(prompt: Any, accepted: tuple[str, ...]) -> dict[str, Any]:
         text = ""
     if not isinstance(text, str):
         raise FieldError("prompt.prompt", f"must be a string, got {type(text).__name__}")
+    check_unicode(text, "prompt")
     mm = prompt.get("multi_modal_data") or {}
     if not isinstance(mm, dict):
         raise FieldError("prompt.multi_modal_data", f"must be a dict, got {type(mm).__name__}")

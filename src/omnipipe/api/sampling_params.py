@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from omnipipe.api.prompt import check_unicode
 from omnipipe.util.field_error import FieldError
+from omnipipe.util.options import NoOptions, options_from_dict
 
 MAX_TOP_K = 1_000_000  # more than any vocabulary; larger values only hide mistakes
 MAX_MAX_TOKENS = 32_768  # the longest context of the models served here
@@ -25,7 +27,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)  # stage-specific knobs (e.g. voice, speed)
+    extra: dict[str, Any] = field(default_factory=dict)  # the stage's own knobs (its StageSpec.extra_params)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -49,6 +51,8 @@ class SamplingParams:
              f"must be an integer in [1, {MAX_MAX_TOKENS}]", self.max_tokens)
         need(isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop) and len(self.stop) <= 16,
              "stop", "must be a list of at most 16 non-empty strings", self.stop)
+        for text in self.stop:
+            check_unicode(text, "sampling_params.stop")
         need(self.seed is None or (integer(self.seed) and 0 <= self.seed < SEED_LIMIT), "seed",
              "must be null or an integer in [0, 2**64)", self.seed)
         need(number(self.repetition_penalty) and 0 < self.repetition_penalty <= 10, "repetition_penalty",
@@ -58,6 +62,11 @@ class SamplingParams:
         need(number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty",
              "must be in [-2, 2]", self.frequency_penalty)
         need(isinstance(self.extra, dict), "extra", "must be a mapping", self.extra)
+
+    def check_extra(self, schema: type | None) -> None:
+        """Check ``extra`` against its stage's knobs (``StageSpec.extra_params``, the dataclass the stage reads them
+        with; None: the stage takes none): unknown keys are refused, each value is checked by the schema."""
+        options_from_dict(schema or NoOptions, self.extra, "sampling_params.extra")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -124,9 +124,9 @@ def add_up(sub: argparse._SubParsersAction) -> None:
                        "serves with the others and takes it back once it answers; past --max-worker-restarts "
                        "restarts in a row it stays down. If the gateway exits, everything stops (exit code 1), as "
                        "it does when no worker is left. Ctrl-C or SIGTERM stops everything.")
-    p.add_argument("--workers", type=int, default=1, help="how many workers (default 1)")
+    p.add_argument("--workers", type=int, default=1, help="how many workers")
     p.add_argument("--max-worker-restarts", type=int, default=5,
-                   help="restarts of one worker in a row before it stays down (default 5; 0: never restart); the "
+                   help="restarts of one worker in a row before it stays down (0: never restart); the "
                    "count starts over once a restarted worker has run 10 minutes")
     p.add_argument("--pipeline", default="default")
     p.add_argument("--deploy", type=Path, help="deploy YAML for every worker")

@@ -12,8 +12,9 @@ import argparse
 import asyncio
 import logging
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from omnipipe.cli import gateway as gateway_cli
 from omnipipe.models.registry import PIPELINES, UnknownPipelineError, get_pipeline
@@ -39,14 +40,15 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="answer one question (text and/or spoken) and write the spoken answer")
     p.add_argument("prompt", nargs="?", default="", help="the question as text")
     p.add_argument("--audio-in", type=Path, help="a spoken question (wav/flac/ogg/mp3)")
-    p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV)")
+    p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV); without it the "
+                   "answer is text only")
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
     p.add_argument("--no-async-chunk", action="store_true", help="hand whole outputs between stages")
-    p.add_argument("--text-only", action="store_true", help="produce text only")
-    p.add_argument("--max-tokens", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--text-only", action="store_true", help="produce text only (even with --output)")
+    p.add_argument("--max-tokens", type=int, default=None, help="most tokens the thinker writes")
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (0: greedy)")
+    p.add_argument("--seed", type=int, default=None, help="sampling seed, for a repeatable answer")
     p.add_argument("--stats", action="store_true", help="print the request's metrics table")
     p.add_argument("--verbose", "-v", action="store_true")
 
@@ -72,11 +74,16 @@ async def _generate(args: argparse.Namespace) -> int:
 
     pipeline, deploy = _deploy_source(args)
     prompt: Any = args.prompt
+    takes = pipeline.input_modalities
     if args.audio_in is not None:
+        if "audio" not in takes:
+            raise CLIError(f"--audio-in: pipeline {pipeline.name!r} takes {' and '.join(takes)}, not audio")
         if not args.audio_in.is_file():
             raise CLIError(f"--audio-in: file not found: {args.audio_in}")
         audio, rate = load_audio(args.audio_in)
         prompt = {"prompt": args.prompt, "multi_modal_data": {"audio": (audio, rate)}}
+    elif "text" not in takes:
+        raise CLIError(f"pipeline {pipeline.name!r} takes {' and '.join(takes)}, not a text prompt: use --audio-in FILE")
     elif not args.prompt.strip():
         raise CLIError("give a question as text, or --audio-in FILE")
     params = None
@@ -84,11 +91,15 @@ async def _generate(args: argparse.Namespace) -> int:
                                    ("seed", args.seed)) if v is not None}
     if overrides:
         params = SamplingParams(**overrides)
-    modalities = ["text"] if args.text_only else None
     if args.output is not None and args.output.parent and not args.output.parent.exists():
         raise CLIError(f"--output: directory does not exist: {args.output.parent}")
+    if "text" not in pipeline.output_modalities and (args.output is None or args.text_only):
+        raise CLIError(f"pipeline {pipeline.name!r} only speaks: give --output FILE.wav")
+    # speech is made only where it goes somewhere: without --output the answer is text only
+    modalities = ["text"] if args.text_only or args.output is None else None
     final = None
-    async with AsyncOmni(pipeline, deploy, log_level="INFO" if args.verbose else "WARNING") as engine:
+    async with AsyncOmni(pipeline, deploy, log_level="INFO" if args.verbose else "WARNING",
+                         progress=_progress_printer()) as engine:
         async for out in engine.generate(prompt, sampling_params=params, output_modalities=modalities):
             if out.modality == "text":
                 print(out.text_delta, end="", flush=True)
@@ -107,6 +118,16 @@ async def _generate(args: argparse.Namespace) -> int:
 
         print(format_request_metrics(final.metrics))
     return 0
+
+
+def _progress_printer() -> Callable[[str], None]:
+    """Start-up lines on stderr with the seconds since the command started (the answer goes to stdout)."""
+    start = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"omnipipe: {line} [{time.monotonic() - start:.0f} s]", file=sys.stderr, flush=True)
+
+    return say
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -138,8 +159,8 @@ def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
     """The options ``serve`` and ``worker`` share."""
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=port)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    p.add_argument("--port", type=int, default=port, help="port to listen on")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /debug routes")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies get 413")
     p.add_argument("--verbose", "-v", action="store_true")
@@ -205,13 +226,43 @@ def _worker(args: argparse.Namespace) -> int:
         raise CLIError(f"--capacity: must be >= 1, got {args.capacity}")
     if not (math.isfinite(args.pause_timeout_s) and args.pause_timeout_s > 0):
         raise CLIError(f"--pause-timeout-s: must be a number > 0, got {args.pause_timeout_s:g}")
-    return _serve(args, capacity=args.capacity, pause_timeout_s=args.pause_timeout_s, exit_on_engine_failure=False)
+    return _serve(args, capacity=args.capacity, pause_timeout_s=args.pause_timeout_s, exit_on_engine_failure=False,
+                  preload_companions=("transcription",))  # the voice page transcribes every turn
 
 
 # ---------------------------------------------------------------------------------------------- main
+class _HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default in --help (when it has one worth showing)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default not in (None, False, argparse.SUPPRESS) and "%(default)" not in text and action.option_strings
+                and action.nargs != 0):
+            text += " (default: %(default)s)" if text else "default: %(default)s"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every (sub)command's parser: defaults shown in --help; a mistake is reported with that command's usage."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra and self.prog != "omnipipe":  # a subcommand: its own usage, not the top level's
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="omnipipe", description="Serve multi-stage omni-modal models.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from omnipipe import __version__
+
+    parser = _Parser(prog="omnipipe", description="Serve multi-stage omni-modal models.")
+    parser.add_argument("--version", action="version", version=f"omnipipe {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_generate(sub)
     _add_serve(sub)
     _add_worker(sub)
@@ -265,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
                 from omnipipe.bench.offline import main as bench_main
             return bench_main(args.rest)
     except KeyboardInterrupt:
-        print("omnipipe: interrupted", file=sys.stderr)
+        print("\nomnipipe: interrupted", file=sys.stderr)
         return 130
     except _user_errors() as exc:
         print(f"omnipipe: error: {exc}", file=sys.stderr)

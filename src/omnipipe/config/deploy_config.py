@@ -33,7 +33,7 @@ class StageDeploy:
     threads: int = 1
     max_num_seqs: int = 8
     restart_on_failure: bool = True
-    max_restarts: int = 3
+    max_restarts: int = 3  # in a row: a stage that served 10 minutes after a restart has its count start over
     # liveness (engine/liveness.py): no progress for stall_report_s is reported (/health "degraded"); past
     # stall_restart_s (None: never) the stage is killed and handled like a dead stage
     stall_report_s: float = 5.0

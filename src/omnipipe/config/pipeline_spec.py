@@ -37,6 +37,9 @@ class StageSpec:
     final_output: str | None = None  # modality this stage delivers to the user, if any
     default_options: dict[str, Any] = field(default_factory=dict)
     sample_rate_hz: int | None = None  # for audio-producing stages
+    # dotted path of the dataclass of the knobs this stage reads from ``SamplingParams.extra`` (e.g. the talker's
+    # speed), checked at the API and by the stage on arrival; None: the stage takes none
+    extra_params: str | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,11 @@ class PipelineSpec:
     def edge_options_schema(self, edge: EdgeSpec) -> type | None:
         """The dataclass of ``edge``'s options, or None when it takes none."""
         return resolve(edge.options) if edge.options else None
+
+    def stage_extra_schema(self, name: str) -> type | None:
+        """The dataclass of stage ``name``'s ``SamplingParams.extra`` knobs, or None when it takes none."""
+        spec = self.stage(name)
+        return resolve(spec.extra_params) if spec.extra_params else None
 
     def edges_with_option(self, option: str) -> list[EdgeSpec]:
         """The edges whose options include ``option`` (a per-request knob the server maps onto every such edge)."""

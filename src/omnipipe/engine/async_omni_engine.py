@@ -11,7 +11,7 @@ import itertools
 import logging
 import os
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import janus
 
@@ -40,7 +40,8 @@ def check_stage_kinds(pipeline: PipelineSpec) -> None:
 
 
 class AsyncOmniEngine:
-    def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, log_level: str = "WARNING") -> None:
+    def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, log_level: str = "WARNING",
+                 progress: Callable[[str], None] | None = None) -> None:
         check_stage_kinds(pipeline)
         self.pipeline = pipeline
         self.deploy = deploy
@@ -50,15 +51,29 @@ class AsyncOmniEngine:
         self.output_queue: janus.Queue[EngineEvent] | None = None
         self.orchestrator: Orchestrator | None = None
         self.log_level = log_level
+        self.progress = progress
         self.in_flight = 0
 
     async def start(self) -> None:
         """Create the output queue in the caller's loop and start the orchestrator (blocks until stages load)."""
         self.output_queue = janus.Queue()
         queue = self.output_queue
-        self.orchestrator = Orchestrator(self.pipeline, self.deploy, self.run_id,
-                                         emit=lambda event: queue.sync_q.put(event), log_level=self.log_level)
-        await asyncio.to_thread(self.orchestrator.start)
+        orchestrator = self.orchestrator = Orchestrator(self.pipeline, self.deploy, self.run_id,
+                                                        emit=lambda event: queue.sync_q.put(event),
+                                                        log_level=self.log_level, progress=self.progress)
+        starting = asyncio.ensure_future(asyncio.to_thread(orchestrator.start))
+        try:
+            await asyncio.shield(starting)
+        except asyncio.CancelledError:  # e.g. Ctrl-C while the stages load: stop them now, not once they have loaded
+            if self.progress is not None:
+                self.progress("stopping stages...")
+            orchestrator.cancel_start()
+            await asyncio.gather(starting, return_exceptions=True)
+            self.orchestrator = None
+            if orchestrator.is_alive:  # it had started after all
+                orchestrator.submit(ShutdownEngine())
+                await asyncio.to_thread(orchestrator.join)
+            raise
 
     def new_internal_id(self, request_id: str) -> str:
         return f"{next(self._ids):x}.{request_id}"

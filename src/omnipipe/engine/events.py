@@ -42,7 +42,7 @@ class EngineEvent:
     """Orchestrator -> caller: something happened to a request."""
 
     request_id: str
-    kind: str  # "text" | "audio" | "done" | "error"
+    kind: str  # "text" | "audio" | "done" | "error" | "aborted" (by the caller's abort(): ends it as "abort")
     stage: str
     text_delta: str = ""
     num_tokens: int = 0
@@ -50,5 +50,6 @@ class EngineEvent:
     sample_rate_hz: int | None = None
     finish_reason: str | None = None
     error: str | None = None
+    error_field: str | None = None  # the request's input is at fault, in this field; ``error`` is the rule it broke
     stage_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     edge_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -60,6 +60,9 @@ from omnipipe.util.dotted import resolve
 logger = logging.getLogger(__name__)
 
 
+RESTART_WINDOW_S = 600.0  # a stage that served this long after a restart has its max_restarts count start over
+
+
 class EngineStartError(RuntimeError):
     """A stage could not be started; the message names it."""
 
@@ -81,8 +84,11 @@ class _Request:
 class Orchestrator:
     def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, run_id: str,
                  emit: Callable[[EngineEvent], None], log_level: str = "WARNING",
-                 launcher: Launcher | None = None) -> None:
+                 launcher: Launcher | None = None, progress: Callable[[str], None] | None = None) -> None:
+        """``progress`` hears start-up in words (each stage as it becomes ready), from this thread; without it
+        those lines are logged at INFO."""
         self.pipeline = pipeline
+        self._progress = progress
         self.deploy = deploy
         self.run_id = run_id
         self._emit = emit
@@ -94,6 +100,7 @@ class Orchestrator:
         self.clients: dict[str, StageClient] = {}
         self.requests: dict[str, _Request] = {}
         self._started = threading.Event()
+        self._cancel_start = threading.Event()
         self._start_error: BaseException | None = None
         self._thread = threading.Thread(target=self._thread_main, name="omnipipe-orchestrator", daemon=True)
         self._health_waiters: dict[int, tuple[asyncio.Future[list[HealthReply]], list[HealthReply], int]] = {}
@@ -118,6 +125,20 @@ class Orchestrator:
         if self._start_error is not None:
             self._thread.join(timeout=30)
             raise self._start_error
+
+    def cancel_start(self) -> None:
+        """Stop loading (Ctrl-C during start-up): ``start()`` raises EngineStartError once every stage is gone;
+        stages still loading are killed rather than waited for."""
+        self._cancel_start.set()
+
+    def _say(self, message: str) -> None:
+        if self._progress is not None:
+            try:
+                self._progress(message)
+            except Exception:  # a broken progress callback must not stop the engine
+                logger.exception("progress callback failed")
+        else:
+            logger.info("%s", message)
 
     def submit(self, command: Any) -> None:
         assert self.request_queue is not None
@@ -174,6 +195,7 @@ class Orchestrator:
                 threads=settings.threads, max_num_seqs=settings.max_num_seqs, options=settings.options,
                 ctrl_address=client.ctrl_address, out_address=client.out_address,
                 abort_address=abort_address, chunk_listen_address=chunk_inputs.get(stage.name), chunk_links=links,
+                extra_params=stage.extra_params,
                 out_relay=self.deploy.relay.backend, out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
                 relay_options=self.deploy.relay_options(), log_level=self.log_level,
                 heartbeat_interval_s=self.deploy.heartbeat_interval_s,
@@ -202,6 +224,7 @@ class Orchestrator:
                                                        StageLiveness(settings.stall_report_s, settings.stall_restart_s))
             for name, launch in self._launches(abort_address).items():
                 self.clients[name].launch = launch
+            self._say(f"starting {len(self.clients)} stage(s) of {self.pipeline.name!r}: {', '.join(self.clients)}")
             for client in self.clients.values():
                 client.spawn()
             await self._wait_ready(list(self.clients.values()))
@@ -230,6 +253,8 @@ class Orchestrator:
         recv_tasks = {asyncio.create_task(c.recv()): c for c in clients}
         try:
             while pending:
+                if self._cancel_start.is_set():
+                    raise EngineStartError("start-up cancelled")
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise EngineStartError(f"stages {', '.join(pending)} did not load within "
@@ -244,8 +269,10 @@ class Orchestrator:
                         if message.chunk_address is not None:
                             self.chunk_addresses[client.name] = message.chunk_address
                         client.ready.set()
+                        client.ready_since = time.monotonic()
                         client.liveness.reset()
-                        logger.info("stage %s ready (pid %d, %.1f s)", client.name, message.pid, message.load_time_s)
+                        waiting = f"; waiting for {', '.join(pending)}" if pending else ""
+                        self._say(f"stage {client.name} ready ({message.load_time_s:.1f} s){waiting}")
                         continue
                     if isinstance(message, StageError) and not message.request_id:
                         client.load_error = message.message
@@ -267,8 +294,11 @@ class Orchestrator:
 
     async def _teardown(self) -> None:
         self._stopping = True
+        for client in self.clients.values():  # a stage still loading reads no Shutdown message: do not wait for it
+            if client.handle is not None and not client.ready.is_set():
+                client.handle.kill()
         for client in self.clients.values():
-            if client.alive:
+            if client.alive and client.ready.is_set():
                 try:
                     await asyncio.wait_for(client.send(Shutdown("engine shutdown")), timeout=1.0)
                 except (asyncio.TimeoutError, zmq.ZMQError) as exc:  # stop() below kills it after a timeout
@@ -370,6 +400,7 @@ class Orchestrator:
     async def _on_stage_back(self, client: StageClient, message: StageReady) -> None:
         """A restarted stage is ready: re-announce routes that involve it, then submit what waited for it."""
         client.ready.set()
+        client.ready_since = time.monotonic()
         client.liveness.reset()
         logger.warning("stage %s is back (pid %d)", client.name, message.pid)
         if message.chunk_address is not None:
@@ -381,7 +412,7 @@ class Orchestrator:
 
     def _restartable(self, stage: str) -> bool:
         settings = self.deploy.stage(stage)
-        return settings.restart_on_failure and self.clients[stage].restarts < settings.max_restarts
+        return settings.restart_on_failure and self.clients[stage].restarts_in_a_row < settings.max_restarts
 
     async def _send(self, stage: str, message: Submit, request: _Request) -> None:
         request.submitted.add(stage)
@@ -404,13 +435,13 @@ class Orchestrator:
                 self._emit(EngineEvent(rid, "error", "", error=notify))
             del request
 
-    def _fail(self, request: _Request, stage: str, message: str) -> None:
+    def _fail(self, request: _Request, stage: str, message: str, field: str | None = None) -> None:
         if self.requests.pop(request.request_id, None) is None:
             return
         self._recently_ended.append(request.request_id)
         for relay in self.send_relays.values():
             relay.cleanup(request.request_id)
-        self._emit(EngineEvent(request.request_id, "error", stage, error=message))
+        self._emit(EngineEvent(request.request_id, "error", stage, error=message, error_field=field))
         asyncio.ensure_future(self.abort_pub.send(control_plane.encode(Abort([request.request_id]))))
 
     # ================================================================== outputs
@@ -509,7 +540,13 @@ class Orchestrator:
             logger.error("stage %s: %s", client.name, message.message)
             return
         request = self.requests.get(message.request_id)
-        if request is not None:
+        if request is None:
+            return
+        if message.field is not None:  # the request's own input is at fault: its rule, for the caller
+            logger.info("stage %s refused request %s: %s %s", client.name, message.request_id, message.field,
+                        message.message)
+            self._fail(request, message.stage, message.message, message.field)
+        else:
             self._fail(request, message.stage, f"stage {message.stage!r}: {message.message}")
 
     # ================================================================== stage death
@@ -525,6 +562,9 @@ class Orchestrator:
         code = client.exit_code()
         client.alive = False
         client.ready.clear()
+        if client.ready_since is not None and time.monotonic() - client.ready_since >= RESTART_WINDOW_S:
+            client.restarts_in_a_row = 0  # it had been serving a good while: this death starts a new count
+        client.ready_since = None
         if client.liveness.killed_for:
             death = f"stage {client.name!r} {client.liveness.killed_for} and was killed"
         else:
@@ -541,7 +581,9 @@ class Orchestrator:
             self._fail_parked(client.name, f"{death} and is not restarted")
         else:
             client.restarts += 1
-            logger.warning("restarting stage %s (restart %d)", client.name, client.restarts)
+            client.restarts_in_a_row += 1
+            logger.warning("restarting stage %s (restart %d, %d in a row)", client.name, client.restarts,
+                           client.restarts_in_a_row)
             client.launch = msgspec.structs.replace(client.launch, aborted_request_ids=list(self._recently_ended))
             client.spawn()
             self._watch(client)

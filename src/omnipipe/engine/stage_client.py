@@ -36,7 +36,9 @@ class StageClient:
         self.handle: StageHandle | None = None
         self.ready = asyncio.Event()
         self.alive = False
-        self.restarts = 0
+        self.restarts = 0  # in all
+        self.restarts_in_a_row = 0  # since the stage last ran for RESTART_WINDOW_S (what max_restarts limits)
+        self.ready_since: float | None = None  # monotonic time it last became ready
         self.load_error: str | None = None
         self.liveness = liveness  # heartbeats and stall record (engine/liveness.py)
 

@@ -84,7 +84,8 @@ class EtaEstimator:
         return waves * self.duration_s(request_type)
 
     def snapshot(self) -> dict[str, dict[str, float | int | None]]:
-        """Per request type: baseline, sample count, moving average and the duration in use."""
+        """Per request type: baseline, sample count, moving average, the duration in use, and whether that is the
+        measured average (``measured``: at least ``min_samples`` sessions) rather than the baseline."""
         types = sorted(set(self._baselines) | set(self._stats))
         return {
             t: {
@@ -92,6 +93,8 @@ class EtaEstimator:
                 "samples": self.samples(t),
                 "ema_s": self._stats[t].ema_s if t in self._stats else None,
                 "duration_s": self.duration_s(t),
+                "min_samples": self.min_samples,
+                "measured": self.samples(t) >= self.min_samples,  # duration_s is the average, not the baseline
             }
             for t in types
         }

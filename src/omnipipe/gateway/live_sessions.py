@@ -71,6 +71,20 @@ class LiveSessions:
         session.last_active = time.monotonic()
         return session
 
+    def open_chat(self, session_id: str) -> LiveSession | None:
+        """The open chat session ``session_id`` (with a request in flight or not), else ``None``."""
+        session = self._sessions.get(session_id)
+        return session if session is not None and session.type == "chat" else None
+
+    def discard(self, session: LiveSession) -> None:
+        """Forget ``session`` and delete what was recorded of it (a request the worker refused is no session)."""
+        self._sessions.pop(session.session_id, None)
+        if session.recorder is not None:
+            try:
+                session.recorder.discard()
+            except Exception:  # noqa: BLE001 - a recording problem never breaks serving
+                logger.exception("discarding the recording of %s failed", session.session_id)
+
     def request_done(self, session: LiveSession, status: str = "completed", error: str | None = None) -> None:
         """One request of ``session`` ended; every type but chat ends the session with it."""
         session.requests_in_flight = max(0, session.requests_in_flight - 1)
@@ -104,8 +118,13 @@ class LiveSessions:
         return set(self._sessions)
 
     def close_all(self) -> None:
-        for session_id in list(self._sessions):
-            self.close(session_id, "interrupted", "the gateway stopped")
+        """Finish every session as the gateway stops: one with a request in flight was interrupted; an open chat
+        whose last answer was complete ended as it would have after its idle time."""
+        for session_id, session in list(self._sessions.items()):
+            if session.requests_in_flight:
+                self.close(session_id, "interrupted", "the gateway stopped")
+            else:
+                self.close(session_id)
         if self.writer is not None:
             self.writer.flush(timeout=30)
             self.writer.close()

@@ -180,6 +180,9 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "omnipipe"
+    # omnipipe extension: what the model takes and what it can answer with ("text", "audio", "image", ...)
+    input_modalities: list[str] | None = None
+    output_modalities: list[str] | None = None
 
 
 class ModelList(BaseModel):

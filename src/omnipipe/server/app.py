@@ -27,6 +27,7 @@ from omnipipe.server.capacity import SessionLimiter, SessionTracker
 from omnipipe.server.engines import EnginePool, ServerConfig
 from omnipipe.server.errors import install_error_handlers
 from omnipipe.server.guard import RequestGuard
+from omnipipe.server.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.routes import chat, realtime, speech, transcription
 
@@ -38,13 +39,15 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     ``config.exit_on_engine_failure`` is set; otherwise the server keeps answering ``/health`` with state ``ERROR``.
     """
     pool = EnginePool(config)
-    metrics = ServerMetrics()
+    metrics = ServerMetrics(pool.model_name, entry_stages={name: slot.pipeline.stages[0].name
+                                                           for name, slot in pool.slots.items()})
     sessions = SessionTracker(config.capacity)
     started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = pool.main.start_in_background()
+        pool.start_preloaded()
 
         def report(done: asyncio.Task[Any]) -> None:
             if done.cancelled() or done.exception() is None:
@@ -74,7 +77,9 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
 
     @app.get(MODELS_PATH, response_model=ModelList)
     async def list_models() -> ModelList:
-        return ModelList(data=[ModelCard(id=name, created=started) for name in pool.model_ids()])
+        return ModelList(data=[ModelCard(id=name, created=started, input_modalities=list(pipeline.input_modalities),
+                                         output_modalities=list(pipeline.output_modalities))
+                               for name, pipeline in pool.model_pipelines()])
 
     @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:
@@ -97,8 +102,7 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prometheus() -> PlainTextResponse:
-        return PlainTextResponse(metrics.render(await pool.debug_states()),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return PlainTextResponse(metrics.render(await pool.debug_states()), media_type=PROMETHEUS_CONTENT_TYPE)
 
     @app.get("/debug/state")
     async def debug_state(request: Request) -> JSONResponse:

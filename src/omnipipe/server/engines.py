@@ -46,6 +46,9 @@ class ServerConfig:
     capacity: int | None = None  # sessions at once (HTTP model requests + realtime sockets); None: unlimited
     pause_timeout_s: float = 300.0  # a realtime session paused longer than this is closed
     exit_on_engine_failure: bool = True  # serve: stop when the main pipeline fails to start; worker: report it
+    # endpoints whose companion pipeline starts with the server rather than on first use (the worker starts
+    # transcription's: the voice page shows what was heard from the first turn on)
+    preload_companions: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.capacity is not None and (isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
@@ -53,6 +56,9 @@ class ServerConfig:
             raise FieldError("capacity", f"must be an integer >= 1 or None, got {self.capacity!r}")
         if not (isinstance(self.pause_timeout_s, (int, float)) and 0 < self.pause_timeout_s < float("inf")):
             raise FieldError("pause_timeout_s", f"must be a number > 0, got {self.pause_timeout_s!r}")
+        unknown = [e for e in self.preload_companions if e not in ("speech", "transcription")]
+        if unknown:
+            raise FieldError("preload_companions", f"endpoints are speech and transcription, got {unknown[0]!r}")
 
 
 def _deploy_for(source: str | Path | dict[str, Any] | None, pipeline: PipelineSpec) -> dict[str, Any] | None:
@@ -151,6 +157,15 @@ class EnginePool:
                 pipeline = get_pipeline(name)
                 self.slots[name] = EngineSlot(pipeline, _deploy_for(config.deploy, pipeline), config.log_level)
 
+    def start_preloaded(self) -> None:
+        """Start the companions the config asks to preload (those this pipeline has), beside the main one."""
+        for endpoint in self.config.preload_companions:
+            name = self.endpoint_pipelines.get(endpoint)
+            if name is not None and name != self.main.name:
+                task = self.slots[name].start_in_background()
+                # a failure is recorded in the slot and answered on use (503 naming it); nobody awaits this task
+                task.add_done_callback(lambda done: done.cancelled() or done.exception())
+
     @staticmethod
     def _is_speech(pipeline: PipelineSpec) -> bool:
         return pipeline.input_modalities == ("text",) and pipeline.output_modalities == ["audio"]
@@ -165,6 +180,11 @@ class EnginePool:
 
     def model_ids(self) -> list[str]:
         return [self.model_name, *(name for name in self.slots if name != self.main.name)]
+
+    def model_pipelines(self) -> list[tuple[str, PipelineSpec]]:
+        """Each model id ``/v1/models`` lists, with the pipeline that serves it."""
+        return [(self.model_name, self.main.pipeline),
+                *((name, slot.pipeline) for name, slot in self.slots.items() if name != self.main.name)]
 
     def check_model(self, model: str, endpoint: str) -> None:
         """``model`` must be the served model or the pipeline that serves ``endpoint``."""

@@ -10,18 +10,20 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from omnipipe.api.async_omni import EngineClosedError, RequestFailedError
 from omnipipe.engine.async_omni_engine import EngineOverloadedError
 from omnipipe.protocol.errors import RETRY_AFTER_S, APIError, install_api_error_handlers
+from omnipipe.server.disconnect import CLIENT_CLOSED_REQUEST, ClientGone
 from omnipipe.util.audio import AudioDecodeError
 from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 
-_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|tagged-union\[.*\]|literal\[.*\]|function-.*)$")
+_UNION_TAG = re.compile(r"^(str|int|float|bool|none|list\[.*\]|dict\[.*\]|tagged-union\[.*\]|literal\[.*\]|function-.*|"
+                        r"constrained-.*)$")
 
 
 def invalid(message: str, param: str | None, code: str | None = "invalid_value") -> APIError:
@@ -112,6 +114,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         return from_engine_error(exc, {}).response()
 
+    async def client_gone(_: Request, exc: Exception) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it: the log and the metrics do
+
     app.add_exception_handler(RequestValidationError, request_validation)
     app.add_exception_handler(ValidationError, request_validation)
+    app.add_exception_handler(ClientGone, client_gone)
     app.add_exception_handler(Exception, unexpected)

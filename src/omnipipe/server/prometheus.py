@@ -1,131 +1,147 @@
-"""Server metrics in the Prometheus text format: requests by endpoint and status, latency histograms, and what
-every stage holds right now (from the engines' debug state)."""
+"""Server metrics for Prometheus, through ``prometheus_client``, named and labelled the way vLLM's are
+(``omnipipe:time_to_first_token_seconds{model_name=...}``, ``omnipipe:num_requests_running``, ...), so a dashboard
+written for vLLM finds the same series by swapping the prefix.
+
+- Per request (observed when a request finishes): E2E, TTFT, TPOT, ITL, TTFP, RTF histograms; generated tokens
+  and seconds of audio counters; HTTP requests by endpoint and status.
+- Per scrape, from the engines (``EngineCollector``): requests running and waiting, what every stage holds, and
+  each stage's liveness (up, stalled, heartbeat age, restarts, stalls) and the engine loop's age.
+- The process itself (resident memory, CPU seconds, open fds, ...), from ``prometheus_client``'s collectors.
+
+Every series carries ``model_name`` (the served model name); stage series also ``pipeline`` and ``stage``.
+"""
 
 from __future__ import annotations
 
-import bisect
-import threading
-from collections import Counter
+from collections.abc import Iterator
 from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
 from omnipipe.api.outputs import RequestMetrics
 
+PREFIX = "omnipipe:"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
 
 
-class Histogram:
-    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
-        self.name = name
-        self.help_text = help_text
-        self.buckets = buckets
-        self.series: dict[tuple[tuple[str, str], ...], tuple[list[int], list[float]]] = {}
+class EngineCollector:
+    """Series read from the engines at scrape time (``update`` is called with ``EnginePool.debug_states()``)."""
 
-    def observe(self, value: float, **labels: str) -> None:
-        key = tuple(sorted(labels.items()))
-        counts, totals = self.series.setdefault(key, ([0] * (len(self.buckets) + 1), [0.0]))
-        counts[bisect.bisect_left(self.buckets, value)] += 1
-        totals[0] += value
+    def __init__(self, model_name: str, entry_stages: dict[str, str]) -> None:
+        """``entry_stages``: pipeline -> the stage a request starts in (its waiting count is the queue)."""
+        self.model_name = model_name
+        self.entry_stages = entry_stages
+        self.engines: dict[str, dict[str, Any]] = {}
 
-    def render(self) -> list[str]:
-        lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]
-        for key, (counts, totals) in sorted(self.series.items()):
-            cumulative = 0
-            for bound, count in zip((*self.buckets, float("inf")), counts):
-                cumulative += count
-                le = "+Inf" if bound == float("inf") else repr(bound)
-                lines.append(f"{self.name}_bucket{_labels(key + (('le', le),))} {cumulative}")
-            lines.append(f"{self.name}_sum{_labels(key)} {totals[0]}")
-            lines.append(f"{self.name}_count{_labels(key)} {cumulative}")
-        return lines
+    def update(self, engines: dict[str, dict[str, Any]]) -> None:
+        self.engines = engines
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(pairs: tuple[tuple[str, str], ...]) -> str:
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}" if pairs else ""
+    def collect(self) -> Iterator[Metric]:
+        model = self.model_name
+        ready = GaugeMetricFamily(f"{PREFIX}engine_ready", "1 when the pipeline's engine has loaded",
+                                  labels=["model_name", "pipeline"])
+        running = GaugeMetricFamily(f"{PREFIX}num_requests_running", "requests being worked on by some stage",
+                                    labels=["model_name", "pipeline"])
+        waiting = GaugeMetricFamily(f"{PREFIX}num_requests_waiting",
+                                    "requests not yet scheduled by their first stage", labels=["model_name", "pipeline"])
+        stage_labels = ["model_name", "pipeline", "stage"]
+        held = GaugeMetricFamily(f"{PREFIX}stage_requests", "requests a stage holds right now", labels=stage_labels)
+        up = GaugeMetricFamily(f"{PREFIX}stage_up", "1 when the stage is running and making progress",
+                               labels=stage_labels)
+        stalled = GaugeMetricFamily(f"{PREFIX}stage_stalled", "1 while the stage makes no progress past its "
+                                    "stall_report_s", labels=stage_labels)
+        beat_age = GaugeMetricFamily(f"{PREFIX}stage_heartbeat_age_seconds", "since the stage's last heartbeat",
+                                     labels=stage_labels)
+        restarts = CounterMetricFamily(f"{PREFIX}stage_restarts", "restarts of the stage (after a death or a stall)",
+                                       labels=stage_labels)
+        stalls = CounterMetricFamily(f"{PREFIX}stage_stalls", "times the stage was reported stalled",
+                                     labels=stage_labels)
+        loop_age = GaugeMetricFamily(f"{PREFIX}engine_loop_age_seconds", "since the engine loop last ran its watchdog",
+                                     labels=["model_name", "pipeline"])
+        for pipeline, info in sorted(self.engines.items()):
+            ready.add_metric([model, pipeline], float(info["status"] == "ready"))
+            state = info.get("state") or {}
+            stages = state.get("stages") or {}
+            if state:
+                entry = stages.get(self.entry_stages.get(pipeline, ""), {})
+                queued = int(entry.get("waiting", 0))
+                in_engine = len(state.get("client_requests", []))
+                waiting.add_metric([model, pipeline], min(queued, in_engine))
+                running.add_metric([model, pipeline], max(0, in_engine - queued))
+            for stage, report in sorted(stages.items()):
+                held.add_metric([model, pipeline, stage], len(report.get("requests") or []))
+            health = info.get("health")
+            if not health:
+                continue
+            loop_age.add_metric([model, pipeline], health["loop_age_s"])
+            for stage, report in sorted(health["stages"].items()):
+                labels = [model, pipeline, stage]
+                up.add_metric(labels, float(report["state"] == "ok"))
+                stalled.add_metric(labels, float(report["state"] == "stalled"))
+                if report["heartbeat_age_s"] is not None:
+                    beat_age.add_metric(labels, report["heartbeat_age_s"])
+                restarts.add_metric(labels, report["restarts"])
+                stalls.add_metric(labels, report["stalls"])
+        yield from (ready, running, waiting, held, up, stalled, beat_age, restarts, stalls, loop_age)
 
 
 class ServerMetrics:
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: Counter[tuple[str, str]] = Counter()
-        self.e2e = Histogram("omnipipe_request_e2e_seconds", "request in -> final output", _SECONDS_BUCKETS)
-        self.ttft = Histogram("omnipipe_request_ttft_seconds", "request in -> first text", _SECONDS_BUCKETS)
-        self.ttfp = Histogram("omnipipe_request_ttfp_seconds", "request in -> first audio", _SECONDS_BUCKETS)
-        self.rtf = Histogram("omnipipe_request_rtf", "E2E / audio duration", _RTF_BUCKETS)
+    def __init__(self, model_name: str, entry_stages: dict[str, str]) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        labels = ["model_name", "endpoint"]
+        self.requests = Counter(f"{PREFIX}http_requests", "HTTP requests by endpoint and status",
+                                ["model_name", "endpoint", "status"], registry=self.registry)
+        self.e2e = Histogram(f"{PREFIX}e2e_request_latency_seconds", "request in -> final output", labels,
+                             buckets=_SECONDS_BUCKETS, registry=self.registry)
+        self.ttft = Histogram(f"{PREFIX}time_to_first_token_seconds", "request in -> first text", labels,
+                              buckets=_SECONDS_BUCKETS, registry=self.registry)
+        self.tpot = Histogram(f"{PREFIX}time_per_output_token_seconds", "mean time per output token after the first",
+                              labels, buckets=_TOKEN_BUCKETS, registry=self.registry)
+        self.itl = Histogram(f"{PREFIX}inter_token_latency_seconds", "gaps between consecutive text outputs", labels,
+                             buckets=_TOKEN_BUCKETS, registry=self.registry)
+        self.ttfp = Histogram(f"{PREFIX}time_to_first_packet_seconds", "request in -> first audio", labels,
+                              buckets=_SECONDS_BUCKETS, registry=self.registry)
+        self.rtf = Histogram(f"{PREFIX}real_time_factor", "E2E / seconds of audio produced", labels,
+                             buckets=_RTF_BUCKETS, registry=self.registry)
+        self.tokens = Counter(f"{PREFIX}generation_tokens", "text tokens generated", labels, registry=self.registry)
+        self.audio = Counter(f"{PREFIX}generation_audio_seconds", "seconds of audio generated", labels,
+                             registry=self.registry)
+        self.engines = EngineCollector(model_name, entry_stages)
+        self.registry.register(self.engines)
 
     def count_request(self, endpoint: str, status: int) -> None:
-        with self._lock:
-            self.requests[(endpoint, str(status))] += 1
+        self.requests.labels(self.model_name, endpoint, str(status)).inc()
 
     def observe(self, endpoint: str, metrics: RequestMetrics | None) -> None:
         if metrics is None:
             return
-        with self._lock:
-            self.e2e.observe(metrics.e2e_s, endpoint=endpoint)
-            if metrics.ttft_s is not None:
-                self.ttft.observe(metrics.ttft_s, endpoint=endpoint)
-            if metrics.ttfp_s is not None:
-                self.ttfp.observe(metrics.ttfp_s, endpoint=endpoint)
-            if metrics.rtf is not None:
-                self.rtf.observe(metrics.rtf, endpoint=endpoint)
+        labels = (self.model_name, endpoint)
+        self.e2e.labels(*labels).observe(metrics.e2e_s)
+        if metrics.ttft_s is not None:
+            self.ttft.labels(*labels).observe(metrics.ttft_s)
+        if metrics.tpot_s is not None:
+            self.tpot.labels(*labels).observe(metrics.tpot_s)
+        for gap in metrics.itl_s:
+            self.itl.labels(*labels).observe(gap)
+        if metrics.ttfp_s is not None:
+            self.ttfp.labels(*labels).observe(metrics.ttfp_s)
+        if metrics.rtf is not None:
+            self.rtf.labels(*labels).observe(metrics.rtf)
+        self.tokens.labels(*labels).inc(metrics.num_output_tokens)
+        self.audio.labels(*labels).inc(metrics.audio_duration_s)
 
-    def render(self, engines: dict[str, dict[str, Any]]) -> str:
-        """``engines``: pipeline name -> {"status": ..., "state": debug_state or None}."""
-        lines = ["# HELP omnipipe_requests_total HTTP requests by endpoint and status",
-                 "# TYPE omnipipe_requests_total counter"]
-        with self._lock:
-            for (endpoint, status), count in sorted(self.requests.items()):
-                lines.append(f"omnipipe_requests_total{_labels((('endpoint', endpoint), ('status', status)))} {count}")
-            for histogram in (self.e2e, self.ttft, self.ttfp, self.rtf):
-                lines += histogram.render()
-        lines += ["# HELP omnipipe_engine_ready 1 when the pipeline's engine has loaded",
-                  "# TYPE omnipipe_engine_ready gauge"]
-        for name, info in sorted(engines.items()):
-            lines.append(f"omnipipe_engine_ready{_labels((('pipeline', name),))} {int(info['status'] == 'ready')}")
-        lines += ["# HELP omnipipe_stage_requests requests a stage holds right now",
-                  "# TYPE omnipipe_stage_requests gauge"]
-        for name, info in sorted(engines.items()):
-            state = info.get("state") or {}
-            for stage, held in sorted((state.get("stages") or {}).items()):
-                count = len(held.get("requests") or [])
-                lines.append(f"omnipipe_stage_requests{_labels((('pipeline', name), ('stage', stage)))} {count}")
-        lines += self._liveness(engines)
-        return "\n".join(lines) + "\n"
-
-    @staticmethod
-    def _liveness(engines: dict[str, dict[str, Any]]) -> list[str]:
-        """Per stage: up (ok) or not, stalled, heartbeat age, restarts and stalls so far; per engine: loop age."""
-        gauges = {
-            "omnipipe_stage_up": ("gauge", "1 when the stage is running and making progress"),
-            "omnipipe_stage_stalled": ("gauge", "1 while the stage makes no progress past its stall_report_s"),
-            "omnipipe_stage_heartbeat_age_seconds": ("gauge", "since the stage's last heartbeat"),
-            "omnipipe_stage_restarts_total": ("counter", "restarts of the stage (after a death or a stall)"),
-            "omnipipe_stage_stalls_total": ("counter", "times the stage was reported stalled"),
-            "omnipipe_engine_loop_age_seconds": ("gauge", "since the engine loop last ran its watchdog"),
-        }
-        values: dict[str, list[str]] = {metric: [] for metric in gauges}
-        for name, info in sorted(engines.items()):
-            health = info.get("health")
-            if not health:
-                continue
-            values["omnipipe_engine_loop_age_seconds"].append(
-                f"omnipipe_engine_loop_age_seconds{_labels((('pipeline', name),))} {health['loop_age_s']}")
-            for stage, report in sorted(health["stages"].items()):
-                labels = _labels((("pipeline", name), ("stage", stage)))
-                values["omnipipe_stage_up"].append(f"omnipipe_stage_up{labels} {int(report['state'] == 'ok')}")
-                values["omnipipe_stage_stalled"].append(
-                    f"omnipipe_stage_stalled{labels} {int(report['state'] == 'stalled')}")
-                if report["heartbeat_age_s"] is not None:
-                    values["omnipipe_stage_heartbeat_age_seconds"].append(
-                        f"omnipipe_stage_heartbeat_age_seconds{labels} {report['heartbeat_age_s']}")
-                values["omnipipe_stage_restarts_total"].append(
-                    f"omnipipe_stage_restarts_total{labels} {report['restarts']}")
-                values["omnipipe_stage_stalls_total"].append(f"omnipipe_stage_stalls_total{labels} {report['stalls']}")
-        lines: list[str] = []
-        for metric, (kind, help_text) in gauges.items():
-            lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} {kind}", *values[metric]]
-        return lines
+    def render(self, engines: dict[str, dict[str, Any]]) -> bytes:
+        """The exposition text; ``engines`` is ``EnginePool.debug_states()`` taken just before."""
+        self.engines.update(engines)
+        return generate_latest(self.registry)

@@ -35,6 +35,7 @@ class StageLaunch(msgspec.Struct, frozen=True):
     relay_options: dict[str, dict[str, Any]]  # backend -> its options
     log_level: str = "WARNING"
     heartbeat_interval_s: float = 0.5  # how often the stage tells the orchestrator it lives (stage/heartbeat.py)
+    extra_params: str | None = None  # dotted path of the dataclass of this stage's ``SamplingParams.extra`` knobs
     aborted_request_ids: list[str] = []  # a restarted stage drops late chunks of these
     world_size: int = 1  # rank processes of this stage (tensor parallel); rank 0 holds the control sockets
     rank: int = 0  # set per process by the launcher

@@ -32,6 +32,7 @@ class StageRequest:
     chunk_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # per target, owned by chunk processors
     num_units: int = 0  # tokens or frames produced
     arrival_s: float = field(default_factory=time.perf_counter)
+    first_input_s: float | None = None  # its first input arrived (later than arrival for a stage fed by chunks)
     first_scheduled_s: float | None = None
     compute_s: float = 0.0
     max_batch_size: int = 0

@@ -33,6 +33,9 @@ class RunnerOutput:
     finish_reason: str | None = None
     needs_input: bool = False  # AR stage: wait (WAITING_FOR_CHUNK) until the next input chunk arrives
     error: str | None = None  # this request failed (e.g. its input is too long); the rest of the batch goes on
+    # with ``error``: the request's own input is at fault, and this is the field it came in (``prompt``); the
+    # caller gets a FieldError naming it (HTTP 400) instead of a failure, and ``error`` is the rule it broke
+    error_field: str | None = None
 
 
 @dataclass

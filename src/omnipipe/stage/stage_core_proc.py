@@ -43,7 +43,7 @@ from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
 from omnipipe.util.dotted import resolve
 from omnipipe.util.field_error import FieldError
-from omnipipe.util.options import options_from_dict
+from omnipipe.util.options import NoOptions, options_from_dict
 from omnipipe.util.process import die_with_parent
 
 logger = logging.getLogger(__name__)
@@ -118,6 +118,7 @@ class StageCoreProc:
         self._option_schemas: dict[str, type] = {
             t: resolve(l.options_schema) for t, l in launch.chunk_links.items() if l.options_schema
         }
+        self._extra_schema: type = resolve(launch.extra_params) if launch.extra_params else NoOptions
 
         self.scheduler: Scheduler = scheduler_for(launch.kind)(launch.max_num_seqs)
         self.requests: dict[str, StageRequest] = {}
@@ -231,6 +232,13 @@ class StageCoreProc:
             self._send(StageError(request_id, self.stage, f"input unreadable: {exc}"))
             return
         request.input_finished = message.input_finished
+        if request.inputs:
+            request.first_input_s = request.arrival_s
+        try:  # checked at the API with the same schema; a stage never dies of a request's knobs
+            options_from_dict(self._extra_schema, request.params.get("extra"), "extra")
+        except FieldError as exc:
+            self._fail(request_id, str(exc))
+            return
         problem = self.runner.validate(request.params) if self.runner is not None else None
         if problem is not None:  # fail it alone now rather than inside a batched step later
             self._fail(request_id, problem)
@@ -267,6 +275,8 @@ class StageCoreProc:
                 self._count_edge(request_id, chunk)
                 if chunk.data is not None:
                     request.inputs.append(chunk.data)
+                    if request.first_input_s is None:
+                        request.first_input_s = time.perf_counter()
                 if chunk.is_last:
                     request.input_finished = True
             self.scheduler.on_input(request)
@@ -331,7 +341,7 @@ class StageCoreProc:
     def _apply(self, batch: list[StageRequest], outputs: list[RunnerOutput], elapsed: float) -> None:
         for request, output in zip(batch, outputs):
             if output.error is not None:
-                self._fail(request.request_id, output.error)
+                self._fail(request.request_id, output.error, output.error_field)
                 continue
             request.compute_s += elapsed
             request.max_batch_size = max(request.max_batch_size, len(batch))
@@ -450,14 +460,16 @@ class StageCoreProc:
         self.chunk_contexts.pop(request_id, None)
         self.edge_stats.pop(request_id, None)
 
-    def _fail(self, request_id: str, message: str) -> None:
-        self._send(StageError(request_id, self.stage, message))
+    def _fail(self, request_id: str, message: str, field: str | None = None) -> None:
+        self._send(StageError(request_id, self.stage, message, field))
         self._abort(request_id)
 
     def _metrics(self, request: StageRequest) -> dict[str, Any]:
-        queue_s = (request.first_scheduled_s or time.perf_counter()) - request.arrival_s
+        now = time.perf_counter()
+        first_input = request.first_input_s or request.first_scheduled_s or now
         return {
-            "queue_s": queue_s,
+            "input_wait_s": first_input - request.arrival_s,  # waiting for the upstream stage's first chunk
+            "queue_s": max(0.0, (request.first_scheduled_s or now) - first_input),  # input there, not yet scheduled
             "compute_s": request.compute_s,
             "units": request.num_units,
             "max_batch_size": request.max_batch_size,

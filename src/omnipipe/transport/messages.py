@@ -108,6 +108,7 @@ class StageError(msgspec.Struct, tag="error", frozen=True):
     request_id: str
     stage: str
     message: str
+    field: str | None = None  # the request's input is at fault: the field of it (``prompt``); ``message`` is the rule
 
 
 class StageHeartbeat(msgspec.Struct, tag="heartbeat", frozen=True):

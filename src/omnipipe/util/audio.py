@@ -36,6 +36,10 @@ class AudioDecodeError(ValueError):
     """Input audio could not be read or decoded."""
 
 
+class AudioTooLongError(AudioDecodeError):
+    """Input audio lasts longer than the caller allows (found before it is all decoded or resampled)."""
+
+
 _OBJECT_REPR = re.compile(r"<_io\.\w+ object at 0x[0-9a-f]+>|'<none>'")
 
 
@@ -69,14 +73,25 @@ def _to_mono(array: np.ndarray) -> np.ndarray:
     return array.mean(axis=1, dtype=np.float32)
 
 
-def _decode_soundfile(data: io.BytesIO | str) -> tuple[np.ndarray, int]:
+def _too_long(max_seconds: float) -> AudioTooLongError:
+    return AudioTooLongError(f"the audio is longer than {max_seconds:g} s")
+
+
+def _decode_soundfile(data: io.BytesIO | str, max_seconds: float | None) -> tuple[np.ndarray, int]:
     import soundfile
 
-    audio, rate = soundfile.read(data, dtype="float32", always_2d=True)
-    return audio.mean(axis=1, dtype=np.float32) if audio.shape[1] > 1 else audio[:, 0], int(rate)
+    with soundfile.SoundFile(data) as sound:
+        rate = int(sound.samplerate)
+        # never more than the limit is read, whatever the header claims: a few kB of compressed silence can
+        # decode to hours of samples
+        limit = -1 if max_seconds is None else int(max_seconds * rate) + 1
+        audio = sound.read(frames=limit, dtype="float32", always_2d=True)
+    if max_seconds is not None and audio.shape[0] >= limit:
+        raise _too_long(max_seconds)
+    return audio.mean(axis=1, dtype=np.float32) if audio.shape[1] > 1 else audio[:, 0], rate
 
 
-def _decode_pyav(data: io.BytesIO | str) -> tuple[np.ndarray, int]:
+def _decode_pyav(data: io.BytesIO | str, max_seconds: float | None) -> tuple[np.ndarray, int]:
     import av
 
     with av.open(data, mode="r") as container:
@@ -87,21 +102,28 @@ def _decode_pyav(data: io.BytesIO | str) -> tuple[np.ndarray, int]:
         if rate <= 0:
             raise AudioDecodeError("unknown sample rate")
         resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
+        limit = None if max_seconds is None else max_seconds * rate
         pieces: list[np.ndarray] = []
+        count = 0
         for frame in container.decode(stream):
             for converted in resampler.resample(frame):
                 pieces.append(converted.to_ndarray().reshape(-1))
+                count += pieces[-1].size
+            if limit is not None and count > limit:
+                raise _too_long(max_seconds)  # type: ignore[arg-type]
         for converted in resampler.resample(None):
             pieces.append(converted.to_ndarray().reshape(-1))
     audio = np.concatenate(pieces).astype(np.float32) if pieces else np.zeros(0, dtype=np.float32)
     return audio, rate
 
 
-def _decode_container(raw: bytes | None, path: Path | None) -> tuple[np.ndarray, int]:
+def _decode_container(raw: bytes | None, path: Path | None, max_seconds: float | None) -> tuple[np.ndarray, int]:
     errors: list[str] = []
     for decoder in (_decode_soundfile, _decode_pyav):
         try:
-            return decoder(io.BytesIO(raw) if raw is not None else str(path))
+            return decoder(io.BytesIO(raw) if raw is not None else str(path), max_seconds)
+        except AudioTooLongError:
+            raise
         except ImportError as exc:
             errors.append(f"{decoder.__name__[8:]} not installed ({exc.name})")
         except Exception as exc:  # noqa: BLE001 - decoders raise many error types
@@ -125,6 +147,7 @@ def load_audio(
     source_rate_hz: int | None = None,
     *,
     source_format: Literal["pcm16"] | None = None,
+    max_seconds: float | None = None,
 ) -> tuple[np.ndarray, int]:
     """Decode ``source`` to ``(float32 mono samples, rate_hz)``, resampled to ``sample_rate_hz`` if given.
 
@@ -133,7 +156,8 @@ def load_audio(
     of an array or of headerless bytes (``source_format="pcm16"``: little-endian
     int16 mono); for an array it defaults to ``sample_rate_hz``. Integer arrays
     are scaled to [-1, 1]; 2-D arrays are ``[frames, channels]`` and are averaged.
-    Raises ``AudioDecodeError`` for unreadable input.
+    Raises ``AudioDecodeError`` for unreadable input, ``AudioTooLongError`` (one) for audio longer than
+    ``max_seconds``, found before more than that is decoded or anything is resampled.
     """
     if isinstance(source, np.ndarray):
         rate_hz = source_rate_hz or sample_rate_hz
@@ -172,10 +196,14 @@ def load_audio(
             if raw is not None and not raw:
                 raise AudioDecodeError("cannot decode audio from empty input")
             try:
-                audio, rate_hz = _decode_container(raw, path)
+                audio, rate_hz = _decode_container(raw, path, max_seconds)
+            except AudioTooLongError:
+                raise
             except AudioDecodeError as exc:
                 raise AudioDecodeError(f"cannot decode audio from {description}: {exc}") from None
 
+    if max_seconds is not None and audio.size > max_seconds * rate_hz:
+        raise _too_long(max_seconds)
     if audio.size and not np.all(np.isfinite(audio)):
         raise AudioDecodeError(f"audio from {description} contains NaN or infinite samples")
     if sample_rate_hz and sample_rate_hz != rate_hz:

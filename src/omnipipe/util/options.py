@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar
 
 from omnipipe.util.field_error import FieldError
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """The schema of something that takes no options: any key is refused."""
 
 
 def options_from_dict(schema: type[T], raw: Any, field: str) -> T:
@@ -23,7 +28,8 @@ def options_from_dict(schema: type[T], raw: Any, field: str) -> T:
     known = [f.name for f in fields(schema)]
     for key in raw:
         if key not in known:
-            raise FieldError(f"{field}.{key}", f"unknown option (expected one of: {', '.join(known)})")
+            expected = f"expected one of: {', '.join(known)}" if known else "none are taken here"
+            raise FieldError(f"{field}.{key}", f"unknown option ({expected})")
     try:
         return schema(**raw)
     except FieldError as exc:

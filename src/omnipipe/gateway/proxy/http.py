@@ -26,7 +26,7 @@ from omnipipe.gateway.live_sessions import LiveSession, LiveSessions
 from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
 from omnipipe.gateway.proxy.queue_wait import QUEUE_DONE, QueueWait, retry_at_capacity
 from omnipipe.gateway.recording.store import InvalidSessionPath, validate_session_id
-from omnipipe.gateway.recording.taps import ChatTap, SpeechTap, TranscriptionTap
+from omnipipe.gateway.recording.taps import ChatTap, SpeechTap, TranscriptionTap, TurnTranscriptTap
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.errors import APIError
 from omnipipe.protocol.worker import MODELS_PATH, is_at_capacity
@@ -124,6 +124,7 @@ class _Exchange:
         self.ticket = ticket
         self.session_id = session_id
         self.session: LiveSession | None = resumed
+        self.resumed = resumed is not None
         self.worker: Worker | None = None
         self.upstream: httpx.Response | None = None
         self.tap: Tap | None = None
@@ -131,6 +132,8 @@ class _Exchange:
         self.reconnects = 0  # times the request got the head of the queue again after a refused connection
         self.status = "completed"
         self.error: str | None = None
+        self.refused = False  # the worker answered 4xx: no session was served, nothing is kept
+        self.transcript_for: LiveSession | None = None  # a chat session whose spoken question this transcribes
         self._closed = False
 
     async def close(self) -> None:
@@ -148,7 +151,10 @@ class _Exchange:
             with contextlib.suppress(Exception):
                 self.tap.end(self.status)
         if self.session is not None:
-            self.proxy.sessions.request_done(self.session, self.status, self.error)
+            if self.refused and not self.resumed:
+                self.proxy.sessions.discard(self.session)  # a refused request alone is no session to keep
+            else:
+                self.proxy.sessions.request_done(self.session, self.status, self.error)
 
 
 class ModelProxy:
@@ -184,14 +190,19 @@ class ModelProxy:
         stream = bool(isinstance(parsed, dict) and parsed.get("stream") is True)
         queue_events = stream and request.headers.get(QUEUE_EVENTS_HEADER, "").lower() in ("1", "true", "yes")
         resumed = self._resume_session(request, request_type)
+        transcript_for = self._chat_to_transcribe_for(request, request_type)
         try:
             ticket = self.pool.enqueue(request_type)
         except QueueFullError as exc:
             if resumed is not None:
                 self.sessions.request_done(resumed)
             raise queue_full_error(exc) from None
-        session_id = resumed.session_id if resumed is not None else self.sessions.new_id(request_type)
+        if transcript_for is not None:
+            session_id = transcript_for.session_id
+        else:
+            session_id = resumed.session_id if resumed is not None else self.sessions.new_id(request_type)
         exchange = _Exchange(self, request_type, ticket, session_id, resumed)
+        exchange.transcript_for = transcript_for
         headers = {SESSION_HEADER: session_id}
         if queue_events:
             return _ProxiedResponse(self._queued_stream(exchange, request, body, parsed), exchange.close,
@@ -206,6 +217,7 @@ class ModelProxy:
         except BaseException:
             await exchange.close()
             raise
+        exchange.refused = 400 <= upstream.status_code < 500
         headers[WORKER_HEADER] = exchange.worker.address if exchange.worker else ""
         response = _ProxiedResponse(self._relay(exchange, upstream), exchange.close, status_code=upstream.status_code,
                                     headers=headers)
@@ -246,6 +258,18 @@ class ModelProxy:
             raise APIError(400, f"{SESSION_HEADER}: {exc}", param=SESSION_HEADER, code="invalid_session_id") from None
         return self.sessions.resume_chat(wanted)  # None: unknown or finished, so this turn starts a new session
 
+    def _chat_to_transcribe_for(self, request: Request, request_type: str) -> LiveSession | None:
+        """The open chat session a transcription request names: its transcript joins that chat's recording (the
+        turn being answered, else the last one) instead of becoming a recording of its own."""
+        wanted = request.headers.get(SESSION_HEADER)
+        if not wanted or request_type != "transcription":
+            return None
+        try:
+            validate_session_id(wanted)
+        except InvalidSessionPath:
+            return None
+        return self.sessions.open_chat(wanted)
+
     async def _wait_for_worker(self, exchange: _Exchange, request: Request) -> Worker:
         """Wait for the ticket's worker; a client that disconnects meanwhile gives its place back."""
         wait = QueueWait(self.pool, exchange.ticket)
@@ -265,13 +289,18 @@ class ModelProxy:
 
     def _start_session(self, exchange: _Exchange, request: Request) -> None:
         assert exchange.worker is not None
-        if exchange.session is None:
+        if exchange.session is None and exchange.transcript_for is None:
             client = f"{request.client.host}:{request.client.port}" if request.client else None
             exchange.session = self.sessions.open(exchange.request_type, worker=exchange.worker.address,
                                                   client=client, session_id=exchange.session_id,
                                                   config={"path": request.url.path})
 
     def _make_tap(self, exchange: _Exchange, request: Request, body: bytes, parsed: Any) -> None:
+        chat = exchange.transcript_for
+        if chat is not None:
+            if chat.recorder is not None:
+                exchange.tap = TurnTranscriptTap(chat.recorder)
+            return
         session = exchange.session
         if session is None or session.recorder is None:
             return
@@ -401,6 +430,7 @@ class ModelProxy:
             yield _sse(None, exc.body())
             return
         if upstream.status_code != 200:
+            exchange.refused = 400 <= upstream.status_code < 500
             error = await upstream.aread()
             try:
                 yield _sse(None, json.loads(error))

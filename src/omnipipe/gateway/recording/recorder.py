@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import shutil
 import threading
 import time
 import wave
@@ -202,6 +203,7 @@ class SessionRecorder:
         self._ai_rate = 0
         self._ai_t_start = 0.0
         self._finished = False
+        self._discarded = False
         self._recording_write_queued = False
         self._recording_timer: asyncio.TimerHandle | None = None
         self._last_recording_write = float("-inf")
@@ -453,6 +455,17 @@ class SessionRecorder:
             self._write_recording_soon(immediately=True)
             self._submit(self._write_meta)
 
+    def discard(self) -> None:
+        """Drop the session: nothing more is written and its directory is deleted once the writes already
+        queued have run (on the same lane, after them)."""
+        with self._lock:
+            self._finished = True
+            self._discarded = True
+            if self._recording_timer is not None:
+                self._recording_timer.cancel()
+                self._recording_timer = None
+            self._writer.submit(shutil.rmtree, self.directory, True, lane=self._lane)
+
     def _start_time(self, t_start: float | None) -> float:
         return self.elapsed() if t_start is None else round(max(0.0, float(t_start)), 3)
 
@@ -468,7 +481,8 @@ class SessionRecorder:
 
     # ------------------------------------------------------------------ writing (jobs run on the writer)
     def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        self._writer.submit(fn, *args, lane=self._lane)
+        if not self._discarded:
+            self._writer.submit(fn, *args, lane=self._lane)
 
     def _write_recording_soon(self, *, immediately: bool = False) -> None:
         """Queue a rewrite of ``recording.json``: now if ``immediately``, else at most every

@@ -375,6 +375,34 @@ class TranscriptionTap(_HttpTap):
         self._answer_text(text)
 
 
+class TurnTranscriptTap(TranscriptionTap):
+    """``POST /v1/audio/transcriptions`` of a chat's spoken question (the chat page asks for it beside the answer):
+    the transcript becomes the ``user_transcript`` of the chat turn open when the request came (else the last
+    one); the audio is already in that turn, so nothing else is recorded."""
+
+    def __init__(self, recorder: SessionRecorder) -> None:
+        super().__init__(recorder)
+        turn = recorder.current_turn
+        self._turn_index = turn["index"] if turn is not None else recorder.next_turn_index - 1
+
+    @_never_raises
+    def on_request(self, audio_bytes: bytes, filename: str) -> None:
+        """The audio is the chat turn's own: not saved again."""
+
+    @_never_raises
+    def on_error(self, status: int, message: str) -> None:
+        self.recorder.event("transcript.error", status=status, message=_clipped(message))
+
+    @_never_raises
+    def on_response_text(self, text: str) -> None:
+        if self._turn_index >= 1 and text.strip():
+            self.recorder.user_transcript(self._turn_index, text.strip())
+
+    @_never_raises
+    def end(self, status: str = "completed") -> None:
+        """The chat's turn is the chat request's to close."""
+
+
 class RealtimeTap(_Tap):
     """``WS /v1/realtime``: the client's and the worker's JSON frames (see ``server/routes/realtime.py``).
 

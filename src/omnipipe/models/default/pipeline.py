@@ -13,7 +13,8 @@ VOICE_SAMPLE_RATE_HZ = 22_050  # the packaged "joe" voice; the code2wav runner c
 
 ENCODER = StageSpec("encoder", "encoder", f"{_P}.runners.encoder:WhisperEncoderRunner")
 THINKER = StageSpec("thinker", "ar", f"{_P}.runners.thinker:GemmaThinkerRunner", final_output="text")
-TALKER = StageSpec("talker", "generation", f"{_P}.runners.talker:PiperTalkerRunner")
+TALKER = StageSpec("talker", "generation", f"{_P}.runners.talker:PiperTalkerRunner",
+                   extra_params=f"{_P}.processors:TalkerParams")
 CODE2WAV = StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:PiperCode2WavRunner", final_output="audio",
                      sample_rate_hz=VOICE_SAMPLE_RATE_HZ)
 

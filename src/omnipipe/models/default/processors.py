@@ -1,4 +1,5 @@
-"""Stage handoff for the default family: where a request enters, and how text flows thinker -> talker."""
+"""Stage handoff for the default family: where a request enters, how text flows thinker -> talker, and the knobs
+the talker reads from ``SamplingParams.extra``."""
 
 from __future__ import annotations
 
@@ -35,28 +36,38 @@ class SpokenPieceOptions:
             raise FieldError("first_chunk_words", f"must be an integer >= 0, got {value!r}")
 
 
+@dataclass(frozen=True)
+class TalkerParams:
+    """The talker's ``SamplingParams.extra``: ``speed`` scales the speaking rate (2.0: twice as fast)."""
+
+    speed: float = 1.0
+
+    def __post_init__(self) -> None:
+        value = self.speed
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.25 <= value <= 4.0:
+            raise FieldError("speed", f"must be a number in [0.25, 4], got {value!r}")
+
+
 def _decode_audio(value: Any) -> np.ndarray:
     """``(samples, rate)``, a path, encoded bytes or a data URI -> float32 mono at 16 kHz."""
     field = "prompt.multi_modal_data.audio"
     if isinstance(value, tuple):
         if len(value) != 2 or not isinstance(value[1], int) or isinstance(value[1], bool) or value[1] <= 0:
             raise FieldError(field, "give (samples, sample_rate_hz) with a positive integer rate")
-        audio, _ = load_audio(np.asarray(value[0]), WHISPER_RATE_HZ, source_rate_hz=value[1])
+        audio, _ = load_audio(np.asarray(value[0]), WHISPER_RATE_HZ, source_rate_hz=value[1], max_seconds=MAX_AUDIO_S)
     elif isinstance(value, np.ndarray):
         raise FieldError(field, "raw samples need their rate: pass (samples, sample_rate_hz)")
     elif isinstance(value, (str, Path)):
         if isinstance(value, Path) or not value.startswith("data:"):
             if not Path(value).is_file():
                 raise FieldError(field, f"file not found: {value}")
-        audio, _ = load_audio(value, WHISPER_RATE_HZ)
+        audio, _ = load_audio(value, WHISPER_RATE_HZ, max_seconds=MAX_AUDIO_S)
     elif isinstance(value, (bytes, bytearray, memoryview)):
-        audio, _ = load_audio(bytes(value), WHISPER_RATE_HZ)
+        audio, _ = load_audio(bytes(value), WHISPER_RATE_HZ, max_seconds=MAX_AUDIO_S)
     else:
         raise FieldError(field, f"expected (samples, rate), a path or encoded bytes, got {type(value).__name__}")
     if audio.size == 0:
         raise FieldError(field, "the audio is empty")
-    if audio.size > MAX_AUDIO_S * WHISPER_RATE_HZ:
-        raise FieldError(field, f"longer than {MAX_AUDIO_S:.0f} s")
     return np.ascontiguousarray(audio, dtype=np.float32)
 
 

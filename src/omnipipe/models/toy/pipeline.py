@@ -9,8 +9,10 @@ PIPELINE = PipelineSpec(
     name="toy",
     description="deterministic test stages: copy-upper thinker, char->frames talker, causal conv vocoder",
     stages=(
-        StageSpec("thinker", "ar", f"{_P}.runners.thinker:ToyThinkerRunner", final_output="text"),
-        StageSpec("talker", "generation", f"{_P}.runners.talker:ToyTalkerRunner"),
+        StageSpec("thinker", "ar", f"{_P}.runners.thinker:ToyThinkerRunner", final_output="text",
+                  extra_params=f"{_P}.processors:ToyThinkerParams"),
+        StageSpec("talker", "generation", f"{_P}.runners.talker:ToyTalkerRunner",
+                  extra_params=f"{_P}.processors:ToyTalkerParams"),
         StageSpec("code2wav", "generation", f"{_P}.runners.vocoder:ToyVocoderRunner", final_output="audio",
                   sample_rate_hz=SAMPLE_RATE_HZ),
     ),

@@ -37,6 +37,7 @@ from omnipipe.protocol.openai import (
 )
 from omnipipe.protocol.worker import CHAT_PATH
 from omnipipe.server.audio_stream import Pcm16Stream, encode_whole
+from omnipipe.server.disconnect import ClientGone, while_connected
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
@@ -131,9 +132,10 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tup
     for stage, fields in per_stage.items():
         try:
             params[stage] = SamplingParams.from_dict(fields)
+            params[stage].check_extra(pipeline.stage_extra_schema(stage))
         except FieldError as exc:
             name, rule = exc.field.removeprefix("sampling_params."), exc.rule
-            if name in extension.get(stage, {}):
+            if name.partition(".")[0] in extension.get(stage, {}):
                 param = f"omnipipe.sampling_params.{stage}.{name}"
             elif name == "max_tokens":
                 param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
@@ -163,6 +165,8 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
     params, field_map = _sampling_params(body, pipeline)
     if audio_param is not None:
         field_map["prompt.multi_modal_data.audio"] = audio_param
+        if not prompt["prompt"]:  # a spoken question alone: what a stage finds wrong with the prompt is in its audio
+            field_map["prompt"] = audio_param
     edge_options: dict[str, dict[str, Any]] = {}
     chunk_frames = body.omnipipe.initial_codec_chunk_frames if body.omnipipe is not None else None
     if chunk_frames is not None:
@@ -267,13 +271,17 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
                               output_modalities=plan.modalities,
                               edge_options=plan.edge_options)
     try:
-        first = await first_output(outputs)
+        first = await while_connected(request, first_output(outputs))
+    except ClientGone:
+        await outputs.aclose()  # type: ignore[attr-defined]
+        raise
     except Exception as exc:  # noqa: BLE001 - mapped to an API error
         await outputs.aclose()  # type: ignore[attr-defined]
         raise from_engine_error(exc, plan.field_map, plan.audio_param) from None
     if not body.stream:
         try:
-            return await _complete(outputs, first, body, plan, body.model, request_id, metrics)
+            return await while_connected(request, _complete(outputs, first, body, plan, body.model, request_id,
+                                                            metrics))
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
     stream = _stream(outputs, first, body, plan, body.model, request_id, metrics)

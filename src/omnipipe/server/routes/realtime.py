@@ -8,9 +8,13 @@ session of the server from accept to close; a server already holding ``capacity`
 
 Client events (JSON text frames, each with ``type`` and an optional ``event_id``):
 
+Every client event is validated with the schema in ``omnipipe.protocol.realtime`` (``CLIENT_EVENT``) first, then
+with what depends on the pipeline.
+
 - ``session.update`` ``{session: {modalities, voice, instructions, input_audio_format, output_audio_format,
   turn_detection, max_response_output_tokens, temperature}}``: every field is optional; unknown fields are
-  ignored; an invalid field rejects the whole update. Audio formats are ``pcm16`` only (24 kHz mono int16
+  ignored; an invalid field rejects the whole update. ``max_response_output_tokens`` and ``temperature`` are
+  checked as the stage's ``SamplingParams`` would be. Audio formats are ``pcm16`` only (24 kHz mono int16
   little-endian, base64). ``turn_detection`` is ``null`` (the client commits) or ``{type: "server_vad",
   threshold, silence_duration_ms, prefix_padding_ms, create_response}``. ``threshold`` is the RMS of a 20 ms
   frame of full-scale float audio (0..1) above which it counts as speech (an energy VAD, not a model; default
@@ -39,7 +43,8 @@ response),
 ``response.audio.delta`` / ``.done`` (base64 pcm16 at 24 kHz, resampled from the pipeline's rate without seams),
 ``response.done`` ``{response: {id, status: completed|cancelled|failed, status_details, usage}}`` and ``error``
 ``{error: {type, code, message, param, event_id}}``. A bad client event (invalid JSON, unknown type, missing or
-invalid field, bad base64) gets an ``error`` event and the connection stays open.
+invalid field, bad base64) gets an ``error`` event and the connection stays open; so does a binary frame, and an
+event the server fails on (type ``server_error``, code ``internal_error``, logged).
 
 A turn: committed audio becomes a spoken question (24 kHz samples handed to the pipeline's prompt processor, which
 resamples them); text items become a written question (texts since the last response joined; with audio, the text
@@ -64,19 +69,34 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import pydantic_core
 from fastapi import APIRouter, WebSocket
+from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from omnipipe.api.async_omni import AsyncOmni
-from omnipipe.api.sampling_params import MAX_MAX_TOKENS, SamplingParams
+from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.audio import PCM16_DTYPE, PCM16_RATE_HZ
-from omnipipe.protocol.realtime import COMMIT_EMPTY, PAUSE_TIMEOUT, ClientEvent, ServerEvent
+from omnipipe.protocol.realtime import (
+    CLIENT_EVENT,
+    COMMIT_EMPTY,
+    PAUSE_TIMEOUT,
+    ClientEvent,
+    ConversationItemCreate,
+    InputAudioBufferAppend,
+    InputAudioTranscription,
+    ResponseCreate,
+    ResponseOptions,
+    ServerEvent,
+    SessionUpdate,
+    TurnDetection,
+)
 from omnipipe.protocol.worker import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN, REALTIME_PATH
 from omnipipe.server.audio_stream import Pcm16Stream
 from omnipipe.server.capacity import Session, SessionTracker, at_capacity_error
 from omnipipe.server.engines import EnginePool
-from omnipipe.server.errors import APIError, from_engine_error
+from omnipipe.server.errors import APIError, from_engine_error, from_validation_errors
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.vad import EnergyVAD
 from omnipipe.util.field_error import FieldError
@@ -84,8 +104,7 @@ from omnipipe.util.field_error import FieldError
 logger = logging.getLogger(__name__)
 
 ENDPOINT = REALTIME_PATH
-DEFAULT_TURN_DETECTION: dict[str, Any] = {"type": "server_vad", "threshold": 0.02, "prefix_padding_ms": 300,
-                                          "silence_duration_ms": 500, "create_response": True}
+DEFAULT_TURN_DETECTION: dict[str, Any] = TurnDetection().model_dump()
 router = APIRouter()
 
 
@@ -106,14 +125,33 @@ def _item_id() -> str:
     return f"item_{uuid.uuid4().hex[:24]}"
 
 
-def _require(obj: dict[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if key not in obj or obj[key] is None:
-        raise EventError(f"{where}{key}: required field is missing", f"{where}{key}", code="missing_field")
-    value = obj[key]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise EventError(f"{where}{key}: expected {names}, got {type(value).__name__}", f"{where}{key}")
-    return value
+def parse_event(raw: Any) -> Any:
+    """A decoded client frame -> its event model (``protocol.realtime.CLIENT_EVENT``), or the EventError naming
+    the field the schema refuses."""
+    if not isinstance(raw, dict):
+        raise EventError("the event must be a JSON object", code="invalid_event")
+    try:
+        return CLIENT_EVENT.validate_python(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+    kinds = {error["type"] for error in errors}
+    if "union_tag_not_found" in kinds:
+        raise EventError("type: required field is missing", "type", code="missing_field")
+    if "union_tag_invalid" in kinds:
+        raise EventError(f"type: unknown or unsupported event type {raw.get('type')!r} (supported: "
+                         f"{', '.join(sorted(RealtimeSession.HANDLERS))})", "type", code="invalid_event_type")
+    # every location starts with the event's type (the union's tag)
+    error = from_validation_errors([{**e, "loc": tuple(e["loc"][1:])} for e in errors])
+    raise EventError(error.message, error.param, code=error.code or "invalid_value")
+
+
+def _sampling_check(fields: dict[str, Any], param: str) -> None:
+    """A session value checked as the stage's SamplingParams will be (the same schema)."""
+    try:
+        SamplingParams.from_dict(fields)
+    except ValueError as exc:
+        rule = exc.rule if isinstance(exc, FieldError) else str(exc)
+        raise EventError(f"{param}: {rule}", param) from None
 
 
 def _decode_pcm16(data: str, param: str) -> np.ndarray:
@@ -212,23 +250,16 @@ class RealtimeSession:
             await asyncio.gather(*self._transcriptions, return_exceptions=True)
 
     async def handle_text(self, text: str) -> None:
-        try:
-            event = json.loads(text)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        try:  # pydantic's parser: a nesting too deep for json's recursion is an error, not a RecursionError
+            raw = pydantic_core.from_json(text)
+        except ValueError as exc:
             await self.send_error(f"the event is not valid JSON: {exc}", code="invalid_json")
             return
-        if not isinstance(event, dict):
-            await self.send_error("the event must be a JSON object", code="invalid_event")
-            return
-        client_event_id = event.get("event_id") if isinstance(event.get("event_id"), str) else None
-        handler = self.HANDLERS.get(event.get("type")) if isinstance(event.get("type"), str) else None
+        client_event_id = raw.get("event_id") if isinstance(raw, dict) and isinstance(raw.get("event_id"), str) \
+            else None
         try:
-            if handler is None:
-                if "type" not in event:
-                    raise EventError("type: required field is missing", "type", code="missing_field")
-                raise EventError(f"type: unknown or unsupported event type {event.get('type')!r} (supported: "
-                                 f"{', '.join(sorted(self.HANDLERS))})", "type", code="invalid_event_type")
-            await handler(self, event)
+            event = parse_event(raw)
+            await self.HANDLERS[event.type](self, event)
         except EventError as exc:
             await self.send_error(exc.message, param=exc.param, code=exc.code, type_=exc.type,
                                   client_event_id=client_event_id)
@@ -237,6 +268,10 @@ class RealtimeSession:
                                   client_event_id=client_event_id)
         except (ValueError, TypeError) as exc:
             await self.send_error(str(exc), code="invalid_value", client_event_id=client_event_id)
+        except Exception as exc:  # noqa: BLE001 - a server fault on one event: reported, the session goes on
+            logger.exception("realtime event %r failed", raw.get("type") if isinstance(raw, dict) else None)
+            await self.send_error(f"internal error: {type(exc).__name__}", code="internal_error", type_="server_error",
+                                  client_event_id=client_event_id)
 
     # ------------------------------------------------------------------ session
     def _make_vad(self) -> EnergyVAD | None:
@@ -246,89 +281,55 @@ class RealtimeSession:
         return EnergyVAD(detection["threshold"], detection["silence_duration_ms"], detection["prefix_padding_ms"],
                          PCM16_RATE_HZ)
 
-    def _check_modalities(self, value: Any, param: str) -> list[str]:
-        if not isinstance(value, list) or not value or not all(isinstance(m, str) for m in value):
-            raise EventError(f"{param}: expected a non-empty list such as ['text', 'audio']", param)
+    def _check_modalities(self, value: list[str], param: str) -> list[str]:
         try:  # audio brings the transcript of the spoken answer
             return self.pipeline.check_output_modalities(value, param, with_transcript=True)
         except FieldError as exc:
             raise EventError(str(exc), param, code="unsupported_modality") from None
 
-    def _turn_detection(self, value: Any) -> dict[str, Any] | None:
-        param = "session.turn_detection"
+    def _turn_detection(self, value: TurnDetection | None) -> dict[str, Any] | None:
         if value is None:
             return None
-        if not isinstance(value, dict):
-            raise EventError(f"{param}: expected an object or null", param)
-        if value.get("type", "server_vad") != "server_vad":
-            raise EventError(f"{param}.type: only 'server_vad' is supported, got {value.get('type')!r}",
-                             f"{param}.type")
         current = self.session["turn_detection"] or DEFAULT_TURN_DETECTION
-        out = {**DEFAULT_TURN_DETECTION, **current, "type": "server_vad"}
-        threshold = value.get("threshold", out["threshold"])
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 < threshold <= 1:
-            raise EventError(f"{param}.threshold: must be a number in (0, 1]", f"{param}.threshold")
-        out["threshold"] = float(threshold)
-        for key in ("silence_duration_ms", "prefix_padding_ms"):
-            number = value.get(key, out[key])
-            if isinstance(number, bool) or not isinstance(number, int) or not 0 <= number <= 60_000:
-                raise EventError(f"{param}.{key}: must be an integer in [0, 60000]", f"{param}.{key}")
-            out[key] = number
-        create = value.get("create_response", out["create_response"])
-        if not isinstance(create, bool):
-            raise EventError(f"{param}.create_response: must be a boolean", f"{param}.create_response")
-        out["create_response"] = create
-        return out
+        return {**current, **value.model_dump(include=value.model_fields_set), "type": "server_vad"}
 
-    def _input_transcription(self, value: Any) -> dict[str, Any] | None:
+    def _input_transcription(self, value: InputAudioTranscription | None) -> dict[str, Any] | None:
         param = "session.input_audio_transcription"
         if value is None:
             return None
-        if not isinstance(value, dict):
-            raise EventError(f"{param}: expected null or an object {{model}}, got {type(value).__name__}", param)
-        model = value.get("model", "whisper-1")
-        if not isinstance(model, str) or not model:
-            raise EventError(f"{param}.model: expected a non-empty string", f"{param}.model")
         if self.pool.endpoint_pipelines.get("transcription") is None:
             raise EventError(f"{param}: pipeline {self.pipeline.name!r} has no transcription pipeline",
                              param, code="unsupported_feature")
-        return {"model": model}
+        return {"model": value.model}
 
-    async def on_session_update(self, event: dict[str, Any]) -> None:
-        update = _require(event, "session", dict, "")
+    async def on_session_update(self, event: SessionUpdate) -> None:
+        update = event.session
+        given = update.model_fields_set
         new = dict(self.session)
-        if "modalities" in update:
-            new["modalities"] = self._check_modalities(update["modalities"], "session.modalities")
-        if "voice" in update:
-            voice = _require(update, "voice", str, "session.")
-            self.pool.check_voice(voice, self.pipeline, "session.voice")
-            new["voice"] = voice
-        if "instructions" in update:
-            new["instructions"] = _require(update, "instructions", str, "session.")
+        if "modalities" in given:
+            new["modalities"] = self._check_modalities(update.modalities, "session.modalities")
+        if "voice" in given:
+            self.pool.check_voice(update.voice, self.pipeline, "session.voice")
+            new["voice"] = update.voice
+        if "instructions" in given:
+            new["instructions"] = update.instructions
         for key in ("input_audio_format", "output_audio_format"):
-            if key in update and update[key] != "pcm16":
+            if key in given and getattr(update, key) != "pcm16":
                 raise EventError(f"session.{key}: only 'pcm16' (24 kHz mono int16) is supported, got "
-                                 f"{update[key]!r}", f"session.{key}", code="unsupported_format")
-        if "turn_detection" in update:
-            new["turn_detection"] = self._turn_detection(update["turn_detection"])
-        if "max_response_output_tokens" in update:
-            limit = update["max_response_output_tokens"]
-            if limit != "inf" and (isinstance(limit, bool) or not isinstance(limit, int)
-                                   or not 1 <= limit <= MAX_MAX_TOKENS):
-                raise EventError(f"session.max_response_output_tokens: an integer in [1, {MAX_MAX_TOKENS}] or 'inf'",
-                                 "session.max_response_output_tokens")
+                                 f"{getattr(update, key)!r}", f"session.{key}", code="unsupported_format")
+        if "turn_detection" in given:
+            new["turn_detection"] = self._turn_detection(update.turn_detection)
+        if "max_response_output_tokens" in given:
+            limit = update.max_response_output_tokens
+            if limit != "inf":
+                _sampling_check({"max_tokens": limit}, "session.max_response_output_tokens")
             new["max_response_output_tokens"] = limit
-        if "temperature" in update:
-            temperature = update["temperature"]
-            if temperature is not None:
-                try:
-                    SamplingParams.from_dict({"temperature": temperature})
-                except (ValueError, TypeError) as exc:
-                    raise EventError(f"session.temperature: {str(exc).partition(': ')[2] or exc}",
-                                     "session.temperature") from None
-            new["temperature"] = temperature
-        if "input_audio_transcription" in update:
-            new["input_audio_transcription"] = self._input_transcription(update["input_audio_transcription"])
+        if "temperature" in given:
+            if update.temperature is not None:
+                _sampling_check({"temperature": update.temperature}, "session.temperature")
+            new["temperature"] = update.temperature
+        if "input_audio_transcription" in given:
+            new["input_audio_transcription"] = self._input_transcription(update.input_audio_transcription)
         detection_changed = new["turn_detection"] != self.session["turn_detection"]
         self.session = new
         if detection_changed:
@@ -336,10 +337,10 @@ class RealtimeSession:
         await self.send(ServerEvent.SESSION_UPDATED, session=self.session)
 
     # ------------------------------------------------------------------ audio buffer
-    async def on_append(self, event: dict[str, Any]) -> None:
+    async def on_append(self, event: InputAudioBufferAppend) -> None:
         if self.paused:
             return  # dropped unread
-        samples = _decode_pcm16(_require(event, "audio", str, ""), "audio")
+        samples = _decode_pcm16(event.audio, "audio")
         if self.buffer_bytes + samples.size * 2 > self.max_buffer_bytes:
             raise EventError(f"audio: the input audio buffer would exceed {self.max_buffer_bytes} bytes; commit or "
                              "clear it", "audio", code="buffer_too_large")
@@ -370,7 +371,7 @@ class RealtimeSession:
             self._pending_item_id = _item_id()
         return self._pending_item_id
 
-    async def commit(self, _: dict[str, Any] | None) -> None:
+    async def commit(self, _: Any) -> None:
         if not self.buffer:
             raise EventError("the input audio buffer is empty", None, code=COMMIT_EMPTY)
         if "audio" not in self.pipeline.input_modalities:
@@ -412,7 +413,7 @@ class RealtimeSession:
         if self.vad is not None:
             self.vad.reset()
 
-    async def on_clear(self, _: dict[str, Any]) -> None:
+    async def on_clear(self, _: Any) -> None:
         self._reset_buffer()
         await self.send(ServerEvent.INPUT_AUDIO_BUFFER_CLEARED)
 
@@ -423,26 +424,20 @@ class RealtimeSession:
         await self.send(ServerEvent.CONVERSATION_ITEM_CREATED, previous_item_id=self.last_item_id, item=item)
         self.last_item_id = item_id
 
-    async def on_item_create(self, event: dict[str, Any]) -> None:
-        item = _require(event, "item", dict, "")
-        if item.get("type", "message") != "message":
-            raise EventError(f"item.type: only 'message' items are supported, got {item.get('type')!r}",
+    async def on_item_create(self, event: ConversationItemCreate) -> None:
+        item = event.item
+        if item.type != "message":
+            raise EventError(f"item.type: only 'message' items are supported, got {item.type!r}",
                              "item.type", code="unsupported_item")
-        role = _require(item, "role", str, "item.")
-        if role != "user":
-            raise EventError(f"item.role: only 'user' messages are supported, got {role!r}", "item.role",
+        if item.role != "user":
+            raise EventError(f"item.role: only 'user' messages are supported, got {item.role!r}", "item.role",
                              code="unsupported_item")
-        content = _require(item, "content", list, "item.")
         texts: list[str] = []
-        for i, part in enumerate(content):
-            where = f"item.content[{i}]."
-            if not isinstance(part, dict):
-                raise EventError(f"item.content[{i}]: expected an object", f"item.content[{i}]")
-            kind = _require(part, "type", str, where)
-            if kind not in ("input_text", "text"):
-                raise EventError(f"{where}type: only 'input_text' content is supported, got {kind!r}",
-                                 f"{where}type", code="unsupported_content")
-            texts.append(_require(part, "text", str, where))
+        for i, part in enumerate(item.content):
+            if part.type not in ("input_text", "text"):
+                raise EventError(f"item.content[{i}].type: only 'input_text' content is supported, got "
+                                 f"{part.type!r}", f"item.content[{i}].type", code="unsupported_content")
+            texts.append(part.text)
         text = " ".join(t.strip() for t in texts if t.strip())
         if not text:
             raise EventError("item.content: the message has no text", "item.content")
@@ -450,7 +445,7 @@ class RealtimeSession:
             raise EventError(f"item.content: pipeline {self.pipeline.name!r} does not take text input",
                              "item.content", code="unsupported_modality")
         self.turn.texts.append(text)
-        item_id = item.get("id") if isinstance(item.get("id"), str) and item.get("id") else _item_id()
+        item_id = item.id or _item_id()
         await self._item_created(item_id, [{"type": "input_text", "text": text}])
 
     # ------------------------------------------------------------------ responses
@@ -458,13 +453,10 @@ class RealtimeSession:
     def responding(self) -> bool:
         return self.response_task is not None and not self.response_task.done()
 
-    async def on_response_create(self, event: dict[str, Any]) -> None:
-        options = event.get("response")
-        if options is not None and not isinstance(options, dict):
-            raise EventError("response: expected an object", "response")
-        await self.start_response(options)
+    async def on_response_create(self, event: ResponseCreate) -> None:
+        await self.start_response(event.response)
 
-    async def start_response(self, options: dict[str, Any] | None) -> None:
+    async def start_response(self, options: ResponseOptions | None) -> None:
         if self.paused:
             raise EventError("the session is paused; send session.resume first", None, code="session_paused")
         if self.responding:
@@ -474,8 +466,8 @@ class RealtimeSession:
             raise EventError("there is nothing to respond to: create a user message item or commit audio first",
                              None, code="no_input")
         modalities = self.session["modalities"]
-        if options is not None and "modalities" in options:
-            modalities = self._check_modalities(options["modalities"], "response.modalities")
+        if options is not None and options.modalities is not None:
+            modalities = self._check_modalities(options.modalities, "response.modalities")
         params: dict[str, Any] = {}
         if self.session["max_response_output_tokens"] != "inf":
             params["max_tokens"] = self.session["max_response_output_tokens"]
@@ -487,12 +479,15 @@ class RealtimeSession:
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
         if turn.audio is not None:
             prompt["multi_modal_data"] = {"audio": (turn.audio, PCM16_RATE_HZ)}
+        # what a stage finds wrong with the question is in the committed audio when the turn has no text
+        fields = {"prompt.multi_modal_data.audio": "input_audio_buffer",
+                  "prompt": "item.content" if turn.texts else "input_audio_buffer"}
         response_id = f"resp_{uuid.uuid4().hex[:24]}"
         self.response_id = response_id
-        self.response_task = asyncio.create_task(self._respond(response_id, prompt, modalities, sampling),
+        self.response_task = asyncio.create_task(self._respond(response_id, prompt, modalities, sampling, fields),
                                                  name=f"omnipipe-realtime-{response_id}")
 
-    async def on_response_cancel(self, _: dict[str, Any]) -> None:
+    async def on_response_cancel(self, _: Any) -> None:
         if not self.responding:
             raise EventError("there is no response in progress to cancel", None, code="response_cancel_not_active")
         await self.cancel_response()
@@ -508,7 +503,7 @@ class RealtimeSession:
         await asyncio.gather(task, return_exceptions=True)
 
     async def _respond(self, response_id: str, prompt: dict[str, Any], modalities: list[str],
-                       sampling: dict[str, SamplingParams] | None) -> None:
+                       sampling: dict[str, SamplingParams] | None, fields: dict[str, str]) -> None:
         item_id = _item_id()
         spoken = "audio" in modalities
         base = {"response_id": response_id, "item_id": item_id, "output_index": 0, "content_index": 0}
@@ -533,6 +528,8 @@ class RealtimeSession:
                         await self.send(ServerEvent.RESPONSE_AUDIO_DELTA, delta=base64.b64encode(data).decode(), **base)
                 elif out.finished:
                     final = out
+            if final is not None and final.finish_reason == "abort":  # cancel_response's abort got here first
+                raise asyncio.CancelledError
             if pcm is not None:
                 tail = pcm.flush()
                 if tail:
@@ -541,8 +538,7 @@ class RealtimeSession:
         except asyncio.CancelledError:
             status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
         except Exception as exc:  # noqa: BLE001 - reported as an error event and a failed response
-            error = from_engine_error(exc, {"prompt.multi_modal_data.audio": "input_audio_buffer",
-                                            "prompt": "item.content"})
+            error = from_engine_error(exc, fields)
             details = {"type": "failed", "error": {"type": error.type, "code": error.code}}
             await self.send_error(error.message, param=error.param, code=error.code, type_=error.type)
         finally:
@@ -566,7 +562,7 @@ class RealtimeSession:
             "usage": {"total_tokens": tokens, "input_tokens": 0, "output_tokens": tokens}})
 
     # ------------------------------------------------------------------ pause / resume (extension)
-    async def on_pause(self, _: dict[str, Any]) -> None:
+    async def on_pause(self, _: Any) -> None:
         if not self.paused:
             self.paused = True
             if self.handle is not None:
@@ -576,7 +572,7 @@ class RealtimeSession:
             self._pause_timer = asyncio.create_task(self._pause_timeout(), name="omnipipe-realtime-pause")
         await self.send(ServerEvent.SESSION_PAUSED, pause_timeout_s=self.pause_timeout_s)
 
-    async def on_resume(self, _: dict[str, Any]) -> None:
+    async def on_resume(self, _: Any) -> None:
         if self.paused:
             await self._stop_pause_timer()
             self.paused = False

@@ -24,6 +24,7 @@ from omnipipe.server.audio_stream import (
     encode_whole,
     streaming_wav_header,
 )
+from omnipipe.server.disconnect import ClientGone, while_connected
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
@@ -124,10 +125,13 @@ async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreami
     outputs = engine.generate(body.input, request_id=f"speech-{uuid.uuid4().hex}", sampling_params=params,
                               output_modalities=["audio"])
     try:
-        first = await first_output(outputs)
+        first = await while_connected(request, first_output(outputs))
+    except ClientGone:
+        await outputs.aclose()  # type: ignore[attr-defined]
+        raise
     except Exception as exc:  # noqa: BLE001 - mapped to an API error
         await outputs.aclose()  # type: ignore[attr-defined]
-        raise from_engine_error(exc, {"prompt": "input", "sampling_params.extra": "speed"}) from None
+        raise from_engine_error(exc, {"prompt": "input", "sampling_params.extra.speed": "speed"}) from None
     stream = _body(outputs, first, body, native_rate, metrics)
     if body.stream_format == "sse":
         return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)

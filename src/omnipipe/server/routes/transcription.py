@@ -10,8 +10,10 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, File, Form, Request, UploadFile
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
+from omnipipe.api.outputs import OmniRequestOutput
 from omnipipe.protocol.openai import ErrorResponse, TranscriptionFormat
 from omnipipe.protocol.worker import TRANSCRIPTION_PATH
+from omnipipe.server.disconnect import ClientGone, while_connected
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
@@ -51,10 +53,17 @@ async def create_transcription(
     engine, _ = await pool.engine_for("transcription")
     outputs = engine.generate({"prompt": "", "multi_modal_data": {"audio": data}},
                               request_id=f"transcribe-{uuid.uuid4().hex}", output_modalities=["text"])
-    final = None
-    try:
+
+    async def last() -> OmniRequestOutput | None:
+        final = None
         async for out in outputs:
             final = out
+        return final
+
+    try:
+        final = await while_connected(request, last())
+    except ClientGone:
+        raise
     except Exception as exc:  # noqa: BLE001 - mapped to an API error
         raise from_engine_error(exc, _FIELDS, audio_param="file") from None
     finally:

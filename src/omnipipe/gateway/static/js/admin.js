@@ -162,7 +162,8 @@ function renderQueue(tickets) {
 
 function renderRunning(sessions) {
   setChildren(els.running, table([
-    { label: "Session", cell: (s) => sessionLink(s.session_id) },
+    // a link only where a recording is being made (not with --no-record)
+    { label: "Session", cell: (s) => (s.recording === false ? h("span", { class: "mono" }, s.session_id) : sessionLink(s.session_id)) },
     { label: "Type", cell: (s) => s.type },
     { label: "Worker", cell: (s) => h("span", { class: "mono" }, s.worker || "—") },
     { label: "Running for", num: true, cell: (s) => ago(s.started_at) },
@@ -220,8 +221,11 @@ function etaEntries(snapshot) {
 function renderEta(snapshot) {
   setChildren(els.etaFields, etaEntries(snapshot).map(([name, info]) => {
     const id = `eta-${name}`;
-    const measured = info.samples ? `in use: ${formatSeconds(info.duration_s)} (from ${info.samples} session${info.samples === 1 ? "" : "s"})`
-      : "no measurements yet";
+    const sessions = (n) => `${n} session${n === 1 ? "" : "s"}`;
+    const needed = info.min_samples ?? 5;
+    const measured = info.measured
+      ? `Not used now: waits use the measured average, ${formatSeconds(info.duration_s)} (${sessions(info.samples)}).`
+      : `In use: ${sessions(info.samples || 0)} measured so far; the average replaces this after ${needed}.`;
     return h("div", { class: "field" },
       h("label", { for: id }, name),
       h("input", { type: "number", id, name, min: "0", step: "any", required: true, value: info.baseline_s ?? "" }),

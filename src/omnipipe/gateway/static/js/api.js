@@ -71,25 +71,67 @@ export async function fetchJSON(url, { method = "GET", body, headers = {}, signa
   }
 }
 
-/** A one-line description for the page, e.g. "Queue is full (HTTP 503, queue_full). Try again in 5 s." */
+/** What people read for the error codes the gateway and the workers answer with. */
+const CODE_WORDS = {
+  queue_full: "Too many people are waiting right now, so the queue is full.",
+  queue_cancelled: "Your place in the queue was cancelled.",
+  worker_failed: "The server answering you stopped working before the answer was complete.",
+  worker_at_capacity: "Every server is busy right now.",
+  no_worker: "No server is available right now.",
+  engine_loading: "The model is still loading.",
+  engine_failed: "The model could not be started on the server.",
+  app_disabled: "This app has been turned off by the administrator.",
+  body_too_large: "What you sent is too large.",
+  internal_error: "Something went wrong on the server.",
+};
+
+function sentence(text) {
+  const trimmed = String(text || "").trim();
+  if (!trimmed) return "";
+  const capital = trimmed[0].toUpperCase() + trimmed.slice(1);
+  return /[.!?…]$/.test(capital) ? capital : `${capital}.`;
+}
+
+/** One or two plain sentences for the page, e.g. "Too many people are waiting right now, so the queue is full.
+ * Try again in 5 s." The server's message is used where no wording is known for its code; status numbers and
+ * codes are left out (they are on `error.status` and `error.code` for whoever needs them). */
 export function describeError(error) {
-  if (!(error instanceof ApiError)) return error && error.message ? error.message : String(error);
-  const parts = [error.message];
-  const tags = [];
-  if (error.status) tags.push(`HTTP ${error.status}`);
-  if (error.code) tags.push(error.code);
-  if (tags.length) parts[0] += ` (${tags.join(", ")})`;
+  if (!(error instanceof ApiError)) return sentence(error && error.message ? error.message : String(error));
+  let text = CODE_WORDS[error.code];
+  if (!text && error.status === 0) text = sentence(error.message) || "Cannot reach the server.";
+  if (!text && error.status === 429) text = "Too many requests at once.";
+  if (!text && error.status >= 500 && !error.code) text = "Something went wrong on the server.";
+  if (!text) text = sentence(error.message) || "The request failed.";
+  const parts = [text];
   if (error.retryAfter) parts.push(`Try again in ${error.retryAfter} s.`);
+  else if (["queue_full", "worker_at_capacity", "no_worker", "engine_loading", "worker_failed"].includes(error.code)) {
+    parts.push("Try again in a moment.");
+  }
   return parts.join(" ");
 }
 
-/** The model id to send: the first one /v1/models lists (the worker's main pipeline), else "default". */
+/** The model to send and what it takes and gives: the first one /v1/models lists (the worker's main pipeline),
+ * `{id, input: [...] | null, output: [...] | null}` (null: the server did not say); `{id: "default"}` when no
+ * worker answers. */
 let modelPromise = null;
-export function defaultModel() {
+export function servedModel() {
   if (!modelPromise) {
     modelPromise = fetchJSON("/v1/models")
-      .then((list) => (list && Array.isArray(list.data) && list.data.length ? list.data[0].id : "default"))
-      .catch(() => "default");
+      .then((list) => {
+        const card = list && Array.isArray(list.data) && list.data.length ? list.data[0] : null;
+        if (!card) return { id: "default", input: null, output: null };
+        const modalities = (value) => (Array.isArray(value) ? value.map(String) : null);
+        return { id: card.id, input: modalities(card.input_modalities), output: modalities(card.output_modalities) };
+      })
+      .catch(() => {
+        modelPromise = null; // ask again next time: the workers may be starting
+        return { id: "default", input: null, output: null };
+      });
   }
   return modelPromise;
+}
+
+/** The model id to send. */
+export async function defaultModel() {
+  return (await servedModel()).id;
 }

@@ -5,7 +5,7 @@
 // (base64 pcm16, 24 kHz) as they arrive. The gateway's X-Omnipipe-Session-Id header names the recording; it is
 // sent back on later turns so the whole conversation lands in one recording.
 
-import { apiErrorFrom, ApiError, defaultModel, describeError, fetchJSON } from "./api.js";
+import { apiErrorFrom, ApiError, describeError, fetchJSON, servedModel } from "./api.js";
 import { base64ToBytes, blobToDataURL, bytesToBase64 } from "./base64.js";
 import { $, formatSeconds, formatWait, h } from "./dom.js";
 import { MicCapture } from "./mic.js";
@@ -47,6 +47,8 @@ const hooks = {
   lastAnswer: "",
   lastError: null,
   turnsCompleted: 0, // answered, failed or stopped
+  model: null, // {id, input, output} as /v1/models says
+  heard: [], // what the server heard in each spoken question, in order
 };
 window.omnipipeChat = hooks;
 
@@ -86,6 +88,12 @@ function setBusy(busy) {
   els.send.disabled = busy;
   els.stop.classList.toggle("hidden", !busy);
   els.newChat.disabled = busy;
+}
+
+function forgetSession() {
+  state.sessionId = null;
+  hooks.sessionId = null;
+  els.sessionInfo.textContent = "New conversation";
 }
 
 function showQueue(text) {
@@ -238,6 +246,7 @@ async function send(event) {
   const speak = els.speak.checked;
   if (speak) player.resume(); // inside the click: browsers only allow sound after a user gesture
   player.stop();
+  player.startAnswer();
   setBusy(true);
 
   // the user's message, as sent and as shown
@@ -246,7 +255,7 @@ async function send(event) {
   if (state.audio) parts.push({ type: "input_audio", input_audio: { data: bytesToBase64(state.audio.wav), format: "wav" } });
   if (state.image) parts.push({ type: "image_url", image_url: { url: state.image.dataUrl } });
   const content = parts.length === 1 && text ? text : parts;
-  addMessage("user", {
+  const userShown = addMessage("user", {
     text,
     withBubble: Boolean(text),
     extras: [
@@ -255,23 +264,28 @@ async function send(event) {
     ],
   });
   if (state.audio) state.audio.sent = true;
-  els.prompt.value = "";
+  const spokenWav = state.audio ? state.audio.wav : null;
+  const heardLine = spokenWav ? h("div", { class: "heard muted small", "aria-live": "polite" }, "Listening to your question…") : null;
+  if (heardLine) userShown.message.append(heardLine);
+  els.prompt.value = ""; // given back below if the question is not answered
   setAudio(null);
   setImage(null);
 
   const userMessage = { role: "user", content };
   const assistant = addMessage("assistant");
-  const model = await defaultModel();
+  const model = await servedModel();
   const body = {
-    model,
+    model: model.id,
     messages: [...state.history, userMessage],
     stream: true,
     modalities: speak ? ["text", "audio"] : ["text"],
   };
   if (speak) body.audio = { voice: "default", format: "pcm16" };
+  body.stream_options = { include_usage: true }; // the token count goes into the recording
   const headers = { "Content-Type": "application/json", Accept: "text/event-stream", "X-Omnipipe-Queue-Events": "1" };
   if (state.sessionId) headers["X-Omnipipe-Session-Id"] = state.sessionId;
 
+  const hadSession = state.sessionId;
   const controller = new AbortController();
   state.controller = controller;
   state.ticketId = null;
@@ -289,7 +303,8 @@ async function send(event) {
     const response = await fetch("/v1/chat/completions", {
       method: "POST", headers, body: JSON.stringify(body), signal: controller.signal,
     });
-    setSession(response.headers.get("X-Omnipipe-Session-Id"));
+    // the recording exists once the request is served (queue_done below), not while it waits: a request
+    // cancelled in the queue leaves none to link to
     if (!response.ok) throw await apiErrorFrom(response);
     for await (const sse of readSSE(response)) {
       if (sse.event === "queue") {
@@ -299,6 +314,7 @@ async function send(event) {
         if (queueEvent.type === "queue_done") {
           metrics.queue_wait_s = since();
           setSession(queueEvent.session_id);
+          if (spokenWav) transcribe(spokenWav, queueEvent.session_id, heardLine);
         }
         showQueue(queueText(queueEvent));
         continue;
@@ -309,7 +325,8 @@ async function send(event) {
       }
       const chunk = JSON.parse(sse.data);
       if (chunk.error) {
-        failure = new ApiError(0, chunk.error.message || "The answer failed.", { code: chunk.error.code ?? null });
+        failure = new ApiError(0, chunk.error.message || "The answer failed.",
+          { code: chunk.error.code ?? null, type: chunk.error.type ?? null });
         break;
       }
       const delta = chunk.choices && chunk.choices[0] ? chunk.choices[0].delta || {} : {};
@@ -333,6 +350,7 @@ async function send(event) {
     else failure = error;
   }
   if (!complete && !failure && !stopped) failure = new ApiError(0, "The connection closed before the answer was complete.");
+  player.endAnswer();
   metrics.total_s = since();
   showQueue("");
   state.controller = null;
@@ -341,12 +359,18 @@ async function send(event) {
 
   if (failure) {
     assistant.message.classList.add("error");
-    assistant.bubble.replaceChildren(answer ? `${answer}\n\n` : "", h("strong", {}, "The request failed"),
+    assistant.bubble.replaceChildren(answer ? `${answer}\n\n` : "", h("strong", {}, "No answer. "),
       describeError(failure));
     hooks.lastError = describeError(failure);
+    if (!hadSession && failure.type === "invalid_request_error") forgetSession(); // refused: nothing was recorded
   } else if (stopped) {
     assistant.bubble.textContent = answer ? `${answer} (stopped)` : "(stopped)";
   }
+  if ((failure || stopped) && !answer && text && !els.prompt.value.trim()) {
+    els.prompt.value = text; // the question was not answered: keep it to send again
+  }
+  if (heardLine && !state.heardStarted) heardLine.remove();
+  state.heardStarted = false;
   if (pcmPieces.length) {
     const wav = wavFromPcm16(concatBytes(pcmPieces), RATE);
     const url = URL.createObjectURL(new Blob([wav], { type: "audio/wav" }));
@@ -363,6 +387,48 @@ async function send(event) {
   els.prompt.focus();
 }
 
+/** What the server heard in a spoken question, shown under it; asked from /v1/audio/transcriptions at the same
+ * time as the answer. The chat's session id goes along, so the gateway puts the transcript into that recording. */
+async function transcribe(wav, sessionId, line) {
+  state.heardStarted = true;
+  const form = new FormData();
+  form.append("file", new Blob([wav], { type: "audio/wav" }), "question.wav");
+  form.append("model", (await servedModel()).id);
+  const headers = sessionId ? { "X-Omnipipe-Session-Id": sessionId } : {};
+  let shown;
+  try {
+    const response = await fetch("/v1/audio/transcriptions", { method: "POST", body: form, headers });
+    if (!response.ok) throw await apiErrorFrom(response);
+    const reply = await response.json();
+    const heard = String(reply.text || "").trim();
+    hooks.heard.push(heard);
+    shown = heard ? ["Heard: ", h("q", {}, heard)] : ["Nothing was heard in this recording."];
+  } catch (error) {
+    hooks.heard.push(null);
+    shown = ["What was heard is not available: ", describeError(error)];
+  }
+  line.replaceChildren(...shown);
+}
+
+/** Offer only what the served model takes: images, audio; and speaking only when it can answer aloud. */
+async function showCapabilities() {
+  const model = await servedModel();
+  hooks.model = model;
+  const takes = (modality) => (model.input ? model.input.includes(modality) : modality !== "image");
+  els.attachImage.classList.toggle("hidden", !takes("image"));
+  els.record.classList.toggle("hidden", !takes("audio"));
+  els.attachAudio.classList.toggle("hidden", !takes("audio"));
+  const speaks = model.output ? model.output.includes("audio") : true;
+  els.speak.closest("label").classList.toggle("hidden", !speaks);
+  if (!speaks) els.speak.checked = false;
+  const extras = [takes("audio") ? "record a question or attach an audio file" : "", takes("image") ? "attach an image" : ""]
+    .filter(Boolean);
+  if (els.placeholder && els.placeholder.isConnected) {
+    els.placeholder.textContent = `Ask something to start.${extras.length ? ` You can also ${extras.join(", or ")}.` : ""}`;
+  }
+  document.body.dataset.capabilities = "known";
+}
+
 async function stop() {
   const { controller, ticketId, queued } = state;
   player.stop();
@@ -376,9 +442,7 @@ async function stop() {
 function newConversation() {
   player.stop();
   state.history = [];
-  state.sessionId = null;
-  hooks.sessionId = null;
-  els.sessionInfo.textContent = "New conversation";
+  forgetSession();
   els.log.replaceChildren(h("p", { class: "placeholder", id: "placeholder" }, "Ask something to start."));
   els.placeholder = $("#placeholder");
   els.prompt.focus();
@@ -407,4 +471,4 @@ els.imageFile.addEventListener("change", () => {
 });
 els.stop.addEventListener("click", stop);
 els.newChat.addEventListener("click", newConversation);
-defaultModel();
+showCapabilities();

@@ -60,10 +60,31 @@ function renderMeta(data) {
     ["Size", formatBytes(data.size_bytes)],
   ];
   if (meta.error) rows.push(["Error", h("span", { class: "badge danger" }, meta.error)]);
-  if (meta.config && Object.keys(meta.config).length) {
-    rows.push(["Settings", h("code", {}, JSON.stringify(meta.config))]);
+  if (meta.config && typeof meta.config === "object" && Object.keys(meta.config).length) {
+    rows.push(["Settings", settingsList(meta.config)]);
   }
   setChildren(els.meta, rows.flatMap(([term, value]) => [h("dt", {}, term), h("dd", {}, value)]));
+}
+
+const SETTING_NAMES = { path: "Endpoint", model: "Model", voice: "Voice", modalities: "Answers with",
+  instructions: "Instructions", turn_detection: "Turn detection", output_audio_format: "Audio format" };
+
+function settingText(value) {
+  if (value === null || value === undefined || value === "") return "—";
+  if (Array.isArray(value)) return value.map(settingText).join(", ");
+  if (typeof value === "object") {
+    return Object.entries(value).map(([k, v]) => `${k.replaceAll("_", " ")}: ${settingText(v)}`).join("; ");
+  }
+  if (typeof value === "boolean") return value ? "yes" : "no";
+  return String(value);
+}
+
+/** A session's settings as a list of "name: value" lines (nested ones in words, not JSON). */
+function settingsList(config) {
+  return h("ul", { class: "settings" }, Object.entries(config).map(([name, value]) => {
+    const label = SETTING_NAMES[name] || name.charAt(0).toUpperCase() + name.slice(1).replaceAll("_", " ");
+    return h("li", { "data-setting": name }, h("span", { class: "muted" }, `${label}: `), settingText(value));
+  }));
 }
 
 function renderReplay(data) {
@@ -112,16 +133,18 @@ function renderTurn(turn) {
   const when = typeof turn.started_at === "number" ? `at ${formatSeconds(turn.started_at)}` : "";
   const took = typeof turn.ended_at === "number" && typeof turn.started_at === "number"
     ? `took ${formatSeconds(turn.ended_at - turn.started_at)}` : "";
-  // one level of nesting is flattened: {"usage": {"output_tokens": 7}} -> "output tokens 7"
+  // one level of nesting is flattened: {"usage": {"output_tokens": 7}} -> "output tokens 7"; a count of 0 is left
+  // out (the server does not count prompt tokens and reports 0 for them)
   const metrics = Object.entries(turn.metrics || {}).flatMap(([name, value]) => (
-    value && typeof value === "object" && !Array.isArray(value) ? Object.entries(value) : [[name, value]]));
+    value && typeof value === "object" && !Array.isArray(value) ? Object.entries(value) : [[name, value]]))
+    .filter(([name, value]) => !(name.endsWith("_tokens") && !value) && !(value && typeof value === "object"));
 
   const user = turn.user_text || turn.user_transcript || userClips.length || images.length
     ? h("div", { class: "part user" },
       h("div", { class: "who" }, "You"),
       turn.user_text ? h("div", { class: "text" }, turn.user_text) : null,
-      turn.user_transcript ? h("div", { class: "text transcript", title: "transcribed by the server" },
-        `\u201c${turn.user_transcript}\u201d`) : null,
+      turn.user_transcript ? h("div", { class: "text heard", title: "transcribed by the server" },
+        h("span", { class: "muted small" }, "Heard: "), `\u201c${turn.user_transcript}\u201d`) : null,
       userClips.map((clip, i) => audioEntry(clip, `Your audio ${i + 1}`)),
       images.map((image) => h("a", { href: fileUrl(image.path) }, h("img", { src: fileUrl(image.path), alt: `Image you sent (${image.path})` }))))
     : null;

@@ -8,6 +8,7 @@
 
 import { bytesToBase64, base64ToBytes } from "./base64.js";
 import { $, formatWait, h } from "./dom.js";
+import { ApiError, describeError } from "./api.js";
 import { MicCapture } from "./mic.js";
 import { PcmPlayer } from "./pcm-player.js";
 import { floatToPcm16 } from "./wav.js";
@@ -44,6 +45,7 @@ window.omnipipeVoice = hooks;
 
 const LABELS = {
   idle: ["Ready", "Press Start, then just talk."],
+  microphone: ["Microphone…", "Allow the microphone to start the session."],
   connecting: ["Connecting…", "Opening the session."],
   queued: ["In the queue", ""],
   listening: ["Listening", "Ask your question; the model answers when you pause."],
@@ -62,7 +64,8 @@ function newSession() {
   return {
     ws: null,
     mic: null,
-    phase: "connecting", // connecting | queued | live | closed | error
+    phase: "microphone", // microphone | connecting | queued | live | closed | error
+    preroll: [], // the last moment of audio before the session was live, sent once it is
     queueDetail: "",
     paused: false,
     sending: false,
@@ -82,7 +85,7 @@ function newSession() {
 // ------------------------------------------------------------------------------------------- state display
 function currentState() {
   if (!session) return hooks.state === "error" || hooks.state === "closed" ? hooks.state : "idle";
-  if (session.phase === "connecting" || session.phase === "queued") return session.phase;
+  if (["microphone", "connecting", "queued"].includes(session.phase)) return session.phase;
   if (session.phase === "closed" || session.phase === "error") return session.phase;
   if (session.paused) return "paused";
   if (player.playing) return "speaking";
@@ -146,29 +149,53 @@ function send(event) {
   if (session && session.ws && session.ws.readyState === WebSocket.OPEN) session.ws.send(JSON.stringify(event));
 }
 
+const PREROLL_CHUNKS = Math.ceil(1000 / CHUNK_MS);
+
 function onMicChunk(samples, rms) {
-  if (!session || !session.sending) return;
+  if (!session) return;
+  if (!session.sending) {
+    // what is said while the session opens is kept (the last second) and sent once it is live
+    if (session.phase !== "live" && !session.paused) {
+      session.preroll.push(samples);
+      if (session.preroll.length > PREROLL_CHUNKS) session.preroll.shift();
+    }
+    return;
+  }
   els.meter.style.width = `${Math.min(100, Math.round(rms * 400))}%`;
   const pcm = floatToPcm16(samples);
   send({ type: "input_audio_buffer.append", audio: bytesToBase64(new Uint8Array(pcm.buffer)) });
 }
 
+/** Ask for the microphone; true once it runs. Its audio is held until the session is live (see onMicChunk). */
 async function startMicrophone(current) {
   const mic = new MicCapture({ targetRate: RATE, chunkMs: CHUNK_MS, onChunk: onMicChunk });
   current.mic = mic;
   try {
     await mic.start();
   } catch (error) {
+    if (session === current) {
+      session = null; // nothing was opened: no connection, no place in the queue
+      hooks.state = "error";
+      render();
+    }
     showError(error.message);
-    stop();
-    return;
+    return false;
   }
   if (session !== current) { // stopped while the browser asked for permission
     mic.stop();
-    return;
+    return false;
+  }
+  return true;
+}
+
+/** The session is live: send what the microphone heard while it opened, then everything as it comes. */
+function startSending(current) {
+  if (!current.mic) return;
+  for (const samples of current.preroll.splice(0)) {
+    send({ type: "input_audio_buffer.append", audio: bytesToBase64(new Uint8Array(floatToPcm16(samples).buffer)) });
   }
   current.sending = !current.paused;
-  mic.setEnabled(!current.paused);
+  current.mic.setEnabled(!current.paused);
   render();
 }
 
@@ -218,7 +245,7 @@ const HANDLERS = {
     });
     // separately, so a server without a transcription pipeline refuses only this (ignored below)
     send({ type: "session.update", session: { input_audio_transcription: { model: "whisper-1" } } });
-    startMicrophone(session);
+    startSending(session);
   },
   "input_audio_buffer.speech_started"() {
     session.userSpeaking = true;
@@ -255,6 +282,7 @@ const HANDLERS = {
     session.awaitingResponse = false;
     session.responseId = event.response.id;
     assistantEntry(event.response.id);
+    player.startAnswer();
   },
   "response.audio_transcript.delta"(event) { HANDLERS["response.text.delta"](event); },
   "response.text.delta"(event) {
@@ -270,6 +298,7 @@ const HANDLERS = {
   },
   "response.done"(event) {
     const response = event.response || {};
+    player.endAnswer();
     if (session.responseId === response.id) session.responseId = null;
     session.awaitingResponse = false;
     const item = session.entries.get(response.id);
@@ -287,9 +316,8 @@ const HANDLERS = {
   error(event) {
     const err = event.error || {};
     if (err.code === "unsupported_feature" && err.param === "session.input_audio_transcription") return;
-    let message = err.message || "The server reported an error.";
-    if (err.code) message += ` (${err.code})`;
-    if (err.retry_after_s) message += ` Try again in ${Math.ceil(err.retry_after_s)} s.`;
+    const message = describeError(new ApiError(0, err.message || "The server reported an error.", {
+      code: err.code ?? null, retryAfter: err.retry_after_s ? Math.ceil(err.retry_after_s) : null }));
     session.lastError = message;
     showError(message);
   },
@@ -337,12 +365,16 @@ function onClose(current, event) {
 }
 
 // ------------------------------------------------------------------------------------------- controls
-function start() {
+async function start() {
   if (session) return;
   showError("");
   player.resume(); // inside the click: browsers only allow sound after a user gesture
   const current = newSession();
   session = current;
+  render();
+  // the microphone first: without it there is no session, and no place in the queue is taken
+  if (!(await startMicrophone(current))) return;
+  current.phase = "connecting";
   const scheme = window.location.protocol === "https:" ? "wss:" : "ws:";
   const ws = new WebSocket(`${scheme}//${window.location.host}/v1/realtime`);
   current.ws = ws;

@@ -55,17 +55,20 @@ class PiperTalker:
         )
         self._input_names = {value.name for value in self._session.get_inputs()}
 
-    def phonemize_sentences(self, text: str) -> list[list[int]]:
-        """Phoneme ids of each sentence of ``text``, each with its own BOS/EOS."""
+    def _sentences(self, text: str) -> list[list[str]]:
+        # espeak takes a C string: a NUL would end it (the binding refuses it), so it is read as a space
+        text = text.replace("\x00", " ")
         if not text.strip():
             return []
-        return [self._voice.phonemes_to_ids(phonemes) for phonemes in self._voice.phonemize(text) if phonemes]
+        return [phonemes for phonemes in self._voice.phonemize(text) if phonemes]
+
+    def phonemize_sentences(self, text: str) -> list[list[int]]:
+        """Phoneme ids of each sentence of ``text``, each with its own BOS/EOS."""
+        return [self._voice.phonemes_to_ids(phonemes) for phonemes in self._sentences(text)]
 
     def phonemize(self, text: str) -> list[int]:
         """Phoneme ids of ``text`` as one utterance (sentences joined by a space)."""
-        if not text.strip():
-            return []
-        sentences = [phonemes for phonemes in self._voice.phonemize(text) if phonemes]
+        sentences = self._sentences(text)
         if not sentences:
             return []
         joined: list[str] = []

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 _MAX_SEED = 2**64 - 1
+_MAX_SCORE = torch.finfo(torch.float64).max
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,12 @@ def _check_float(name: str, value: object, low: float | None = None, high: float
 
 
 def apply_penalties(logits: torch.Tensor, params: TokenSamplingParams, generated_ids: list[int]) -> torch.Tensor:
-    """Return a float32 copy of ``logits`` [vocab] with repetition/presence/frequency penalties applied."""
-    logits = logits.detach().to(torch.float32).clone()
+    """Return a float64 copy of ``logits`` [vocab] with repetition/presence/frequency penalties applied.
+
+    Every score stays finite whatever the (valid) parameters: a repetition penalty near 0 divides a positive
+    logit past the largest double, which is clamped to it rather than left infinite (``inf - inf`` later is NaN).
+    """
+    logits = logits.detach().to(torch.float64).clone()
     if not generated_ids:
         return logits
     counts = Counter(generated_ids)
@@ -78,9 +83,9 @@ def apply_penalties(logits: torch.Tensor, params: TokenSamplingParams, generated
         seen = logits[ids]
         logits[ids] = torch.where(seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty)
     if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
-        occurrences = torch.tensor(list(counts.values()), dtype=torch.float32)
+        occurrences = torch.tensor(list(counts.values()), dtype=torch.float64)
         logits[ids] -= params.presence_penalty + params.frequency_penalty * occurrences
-    return logits
+    return torch.nan_to_num(logits, posinf=_MAX_SCORE, neginf=-_MAX_SCORE)
 
 
 def sample_next_token(
@@ -100,7 +105,9 @@ def sample_next_token(
     scores = apply_penalties(logits, params, generated_ids)
     if params.greedy:
         return int(torch.argmax(scores))
-    scores = (scores - scores.max()) / params.temperature  # shifted first so tiny temperatures cannot overflow
+    # in float64, shifted first: the best score becomes exactly 0 and stays 0 for any temperature > 0 (a tiny one
+    # only sends the others to -inf, which is greedy), so the softmax below never sees NaN
+    scores = (scores - scores.max()) / params.temperature
     if 0 < params.top_k < scores.numel():
         kth_best = torch.topk(scores, params.top_k).values[-1]
         scores = scores.masked_fill(scores < kth_best, float("-inf"))

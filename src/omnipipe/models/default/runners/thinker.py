@@ -71,17 +71,19 @@ class GemmaThinkerRunner(StageRunner):
             return f"stop: must be a list of non-empty strings, got {stop!r}"
         return None
 
-    def _start(self, request: StageRequest) -> tuple[_Decoding, list[int]] | str:
+    def _start(self, request: StageRequest) -> tuple[_Decoding, list[int]] | RunnerOutput:
         params = request.params
         problem = self.validate(params)
         if problem is not None:
-            return problem
+            return RunnerOutput(request.request_id, error=problem)
         question = " ".join(str(item.get("text", "")) for item in request.take_all_inputs()).strip()
-        if not question:
-            return "the question is empty"
+        if not question:  # the caller's input: no text, and no speech heard in its audio
+            return RunnerOutput(request.request_id, error="is empty (no text, and no speech heard in the audio)",
+                                error_field="prompt")
         ids = self.encode_prompt(question)
         if len(ids) > self.max_prompt_tokens:
-            return f"prompt: {len(ids)} tokens is longer than the limit of {self.max_prompt_tokens}"
+            return RunnerOutput(request.request_id, error=f"is {len(ids)} tokens long, more than the limit of "
+                                f"{self.max_prompt_tokens}", error_field="prompt")
         sampling = _sampling(params)
         assert not isinstance(sampling, str)
         generator = sampling.make_generator()
@@ -112,8 +114,8 @@ class GemmaThinkerRunner(StageRunner):
             outputs = []
             for request in batch:
                 started = self._start(request)
-                if isinstance(started, str):
-                    outputs.append(RunnerOutput(request.request_id, error=started))
+                if isinstance(started, RunnerOutput):
+                    outputs.append(started)
                     continue
                 state, ids = started
                 request.runner_state, request.prefilled = state, True

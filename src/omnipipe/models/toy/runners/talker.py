@@ -1,20 +1,21 @@
 """Toy talker: text -> 8-dim frames, ``frames_per_char`` per character, one batched call for many requests.
 
-``extra["speed"]`` (the pipeline's speed stage) stretches or squeezes a request's frames in time.
+``extra`` is ``ToyTalkerParams``: ``speed`` (the pipeline's speed stage) stretches or squeezes a request's frames in
+time.
 
-Fault injection, for tests only: ``extra["fail"] = True`` in a request's talker params makes ``execute`` raise a
-RuntimeError after the whole batch's inputs were taken (alone too), so that request fails and its batch-mates
-must come out as if it had never been there.
+Fault injection, for tests only (stage option ``fault_injection: true``; otherwise ignored): ``extra["fail"] = True``
+in a request's talker params makes ``execute`` raise a RuntimeError after the whole batch's inputs were taken (alone
+too), so that request fails and its batch-mates must come out as if it had never been there.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import numpy as np
 import torch
 
+from omnipipe.models.toy.processors import ToyTalkerParams
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
@@ -39,9 +40,7 @@ class ToyTalkerRunner(StageRunner):
         self.frames_per_char = int(self.context.options.get("frames_per_char", 4))
         self.model = ToyTalkerModel(self.frames_per_char).eval()
         self.call_delay_s = float(self.context.options.get("call_delay_ms", 0)) / 1000
-
-    def validate(self, params: dict[str, Any]) -> str | None:
-        return _speed_problem((params.get("extra") or {}).get("speed", 1.0))
+        self.fault_injection = bool(self.context.options.get("fault_injection", False))
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
@@ -55,24 +54,13 @@ class ToyTalkerRunner(StageRunner):
             count = len(piece) * self.frames_per_char
             block = frames[:, start : start + count]
             start += count
-            extra = request.params.get("extra") or {}
-            if extra.get("fail") is True:
+            extra = ToyTalkerParams(**(request.params.get("extra") or {}))  # checked when the request arrived
+            if extra.fail and self.fault_injection:
                 raise RuntimeError(f"injected fault in {request.request_id}")
-            speed = extra.get("speed", 1.0)
-            problem = _speed_problem(speed)
-            if problem is not None:
-                outputs.append(RunnerOutput(request.request_id, error=problem))
-                continue
-            speed = float(speed)
+            speed = float(extra.speed)
             if speed != 1.0:
                 block = block[:, (np.arange(int(round(count / speed))) * speed).astype(np.int64)]
             block = np.ascontiguousarray(block)
             count = block.shape[1]
             outputs.append(RunnerOutput(request.request_id, data={"frames": block}, num_units=count))
         return outputs
-
-
-def _speed_problem(speed: Any) -> str | None:
-    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
-        return f"speed: must be a number in [0.25, 4], got {speed!r}"
-    return None

@@ -7,10 +7,11 @@ are appended to the cache under a key no query matches. The prompt ends with EOS
 The per-request state is a dict whose entries each step replaces (never mutates in place), so a shallow copy
 taken before a step restores it after a failed batched step (``snapshot``/``restore``).
 
-Fault injection, for tests only: ``extra["fail"]`` in a request's thinker params makes ``execute`` raise a
-RuntimeError when it reaches that request, after its batch-mates before it have been advanced: ``True`` at its
-first step (the prefill call), an integer ``n >= 1`` at decode step ``n`` (after ``n`` tokens). It raises
-alone too, so that request fails and its batch-mates must come out as if it had never been there.
+Fault injection, for tests only (stage option ``fault_injection: true``; otherwise ignored): ``extra["fail"]``
+(``ToyThinkerParams``) in a request's thinker params makes ``execute`` raise a RuntimeError when it reaches that
+request, after its batch-mates before it have been advanced: ``True`` at its first step (the prefill call), an
+integer ``n >= 1`` at decode step ``n`` (after ``n`` tokens). It raises alone too, so that request fails and its
+batch-mates must come out as if it had never been there.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from omnipipe.models.toy.processors import ToyThinkerParams
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
@@ -63,9 +65,11 @@ class ToyThinkerModel(torch.nn.Module):
 
 class ToyThinkerRunner(StageRunner):
     def load(self) -> None:
+        time.sleep(float(self.context.options.get("load_delay_ms", 0)) / 1000)  # stands in for a slow model load
         self.model = ToyThinkerModel().eval()
         self.step_delay_s = float(self.context.options.get("step_delay_ms", 0)) / 1000
         self.prefill_delay_s = float(self.context.options.get("prefill_delay_ms", 0)) / 1000
+        self.fault_injection = bool(self.context.options.get("fault_injection", False))
 
     def snapshot(self, request: StageRequest) -> Any:
         return None if request.runner_state is None else dict(request.runner_state)
@@ -98,7 +102,7 @@ class ToyThinkerRunner(StageRunner):
             time.sleep(self.step_delay_s)
         outputs = []
         for request, state, token in zip(batch, states, tokens):
-            fail = request.params.get("extra", {}).get("fail")
+            fail = ToyThinkerParams(**request.params.get("extra", {})).fail if self.fault_injection else False
             if fail is True or (type(fail) is int and fail == state["step"]):
                 raise RuntimeError(f"injected fault in {request.request_id} at step {state['step']}")
             state["step"] += 1
