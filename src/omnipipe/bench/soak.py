@@ -24,10 +24,11 @@ the bench sends after each fault until one completes). The next fault comes once
 ``--malformed M``: M rounds of the malformed requests of ``bench/malformed.py``, sent one by one while the load
 runs; 4xx and 5xx are counted and every 5xx is listed with its body.
 
-Resources of the server process and all its descendants, from /proc: RSS, open fds, threads, child processes
-and the /dev/shm segments of its engines' runs; measured after a warm-up round and again after the run, once the
-engines hold no request. Against a running server (``--base-url``) they are measured when the server runs on this
-machine (the process listening on the URL's port, or ``--server-pid``).
+Resources of the server process and all its descendants, from /proc: RSS (also of just the processes that lived
+through the run), open fds, threads, child processes and the /dev/shm segments of its engines' runs; measured after
+a warm-up round and again after the run, once the engines hold no request. Against a running server
+(``--base-url``) they are measured when the server runs on this machine (the process listening on the URL's port,
+or ``--server-pid``).
 
 ``--spawn`` starts ``omnipipe serve`` on a free loopback port with a deploy file holding short liveness bounds
 (``stall_report_s``, ``stall_restart_s`` for every stage), waits for ``/health`` 200 and stops it at the end
@@ -38,7 +39,8 @@ its own fault is the SIGKILL of the first worker process (``up`` starts it again
 
 Exit code 1, with a FAIL line saying why, if a request got stuck, a malformed request got a 5xx or no answer, a
 fault was not detected or did not heal, or something leaked: processes, segments or run directories after the stop,
-requests the engines still hold after the run, or RSS grown by more than ``--max-rss-growth`` percent.
+requests the engines still hold after the run, or RSS grown by more than ``--max-rss-growth`` percent (the RSS of
+the processes that lived through the run: a restarted stage, or an engine started on first use, is no growth).
 """
 
 from __future__ import annotations
@@ -72,17 +74,20 @@ from omnipipe.bench.gateway import BenchError, Child, free_port, stop_children, 
 from omnipipe.bench.malformed import Case, malformed_cases
 from omnipipe.bench.report import format_table, machine_info, write_json
 from omnipipe.bench.serve import load_prompts
+from omnipipe.gateway.proxy.http import QUEUE_EVENTS_HEADER
+from omnipipe.gateway.proxy.queue_wait import QUEUE_DONE
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 from omnipipe.transport.relay.shm import SEGMENT_PREFIX
 
 CHAT = "/v1/chat/completions"
+QUEUE_EVENT = "queue"  # the SSE event name of a gateway's queue updates
 HEALTH_POLL_S = 0.05
 PID_POLL_S = 0.1
 TREE_POLL_S = 1.0
 PROBE_MAX_TOKENS = 8  # probes are short: they tell when a whole request goes through again
 PROBE_PAUSE_S = (0.2, 2.0)  # between probes that did not complete: from, doubling up to
-STOP_REPORT_GRACE_S = 2.0
-GIVEN_UP_AFTER_S = 5.0  # a stage down (not restarting) this long has been given up by the server  # a stop nothing reported by this long after it ended counts as undetected
+STOP_REPORT_GRACE_S = 2.0  # a stop nothing reported by this long after it ended counts as undetected
+GIVEN_UP_AFTER_S = 5.0  # a stage down (not restarting) this long has been given up by the server
 SPAWN_MAX_BODY_BYTES = 2_000_000
 GATEWAY_WORKERS = 2
 SERVING_WORKER_STATES = ("IDLE", "BUSY", "DUPLEX_ACTIVE", "DUPLEX_PAUSED")
@@ -107,6 +112,9 @@ class Outcome:
     ended: float
     cause: str | None = None  # for FAILED: what the server said (or "stream cut")
     answered: float | None = None  # the first text or audio delta
+    events: int = 0  # data events of the answer (a gateway's queue events not counted)
+    last_event: float | None = None
+    dequeued: float | None = None  # through a gateway: when the request left its queue
 
 
 def cause_of(message: Any) -> str:
@@ -132,20 +140,27 @@ async def soak_request(client: httpx.AsyncClient, model: str, prompt: str, max_t
     """One streaming chat completion (text + pcm16 audio); left after ``leave_after`` data events if given."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": True,
             "max_tokens": max_tokens, "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
-    started = time.perf_counter()
-    answered: float | None = None
+    out = Outcome(STUCK, time.perf_counter(), 0.0)
 
     async def stream() -> tuple[str, str | None]:
-        nonlocal answered
         async with client.stream("POST", CHAT, json=body) as response:
             if response.status_code != 200:
                 return FAILED, f"HTTP {response.status_code}: {cause_of(error_message(await response.aread()))}"
-            events = 0
             finish: str | None = None
+            name = ""
             async for line in response.aiter_lines():
+                if line.startswith("event:"):
+                    name = line[6:].strip()
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
+                if name == QUEUE_EVENT:  # a gateway's queue position, asked for with QUEUE_EVENTS_HEADER
+                    name = ""
+                    if json.loads(data).get("type") == QUEUE_DONE:
+                        out.dequeued = time.perf_counter()
+                    continue
+                out.events += 1
+                out.last_event = time.perf_counter()
                 if data == "[DONE]":
                     return (COMPLETED, None) if finish else (FAILED, "stream ended without a finish_reason")
                 event = json.loads(data)
@@ -155,22 +170,22 @@ async def soak_request(client: httpx.AsyncClient, model: str, prompt: str, max_t
                 for choice in event.get("choices") or []:
                     finish = choice.get("finish_reason") or finish
                     delta = choice.get("delta") or {}
-                    if answered is None and (delta.get("content") or (delta.get("audio") or {}).get("data")):
-                        answered = time.perf_counter()
-                events += 1
-                if leave_after is not None and events >= leave_after:
+                    if out.answered is None and (delta.get("content") or (delta.get("audio") or {}).get("data")):
+                        out.answered = time.perf_counter()
+                if leave_after is not None and out.events >= leave_after:
                     return LEFT, None  # leaving the block closes the connection mid-stream
             return FAILED, "stream cut"
 
     try:
-        kind, cause = await asyncio.wait_for(stream(), timeout_s)
+        out.kind, out.cause = await asyncio.wait_for(stream(), timeout_s)
     except TimeoutError:
-        kind, cause = STUCK, None
+        out.kind, out.cause = STUCK, None
     except (httpx.RemoteProtocolError, httpx.ReadError):
-        kind, cause = FAILED, "stream cut"
+        out.kind, out.cause = FAILED, "stream cut"
     except (httpx.HTTPError, ValueError) as exc:  # ValueError: an event that is not JSON
-        kind, cause = FAILED, cause_of(f"client: {type(exc).__name__}: {exc}")
-    return Outcome(kind, started, time.perf_counter(), cause, answered)
+        out.kind, out.cause = FAILED, cause_of(f"client: {type(exc).__name__}: {exc}")
+    out.ended = time.perf_counter()
+    return out
 
 
 class Progress:
@@ -311,21 +326,31 @@ def run_dirs(runs: set[str]) -> list[str]:
     return sorted(out)
 
 
-def resources(root: int, runs: set[str]) -> dict[str, float]:
-    """RSS (MiB), open fds and threads summed over ``root`` and its descendants; their count; run segments."""
+def resources(root: int, runs: set[str]) -> tuple[dict[str, float], dict[tuple[int, str | None], int]]:
+    """RSS (MiB), open fds and threads summed over ``root`` and its descendants; their count; run segments. And
+    each process's RSS in KiB by (pid, start time), to compare the processes that lived through a run."""
     pids = [root, *descendants(root)]
-    rss_kib = fds = threads = 0
+    fds = threads = 0
+    rss: dict[tuple[int, str | None], int] = {}
     for pid in pids:
         status = _read(f"/proc/{pid}/status") or ""
         for line in status.splitlines():
             if line.startswith("VmRSS:"):
-                rss_kib += int(line.split()[1])
+                rss[(pid, start_time(pid))] = int(line.split()[1])
             elif line.startswith("Threads:"):
                 threads += int(line.split()[1])
         with contextlib.suppress(OSError):
             fds += len(os.listdir(f"/proc/{pid}/fd"))
-    return {"rss_mib": rss_kib / 1024, "open_fds": fds, "threads": threads, "child_processes": len(pids) - 1,
-            "shm_segments": len(run_segments(runs))}
+    return {"rss_mib": sum(rss.values()) / 1024, "open_fds": fds, "threads": threads,
+            "child_processes": len(pids) - 1, "shm_segments": len(run_segments(runs))}, rss
+
+
+def survivors_rss(before: dict[tuple[int, str | None], int], after: dict[tuple[int, str | None], int],
+                  ) -> tuple[float, float, int]:
+    """RSS (MiB) before and after of the processes present both times (the same ones: pid and start time), and how
+    many they are: a restarted stage or an engine started on first use does not count as growth."""
+    both = [key for key in before if key in after]
+    return sum(before[k] for k in both) / 1024, sum(after[k] for k in both) / 1024, len(both)
 
 
 def listening_pid(port: int) -> int | None:
@@ -789,6 +814,12 @@ def format_report(report: dict[str, Any]) -> str:
     rows += [[LEFT, load["left_by_client"], probes["left_by_client"]], [STUCK, load["stuck"], probes["stuck"]],
              ["total", load["total"], probes["total"]]]
     lines = [format_table(REQUEST_HEADERS, rows, title="Requests (probes: sent after each fault until one completes)")]
+    for o in report["requests"]["timeline"]:
+        if o["kind"] == STUCK:
+            queue = f", out of the gateway's queue at {o['dequeued_s']:.1f} s" if o["dequeued_s"] is not None else ""
+            last = f", the last at {o['last_event_s']:.1f} s" if o["last_event_s"] is not None else ""
+            lines.append(f"  stuck: {'probe' if o['probe'] else 'request'} sent at {o['started_s']:.1f} s"
+                         f"{queue}: {o['events']} events{last}")
 
     def ms(value: float | None) -> float | None:
         return None if value is None else value * 1000
@@ -803,8 +834,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [f"  {f['label']} {f['target']}: not done: {f['error']}" for f in faults if f["error"]]
     res = report["resources"]
     if res.get("before") and res.get("after"):
-        names = [("rss_mib", "RSS (MiB)"), ("open_fds", "open fds"), ("threads", "threads"),
-                 ("child_processes", "child processes"), ("shm_segments", "shm segments")]
+        names = [("rss_mib", "RSS (MiB)"), ("rss_lived_through_mib",
+                                            f"RSS of the {res['before']['lived_through']} alive throughout (MiB)"),
+                 ("open_fds", "open fds"), ("threads", "threads"), ("child_processes", "child processes"),
+                 ("shm_segments", "shm segments")]
         lines += ["", format_table(RESOURCE_HEADERS, [
             [label, res["before"][key], res["after"][key], _change(res["before"][key], res["after"][key])]
             for key, label in names], digits=1,
@@ -907,12 +940,14 @@ async def soak(args: argparse.Namespace, target: dict[str, Any]) -> tuple[dict[s
     """Warm-up, resources, then load + faults + malformed together, then resources again. Returns the report and
     what was seen of the server's processes (to check the stop)."""
     url, headers, root = target["url"], target["headers"], target["root_pid"]
+    # through a gateway, a request tells its wait in the queue (queue events) from a silent one
+    request_headers = {**headers, QUEUE_EVENTS_HEADER: "1"} if target["gateway"] else headers
     timeout = httpx.Timeout(args.request_timeout + 10, connect=10.0)
     limits = httpx.Limits(max_connections=args.concurrency + 2, max_keepalive_connections=args.concurrency + 2)
     async with contextlib.AsyncExitStack() as stack:
-        load_client = await stack.enter_async_context(httpx.AsyncClient(base_url=url, headers=headers,
+        load_client = await stack.enter_async_context(httpx.AsyncClient(base_url=url, headers=request_headers,
                                                                         timeout=timeout, limits=limits))
-        probe_client = await stack.enter_async_context(httpx.AsyncClient(base_url=url, headers=headers,
+        probe_client = await stack.enter_async_context(httpx.AsyncClient(base_url=url, headers=request_headers,
                                                                          timeout=timeout))
         watch_client = await stack.enter_async_context(httpx.AsyncClient(timeout=10.0))
         malformed_client = await stack.enter_async_context(httpx.AsyncClient(base_url=url, timeout=timeout))
@@ -947,7 +982,7 @@ async def soak(args: argparse.Namespace, target: dict[str, Any]) -> tuple[dict[s
         before = None
         if processes is not None:
             processes.sample_tree()
-            before = resources(root, processes.runs)
+            before, rss_before = resources(root, processes.runs)
         first = await rig.stage_health.poll_once()
         if first.stages is None:  # no per-stage /health: pids from /debug/state
             rig.state_pids = StatePidWatch(watch_client, target["stage_url"], headers, engine)
@@ -966,7 +1001,11 @@ async def soak(args: argparse.Namespace, target: dict[str, Any]) -> tuple[dict[s
         print(f"omnipipe bench soak: {len(prompts)} requests at concurrency {args.concurrency} "
               f"({len(leave)} left by the client), {len(faults)} fault(s), {args.malformed} malformed round(s) of "
               f"{len(cases)}", file=sys.stderr, flush=True)
-        start = time.perf_counter()
+        start, started_at_unix = time.perf_counter(), time.time()
+
+        def since(t: float | None) -> float | None:
+            return None if t is None else t - start
+
         try:
             outcomes, _, malformed = await asyncio.gather(
                 run_load(load_client, model, prompts, leave, args.concurrency, args.max_tokens,
@@ -984,25 +1023,31 @@ async def soak(args: argparse.Namespace, target: dict[str, Any]) -> tuple[dict[s
         after = None
         if processes is not None:
             processes.sample_tree()
-            after = resources(root, processes.runs)
+            after, rss_after = resources(root, processes.runs)
     starts = [f.at for f in faults if f.at is not None]
     for fault in faults:
         later = [t for t in starts if fault.at is not None and t > fault.at]
         measure(rig, fault, [*outcomes, *probes], min(later, default=math.inf))
     leaks = [f"the engines still hold {h}" for h in held_after]
     if before and after:
-        growth = _change(before["rss_mib"], after["rss_mib"])
+        before["rss_lived_through_mib"], after["rss_lived_through_mib"], lived = survivors_rss(rss_before, rss_after)
+        before["lived_through"] = after["lived_through"] = lived
+        growth = _change(before["rss_lived_through_mib"], after["rss_lived_through_mib"])
         if growth is not None and growth > args.max_rss_growth:
-            leaks.append(f"RSS grew {growth:.1f}% (over {args.max_rss_growth:g}%): {before['rss_mib']:.0f} -> "
-                         f"{after['rss_mib']:.0f} MiB")
+            leaks.append(f"RSS of the {lived} processes that lived through the run grew {growth:.1f}% (over "
+                         f"{args.max_rss_growth:g}%): {before['rss_lived_through_mib']:.0f} -> "
+                         f"{after['rss_lived_through_mib']:.0f} MiB")
     return {
         "model": model, "wall_s": wall, "per_stage_health": rig.per_stage_health(),
         "stages_at_end": {name: {k: info.get(k) for k in ("state", "pid", "restarts", "stalls")}
                           for name, info in (end_health.stages or {}).items()},
         "requests": {"load": tally(outcomes), "probes": tally(probes),
                      "timeline": [{"probe": probe_flag, "kind": o.kind, "cause": o.cause,
-                                   "started_s": o.started - start, "ended_s": o.ended - start}
+                                   "started_s": o.started - start, "ended_s": o.ended - start,
+                                   "answered_s": since(o.answered), "events": o.events,
+                                   "last_event_s": since(o.last_event), "dequeued_s": since(o.dequeued)}
                                   for probe_flag, group in ((False, outcomes), (True, probes)) for o in group]},
+        "started_at_unix": started_at_unix,
         "faults": [{"label": f.label, "kind": f.kind, "target": f.target, "stop_s": f.stop_s, "pid": f.pid,
                     "at_s": None if f.at is None else f.at - start, "under_load": f.under_load, "error": f.error,
                     "detected_s": f.detected_s, "restarted_s": f.restarted_s, "ok_again_s": f.ok_again_s,
