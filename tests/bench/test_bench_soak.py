@@ -63,12 +63,12 @@ def check_no_leftovers(report: dict[str, Any], printed: str) -> None:
 @pytest.mark.models
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_spawned_server_survives_stage_faults(tmp_path: Path) -> None:
-    # stall_report_s 1 (the default) sees the 3 s stop; stall_restart_s 30, not the default 4: on a busy 2-core machine
+    # stall_report_s 1 sees the 3 s stop; stall_restart_s 30, not 4: on a busy 2-core machine
     # one thinker step can outlast 4 s (the malformed 1 MB prompt's tokenization alone), and the watchdog's kills that
     # follow use up the thinker's restarts
     code, report, printed = run_soak(
         tmp_path, "--spawn", "--pipeline", "default", "--requests", "24", "--concurrency", "4", "--abort-rate", "0.2",
-        "--kill-stages", ",".join(STAGES), "--stop-stage-s", "3", "--malformed", "1", "--stall-restart-s", "30",
+        "--kill-stages", ",".join(STAGES), "--stop-stage-s", "3", "--malformed", "1", "--stall-report-s", "1", "--stall-restart-s", "30",
         "--max-tokens", "16")
     load, probes = report["requests"]["load"], report["requests"]["probes"]
     assert load["stuck"] == 0 and probes["stuck"] == 0, printed

@@ -1189,9 +1189,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stop-stage-s", type=float, default=0.0, help="SIGSTOP a stage this long (0: not at all)")
     parser.add_argument("--stop-stage", default="thinker", help="the stage --stop-stage-s stops (default: thinker)")
     parser.add_argument("--malformed", type=int, default=0, help="rounds of the malformed request list")
-    parser.add_argument("--stall-report-s", type=float, default=1.0,
+    # short enough that a --stop-stage-s of 25 s goes through the restart path, wide enough that a busy 2-core
+    # machine's slow steps are only reported (at 1 s / 4 s the watchdog killed a loaded thinker until it was given up)
+    parser.add_argument("--stall-report-s", type=float, default=2.0,
                         help="--spawn/--gateway: every stage's stall_report_s in the deploy file")
-    parser.add_argument("--stall-restart-s", type=float, default=4.0,
+    parser.add_argument("--stall-restart-s", type=float, default=20.0,
                         help="--spawn/--gateway: every stage's stall_restart_s (a negative value: null, never)")
     parser.add_argument("--max-tokens", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0, help="question order and which requests are left")

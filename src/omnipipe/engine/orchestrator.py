@@ -567,6 +567,7 @@ class Orchestrator:
         client.ready_since = None
         if client.liveness.killed_for:
             death = f"stage {client.name!r} {client.liveness.killed_for} and was killed"
+            client.liveness.killed_for = None  # a later death (even before it is ready again) is its own
         else:
             death = f"stage {client.name!r} died (exit code {code})"
         logger.error("%s", death)
