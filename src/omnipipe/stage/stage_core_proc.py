@@ -49,6 +49,7 @@ from omnipipe.util.process import die_with_parent
 logger = logging.getLogger(__name__)
 
 _ABORTED_MEMORY = 4096
+SLOW_STEP_S = 5.0  # a runner step longer than this is logged with its batch
 ChunkProcessor = Callable[[dict[str, Any], dict[str, Any], bool, ChunkContext], list[dict[str, Any]]]
 
 
@@ -329,7 +330,11 @@ class StageCoreProc:
                 logger.exception("runner failed on a batch of %d; retrying its requests one by one", len(batch))
                 self._execute_isolated(batch, is_prefill, snapshots)
             return
-        self._apply(batch, outputs, time.perf_counter() - start)
+        elapsed = time.perf_counter() - start
+        if elapsed > SLOW_STEP_S:  # what a stall report points at: which batch, which phase
+            logger.warning("a %s step of %d request(s) took %.1f s (%s)", "prefill" if is_prefill else "decode",
+                           len(batch), elapsed, ", ".join(r.request_id for r in batch[:8]))
+        self._apply(batch, outputs, elapsed)
 
     def _execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
         assert self.runner is not None
