@@ -33,6 +33,7 @@ SLOW_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 10}}}}
 # passes deploy validation (runner options are the runner's business) but the toy thinker cannot load with it
 BROKEN_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": "not-a-number"}}}}
 HEALTH_FIELDS = {"status", "state", "pipeline", "models", "active_sessions", "capacity", "sessions"}
+READY_FIELDS = HEALTH_FIELDS | {"stages", "problems"}  # a running engine also reports each stage's liveness
 LONG_CHAT = {"model": "toy", "messages": [{"role": "user", "content": "x " * 200}], "stream": True}
 SHORT_CHAT = {"model": "toy", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -140,13 +141,17 @@ def test_health_goes_from_loading_to_idle_with_the_protocol_fields(worker: Serve
     assert all(code == 503 and body["state"] == "LOADING" for code, body in history[:-1]), history
     last_code, last = history[-1]
     assert last_code == 200, history
+    stages = last.pop("stages")
     assert last == {"status": "ready", "state": "IDLE", "pipeline": "toy", "models": ["toy", "toy_tts"],
-                    "active_sessions": 0, "capacity": 1, "sessions": {"http": 0, "realtime": 0, "paused": 0}}
+                    "active_sessions": 0, "capacity": 1, "sessions": {"http": 0, "realtime": 0, "paused": 0},
+                    "problems": []}
+    assert list(stages) == ["thinker", "talker", "code2wav"], stages
+    assert all(stage["state"] == "ok" and stage["restarts"] == 0 and stage["pid"] > 0 for stage in stages.values())
 
 
 def test_serve_reports_the_same_fields_with_unlimited_capacity(toy_server: ServerProcess) -> None:
     body = wait_health(toy_server, is_idle)
-    assert set(body) == HEALTH_FIELDS and body["status"] == "ready"
+    assert set(body) == READY_FIELDS and body["status"] == "ready" and body["problems"] == []
     assert body["capacity"] is None and body["active_sessions"] == 0
     assert body["sessions"] == {"http": 0, "realtime": 0, "paused": 0}
 
