@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import io
+import threading
 import wave
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -65,6 +67,38 @@ def test_server_keeps_serving_after_malformed_requests(toy_server: ServerProcess
         assert http.get("/health").status_code == 200
     assert toy_server.process.poll() is None
     assert engines_idle(toy_server.wait_idle())
+
+
+def test_malformed_requests_under_streaming_load_are_refused_alike(toy_server: ServerProcess) -> None:
+    """Every case sent at once, four at a time, while eight clients stream spoken answers and leave mid-stream:
+    the same answers as one by one, no 5xx, and nothing left in any stage."""
+    stop = threading.Event()
+    streamed: list[int] = []
+
+    def stream_and_leave(index: int) -> None:
+        body = {"model": "toy", "messages": [{"role": "user", "content": " ".join(f"word{i}" for i in range(60))}],
+                "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}, "stream": True}
+        with toy_server.client() as http:
+            while not stop.is_set():
+                with http.stream("POST", CHAT, json=body) as response:
+                    assert response.status_code == 200, response.read()
+                    for n, _ in enumerate(response.iter_lines()):
+                        if n >= 5 + 7 * index:  # a different point each
+                            break
+                streamed.append(index)
+
+    with ThreadPoolExecutor(8) as loaders, ThreadPoolExecutor(4) as senders:
+        load = [loaders.submit(stream_and_leave, i) for i in range(8)]
+        try:
+            answers = list(senders.map(lambda case: (case, send(toy_server, case)), CASES))
+        finally:
+            stop.set()
+        for future in load:
+            future.result()
+    assert len(streamed) >= 8
+    wrong = [(case.name, r.status_code, r.text[:200]) for case, r in answers if r.status_code != case.status]
+    assert not wrong, wrong
+    assert engines_idle(toy_server.wait_idle(timeout_s=30))
 
 
 # ---------------------------------------------------------------------------------------------- default pipeline
