@@ -73,6 +73,9 @@ class ServingTraits:
     transcription_pipeline: str | None = None  # serves /v1/audio/transcriptions (audio -> text)
     voices: str | None = None  # dotted path: () -> list[str], the family's packaged voices besides "default"
     speed_stage: str | None = None  # the stage whose ``extra["speed"]`` changes the speaking rate
+    # OpenAI voice names (alloy, ash, ...) -> this family's voices, over the server's default (each to "default")
+    voice_aliases: tuple[tuple[str, str], ...] = ()
+    takes_instructions: bool = False  # speech can follow ``instructions`` (tone, accent); else they are refused
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,29 @@ from pydantic import BaseModel, ConfigDict, Field
 _STRICT = ConfigDict(strict=True, extra="ignore")
 _CLOSED = ConfigDict(strict=True, extra="forbid")
 
-ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus"]
+ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
 InputAudioFormat = Literal["wav", "mp3", "flac", "ogg"]
-SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
+SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
 TranscriptionFormat = Literal["json", "text", "verbose_json"]
+
+# the voice names OpenAI's own models answer to; a server maps each to one of its pipeline's voices
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse",
+                 "marin", "cedar")
+
+
+class VoiceRef(BaseModel):
+    """A voice given as an object (OpenAI's form for custom voices): ``{"id": "..."}``."""
+
+    model_config = _STRICT
+    id: str = Field(min_length=1)
+
+
+Voice = str | VoiceRef
+
+
+def voice_name(voice: Voice) -> str:
+    """The voice a request names, in either form."""
+    return voice.id if isinstance(voice, VoiceRef) else voice
 
 
 # ---------------------------------------------------------------------------------------------- chat: request
@@ -62,7 +81,7 @@ class ChatMessage(BaseModel):
 
 class AudioOutputParams(BaseModel):
     model_config = _STRICT
-    voice: str = "default"
+    voice: Voice = "default"
     format: ChatAudioFormat = "wav"
 
 
@@ -167,11 +186,26 @@ class SpeechRequest(BaseModel):
     model_config = _STRICT
     model: str = Field(min_length=1)
     input: str = Field(min_length=1, max_length=4096)
-    voice: str = "default"
-    response_format: SpeechFormat = "wav"
+    voice: Voice = "default"
+    response_format: SpeechFormat = "mp3"
     speed: float = Field(1.0, ge=0.25, le=4.0)
     stream_format: Literal["audio", "sse"] = "audio"
     instructions: str | None = None
+
+
+class VoiceCard(BaseModel):
+    id: str
+    name: str
+    # omnipipe extension: the other names (OpenAI's voice names) that select this voice
+    aliases: list[str] = Field(default_factory=list)
+
+
+class VoiceList(BaseModel):
+    """``GET /v1/audio/voices``: the voices of one model (``model``), or of every model that speaks (``models``)."""
+
+    voices: list[VoiceCard]
+    model: str | None = None
+    models: dict[str, list[VoiceCard]] | None = None
 
 
 # ---------------------------------------------------------------------------------------------- models

@@ -20,6 +20,7 @@ HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
 CHAT_PATH = "/v1/chat/completions"
 SPEECH_PATH = "/v1/audio/speech"
+VOICES_PATH = "/v1/audio/voices"
 TRANSCRIPTION_PATH = "/v1/audio/transcriptions"
 REALTIME_PATH = "/v1/realtime"
 

@@ -22,6 +22,7 @@ import yaml
 from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.models.registry import get_pipeline
+from omnipipe.protocol.openai import OPENAI_VOICES, Voice, VoiceCard, voice_name
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 from omnipipe.server.errors import APIError, unavailable
 from omnipipe.util.dotted import resolve
@@ -49,6 +50,9 @@ class ServerConfig:
     # endpoints whose companion pipeline starts with the server rather than on first use (the worker starts
     # transcription's: the voice page shows what was heard from the first turn on)
     preload_companions: tuple[str, ...] = ()
+    # OpenAI voice name -> voice, over the pipelines' own mapping (``ServingTraits.voice_aliases``) and the default
+    # (every OpenAI voice name -> "default"); a target a pipeline lacks is refused when a request uses the alias
+    voice_aliases: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.capacity is not None and (isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
@@ -211,11 +215,36 @@ class EnginePool:
             return ["default"]
         return ["default", *resolve(pipeline.serving.voices)()]
 
-    def check_voice(self, voice: str, pipeline: PipelineSpec, param: str) -> None:
+    def voice_aliases(self, pipeline: PipelineSpec) -> dict[str, str]:
+        """OpenAI voice name -> the pipeline's voice: every name to ``default``, then the family's mapping, then the
+        server's (``ServerConfig.voice_aliases``); aliases naming a voice the pipeline lacks are left out."""
+        aliases = {name: "default" for name in OPENAI_VOICES}
+        aliases.update(dict(pipeline.serving.voice_aliases))
+        aliases.update(self.config.voice_aliases)
+        voices = set(self.voices(pipeline))
+        return {alias: voice for alias, voice in aliases.items() if voice in voices and alias not in voices}
+
+    def voice_cards(self, pipeline: PipelineSpec) -> list[VoiceCard]:
+        aliases = self.voice_aliases(pipeline)
+        return [VoiceCard(id=voice, name=voice, aliases=sorted(a for a, v in aliases.items() if v == voice))
+                for voice in self.voices(pipeline)]
+
+    def audio_model_pipelines(self) -> list[tuple[str, PipelineSpec]]:
+        """The model ids whose pipelines speak, with their pipelines."""
+        return [(model, pipeline) for model, pipeline in self.model_pipelines() if "audio" in pipeline.output_modalities]
+
+    def check_voice(self, voice: Voice, pipeline: PipelineSpec, param: str) -> str:
+        """The pipeline voice that ``voice`` (a name, an OpenAI alias or ``{"id": ...}``) selects; else a 400 naming
+        ``param`` and listing the valid names."""
+        name = voice_name(voice)
         voices = self.voices(pipeline)
-        if voice not in voices:
-            raise APIError(400, f"{param}: unknown voice {voice!r} (voices: {', '.join(voices)})", param=param,
-                           code="invalid_voice")
+        if name in voices:
+            return name
+        aliases = self.voice_aliases(pipeline)
+        if name in aliases:
+            return aliases[name]
+        raise APIError(400, f"{param}: unknown voice {name!r} (voices: {', '.join(voices)}; aliases: "
+                       f"{', '.join(aliases) or 'none'})", param=param, code="invalid_voice")
 
     async def debug_states(self) -> dict[str, dict[str, Any]]:
         """Per pipeline: its status, what its engine holds (``state``) and its liveness (``health``)."""

@@ -1,6 +1,12 @@
 """``POST /v1/audio/speech``: read text aloud with the pipeline's talker -> vocoder part, streaming audio bytes as
 they are decoded (``pcm``: raw 24 kHz int16; ``wav``: a header of unknown length, then PCM at the native rate;
-``flac``/``mp3``/``opus``: encoded once the speech is complete), or as server-sent events."""
+``mp3`` (the default, as OpenAI's), ``opus``, ``aac``, ``flac``: encoded as the audio arrives), or as server-sent
+events. ``GET /v1/audio/voices`` lists the voices each speaking model has, with the OpenAI voice names that select
+them.
+
+``voice`` is a voice of the pipeline, an OpenAI voice name mapped to one (``EnginePool.voice_aliases``) or
+``{"id": ...}``; ``instructions`` are refused unless the family can follow them (``ServingTraits.takes_instructions``).
+"""
 
 from __future__ import annotations
 
@@ -10,23 +16,22 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-import numpy as np
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from omnipipe.api.outputs import OmniRequestOutput
 from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.config.pipeline_spec import PipelineSpec
-from omnipipe.protocol.openai import ErrorResponse, SpeechRequest
-from omnipipe.protocol.worker import SPEECH_PATH
+from omnipipe.protocol.openai import ErrorResponse, SpeechRequest, VoiceList
+from omnipipe.protocol.worker import SPEECH_PATH, VOICES_PATH
 from omnipipe.server.audio_stream import (
     MEDIA_TYPES,
+    EncodedStream,
     Pcm16Stream,
-    encode_whole,
     streaming_wav_header,
 )
 from omnipipe.server.disconnect import ClientGone, while_connected
 from omnipipe.server.engines import EnginePool
-from omnipipe.server.errors import from_engine_error, invalid
+from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.streaming import (
     SSE_HEADERS,
@@ -51,6 +56,12 @@ def _native_rate(pipeline: PipelineSpec) -> int:
     return rate
 
 
+def _check_instructions(body: SpeechRequest, pipeline: PipelineSpec) -> None:
+    if body.instructions is not None and body.instructions.strip() and not pipeline.serving.takes_instructions:
+        raise invalid(f"instructions: pipeline {pipeline.name!r} cannot follow instructions (tone, accent, pace); "
+                      "leave them out", "instructions")
+
+
 def _sampling_params(body: SpeechRequest, pipeline: PipelineSpec) -> dict[str, SamplingParams] | None:
     stage = pipeline.serving.speed_stage
     if stage is not None:
@@ -62,30 +73,31 @@ def _sampling_params(body: SpeechRequest, pipeline: PipelineSpec) -> dict[str, S
 
 async def _audio_bytes(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None, fmt: str,
                        native_rate: int, metrics: ServerMetrics) -> AsyncIterator[bytes]:
-    """The response body in ``fmt``, piece by piece."""
+    """The response body in ``fmt``, piece by piece, each as soon as the encoder has it."""
 
-    # pcm: resampled to 24 kHz; wav: int16 at the native rate behind a streaming header; others: encoded at the end
-    pcm = {"pcm": Pcm16Stream(native_rate), "wav": Pcm16Stream(native_rate, native_rate)}.get(fmt)
-    if fmt == "wav":
+    # pcm: resampled to 24 kHz; wav: int16 at the native rate behind a streaming header; others: PyAV encoders
+    encoder: Pcm16Stream | EncodedStream
+    if fmt == "pcm":
+        encoder = Pcm16Stream(native_rate)
+    elif fmt == "wav":
+        encoder = Pcm16Stream(native_rate, native_rate)
         yield streaming_wav_header(native_rate)
-    parts: list[np.ndarray] = []
-    async for out in with_first(first, outputs):
-        if out.modality == "audio" and out.audio is not None and out.audio.size:
-            if pcm is not None:
-                data = pcm.feed(out.audio)
+    else:
+        encoder = EncodedStream(fmt, native_rate)
+    try:
+        async for out in with_first(first, outputs):
+            if out.modality == "audio" and out.audio is not None and out.audio.size:
+                data = encoder.feed(out.audio)
                 if data:
                     yield data
-            else:
-                parts.append(out.audio)
-        elif out.finished:
-            metrics.observe(ENDPOINT, out.metrics)
-            if pcm is not None:
-                tail = pcm.flush()
+            elif out.finished:
+                metrics.observe(ENDPOINT, out.metrics)
+                tail = encoder.flush()
                 if tail:
                     yield tail
-            else:
-                audio = np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
-                yield encode_whole(audio, out.sample_rate_hz or native_rate, fmt)
+    finally:
+        if isinstance(encoder, EncodedStream):
+            encoder.close()
 
 
 async def _body(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None, body: SpeechRequest,
@@ -120,6 +132,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreami
         raise invalid("input: is empty", "input")
     engine, pipeline = await pool.engine_for("speech")
     pool.check_voice(body.voice, pipeline, "voice")
+    _check_instructions(body, pipeline)
     native_rate = _native_rate(pipeline)
     params = _sampling_params(body, pipeline)
     outputs = engine.generate(body.input, request_id=f"speech-{uuid.uuid4().hex}", sampling_params=params,
@@ -136,3 +149,20 @@ async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreami
     if body.stream_format == "sse":
         return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     return ClosingStreamingResponse(stream, media_type=MEDIA_TYPES[body.response_format])
+
+
+@router.get(VOICES_PATH, response_model=VoiceList, responses={404: {"model": ErrorResponse}})
+async def list_voices(request: Request, model: str | None = Query(None, min_length=1)) -> VoiceList:
+    """The voices of ``model``, or of every model that speaks (``voices``: those of the model ``/v1/audio/speech``
+    uses by default, the main one when it speaks; ``models``: each speaking model's)."""
+    pool: EnginePool = request.app.state.pool
+    speaking = pool.audio_model_pipelines()
+    if model is not None:
+        for model_id, pipeline in speaking:
+            if model_id == model or pipeline.name == model:
+                return VoiceList(voices=pool.voice_cards(pipeline), model=model_id)
+        raise APIError(404, f"model: {model!r} does not exist or does not speak (speaking models: "
+                       f"{', '.join(m for m, _ in speaking) or 'none'})", param="model", code="model_not_found")
+    models = {model_id: pool.voice_cards(pipeline) for model_id, pipeline in speaking}
+    first = next(iter(models.values()), [])
+    return VoiceList(voices=first, models=models)

@@ -29,8 +29,8 @@ class PiperTalkerRunner(StageRunner):
             text = str((request.take_input() or {}).get("text", "")).strip()
             speed = float(TalkerParams(**(request.params.get("extra") or {})).speed)  # checked on arrival
             if text:
-                latents = self.talker.synthesize_latents(text, noise_scale=self.noise_scale, length_scale=1.0 / speed,
-                                                         noise_w=self.noise_w)
+                latents = self.talker.latents_at_speed(self.talker.phonemize(text), speed,
+                                                       noise_scale=self.noise_scale, noise_w=self.noise_w)
             else:
                 latents = np.zeros((self.paths.latent_channels, 0), np.float32)
             outputs.append(RunnerOutput(request.request_id, data={"frames": latents}, num_units=latents.shape[1]))
