@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import socket
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 
@@ -26,6 +28,24 @@ MAX_BODY_BYTES = 2_000_000
 TOY_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 2}}}}
 # deterministic speech; greedy text
 DEFAULT_DEPLOY = {"stages": {"talker": {"options": {"noise_scale": 0.0, "noise_w": 0.0}}}}
+
+
+def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
+    """Mono float samples and rate of an encoded audio file or stream (mp3, ogg/opus, aac, flac, wav), via PyAV;
+    a stream cut short decodes up to where it stops."""
+    import av
+
+    parts: list[np.ndarray] = []
+    rate = 0
+    to_float = av.AudioResampler(format="flt", layout="mono")
+    try:
+        with av.open(io.BytesIO(data)) as container:
+            for frame in container.decode(audio=0):
+                rate = frame.sample_rate
+                parts.extend(f.to_ndarray().reshape(-1) for f in to_float.resample(frame))
+    except (av.error.InvalidDataError, av.error.EOFError):
+        pass  # cut short: what decoded so far
+    return (np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)), rate
 
 
 def free_port() -> int:

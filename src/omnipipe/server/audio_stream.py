@@ -122,11 +122,14 @@ class EncodedStream:
         return self._sink.take()
 
     def feed(self, chunk: np.ndarray) -> bytes:
-        import av
-
         audio = np.asarray(chunk, dtype=np.float32).reshape(-1)
         if self._resampler is not None:
             audio = self._resampler.resample_float(audio)
+        return self._feed_at_rate(audio)
+
+    def _feed_at_rate(self, audio: np.ndarray) -> bytes:
+        import av
+
         if not audio.size:
             return self._sink.take()
         frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(np.clip(audio, -1.0, 1.0))[None, :], format="flt",
@@ -137,9 +140,7 @@ class EncodedStream:
     def flush(self) -> bytes:
         data = b""
         if self._resampler is not None:
-            tail = self._resampler.flush_float()
-            if tail.size:
-                data += self.feed(tail)
+            data += self._feed_at_rate(self._resampler.flush_float())
         data += self._encode(None)
         self.close()
         return data + self._sink.take()
