@@ -15,10 +15,11 @@ import pytest
 
 from tests.server.conftest import ServerProcess, running_server
 
-# slow vocoder and talker calls stretch a long answer over seconds, so a stage can be killed mid-stream
+# slow vocoder and talker calls stretch a long answer over seconds, so a stage can be killed mid-stream; the
+# vocoder is killed once per test, more often in a row than the default restart limit allows
 SLOW_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 20}},
                           "talker": {"options": {"call_delay_ms": 20}},
-                          "code2wav": {"options": {"call_delay_ms": 40}}}}
+                          "code2wav": {"options": {"call_delay_ms": 40}, "max_restarts": 10}}}
 LONG_INPUT = " ".join(f"word{i}" for i in range(80))
 
 

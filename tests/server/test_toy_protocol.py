@@ -17,7 +17,7 @@ import pytest
 import soundfile
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.server.conftest import API_KEY, ServerProcess
+from tests.server.conftest import API_KEY, ServerProcess, decode_audio
 
 TOY_RATE_HZ = 8000
 
@@ -68,7 +68,7 @@ def test_chat_text_parts_and_max_tokens(client: openai.OpenAI) -> None:
     assert completion.choices[0].finish_reason == "length"
 
 
-@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "pcm16"])
+@pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "pcm16", "aac"])
 def test_chat_audio_non_streaming(client: openai.OpenAI, fmt: str) -> None:
     completion = client.chat.completions.create(
         model="toy", messages=[{"role": "user", "content": "say hi"}], modalities=["text", "audio"],
@@ -81,9 +81,12 @@ def test_chat_audio_non_streaming(client: openai.OpenAI, fmt: str) -> None:
     if fmt == "pcm16":
         audio = np.frombuffer(data, dtype="<i2")
         rate = 24000
+    elif fmt == "aac":
+        audio, rate = decode_audio(data)
     else:
         audio, rate = soundfile.read(io.BytesIO(data), dtype="float32")
-    assert rate == {"wav": TOY_RATE_HZ, "flac": TOY_RATE_HZ, "mp3": TOY_RATE_HZ, "opus": 24000, "pcm16": 24000}[fmt]
+    assert rate == {"wav": TOY_RATE_HZ, "flac": TOY_RATE_HZ, "mp3": TOY_RATE_HZ, "opus": 24000, "pcm16": 24000,
+                    "aac": TOY_RATE_HZ}[fmt]
     assert len(audio) > 0.05 * rate and np.abs(audio).max() > 0
 
 
@@ -147,12 +150,16 @@ def test_omnipipe_extension_fields(toy_server: ServerProcess) -> None:
     assert response.json()["choices"][0]["message"]["content"] == "ABC"
 
 
-@pytest.mark.parametrize("fmt", ["pcm", "wav", "flac", "mp3", "opus"])
-def test_speech_streams_audio(toy_server: ServerProcess, fmt: str) -> None:
-    body = {"model": "toy", "input": "read this aloud", "voice": "default", "response_format": fmt}
+@pytest.mark.parametrize("fmt", ["pcm", "wav", "flac", "mp3", "opus", "aac", None])
+def test_speech_streams_audio(toy_server: ServerProcess, fmt: str | None) -> None:
+    body = {"model": "toy", "input": "read this aloud", "voice": "default"}
+    if fmt is not None:
+        body["response_format"] = fmt
     with toy_server.client() as http, http.stream("POST", "/v1/audio/speech", json=body) as response:
         assert response.status_code == 200
         data = b"".join(response.iter_raw())
+    if fmt is None:  # the default, as OpenAI's
+        assert response.headers["content-type"] == "audio/mpeg"
     if fmt == "pcm":
         assert response.headers["content-type"] == "audio/pcm"
         audio = np.frombuffer(data, dtype="<i2")
@@ -165,8 +172,33 @@ def test_speech_streams_audio(toy_server: ServerProcess, fmt: str) -> None:
         assert int.from_bytes(data[24:28], "little") == TOY_RATE_HZ
         assert len(audio) > 0.1 * TOY_RATE_HZ
         return
-    audio, rate = soundfile.read(io.BytesIO(data), dtype="float32")
-    assert len(audio) > 0.1 * rate
+    audio, rate = decode_audio(data)
+    assert rate > 0 and len(audio) > 0.1 * rate
+
+
+def test_speech_voice_names_objects_and_instructions(client: openai.OpenAI, toy_server: ServerProcess) -> None:
+    for voice in ("alloy", "verse", {"id": "default"}, {"id": "shimmer"}):
+        response = client.audio.speech.create(model="toy_tts", input="hi", voice=voice,  # type: ignore[arg-type]
+                                              response_format="pcm")
+        assert len(response.content) > 0
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.audio.speech.create(model="toy_tts", input="hi", voice="alloy", instructions="whisper")
+    assert raised.value.body["param"] == "instructions"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.audio.speech.create(model="toy_tts", input="hi", voice={"id": "nobody"})  # type: ignore[arg-type]
+    assert raised.value.body["param"] == "voice" and "alloy" in raised.value.body["message"]  # type: ignore[index]
+    voices = httpx.get(f"{toy_server.url}/v1/audio/voices", headers=toy_server.headers).json()
+    assert [v["id"] for v in voices["voices"]] == ["default"] and set(voices["models"]) == {"toy", "toy_tts"}
+    completion = client.chat.completions.create(
+        model="toy", messages=[{"role": "user", "content": "say hi"}], modalities=["text", "audio"],
+        audio={"voice": {"id": "alloy"}, "format": "wav"}, max_tokens=100)  # type: ignore[typeddict-item]
+    assert completion.choices[0].message.audio is not None
+    samples, rate = decode_audio(base64.b64decode(completion.choices[0].message.audio.data))
+    assert rate == TOY_RATE_HZ and len(samples) > 0.05 * rate
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "hi"}],
+                                       modalities=["text", "audio"], audio={"voice": {"id": "x"}, "format": "wav"})
+    assert raised.value.body["param"] == "audio.voice"  # type: ignore[index]
 
 
 def test_speech_with_openai_client_and_speed(client: openai.OpenAI) -> None:
@@ -174,6 +206,7 @@ def test_speech_with_openai_client_and_speed(client: openai.OpenAI) -> None:
     fast = client.audio.speech.create(model="toy", input="hello world", voice="default", response_format="pcm",
                                       speed=2.0)
     assert len(normal.content) > 0 and len(fast.content) > 0
+    assert abs(len(fast.content) / len(normal.content) - 0.5) <= 0.05
 
 
 def test_speech_sse(toy_server: ServerProcess) -> None:
