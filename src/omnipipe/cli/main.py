@@ -163,6 +163,9 @@ def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--port", type=int, default=port, help="port to listen on")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /debug routes")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies get 413")
+    p.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE",
+                   help="map an OpenAI voice name (alloy, ash, ...) to a pipeline voice (repeatable; default: each "
+                        "to 'default', or the family's own mapping)")
     p.add_argument("--verbose", "-v", action="store_true")
 
 
@@ -182,8 +185,12 @@ def _serve(args: argparse.Namespace, **options: Any) -> int:
         raise CLIError(f"--port: must be in 1..65535, got {args.port}")
     if args.max_body_bytes < 1:
         raise CLIError(f"--max-body-bytes: must be >= 1, got {args.max_body_bytes}")
+    aliases = dict(item.split("=", 1) for item in args.voice_alias if "=" in item)
+    bad = [item for item in args.voice_alias if "=" not in item or not all(item.split("=", 1))]
+    if bad:
+        raise CLIError(f"--voice-alias: expected NAME=VOICE, got {bad[0]!r}")
     config = ServerConfig(pipeline=args.pipeline, deploy=args.deploy, host=args.host, port=args.port,
-                          api_key=args.api_key, max_body_bytes=args.max_body_bytes,
+                          api_key=args.api_key, max_body_bytes=args.max_body_bytes, voice_aliases=aliases,
                           log_level="INFO" if args.verbose else "WARNING", **options)
     failures: list[str] = []
     server: uvicorn.Server | None = None
