@@ -16,7 +16,8 @@ _CLOSED = ConfigDict(strict=True, extra="forbid")
 ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus"]
 InputAudioFormat = Literal["wav", "mp3", "flac", "ogg"]
 SpeechFormat = Literal["wav", "pcm", "flac", "mp3", "opus"]
-TranscriptionFormat = Literal["json", "text", "verbose_json"]
+TranscriptionFormat = Literal["json", "text", "verbose_json", "srt", "vtt"]
+TimestampGranularity = Literal["segment", "word"]
 
 
 # ---------------------------------------------------------------------------------------------- chat: request
