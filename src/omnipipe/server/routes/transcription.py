@@ -177,15 +177,15 @@ async def create_transcription(
     pool: EnginePool = request.app.state.pool
     metrics: ServerMetrics = request.app.state.metrics
     await _refuse_unknown_fields(request)
-    pool.check_model(model, "transcription")
-    if language is not None and language.lower() not in LANGUAGES:
-        raise invalid(f"language: only English is supported, got {language!r}", "language")
     if stream and response_format not in STREAMED_FORMATS:
         raise invalid(f"response_format: a stream (stream=true) is json or text, got {response_format!r}",
                       "response_format")
     granularities = set(timestamp_granularities or ())
     if granularities and response_format != "verbose_json":
         raise invalid("timestamp_granularities: needs response_format=verbose_json", "timestamp_granularities")
+    pool.check_model(model, "transcription")
+    if language is not None and language.lower() not in LANGUAGES:
+        raise invalid(f"language: only English is supported, got {language!r}", "language")
     data = await file.read()
     if not data:
         raise invalid("file: the uploaded file is empty", "file")
