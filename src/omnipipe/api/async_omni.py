@@ -136,10 +136,11 @@ class AsyncOmni:
             while True:
                 event = await state.queue.get()
                 if event.kind == "text":
-                    clock.on_text(event.num_tokens)
+                    if event.text_delta:  # not a details-only event
+                        clock.on_text(event.num_tokens)
                     text += event.text_delta
                     yield OmniRequestOutput(request_id, event.stage, "text", text=text, text_delta=event.text_delta,
-                                            num_tokens=event.num_tokens)
+                                            num_tokens=event.num_tokens, details=event.details)
                 elif event.kind == "audio":
                     chunk = np.asarray(event.audio, dtype=np.float32).reshape(-1)
                     clock.on_audio(len(chunk), event.sample_rate_hz)

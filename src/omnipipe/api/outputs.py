@@ -43,6 +43,8 @@ class OmniRequestOutput:
 
     ``text`` is the cumulative text so far; ``text_delta`` what this event added. ``audio`` is this event's
     chunk (float32 mono at ``sample_rate_hz``). The final output of ``Omni.generate`` carries the whole audio.
+    ``details`` is what the stage reported beside a text event (the default family's speech recognition: one
+    transcript segment with its times and scores, or the clip's language and duration); ``None`` otherwise.
     """
 
     request_id: str
@@ -51,6 +53,7 @@ class OmniRequestOutput:
     text: str = ""
     text_delta: str = ""
     num_tokens: int = 0  # tokens in ``text_delta``
+    details: dict[str, Any] | None = None  # a "text" event's structured results, e.g. a transcript segment's times
     audio: np.ndarray | None = None
     sample_rate_hz: int | None = None
     finished: bool = False

@@ -212,5 +212,11 @@ def malformed_cases(model: str, max_body_bytes: int) -> list[Case]:
         Case("transcription: on a pipeline without it", 404, None, path=TRANSCRIBE, data={"model": model},
              files={"file": ("a.wav", b"@@ not audio @@", "audio/wav")}),
         Case("transcription: response_format unknown", 400, "response_format", path=TRANSCRIBE,
-             data={"model": model, "response_format": "srt"}, files={"file": wav}),
+             data={"model": model, "response_format": "xml"}, files={"file": wav}),
+        Case("transcription: stream of a subtitle format", 400, "response_format", path=TRANSCRIBE,
+             data={"model": model, "response_format": "srt", "stream": "true"}, files={"file": wav}),
+        Case("transcription: word timestamps without verbose_json", 400, "timestamp_granularities",
+             path=TRANSCRIBE, data={"model": model, "timestamp_granularities[]": "word"}, files={"file": wav}),
+        Case("transcription: field not implemented", 400, "chunking_strategy", path=TRANSCRIBE,
+             data={"model": model, "chunking_strategy": "auto"}, files={"file": wav}),
     ]

@@ -46,6 +46,7 @@ class EngineEvent:
     stage: str
     text_delta: str = ""
     num_tokens: int = 0
+    details: dict[str, Any] | None = None  # the stage's structured results beside the text (RunnerOutput.details)
     audio: np.ndarray | None = None
     sample_rate_hz: int | None = None
     finish_reason: str | None = None

@@ -479,9 +479,9 @@ class Orchestrator:
             return
         stage = message.stage
         spec = self.pipeline.stage(stage)
-        if message.text_delta:
+        if message.text_delta or "details" in body:
             self._emit(EngineEvent(request.request_id, "text", stage, text_delta=message.text_delta,
-                                   num_tokens=message.num_tokens))
+                                   num_tokens=message.num_tokens, details=body.get("details")))
         if "audio" in body:
             self._emit(EngineEvent(request.request_id, "audio", stage, audio=body["audio"],
                                    sample_rate_hz=spec.sample_rate_hz))

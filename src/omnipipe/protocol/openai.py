@@ -16,7 +16,8 @@ _CLOSED = ConfigDict(strict=True, extra="forbid")
 ChatAudioFormat = Literal["wav", "pcm16", "flac", "mp3", "opus", "aac"]
 InputAudioFormat = Literal["wav", "mp3", "flac", "ogg"]
 SpeechFormat = Literal["mp3", "opus", "aac", "flac", "wav", "pcm"]
-TranscriptionFormat = Literal["json", "text", "verbose_json"]
+TranscriptionFormat = Literal["json", "text", "verbose_json", "srt", "vtt"]
+TimestampGranularity = Literal["segment", "word"]
 
 # the voice names OpenAI's own models answer to; a server maps each to one of its pipeline's voices
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "onyx", "nova", "sage", "shimmer", "verse",

@@ -28,6 +28,9 @@ class RunnerOutput:
     text_delta: str = ""
     audio: np.ndarray | None = None  # float32 mono, final audio for the user
     data: dict[str, Any] | None = None  # step data for the next stage (chunk processor or forwarding)
+    # structured results for the caller beside this step's text (e.g. a transcript segment's times); reaches
+    # ``OmniRequestOutput.details`` where the stage's text does (its final output)
+    details: dict[str, Any] | None = None
     num_units: int = 0  # tokens or frames this step produced
     finished: bool = False
     finish_reason: str | None = None

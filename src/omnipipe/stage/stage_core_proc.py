@@ -419,6 +419,8 @@ class StageCoreProc:
         body: dict[str, Any] = {}
         if request.emit_final and output.audio is not None:
             body["audio"] = output.audio
+        if request.emit_final and output.details is not None:
+            body["details"] = output.details
         if request.emit_data and output.data is not None:
             body["data"] = output.data
         text = output.text_delta if request.emit_final else ""

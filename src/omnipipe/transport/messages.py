@@ -99,7 +99,7 @@ class StageOutput(msgspec.Struct, tag="output", frozen=True):
     finished: bool
     text_delta: str = ""
     num_tokens: int = 0
-    payload: Payload | None = None  # final audio and/or data for forwarding
+    payload: Payload | None = None  # final audio, details for the caller and/or data for forwarding
     finish_reason: str | None = None
     metrics: dict[str, Any] | None = None
 

@@ -11,7 +11,9 @@ from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, ServingTraits,
 _P = "omnipipe.models.default"
 VOICE_SAMPLE_RATE_HZ = 22_050  # the packaged "joe" voice; the code2wav runner checks it at load
 
-ENCODER = StageSpec("encoder", "encoder", f"{_P}.runners.encoder:WhisperEncoderRunner")
+# whisper decodes autoregressively, a segment per step (so a transcript streams and an abort stops it early)
+ENCODER = StageSpec("encoder", "ar", f"{_P}.runners.encoder:WhisperEncoderRunner",
+                    extra_params=f"{_P}.processors:TranscriptionParams")
 THINKER = StageSpec("thinker", "ar", f"{_P}.runners.thinker:GemmaThinkerRunner", final_output="text")
 TALKER = StageSpec("talker", "generation", f"{_P}.runners.talker:PiperTalkerRunner",
                    extra_params=f"{_P}.processors:TalkerParams")

@@ -17,6 +17,7 @@ from omnipipe.util.field_error import FieldError
 
 WHISPER_RATE_HZ = 16_000
 MAX_AUDIO_S = 120.0
+MAX_PROMPT_CHARS = 2_000  # whisper reads at most the last 223 tokens of a prompt
 _SENTENCE_END = re.compile(r"[.!?…]+[\"')\]]*\s+")
 _CLAUSE_END = re.compile(r"[,;:]\s+")
 MIN_CLAUSE_WORDS = 3  # shorter fragments make the voice sound choppy
@@ -46,6 +47,26 @@ class TalkerParams:
         value = self.speed
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.25 <= value <= 4.0:
             raise FieldError("speed", f"must be a number in [0.25, 4], got {value!r}")
+
+
+@dataclass(frozen=True)
+class TranscriptionParams:
+    """The encoder's ``SamplingParams.extra``: ``word_timestamps`` adds each segment's words with their times,
+    ``prompt`` is text the decoding continues from (spellings, style), ``temperature`` samples the decoding (0:
+    greedy)."""
+
+    word_timestamps: bool = False
+    prompt: str = ""
+    temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.word_timestamps, bool):
+            raise FieldError("word_timestamps", f"must be true or false, got {self.word_timestamps!r}")
+        if not isinstance(self.prompt, str) or len(self.prompt) > MAX_PROMPT_CHARS:
+            raise FieldError("prompt", f"must be a string of at most {MAX_PROMPT_CHARS} characters")
+        value = self.temperature
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise FieldError("temperature", f"must be a number in [0, 1], got {value!r}")
 
 
 def _decode_audio(value: Any) -> np.ndarray:
@@ -90,7 +111,7 @@ def asr_prompt(prompt: dict[str, Any]) -> EntryInput:
 
 def encoder2thinker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The transcript (after any written instruction) becomes the thinker's question."""
-    transcript = " ".join(o.get("text", "") for o in outputs).strip()
+    transcript = " ".join(t for o in outputs if (t := o.get("text", "").strip()))
     instruction = next((o.get("instruction", "") for o in outputs if o.get("instruction")), "")
     return [{"text": f"{instruction} {transcript}".strip()}]
 

@@ -1,6 +1,7 @@
 """Schedulers registered by stage kind: a new stage kind is one scheduler module plus one line here.
 
-``encoder`` stages (e.g. whisper) take their input once and produce once: the generation behaviour.
+``encoder`` stages take their input once and produce once: the generation behaviour. (The default family's
+whisper decodes a segment per step, so that its transcript streams: it is an ``ar`` stage.)
 ``diffusion`` is a kind the topology may name but no scheduler serves yet; the engine refuses it at start.
 """
 

@@ -1,13 +1,32 @@
-"""Speech in: whisper tiny.en turns each request's audio into text for the thinker."""
+"""Speech in: whisper tiny.en turns each request's audio into text, one segment per step.
+
+The first step starts a request's decoding and reports the clip's language and duration; each later step decodes
+its next segment (a new 30 s window when the current one is used up), so the transcript streams as it is decoded
+and an aborted request stops between segments. The step after the last segment finishes the request.
+"""
 
 from __future__ import annotations
 
-from omnipipe.models.default.modeling.whisper import WhisperASR
+from dataclasses import asdict
+from typing import Any
+
+from omnipipe.models.default.modeling.whisper import DecodeOptions, Decoding, TranscriptSegment, WhisperASR
+from omnipipe.models.default.processors import TranscriptionParams
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
 
+def segment_details(segment: TranscriptSegment) -> dict[str, Any]:
+    details = {k: v for k, v in asdict(segment).items() if k != "words"}
+    details["start"], details["end"] = details.pop("start_s"), details.pop("end_s")
+    if segment.words is not None:
+        details["words"] = [{"word": w.word, "start": w.start_s, "end": w.end_s} for w in segment.words]
+    return {"segment": details}
+
+
 class WhisperEncoderRunner(StageRunner):
+    """An ``ar`` stage: a request's runner state is its :class:`Decoding` (not restorable after a failed step)."""
+
     def load(self) -> None:
         self.asr = WhisperASR(num_threads=self.context.threads)
 
@@ -17,10 +36,31 @@ class WhisperEncoderRunner(StageRunner):
         self.asr.transcribe(np.zeros(16_000, np.float32), 16_000)
 
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        outputs = []
-        for request in batch:
-            item = request.take_input() or {}
-            text = self.asr.transcribe(item["audio"], int(item["sample_rate_hz"])).strip()
-            outputs.append(RunnerOutput(request.request_id, text_delta=text, num_units=1,
-                                        data={"text": text, "instruction": item.get("instruction", "")}))
-        return outputs
+        return [self._start(request) if is_prefill else self._step(request) for request in batch]
+
+    def _start(self, request: StageRequest) -> RunnerOutput:
+        item = next(iter(request.take_all_inputs()), {})
+        params = TranscriptionParams(**(request.params.get("extra") or {}))  # checked on arrival
+        options = DecodeOptions(word_timestamps=params.word_timestamps, initial_prompt=params.prompt,
+                                temperature=float(params.temperature))
+        decoding = self.asr.start(item["audio"], int(item["sample_rate_hz"]), options)
+        request.runner_state = {"decoding": decoding, "instruction": item.get("instruction", "")}
+        request.prefilled = True
+        return RunnerOutput(request.request_id, details={"language": decoding.language,
+                                                         "duration": round(decoding.duration_s, 3)})
+
+    def _step(self, request: StageRequest) -> RunnerOutput:
+        state = request.runner_state
+        decoding: Decoding = state["decoding"]
+        segment = decoding.next_segment()
+        if segment is None:
+            return RunnerOutput(request.request_id, finished=True,
+                                data={"text": "", "instruction": state["instruction"]})  # the instruction alone
+        # the first segment's text starts without a space, every later one with one (their join is the transcript)
+        text = segment.text.strip()
+        if text and state.setdefault("said", False):
+            text = " " + text
+        state["said"] = state["said"] or bool(text)
+        return RunnerOutput(request.request_id, text_delta=text, num_units=len(segment.tokens),
+                            details=segment_details(segment),
+                            data={"text": text.strip(), "instruction": state["instruction"]})
