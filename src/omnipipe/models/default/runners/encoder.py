@@ -22,5 +22,6 @@ class WhisperEncoderRunner(StageRunner):
             item = request.take_input() or {}
             text = self.asr.transcribe(item["audio"], int(item["sample_rate_hz"])).strip()
             outputs.append(RunnerOutput(request.request_id, text_delta=text, num_units=1,
-                                        data={"text": text, "instruction": item.get("instruction", "")}))
+                                        data={"text": text, "instruction": item.get("instruction", ""),
+                                              "history": item.get("history", [])}))
         return outputs
