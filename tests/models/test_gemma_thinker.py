@@ -12,6 +12,7 @@ from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sampl
 from omnipipe.models.default.prompting import (
     build_prompt,
     clean_answer,
+    prompt_parts,
     should_stop,
     stop_strings,
     stream_safe_length,
@@ -287,6 +288,15 @@ def test_prompt_ends_with_the_question_slot() -> None:
     assert prompt.endswith("Q: What is water made of?\nA:")
     with pytest.raises(ValueError, match="question"):
         build_prompt(" \n ")
+
+
+def test_a_conversation_goes_between_the_preamble_and_the_question() -> None:
+    history = [{"role": "system", "content": "Be  kind."}, {"role": "user", "content": "My name is Zorblat."},
+               {"role": "assistant", "content": "Nice to meet you!"}, {"role": "user", "content": "Also,"}]
+    preamble, turns = prompt_parts("what is my\nname?", history)
+    assert preamble == prompt_parts("x")[0]  # still the shared (cached) prefix
+    assert turns == "Note: Be kind.\n\nQ: My name is Zorblat.\nA: Nice to meet you!\n\nQ: Also, what is my name?\nA:"
+    assert build_prompt("Hi?", []) == build_prompt("Hi?")
 
 
 def test_stop_helpers_trim_and_hold_back() -> None:

@@ -104,10 +104,13 @@ def test_energy_vad_starts_on_loud_frames_and_stops_after_silence() -> None:
 # ---------------------------------------------------------------------------------------------- toy server
 def test_session_update_is_echoed_and_validated(toy_server: ServerProcess) -> None:
     with session(toy_server) as ws:
-        updated = no_vad(ws, modalities=["text"], instructions="be brief", voice="default")
+        updated = no_vad(ws, modalities=["text"], instructions="", voice="default")
         assert updated["session"]["modalities"] == ["text"]
         assert updated["session"]["turn_detection"] is None
-        assert updated["session"]["instructions"] == "be brief"
+        assert updated["session"]["instructions"] == ""
+        send(ws, "session.update", session={"instructions": "be brief"})  # the toy family takes no instructions
+        _, error = until(ws, "error", "session.updated")
+        assert error["type"] == "error" and error["error"]["param"] == "session.instructions", error
         send(ws, "session.update", session={"turn_detection": {"type": "server_vad", "threshold": 0.1,
                                                                  "silence_duration_ms": 300}})
         _, updated = until(ws, "session.updated")

@@ -49,23 +49,86 @@ def test_health_models_openapi(toy_server: ServerProcess, client: openai.OpenAI)
 
 def test_chat_text_only(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
-        model="toy", messages=[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}],
-        max_tokens=100, temperature=0)
+        model="toy", messages=[{"role": "user", "content": "hello there"}], max_tokens=100, temperature=0)
     choice = completion.choices[0]
     assert choice.message.content == "HELLO THERE"
     assert choice.message.audio is None
     assert choice.finish_reason == "stop"
     assert completion.object == "chat.completion" and completion.id.startswith("chatcmpl-")
     assert completion.usage is not None and completion.usage.completion_tokens > 0
+    assert completion.usage.prompt_tokens == len("hello there") + 1  # the toy tokenizer: a token a character, EOS
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + completion.usage.completion_tokens
 
 
 def test_chat_text_parts_and_max_tokens(client: openai.OpenAI) -> None:
     completion = client.chat.completions.create(
         model="toy", max_completion_tokens=4,
-        messages=[{"role": "user", "content": "ignored"}, {"role": "assistant", "content": "IGNORED"},
-                  {"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "text", "text": "def"}]}])
+        messages=[{"role": "user", "content": [{"type": "text", "text": "abc"}, {"type": "text", "text": "def"}]}])
     assert completion.choices[0].message.content == "ABC "
     assert completion.choices[0].finish_reason == "length"
+
+
+def test_chat_shapes_validate_against_the_openai_types(toy_server: ServerProcess) -> None:
+    """The bodies parse as the openai package's own types, field for field (a drift in shape fails here)."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    base = {"model": "toy", "messages": [{"role": "user", "content": "shape"}], "max_tokens": 20}
+    with toy_server.client() as http:
+        for extra in ({}, {"modalities": ["text", "audio"], "audio": {"voice": "default", "format": "wav"}}):
+            body = http.post("/v1/chat/completions", json={**base, **extra}).json()
+            parsed = ChatCompletion.model_validate(body)
+            assert set(body) <= set(ChatCompletion.model_fields), body
+            assert set(body["choices"][0]["message"]) <= set(parsed.choices[0].message.model_fields)
+        stream = {**base, "stream": True, "stream_options": {"include_usage": True},
+                  "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "pcm16"}}
+        with http.stream("POST", "/v1/chat/completions", json=stream) as response:
+            chunks = sse_events(response)[:-1]
+    for chunk in chunks:
+        parsed = ChatCompletionChunk.model_validate(chunk)
+        assert set(chunk) <= set(ChatCompletionChunk.model_fields), chunk
+        for choice in chunk["choices"]:
+            assert "content" not in choice["delta"] or choice["delta"]["content"] is None, chunk
+    assert chunks[-1]["usage"]["prompt_tokens"] == len("shape") + 1 and parsed.usage is not None
+
+
+def test_the_toy_family_refuses_a_conversation(client: openai.OpenAI) -> None:
+    """It answers one question at a time: earlier turns and system messages are a 400, never dropped."""
+    for messages in ([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                     [{"role": "user", "content": "a"}, {"role": "assistant", "content": "A"},
+                      {"role": "user", "content": "b"}]):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(model="toy", messages=messages, max_tokens=5)
+        assert refused.value.body["param"] == "messages" and "one question" in refused.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="toy", max_tokens=5, messages=[
+            {"role": "user", "content": "a"}, {"role": "assistant", "content": "A"}])
+    assert refused.value.body["param"] == "messages[1].role"
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"logprobs": True}, "logprobs"),
+    ({"top_logprobs": 2}, "top_logprobs"),
+    ({"response_format": {"type": "json_object"}}, "response_format"),
+    ({"logit_bias": {"50256": -100}}, "logit_bias"),
+    ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"frobnicate": 1}, "frobnicate"),
+])
+def test_unsupported_parameters_are_refused_by_name(client: openai.OpenAI, fields: dict, param: str) -> None:
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "hi"}], max_tokens=5,
+                                       extra_body=fields)
+    body = refused.value.body
+    assert body["param"] == param and body["code"] == "unsupported_parameter" and param in body["message"], body
+
+
+def test_off_values_and_bookkeeping_fields_are_accepted(client: openai.OpenAI) -> None:
+    completion = client.chat.completions.create(
+        model="toy", messages=[{"role": "user", "content": "fine"}], max_tokens=10, logprobs=False, tools=[],
+        tool_choice="none", response_format={"type": "text"}, user="someone", store=False, metadata={"k": "v"},
+        parallel_tool_calls=False, extra_body={"top_k": 5, "repetition_penalty": 1.1})
+    assert completion.choices[0].message.content == "FINE"
 
 
 @pytest.mark.parametrize("fmt", ["wav", "flac", "mp3", "opus", "pcm16", "aac"])
@@ -74,7 +137,7 @@ def test_chat_audio_non_streaming(client: openai.OpenAI, fmt: str) -> None:
         model="toy", messages=[{"role": "user", "content": "say hi"}], modalities=["text", "audio"],
         audio={"voice": "default", "format": fmt}, max_tokens=100)
     message = completion.choices[0].message
-    assert message.content == "SAY HI"
+    assert message.content is None  # as OpenAI: a spoken answer's words are its transcript, not also content
     assert message.audio is not None and message.audio.transcript == "SAY HI"
     assert message.audio.id and message.audio.expires_at > 0
     data = base64.b64decode(message.audio.data)
@@ -112,7 +175,7 @@ def test_chat_streaming_with_audio_deltas(client: openai.OpenAI, toy_server: Ser
                 pcm += base64.b64decode(audio["data"])
         if chunk.choices[0].finish_reason:
             finish = chunk.choices[0].finish_reason
-    assert text == transcript == "STREAM ME PLEASE"
+    assert text == "" and transcript == "STREAM ME PLEASE"  # the words once, as the audio's transcript
     assert finish == "stop" and usage is not None and usage.completion_tokens > 0
     assert len(audio_ids) == 1
     # the whole answer's audio, resampled to 24 kHz as one stream, equals the non-streamed pcm16

@@ -39,6 +39,7 @@ class RequestClock:
             e2e_s=e2e, ttft_s=times[0] if times else None, tpot_s=tpot, itl_s=itl, ttfp_s=self.first_audio_s,
             audio_duration_s=duration, rtf=(e2e / duration) if duration > 0 else None,
             num_output_tokens=self.num_tokens, stages=stages, edges=edges,
+            num_prompt_tokens=sum(int(m.get("prompt_tokens", 0)) for m in stages.values()),
         )
 
 
@@ -57,6 +58,7 @@ def format_request_metrics(metrics: RequestMetrics) -> str:
         ("TTFP (first audio)", ms(metrics.ttfp_s)),
         ("audio", f"{metrics.audio_duration_s:.2f} s"),
         ("RTF", "-" if metrics.rtf is None else f"{metrics.rtf:.3f}"),
+        ("prompt tokens", str(metrics.num_prompt_tokens)),
         ("output tokens", str(metrics.num_output_tokens)),
     ]
     lines = ["request", *(f"  {name:<20} {value}" for name, value in rows), "stages"]

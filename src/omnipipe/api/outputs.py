@@ -20,6 +20,7 @@ class RequestMetrics:
     audio_duration_s: float = 0.0
     rtf: float | None = None  # e2e / audio duration
     num_output_tokens: int = 0
+    num_prompt_tokens: int = 0  # as the comprehension stage tokenised the prompt (0: it does not say)
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)  # queue/compute time, tokens/frames
     edges: dict[str, dict[str, Any]] = field(default_factory=dict)  # bytes, chunks, transfer time
 
@@ -34,6 +35,7 @@ class RequestMetrics:
             "rtf": self.rtf,
             "audio_duration_s": self.audio_duration_s,
             "num_output_tokens": self.num_output_tokens,
+            "num_prompt_tokens": self.num_prompt_tokens,
         }
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from omnipipe.util.field_error import FieldError
 
 MM_KEYS = ("audio", "image")
+HISTORY_ROLES = ("system", "user", "assistant")  # "system" also carries OpenAI's "developer" messages
 
 
 def check_unicode(text: str, field: str) -> None:
@@ -19,16 +20,42 @@ def check_unicode(text: str, field: str) -> None:
                          f"position {exc.start}") from None
 
 
-def normalize_prompt(prompt: Any, accepted: tuple[str, ...]) -> dict[str, Any]:
-    """Return ``{"prompt": str, "multi_modal_data": {...}}`` or raise ValueError naming the field."""
+def check_history(history: Any, takes_history: bool) -> list[dict[str, str]]:
+    """The conversation before the question: ``[{"role": "system"|"user"|"assistant", "content": str}, ...]``."""
+    if history is None:
+        return []
+    if not isinstance(history, list):
+        raise FieldError("prompt.history", f"must be a list of {{'role', 'content'}} dicts, got {type(history).__name__}")
+    out: list[dict[str, str]] = []
+    for i, turn in enumerate(history):
+        where = f"prompt.history[{i}]"
+        if not isinstance(turn, dict) or set(turn) != {"role", "content"}:
+            raise FieldError(where, "must be a dict with exactly 'role' and 'content'")
+        if turn["role"] not in HISTORY_ROLES:
+            raise FieldError(f"{where}.role", f"must be one of {', '.join(HISTORY_ROLES)}, got {turn['role']!r}")
+        if not isinstance(turn["content"], str):
+            raise FieldError(f"{where}.content", f"must be a string, got {type(turn['content']).__name__}")
+        check_unicode(turn["content"], f"{where}.content")
+        out.append({"role": turn["role"], "content": turn["content"]})
+    if out and not takes_history:
+        raise FieldError("prompt.history", "this pipeline answers one question at a time: it does not take "
+                         "earlier turns or system instructions")
+    return out
+
+
+def normalize_prompt(prompt: Any, accepted: tuple[str, ...], takes_history: bool = False) -> dict[str, Any]:
+    """Return ``{"prompt": str, "multi_modal_data": {...}, "history": [...]}`` or raise FieldError naming the
+    field. ``history`` holds the turns before the question (system instructions, earlier questions and answers)
+    for a pipeline whose prompt processor reads them (``PipelineSpec.takes_history``)."""
     if isinstance(prompt, str):
         prompt = {"prompt": prompt}
     if not isinstance(prompt, dict):
-        raise FieldError("prompt", "must be a string or a dict with 'prompt' and 'multi_modal_data', "
+        raise FieldError("prompt", "must be a string or a dict with 'prompt', 'multi_modal_data' and 'history', "
                          f"got {type(prompt).__name__}")
-    unknown = sorted(set(prompt) - {"prompt", "multi_modal_data"})
+    unknown = sorted(set(prompt) - {"prompt", "multi_modal_data", "history"})
     if unknown:
-        raise FieldError(f"prompt.{unknown[0]}", "unknown key (expected 'prompt' and 'multi_modal_data')")
+        raise FieldError(f"prompt.{unknown[0]}", "unknown key (expected 'prompt', 'multi_modal_data', 'history')")
+    history = check_history(prompt.get("history"), takes_history)
     text = prompt.get("prompt", "")
     if text is None:
         text = ""
@@ -48,4 +75,4 @@ def normalize_prompt(prompt: Any, accepted: tuple[str, ...]) -> dict[str, Any]:
         raise FieldError("prompt.prompt", f"this pipeline does not accept text input (it accepts {', '.join(accepted)})")
     if not text.strip() and not mm:
         raise FieldError("prompt", "is empty (give text or multi_modal_data)")
-    return {"prompt": text, "multi_modal_data": dict(mm)}
+    return {"prompt": text, "multi_modal_data": dict(mm), "history": history}

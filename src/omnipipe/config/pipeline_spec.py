@@ -88,6 +88,7 @@ class PipelineSpec:
     input_modalities: tuple[str, ...]
     default_deploy: dict[str, Any] = field(default_factory=dict)
     comprehension_stage: str | None = None  # receives SamplingParams given without a stage name
+    takes_history: bool = False  # the prompt processor reads a prompt's "history" (earlier turns, instructions)
     prepare_weights: str | None = None  # dotted path: (progress: bool) -> None, idempotent
     weights_status: str | None = None  # dotted path: () -> (ready: bool, detail: str)
     serving: ServingTraits = field(default_factory=ServingTraits)

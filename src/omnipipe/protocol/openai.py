@@ -1,7 +1,10 @@
 """Request and response bodies of the OpenAI-compatible API (pydantic models, strict types).
 
-Unknown top-level fields are ignored (clients send many optional ones); fields omnipipe reads are checked strictly,
-so ``"max_tokens": "10"`` is a 400 naming ``max_tokens`` rather than a silent conversion.
+Fields omnipipe reads are checked strictly, so ``"max_tokens": "10"`` is a 400 naming ``max_tokens`` rather than a
+silent conversion. A chat request is closed: a field omnipipe does not implement is a 400 naming it (as OpenAI
+answers an unknown argument), never accepted and dropped. The exceptions are the fields that cannot change an
+answer (``user``, ``store``, ``metadata``, ...: ``CHAT_IGNORED``) and the off values of features omnipipe lacks
+(``logprobs: false``, ``tools: []``, ``response_format: {"type": "text"}``), which clients send by default.
 """
 
 from __future__ import annotations
@@ -73,11 +76,24 @@ class ImageUrlPart(BaseModel):
 ContentPart = Annotated[TextPart | InputAudioPart | ImageUrlPart, Field(discriminator="type")]
 
 
+class AssistantAudioRef(BaseModel):
+    """An earlier spoken answer, by the ``audio.id`` omnipipe gave it: it stands for that answer's words."""
+
+    model_config = _CLOSED
+    id: str = Field(min_length=1)
+
+
 class ChatMessage(BaseModel):
-    model_config = _STRICT
+    model_config = _CLOSED
     role: Literal["system", "developer", "user", "assistant"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    audio: AssistantAudioRef | None = None  # assistant messages only
+    # what a client echoes back from an earlier answer: accepted when empty, refused when they carry anything
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
 
 
 class AudioOutputParams(BaseModel):
@@ -99,8 +115,14 @@ class OmnipipeExtension(BaseModel):
     initial_codec_chunk_frames: int | None = Field(None, ge=1)
 
 
+CHAT_IGNORED = ("user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                "parallel_tool_calls")
+"""Chat fields accepted and not used: they cannot change the answer (bookkeeping, or options of tools omnipipe
+refuses)."""
+
+
 class ChatCompletionRequest(BaseModel):
-    model_config = _STRICT
+    model_config = _CLOSED
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
     modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1)
@@ -116,13 +138,32 @@ class ChatCompletionRequest(BaseModel):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     n: int = Field(1, ge=1, le=1, description="only 1 choice is supported")
+    top_k: int | None = Field(None, ge=0, description="vLLM's extension: sample from the k likeliest tokens")
+    repetition_penalty: float | None = Field(None, gt=0, description="vLLM's extension")
     omnipipe: OmnipipeExtension | None = None
+    # features omnipipe does not have: their off values are accepted (clients send them), anything else is a 400
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+    logit_bias: dict[str, Any] | None = None
+    # accepted, not used (CHAT_IGNORED)
+    user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    parallel_tool_calls: bool | None = None
 
 
 # ---------------------------------------------------------------------------------------------- chat: response
 class Usage(BaseModel):
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # text tokens of the answer (its speech is not counted in tokens)
     total_tokens: int = 0
 
 
@@ -218,6 +259,7 @@ class ModelCard(BaseModel):
     # omnipipe extension: what the model takes and what it can answer with ("text", "audio", "image", ...)
     input_modalities: list[str] | None = None
     output_modalities: list[str] | None = None
+    conversation: bool | None = None  # whether chat takes earlier turns and system messages (else: the question)
 
 
 class ModelList(BaseModel):

@@ -30,6 +30,7 @@ from omnipipe.server.guard import RequestGuard
 from omnipipe.server.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.routes import chat, realtime, speech, transcription
+from omnipipe.server.spoken_answers import SpokenAnswers
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
                   description="OpenAI-compatible API for omnipipe's multi-stage omni models.")
     app.state.pool = pool
     app.state.metrics = metrics
+    app.state.spoken_answers = SpokenAnswers()
     app.state.sessions = sessions
     install_error_handlers(app)
     app.include_router(chat.router)
@@ -78,7 +80,8 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     @app.get(MODELS_PATH, response_model=ModelList)
     async def list_models() -> ModelList:
         return ModelList(data=[ModelCard(id=name, created=started, input_modalities=list(pipeline.input_modalities),
-                                         output_modalities=list(pipeline.output_modalities))
+                                         output_modalities=list(pipeline.output_modalities),
+                                         conversation=pipeline.takes_history)
                                for name, pipeline in pool.model_pipelines()])
 
     @app.get(HEALTH_PATH)

@@ -99,9 +99,12 @@ def from_validation_errors(errors: list[Any]) -> APIError:
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
     if first.get("type") == "missing":
         message = f"{param}: required field is missing"
+    if first.get("type") == "extra_forbidden":
+        message = f"{param}: not supported (omnipipe does not implement this parameter)"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    return invalid(message, param, code="missing_field" if first.get("type") == "missing" else "invalid_value")
+    code = {"missing": "missing_field", "extra_forbidden": "unsupported_parameter"}.get(first.get("type"), "invalid_value")
+    return invalid(message, param, code=code)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -479,6 +479,7 @@ class StageCoreProc:
             "queue_s": max(0.0, (request.first_scheduled_s or now) - first_input),  # input there, not yet scheduled
             "compute_s": request.compute_s,
             "units": request.num_units,
+            "prompt_tokens": request.num_prompt_tokens,
             "max_batch_size": request.max_batch_size,
             "edges": self.edge_stats.get(request.request_id, {}),
         } | {key: value for state in request.chunk_state.values() for key, value in state.get("metrics", {}).items()}

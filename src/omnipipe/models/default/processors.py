@@ -94,10 +94,11 @@ def _decode_audio(value: Any) -> np.ndarray:
 
 def default_prompt(prompt: dict[str, Any]) -> EntryInput:
     audio = prompt["multi_modal_data"].get("audio")
+    history = prompt.get("history") or []
     if audio is None:
-        return EntryInput("thinker", {"text": prompt["prompt"]})
+        return EntryInput("thinker", {"text": prompt["prompt"], "history": history})
     return EntryInput("encoder", {"audio": _decode_audio(audio), "sample_rate_hz": WHISPER_RATE_HZ,
-                                  "instruction": prompt["prompt"]})
+                                  "instruction": prompt["prompt"], "history": history})
 
 
 def tts_prompt(prompt: dict[str, Any]) -> EntryInput:
@@ -110,10 +111,12 @@ def asr_prompt(prompt: dict[str, Any]) -> EntryInput:
 
 
 def encoder2thinker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The transcript (after any written instruction) becomes the thinker's question."""
+    """The transcript (after any written instruction) becomes the thinker's question; the conversation before it
+    goes along."""
     transcript = " ".join(t for o in outputs if (t := o.get("text", "").strip()))
     instruction = next((o.get("instruction", "") for o in outputs if o.get("instruction")), "")
-    return [{"text": f"{instruction} {transcript}".strip()}]
+    history = next((o["history"] for o in outputs if o.get("history")), [])
+    return [{"text": f"{instruction} {transcript}".strip(), "history": history}]
 
 
 def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:

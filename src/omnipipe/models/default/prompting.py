@@ -29,19 +29,44 @@ MAX_ANSWER_TOKENS = 64
 _WHITESPACE = re.compile(r"\s+")
 
 
-def build_prompt(question: str) -> str:
-    """The few-shot prompt for ``question`` (newlines in it are folded to spaces)."""
-    preamble, turn = prompt_parts(question)
+def build_prompt(question: str, history: Sequence[dict[str, str]] = ()) -> str:
+    """The few-shot prompt for ``question`` after ``history`` (newlines are folded to spaces)."""
+    preamble, turn = prompt_parts(question, history)
     return preamble + turn
 
 
-def prompt_parts(question: str) -> tuple[str, str]:
-    """The prompt as (the preamble every prompt shares, this question's turn), for prefix caching."""
-    question = _WHITESPACE.sub(" ", question).strip()
+def prompt_parts(question: str, history: Sequence[dict[str, str]] = ()) -> tuple[str, str]:
+    """The prompt as (the preamble every prompt shares, this conversation's turns ending in the question), for
+    prefix caching. ``history``: ``{"role": "system"|"user"|"assistant", "content": str}`` before the question."""
+    question = _fold(question)
     if not question:
         raise ValueError("question must not be empty")
     shots = "".join(f"Q: {q}\nA: {a}\n\n" for q, a in FEW_SHOT_EXAMPLES)
-    return shots, f"Q: {question}\nA:"
+    earlier, unanswered = conversation(history)
+    return shots, earlier + f"Q: {' '.join([*unanswered, question])}\nA:"
+
+
+def conversation(history: Sequence[dict[str, str]]) -> tuple[str, list[str]]:
+    """Earlier turns as the template writes them: instructions as notes, questions and answers as Q/A pairs
+    (consecutive questions are joined; an answer with no question before it stands alone); and the questions
+    after the last answer, which join the one being asked."""
+    notes = [_fold(t["content"]) for t in history if t["role"] == "system" and _fold(t["content"])]
+    out = "".join(f"Note: {note}\n\n" for note in notes)
+    question: list[str] = []
+    for turn in history:
+        text = _fold(turn["content"])
+        if not text or turn["role"] == "system":
+            continue
+        if turn["role"] == "user":
+            question.append(text)
+            continue
+        out += (f"Q: {' '.join(question)}\n" if question else "") + f"A: {text}\n\n"
+        question = []
+    return out, question
+
+
+def _fold(text: str) -> str:
+    return _WHITESPACE.sub(" ", text).strip()
 
 
 def stop_strings() -> list[str]:

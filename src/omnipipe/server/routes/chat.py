@@ -1,5 +1,6 @@
-"""``POST /v1/chat/completions``: the last user message (text and/or one spoken part) as the question, text and
-optionally speech as the answer, whole or streamed as server-sent events."""
+"""``POST /v1/chat/completions``: the last message (the user's text and/or one spoken part) as the question, the
+messages before it as the conversation (for a pipeline that takes history), text and optionally speech as the
+answer, whole or streamed as server-sent events."""
 
 from __future__ import annotations
 
@@ -41,11 +42,11 @@ from omnipipe.server.disconnect import ClientGone, while_connected
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.server.spoken_answers import AUDIO_EXPIRY_S, SpokenAnswers
 from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
 from omnipipe.util.field_error import FieldError
 
 ENDPOINT = CHAT_PATH
-AUDIO_EXPIRY_S = 3600
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 429,
                                                                                           503)}
 router = APIRouter()
@@ -64,44 +65,112 @@ class ChatPlan:
 
 
 # ---------------------------------------------------------------------------------------------- request -> plan
-def _question(messages: list[ChatMessage], pipeline: PipelineSpec) -> tuple[dict[str, Any], str | None]:
-    index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].role == "user"), None)
-    if index is None:
-        raise invalid("messages: there is no user message", "messages")
-    content = messages[index].content
-    where = f"messages[{index}].content"
-    texts: list[str] = []
-    audio: bytes | None = None
-    audio_param: str | None = None
+def _refuse_unsupported(body: ChatCompletionRequest) -> None:
+    """Features omnipipe does not have: their off values pass (clients send them by default), anything else is a
+    400 naming the field rather than an answer that silently ignores it."""
+    off = {
+        "logprobs": body.logprobs in (None, False),
+        "top_logprobs": body.top_logprobs in (None, 0),
+        "tools": not body.tools,
+        "tool_choice": body.tool_choice in (None, "none") or (body.tool_choice == "auto" and not body.tools),
+        "functions": not body.functions,
+        "function_call": body.function_call in (None, "none"),
+        "response_format": body.response_format is None or body.response_format == {"type": "text"},
+        "logit_bias": not body.logit_bias,
+    }
+    for name, ok in off.items():
+        if not ok:
+            raise invalid(f"{name}: not supported (omnipipe answers in plain text, without tools, logprobs or "
+                          "logit bias)", name, code="unsupported_parameter")
+
+
+def _text_of(content: str | list[Any] | None, where: str, pipeline: PipelineSpec, earlier: bool) -> tuple[
+        list[str], list[tuple[int, InputAudioPart]]]:
+    """The text parts of a message's content, and its audio parts (with their index); images are refused."""
     parts = [TextPart(type="text", text=content)] if isinstance(content, str) else list(content or [])
+    texts: list[str] = []
+    audio: list[tuple[int, InputAudioPart]] = []
     for j, part in enumerate(parts):
         if isinstance(part, TextPart):
             texts.append(part.text)
         elif isinstance(part, InputAudioPart):
-            param = f"{where}[{j}].input_audio"
-            audio_param = f"{param}.data"
-            try:
-                decoded = base64.b64decode(part.input_audio.data, validate=True)
-            except (binascii.Error, ValueError):
-                raise invalid(f"{audio_param}: not valid base64", audio_param, code="invalid_base64") from None
-            if "audio" not in pipeline.input_modalities:
-                raise invalid(f"{param}: pipeline {pipeline.name!r} does not take audio input", param,
-                              code="unsupported_modality")
-            if audio is not None:
-                raise invalid(f"{param}: only one input_audio part per message is supported", param)
-            if not decoded:
-                raise invalid(f"{audio_param}: the audio is empty", audio_param)
-            audio = decoded
+            if earlier:
+                param = f"{where}[{j}].input_audio"
+                raise invalid(f"{param}: audio is taken in the last user message only; give an earlier spoken "
+                              "question as its transcript (text)", param, code="unsupported_content")
+            audio.append((j, part))
         elif isinstance(part, ImageUrlPart):
             param = f"{where}[{j}].image_url"
             raise invalid(f"{param}: pipeline {pipeline.name!r} does not take image input (it takes "
                           f"{', '.join(pipeline.input_modalities)})", param, code="unsupported_modality")
-    text = " ".join(t.strip() for t in texts if t.strip())
+    return [t.strip() for t in texts if t.strip()], audio
+
+
+def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: SpokenAnswers) -> list[dict[str, str]]:
+    """The turns before the question, in the prompt's ``history`` form (developer messages are system ones)."""
+    history: list[dict[str, str]] = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        for name in ("tool_calls", "function_call", "refusal"):
+            if getattr(message, name):
+                raise invalid(f"{where}.{name}: not supported (omnipipe has no tools)", f"{where}.{name}",
+                              code="unsupported_parameter")
+        if message.audio is not None and message.role != "assistant":
+            raise invalid(f"{where}.audio: only an assistant message refers to an earlier spoken answer",
+                          f"{where}.audio")
+        texts, _ = _text_of(message.content, f"{where}.content", pipeline, earlier=True)
+        if message.role == "assistant" and message.audio is not None and not texts:
+            words = answers.words(message.audio.id)
+            if words is None:
+                raise invalid(f"{where}.audio.id: no spoken answer {message.audio.id!r} on this server (unknown or "
+                              "expired): give the assistant's answer as content", f"{where}.audio.id")
+            texts = [words]
+        if texts:
+            role = "system" if message.role == "developer" else message.role
+            history.append({"role": role, "content": " ".join(texts)})
+    if history and not pipeline.takes_history:
+        raise invalid(f"messages: pipeline {pipeline.name!r} answers one question at a time; it does not take "
+                      "earlier turns or system messages (send the question alone)", "messages",
+                      code="unsupported_content")
+    return history
+
+
+def _question(messages: list[ChatMessage], pipeline: PipelineSpec, answers: SpokenAnswers) -> tuple[
+        dict[str, Any], str | None]:
+    """The last message is the question (a user's, with text and/or one spoken part); the ones before are the
+    conversation it belongs to."""
+    index = len(messages) - 1
+    if messages[index].role != "user":
+        raise invalid(f"messages[{index}].role: the last message must be the user's question, got "
+                      f"{messages[index].role!r}", f"messages[{index}].role")
+    where = f"messages[{index}].content"
+    texts, audio_parts = _text_of(messages[index].content, where, pipeline, earlier=False)
+    audio: bytes | None = None
+    audio_param: str | None = None
+    for j, part in audio_parts:
+        param = f"{where}[{j}].input_audio"
+        audio_param = f"{param}.data"
+        try:
+            decoded = base64.b64decode(part.input_audio.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise invalid(f"{audio_param}: not valid base64", audio_param, code="invalid_base64") from None
+        if "audio" not in pipeline.input_modalities:
+            raise invalid(f"{param}: pipeline {pipeline.name!r} does not take audio input", param,
+                          code="unsupported_modality")
+        if audio is not None:
+            raise invalid(f"{param}: only one input_audio part per message is supported", param)
+        if not decoded:
+            raise invalid(f"{audio_param}: the audio is empty", audio_param)
+        audio = decoded
+    if messages[index].audio is not None:
+        raise invalid(f"messages[{index}].audio: only an assistant message refers to an earlier spoken answer",
+                      f"messages[{index}].audio")
+    text = " ".join(texts)
     if audio is None and not text:
         raise invalid(f"{where}: the last user message has no text or audio", where)
     if text and "text" not in pipeline.input_modalities:
         raise invalid(f"{where}: pipeline {pipeline.name!r} does not take text input", where)
-    prompt: dict[str, Any] = {"prompt": text}
+    prompt: dict[str, Any] = {"prompt": text, "history": _history(messages[:index], pipeline, answers)}
     if audio is not None:
         prompt["multi_modal_data"] = {"audio": audio}
     return prompt, audio_param
@@ -111,7 +180,8 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tup
                                                                                    dict[str, str]]:
     comprehension = pipeline.comprehension_stage or pipeline.stages[0].name
     top: dict[str, Any] = {}
-    for name in ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty"):
+    for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
+                 "repetition_penalty"):
         value = getattr(body, name)
         if value is not None:
             top[name] = value
@@ -145,8 +215,10 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tup
     return params, field_map
 
 
-def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineSpec) -> ChatPlan:
-    prompt, audio_param = _question(body.messages, pipeline)
+def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineSpec,
+              answers: SpokenAnswers) -> ChatPlan:
+    _refuse_unsupported(body)
+    prompt, audio_param = _question(body.messages, pipeline, answers)
     try:  # audio brings the transcript of the spoken answer
         modalities = pipeline.check_output_modalities(body.modalities or ["text"], "modalities", with_transcript=True)
     except FieldError as exc:
@@ -182,13 +254,16 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
 
 # ---------------------------------------------------------------------------------------------- responses
 def _usage(metrics: RequestMetrics | None) -> Usage:
+    prompt = metrics.num_prompt_tokens if metrics is not None else 0
     tokens = metrics.num_output_tokens if metrics is not None else 0
-    return Usage(prompt_tokens=0, completion_tokens=tokens, total_tokens=tokens)
+    return Usage(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens)
 
 
 async def _complete(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None,
                     body: ChatCompletionRequest, plan: ChatPlan, model: str, request_id: str,
-                    metrics: ServerMetrics) -> JSONResponse:
+                    metrics: ServerMetrics, answers: SpokenAnswers) -> JSONResponse:
+    """The whole answer. With audio, as OpenAI: the words are the audio's ``transcript`` and ``content`` is
+    null."""
     final = first
     try:
         if final is None or not final.finished:
@@ -207,16 +282,19 @@ async def _complete(outputs: AsyncIterator[OmniRequestOutput], first: OmniReques
             data = encode_whole(samples, final.sample_rate_hz, fmt)
         audio = ResponseAudio(id=f"audio_{uuid.uuid4().hex}", data=base64.b64encode(data).decode(),
                               transcript=final.text, expires_at=int(time.time()) + AUDIO_EXPIRY_S)
+        answers.remember(audio.id, final.text)
     completion = ChatCompletion(
         id=request_id, created=int(time.time()), model=model, usage=_usage(final.metrics),
-        choices=[Choice(message=ResponseMessage(content=final.text, audio=audio),
+        choices=[Choice(message=ResponseMessage(content=None if audio is not None else final.text, audio=audio),
                         finish_reason=final.finish_reason or "stop")])
     return JSONResponse(completion.model_dump(exclude_none=False))
 
 
 async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None,
                   body: ChatCompletionRequest, plan: ChatPlan, model: str, request_id: str,
-                  metrics: ServerMetrics) -> AsyncIterator[bytes]:
+                  metrics: ServerMetrics, answers: SpokenAnswers) -> AsyncIterator[bytes]:
+    """The answer as server-sent chunks. With audio, as OpenAI: the words come as ``audio.transcript`` deltas
+    (never also as ``content``) beside the pcm16 ``audio.data``."""
     created = int(time.time())
     audio_id = f"audio_{uuid.uuid4().hex}"
     with_audio = "audio" in plan.modalities
@@ -230,11 +308,13 @@ async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestO
         return chunk(Delta(audio=DeltaAudio(id=audio_id, data=base64.b64encode(data).decode())))
 
     try:
-        yield chunk(Delta(role="assistant", content=""))
+        yield chunk(Delta(role="assistant", content=None if with_audio else ""))
         async for out in with_first(first, outputs):
             if out.modality == "text" and out.text_delta:
-                transcript = DeltaAudio(id=audio_id, transcript=out.text_delta) if with_audio else None
-                yield chunk(Delta(content=out.text_delta, audio=transcript))
+                if with_audio:
+                    yield chunk(Delta(audio=DeltaAudio(id=audio_id, transcript=out.text_delta)))
+                else:
+                    yield chunk(Delta(content=out.text_delta))
             elif out.modality == "audio" and with_audio and out.audio is not None and out.sample_rate_hz:
                 pcm = pcm or Pcm16Stream(out.sample_rate_hz)
                 data = pcm.feed(out.audio)
@@ -242,6 +322,8 @@ async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestO
                     yield audio_delta(data)
             elif out.finished:
                 metrics.observe(ENDPOINT, out.metrics)
+                if with_audio:
+                    answers.remember(audio_id, out.text)
                 if pcm is not None:
                     tail = pcm.flush()
                     if tail:
@@ -265,7 +347,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     pool.check_model(body.model, "chat")
     engine: AsyncOmni
     engine, pipeline = await pool.engine_for("chat")
-    plan = plan_chat(body, pool, pipeline)
+    answers: SpokenAnswers = request.app.state.spoken_answers
+    plan = plan_chat(body, pool, pipeline, answers)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     outputs = engine.generate(plan.prompt, request_id=request_id, sampling_params=plan.sampling_params,
                               output_modalities=plan.modalities,
@@ -281,10 +364,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     if not body.stream:
         try:
             return await while_connected(request, _complete(outputs, first, body, plan, body.model, request_id,
-                                                            metrics))
+                                                            metrics, answers))
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
-    stream = _stream(outputs, first, body, plan, body.model, request_id, metrics)
+    stream = _stream(outputs, first, body, plan, body.model, request_id, metrics, answers)
     return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
 
 

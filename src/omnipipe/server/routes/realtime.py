@@ -18,13 +18,18 @@ with what depends on the pipeline.
   little-endian, base64). ``turn_detection`` is ``null`` (the client commits) or ``{type: "server_vad",
   threshold, silence_duration_ms, prefix_padding_ms, create_response}``. ``threshold`` is the RMS of a 20 ms
   frame of full-scale float audio (0..1) above which it counts as speech (an energy VAD, not a model; default
-  0.02). ``instructions`` is stored and echoed but not applied: the pipelines have fixed prompting.
+  0.02). ``instructions`` are the conversation's system message for a pipeline that takes history (the default
+  family's); a pipeline that answers one question at a time refuses non-empty ones.
   ``voice`` is validated like ``/v1/audio/speech``'s. ``input_audio_transcription`` is ``null`` (default) or
   ``{model}``: each committed audio item is then also transcribed by the server's transcription pipeline (started on
   first use), beside the response, and the transcript arrives as
   ``conversation.item.input_audio_transcription.completed`` ``{item_id, content_index, transcript}`` (or
   ``.failed`` ``{item_id, content_index, error}``). ``model`` is echoed; the pipeline is the server's.
 - ``input_audio_buffer.append`` ``{audio}``, ``input_audio_buffer.commit``, ``input_audio_buffer.clear``.
+- Conversation: for a pipeline that takes history, each response is given the turns before it: the text of the
+  user's items, the transcript of their spoken items (transcribed beside the response, whether or not the client
+  asked for ``input_audio_transcription``; a transcript not ready when the next response starts is left out), and
+  the words of each earlier answer (of a cancelled answer, those sent before the cancel).
 - ``conversation.item.create`` ``{item: {type: "message", role: "user", content: [{type: "input_text", text}]}}``.
 - ``response.create`` (optionally ``{response: {modalities}}``) and ``response.cancel``.
 - Extensions (not in the OpenAI API): ``session.pause`` and ``session.resume``, answered with ``session.paused``
@@ -208,6 +213,9 @@ class RealtimeSession:
         self._pause_timer: asyncio.Task[None] | None = None
         self._timing_out = False
         self._transcriptions: set[asyncio.Task[None]] = set()
+        # the turns so far, as the prompt's history; a spoken item's entry gets its words when transcribed
+        self.conversation: list[dict[str, str]] = []
+        self._turn_entries: list[dict[str, str]] = []  # the entries of the turn being gathered
 
     # ------------------------------------------------------------------ sending
     async def send(self, type_: str, **fields: Any) -> None:
@@ -312,6 +320,10 @@ class RealtimeSession:
             self.pool.check_voice(update.voice, self.pipeline, "session.voice")
             new["voice"] = update.voice
         if "instructions" in given:
+            if update.instructions and update.instructions.strip() and not self.pipeline.takes_history:
+                raise EventError(f"session.instructions: pipeline {self.pipeline.name!r} answers one question at a "
+                                 "time and takes no instructions", "session.instructions",
+                                 code="unsupported_parameter")
             new["instructions"] = update.instructions
         for key in ("input_audio_format", "output_audio_format"):
             if key in given and getattr(update, key) != "pcm16":
@@ -384,13 +396,20 @@ class RealtimeSession:
         self._pending_item_id = None
         await self.send(ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED, previous_item_id=self.last_item_id, item_id=item_id)
         await self._item_created(item_id, [{"type": "input_audio", "transcript": None}])
-        if self.session["input_audio_transcription"] is not None:
-            task = asyncio.create_task(self._transcribe(item_id, audio), name=f"omnipipe-transcribe-{item_id}")
+        entry = {"role": "user", "content": ""}
+        self._turn_entries.append(entry)
+        announce = self.session["input_audio_transcription"] is not None
+        remember = (self.pipeline.takes_history
+                    and self.pool.endpoint_pipelines.get("transcription") is not None)
+        if announce or remember:
+            task = asyncio.create_task(self._transcribe(item_id, audio, entry, announce),
+                                       name=f"omnipipe-transcribe-{item_id}")
             self._transcriptions.add(task)
             task.add_done_callback(self._transcriptions.discard)
 
-    async def _transcribe(self, item_id: str, audio: np.ndarray) -> None:
-        """Send the transcript of a committed audio item (the transcription pipeline, beside the response)."""
+    async def _transcribe(self, item_id: str, audio: np.ndarray, entry: dict[str, str], announce: bool) -> None:
+        """Transcribe a committed audio item (the transcription pipeline, beside the response): its words join
+        the conversation, and the client is sent them if it asked for ``input_audio_transcription``."""
         base = {"item_id": item_id, "content_index": 0}
         try:
             engine, _ = await self.pool.engine_for("transcription")
@@ -403,10 +422,13 @@ class RealtimeSession:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
-            error = from_engine_error(exc, {}).body()["error"]
-            await self.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED, **base, error=error)
+            if announce:
+                error = from_engine_error(exc, {}).body()["error"]
+                await self.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED, **base, error=error)
             return
-        await self.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, **base, transcript=transcript)
+        entry["content"] = transcript
+        if announce:
+            await self.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, **base, transcript=transcript)
 
     def _reset_buffer(self) -> None:
         self.buffer, self.buffer_bytes = [], 0
@@ -445,6 +467,7 @@ class RealtimeSession:
             raise EventError(f"item.content: pipeline {self.pipeline.name!r} does not take text input",
                              "item.content", code="unsupported_modality")
         self.turn.texts.append(text)
+        self._turn_entries.append({"role": "user", "content": text})
         item_id = item.id or _item_id()
         await self._item_created(item_id, [{"type": "input_text", "text": text}])
 
@@ -477,6 +500,12 @@ class RealtimeSession:
         sampling = {stage: SamplingParams.from_dict(params)} if params else None
         turn, self.turn = self.turn, Turn()
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
+        if self.pipeline.takes_history:
+            instructions = self.session["instructions"].strip()
+            prompt["history"] = ([{"role": "system", "content": instructions}] if instructions else []) + [
+                dict(entry) for entry in self.conversation if entry["content"]]
+        self.conversation.extend(self._turn_entries)
+        self._turn_entries = []
         if turn.audio is not None:
             prompt["multi_modal_data"] = {"audio": (turn.audio, PCM16_RATE_HZ)}
         # what a stage finds wrong with the question is in the committed audio when the turn has no text
@@ -544,6 +573,8 @@ class RealtimeSession:
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
         text = "".join(text_parts)
+        if self.pipeline.takes_history and text.strip():  # a cancelled answer: the words sent before the cancel
+            self.conversation.append({"role": "assistant", "content": text.strip()})
         if status == "completed":
             if spoken:
                 await self.send(ServerEvent.RESPONSE_AUDIO_DONE, **base)

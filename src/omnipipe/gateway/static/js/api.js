@@ -111,21 +111,22 @@ export function describeError(error) {
 }
 
 /** The model to send and what it takes and gives: the first one /v1/models lists (the worker's main pipeline),
- * `{id, input: [...] | null, output: [...] | null}` (null: the server did not say); `{id: "default"}` when no
- * worker answers. */
+ * `{id, input: [...] | null, output: [...] | null, conversation: bool}` (null: the server did not say; conversation:
+ * whether chat takes the earlier turns); `{id: "default"}` when no worker answers. */
 let modelPromise = null;
 export function servedModel() {
   if (!modelPromise) {
     modelPromise = fetchJSON("/v1/models")
       .then((list) => {
         const card = list && Array.isArray(list.data) && list.data.length ? list.data[0] : null;
-        if (!card) return { id: "default", input: null, output: null };
+        if (!card) return { id: "default", input: null, output: null, conversation: false };
         const modalities = (value) => (Array.isArray(value) ? value.map(String) : null);
-        return { id: card.id, input: modalities(card.input_modalities), output: modalities(card.output_modalities) };
+        return { id: card.id, input: modalities(card.input_modalities), output: modalities(card.output_modalities),
+          conversation: card.conversation === true };
       })
       .catch(() => {
         modelPromise = null; // ask again next time: the workers may be starting
-        return { id: "default", input: null, output: null };
+        return { id: "default", input: null, output: null, conversation: false };
       });
   }
   return modelPromise;

@@ -206,7 +206,8 @@ async function attachImageFile(file) {
 }
 
 // ------------------------------------------------------------------------------------------- one turn
-/** Earlier turns go along as text: the server answers the last user message, so audio and images are not resent. */
+/** Earlier turns go along as text (a model that takes the conversation reads them): audio and images are not
+ * resent; a spoken question becomes what the server heard in it once that is known. */
 function compactForHistory(content) {
   if (typeof content === "string") return content;
   const text = content.filter((p) => p.type === "text").map((p) => p.text).join(" ").trim();
@@ -272,11 +273,12 @@ async function send(event) {
   setImage(null);
 
   const userMessage = { role: "user", content };
+  const remembered = { role: "user", content: compactForHistory(content) }; // becomes what was heard, if spoken
   const assistant = addMessage("assistant");
   const model = await servedModel();
   const body = {
     model: model.id,
-    messages: [...state.history, userMessage],
+    messages: model.conversation ? [...state.history, userMessage] : [userMessage],
     stream: true,
     modalities: speak ? ["text", "audio"] : ["text"],
   };
@@ -314,7 +316,7 @@ async function send(event) {
         if (queueEvent.type === "queue_done") {
           metrics.queue_wait_s = since();
           setSession(queueEvent.session_id);
-          if (spokenWav) transcribe(spokenWav, queueEvent.session_id, heardLine);
+          if (spokenWav) transcribe(spokenWav, queueEvent.session_id, heardLine, remembered);
         }
         showQueue(queueText(queueEvent));
         continue;
@@ -330,9 +332,11 @@ async function send(event) {
         break;
       }
       const delta = chunk.choices && chunk.choices[0] ? chunk.choices[0].delta || {} : {};
-      if (delta.content) {
+      // a spoken answer's words come as its audio's transcript, a written one's as content
+      const words = delta.content || (delta.audio && delta.audio.transcript) || "";
+      if (words) {
         if (metrics.ttft_s === null) metrics.ttft_s = since();
-        answer += delta.content;
+        answer += words;
         assistant.bubble.textContent = answer;
         scrollToEnd();
       }
@@ -380,7 +384,7 @@ async function send(event) {
     assistant.message.append(metricsLine(metrics));
     hooks.lastMetrics = metrics;
     hooks.lastAnswer = answer;
-    state.history.push({ role: "user", content: compactForHistory(content) }, { role: "assistant", content: answer });
+    state.history.push(remembered, { role: "assistant", content: answer });
   }
   hooks.turnsCompleted += 1;
   scrollToEnd();
@@ -389,7 +393,7 @@ async function send(event) {
 
 /** What the server heard in a spoken question, shown under it; asked from /v1/audio/transcriptions at the same
  * time as the answer. The chat's session id goes along, so the gateway puts the transcript into that recording. */
-async function transcribe(wav, sessionId, line) {
+async function transcribe(wav, sessionId, line, remembered) {
   state.heardStarted = true;
   const form = new FormData();
   form.append("file", new Blob([wav], { type: "audio/wav" }), "question.wav");
@@ -402,6 +406,7 @@ async function transcribe(wav, sessionId, line) {
     const reply = await response.json();
     const heard = String(reply.text || "").trim();
     hooks.heard.push(heard);
+    if (heard) remembered.content = remembered.content.startsWith("(") ? heard : `${remembered.content} ${heard}`;
     shown = heard ? ["Heard: ", h("q", {}, heard)] : ["Nothing was heard in this recording."];
   } catch (error) {
     hooks.heard.push(null);

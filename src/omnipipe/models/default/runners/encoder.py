@@ -44,7 +44,8 @@ class WhisperEncoderRunner(StageRunner):
         options = DecodeOptions(word_timestamps=params.word_timestamps, initial_prompt=params.prompt,
                                 temperature=float(params.temperature))
         decoding = self.asr.start(item["audio"], int(item["sample_rate_hz"]), options)
-        request.runner_state = {"decoding": decoding, "instruction": item.get("instruction", "")}
+        request.runner_state = {"decoding": decoding, "instruction": item.get("instruction", ""),
+                                "history": item.get("history", [])}
         request.prefilled = True
         return RunnerOutput(request.request_id, details={"language": decoding.language,
                                                          "duration": round(decoding.duration_s, 3)})
@@ -55,7 +56,8 @@ class WhisperEncoderRunner(StageRunner):
         segment = decoding.next_segment()
         if segment is None:
             return RunnerOutput(request.request_id, finished=True,
-                                data={"text": "", "instruction": state["instruction"]})  # the instruction alone
+                                data={"text": "", "instruction": state["instruction"],
+                                      "history": state["history"]})  # the instruction and conversation alone
         # the first segment's text starts without a space, every later one with one (their join is the transcript)
         text = segment.text.strip()
         if text and state.setdefault("said", False):
@@ -63,4 +65,5 @@ class WhisperEncoderRunner(StageRunner):
         state["said"] = state["said"] or bool(text)
         return RunnerOutput(request.request_id, text_delta=text, num_units=len(segment.tokens),
                             details=segment_details(segment),
-                            data={"text": text.strip(), "instruction": state["instruction"]})
+                            data={"text": text.strip(), "instruction": state["instruction"],
+                                  "history": state["history"]})

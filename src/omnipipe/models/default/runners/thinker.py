@@ -51,9 +51,10 @@ class GemmaThinkerRunner(StageRunner):
         if self.context.options.get("prefix_cache", True):
             self.model.set_shared_prefix(self.preamble_ids)
 
-    def encode_prompt(self, question: str) -> list[int]:
-        """Preamble and turn tokenised apart, so every prompt starts with exactly the cached preamble tokens."""
-        return self.preamble_ids + self.tokenizer.encode(prompt_parts(question)[1], add_special_tokens=False)
+    def encode_prompt(self, question: str, history: list[dict[str, str]] | None = None) -> list[int]:
+        """Preamble and turns tokenised apart, so every prompt starts with exactly the cached preamble tokens."""
+        turns = prompt_parts(question, history or [])[1]
+        return self.preamble_ids + self.tokenizer.encode(turns, add_special_tokens=False)
 
     @torch.inference_mode()
     def warmup(self) -> None:
@@ -79,17 +80,21 @@ class GemmaThinkerRunner(StageRunner):
         problem = self.validate(params)
         if problem is not None:
             return RunnerOutput(request.request_id, error=problem)
-        question = " ".join(str(item.get("text", "")) for item in request.take_all_inputs()).strip()
+        inputs = request.take_all_inputs()
+        question = " ".join(str(item.get("text", "")) for item in inputs).strip()
+        history: list[dict[str, str]] = next((item["history"] for item in inputs if item.get("history")), [])
         if not question:  # the caller's input: no text, and no speech heard in its audio
             return RunnerOutput(request.request_id, error="is empty (no text, and no speech heard in the audio)",
                                 error_field="prompt")
-        if len(question) > self.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # too long to be worth tokenising
-            return RunnerOutput(request.request_id, error=f"is {len(question)} characters long, more than the "
+        chars = len(question) + sum(len(turn["content"]) for turn in history)
+        if chars > self.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # too long to be worth tokenising
+            return RunnerOutput(request.request_id, error=f"is {chars} characters long, more than the "
                                 f"{self.max_prompt_tokens} tokens the thinker takes", error_field="prompt")
-        ids = self.encode_prompt(question)
+        ids = self.encode_prompt(question, history)
         if len(ids) > self.max_prompt_tokens:
             return RunnerOutput(request.request_id, error=f"is {len(ids)} tokens long, more than the limit of "
                                 f"{self.max_prompt_tokens}", error_field="prompt")
+        request.num_prompt_tokens = len(ids)
         sampling = _sampling(params)
         assert not isinstance(sampling, str)
         generator = sampling.make_generator()

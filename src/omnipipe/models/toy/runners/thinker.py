@@ -83,6 +83,7 @@ class ToyThinkerRunner(StageRunner):
             for request in batch:
                 text = "".join(item.get("text", "") for item in request.take_all_inputs())
                 ids = encode_text(text) + [EOS]
+                request.num_prompt_tokens = len(ids)
                 k, v = self.model.prefill(ids)
                 request.runner_state = {"k": k, "v": v, "step": 0}
                 request.prefilled = True
