@@ -73,6 +73,10 @@ def run_stage_process(launch_bytes: bytes) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(launch.threads)
+    # Stages share the machine's cores: an OpenMP thread that waits should sleep, not spin on a core another stage
+    # needs (measured: a 2-thread decode step beside two busy processes, 6.8 s spinning vs 1.9 s passive; 5%
+    # slower on an idle machine). A caller's own setting wins.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=launch.log_level, format=f"%(asctime)s %(levelname)s [stage {launch.stage}] %(message)s")
     try:
         import torch

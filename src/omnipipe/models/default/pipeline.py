@@ -27,7 +27,10 @@ TALKER_TO_CODE2WAV = EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_proces
                               "omnipipe.chunk.frame_processors.frames_async_chunk",
                               options="omnipipe.chunk.accumulation:FrameChunkOptions")
 
-# Two cores: the thinker gets both, the bursty ONNX stages one each. The decoder needs about 10 latent frames
+# One torch/ONNX thread a stage. Measured on the 2-core box, a thinker decode step of 8 requests: quiet, 1 thread
+# 472 ms vs 2 threads 492 ms (batch 1: 131 vs 137 ms); beside two busy processes (the talker and vocoder under
+# load), 1 thread 2.2 s vs 2 threads 6.8 s median (12 s max: OpenMP threads spinning on cores others hold), which
+# under a soak made steps long enough for the watchdog to kill a working thinker. The decoder needs about 10 latent frames
 # of context on each side of a seam to match a whole decode (measured: max abs diff 1.3e-6 at 10/10).
 _FRAME_EDGE = {"options": {"codec_chunk_frames": 25, "left_context_frames": 10, "right_context_frames": 10,
                           "initial_codec_chunk_frames": "auto"}}
@@ -38,7 +41,7 @@ _DEPLOY = {
     "edges": {"talker->code2wav": _FRAME_EDGE},
     "stages": {
         "encoder": {"threads": 1, "max_num_seqs": 4, **_LONG_STEPS},
-        "thinker": {"threads": 2, "max_num_seqs": 8},
+        "thinker": {"threads": 1, "max_num_seqs": 8},
         "talker": {"threads": 1, "max_num_seqs": 8, **_LONG_STEPS},
         "code2wav": {"threads": 1, "max_num_seqs": 16},
     },
