@@ -104,7 +104,7 @@ def malformed_cases(model: str, max_body_bytes: int) -> list[Case]:
              json_body=chat(messages=[{"role": "user", "content": [
                  {"type": "text", "text": "what is this"},
                  {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])),
-        Case("no user message", 400, "messages",
+        Case("last message is not the user's", 400, "messages[0].role",
              json_body=chat(messages=[{"role": "system", "content": "be nice"}])),
         Case("empty user message", 400, "messages[0].content",
              json_body=chat(messages=[{"role": "user", "content": "   "}])),
