@@ -227,3 +227,34 @@ def test_an_earlier_spoken_answer_is_referred_to_by_its_audio_id(client: openai.
             {"role": "user", "content": "hi"}, {"role": "assistant", "audio": {"id": "audio_unknown"}},
             {"role": "user", "content": "and?"}])
     assert refused.value.body["param"] == "messages[1].audio.id", refused.value.body
+
+
+def test_a_realtime_session_keeps_the_conversation(default_server: ServerProcess) -> None:
+    """Text turns over one realtime session: the second answer uses the first turn's fact; a new session has no
+    memory of it."""
+    import json
+
+    from websockets.sync.client import connect
+
+    url = default_server.url.replace("http://", "ws://") + "/v1/realtime"
+
+    def turn(ws, text: str) -> str:  # type: ignore[no-untyped-def]
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+        ws.send(json.dumps({"type": "response.create"}))
+        while True:
+            event = json.loads(ws.recv(timeout=300))
+            assert event["type"] != "error", event
+            if event["type"] == "response.done":
+                assert event["response"]["status"] == "completed", event
+                return event["response"]["output"][0]["content"][0]["text"]
+
+    def conversation(*texts: str) -> list[str]:
+        with connect(url, additional_headers=default_server.headers, max_size=None, open_timeout=60) as ws:
+            ws.send(json.dumps({"type": "session.update", "session": {
+                "turn_detection": None, "modalities": ["text"], "instructions": "You are a friendly assistant."}}))
+            return [turn(ws, text) for text in texts]
+
+    answers = conversation("My favourite animal is the axolotl.", "What is my favourite animal?")
+    assert "axolotl" in answers[1].lower(), answers
+    assert "axolotl" not in conversation("What is my favourite animal?")[0].lower()

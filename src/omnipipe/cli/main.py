@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -161,7 +162,19 @@ def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=port, help="port to listen on")
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 and /debug routes")
+    p.add_argument("--api-key", default=os.environ.get("OMNIPIPE_API_KEY") or None,
+                   help="require 'Authorization: Bearer KEY' on /v1 and /debug routes (default: $OMNIPIPE_API_KEY)")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the model id /v1/models lists (the first) and further names every endpoint accepts as "
+                        "'model', e.g. --served-model-name omni tts-1 whisper-1 (default: the pipeline's name)")
+    p.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                   help="browser origins allowed to call the API (CORS), e.g. https://app.example.com or '*' "
+                        "(default: none, no CORS headers)")
+    p.add_argument("--allowed-methods", nargs="+", default=["*"], metavar="METHOD", help="CORS methods")
+    p.add_argument("--allowed-headers", nargs="+", default=["*"], metavar="HEADER", help="CORS request headers")
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (not with origin '*')")
+    p.add_argument("--ssl-keyfile", type=Path, help="serve HTTPS with this private key (with --ssl-certfile)")
+    p.add_argument("--ssl-certfile", type=Path, help="serve HTTPS with this certificate (with --ssl-keyfile)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies get 413")
     p.add_argument("--voice-alias", action="append", default=[], metavar="NAME=VOICE",
                    help="map an OpenAI voice name (alloy, ash, ...) to a pipeline voice (repeatable; default: each "
@@ -189,8 +202,19 @@ def _serve(args: argparse.Namespace, **options: Any) -> int:
     bad = [item for item in args.voice_alias if "=" not in item or not all(item.split("=", 1))]
     if bad:
         raise CLIError(f"--voice-alias: expected NAME=VOICE, got {bad[0]!r}")
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        raise CLIError("--ssl-keyfile and --ssl-certfile: give both or neither")
+    for flag, path in (("--ssl-keyfile", args.ssl_keyfile), ("--ssl-certfile", args.ssl_certfile)):
+        if path is not None and not path.is_file():
+            raise CLIError(f"{flag}: no such file: {path}")
+    if args.allow_credentials and "*" in args.allowed_origins:
+        raise CLIError("--allow-credentials: browsers refuse credentials with origin '*'; name the origins")
+    names = args.served_model_name or []
     config = ServerConfig(pipeline=args.pipeline, deploy=args.deploy, host=args.host, port=args.port,
                           api_key=args.api_key, max_body_bytes=args.max_body_bytes, voice_aliases=aliases,
+                          served_model_name=names[0] if names else None, model_aliases=tuple(names[1:]),
+                          cors_origins=tuple(args.allowed_origins), cors_methods=tuple(args.allowed_methods),
+                          cors_headers=tuple(args.allowed_headers), cors_credentials=args.allow_credentials,
                           log_level="INFO" if args.verbose else "WARNING", **options)
     failures: list[str] = []
     server: uvicorn.Server | None = None
@@ -202,10 +226,12 @@ def _serve(args: argparse.Namespace, **options: Any) -> int:
 
     app = create_app(config, on_engine_failure)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose
-                                           else "warning", timeout_graceful_shutdown=5))
+                                           else "warning", timeout_graceful_shutdown=5,
+                                           ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile))
     role = "serving" if config.exit_on_engine_failure else \
         f"worker (capacity {config.capacity if config.capacity is not None else 'unlimited'}) serving"
-    print(f"omnipipe: {role} pipeline {args.pipeline!r} on http://{args.host}:{args.port} (loading models)",
+    scheme = "https" if args.ssl_certfile else "http"
+    print(f"omnipipe: {role} pipeline {args.pipeline!r} on {scheme}://{args.host}:{args.port} (loading models)",
           file=sys.stderr)
     try:
         server.run()

@@ -32,7 +32,14 @@ from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.errors import APIError, install_api_error_handlers
 from omnipipe.protocol.header_limits import HeaderLimits
-from omnipipe.protocol.worker import CHAT_PATH, MODELS_PATH, REALTIME_PATH, SPEECH_PATH, TRANSCRIPTION_PATH
+from omnipipe.protocol.worker import (
+    CHAT_PATH,
+    MODELS_PATH,
+    REALTIME_PATH,
+    SPEECH_PATH,
+    TRANSCRIPTION_PATH,
+    VOICES_PATH,
+)
 
 logger = logging.getLogger(__name__)
 _IDLE_SWEEP_S = 30.0
@@ -115,8 +122,10 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
         return await proxy.handle(request, "transcription")
 
     @app.get(MODELS_PATH)
-    async def models(request: Request):  # type: ignore[no-untyped-def]
-        return await proxy.models(request)
+    @app.get(MODELS_PATH + "/{model_id:path}")
+    @app.get(VOICES_PATH)
+    async def catalog(request: Request):  # type: ignore[no-untyped-def]
+        return await proxy.catalog(request)
 
     @app.websocket(REALTIME_PATH)
     async def realtime_session(ws: WebSocket) -> None:

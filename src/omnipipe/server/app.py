@@ -18,10 +18,13 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.protocol.errors import APIError
 from omnipipe.protocol.header_limits import HeaderLimits
-from omnipipe.protocol.openai import ModelCard, ModelList
+from omnipipe.protocol.openai import ErrorResponse, ModelCard, ModelList
 from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, HealthReply
 from omnipipe.server.capacity import SessionLimiter, SessionTracker
 from omnipipe.server.engines import EnginePool, ServerConfig
@@ -71,18 +74,31 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     app.state.metrics = metrics
     app.state.spoken_answers = SpokenAnswers()
     app.state.sessions = sessions
+    if config.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                           allow_methods=list(config.cors_methods), allow_headers=list(config.cors_headers),
+                           allow_credentials=config.cors_credentials)
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(speech.router)
     app.include_router(transcription.router)
     app.include_router(realtime.router)
 
+    def card(name: str, pipeline: PipelineSpec) -> ModelCard:
+        return ModelCard(id=name, created=started, input_modalities=list(pipeline.input_modalities),
+                         output_modalities=list(pipeline.output_modalities), conversation=pipeline.takes_history)
+
     @app.get(MODELS_PATH, response_model=ModelList)
     async def list_models() -> ModelList:
-        return ModelList(data=[ModelCard(id=name, created=started, input_modalities=list(pipeline.input_modalities),
-                                         output_modalities=list(pipeline.output_modalities),
-                                         conversation=pipeline.takes_history)
-                               for name, pipeline in pool.model_pipelines()])
+        return ModelList(data=[card(name, pipeline) for name, pipeline in pool.model_pipelines()])
+
+    @app.get(MODELS_PATH + "/{model_id:path}", response_model=ModelCard, responses={404: {"model": ErrorResponse}})
+    async def retrieve_model(model_id: str) -> ModelCard:
+        for name, pipeline in pool.model_pipelines():
+            if name == model_id:
+                return card(name, pipeline)
+        raise APIError(404, f"model: {model_id!r} does not exist (models: {', '.join(pool.model_ids())})",
+                       param="model", code="model_not_found")
 
     @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:

@@ -41,7 +41,13 @@ class ServerConfig:
     port: int = 8091
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    served_model_name: str | None = None
+    served_model_name: str | None = None  # the model id /v1/models lists (default: the pipeline's name)
+    # further names every endpoint accepts as ``model`` (vLLM's extra --served-model-name values: tts-1, whisper-1)
+    model_aliases: tuple[str, ...] = ()
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API ("*": any); none: no CORS headers
+    cors_methods: tuple[str, ...] = ("*",)
+    cors_headers: tuple[str, ...] = ("*",)
+    cors_credentials: bool = False
     log_level: str = "WARNING"
     companions: dict[str, str] | None = field(default=None)  # endpoint -> pipeline; None: the family's traits
     capacity: int | None = None  # sessions at once (HTTP model requests + realtime sockets); None: unlimited
@@ -192,7 +198,8 @@ class EnginePool:
 
     def check_model(self, model: str, endpoint: str) -> None:
         """``model`` must be the served model or the pipeline that serves ``endpoint``."""
-        accepted = {self.model_name, self.main.name, self.endpoint_pipelines.get(endpoint)} - {None}
+        accepted = {self.model_name, self.main.name, self.endpoint_pipelines.get(endpoint),
+                    *self.config.model_aliases} - {None}
         if model not in accepted:
             raise APIError(404, f"model: {model!r} does not exist or is not served for this endpoint "
                            f"(use {', '.join(sorted(str(a) for a in accepted))})", param="model",

@@ -29,7 +29,7 @@ from omnipipe.gateway.recording.store import InvalidSessionPath, validate_sessio
 from omnipipe.gateway.recording.taps import ChatTap, SpeechTap, TranscriptionTap, TurnTranscriptTap
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.errors import APIError
-from omnipipe.protocol.worker import MODELS_PATH, is_at_capacity
+from omnipipe.protocol.worker import is_at_capacity
 
 logger = logging.getLogger(__name__)
 
@@ -167,13 +167,15 @@ class ModelProxy:
         self.max_body_bytes = max_body_bytes
         self.on_worker_failure = on_worker_failure
 
-    async def models(self, request: Request) -> Response:
-        """``GET /v1/models`` from any online worker (no queue: it costs the worker nothing)."""
+    async def catalog(self, request: Request) -> Response:
+        """What the workers serve (``GET /v1/models``, ``/v1/models/{id}``, ``/v1/audio/voices``), from any online
+        worker, path and query as asked (no queue: it costs the worker nothing)."""
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         for worker in self.pool.workers:
             if not worker.online:
                 continue
             try:
-                reply = await self.client.get(f"http://{worker.address}{MODELS_PATH}",
+                reply = await self.client.get(f"http://{worker.address}{target}",
                                               headers=request_headers(request.headers), timeout=5.0)
             except httpx.HTTPError:
                 continue
