@@ -101,6 +101,16 @@ def quick_pause_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ser
     assert server.process.returncode == 0, server.log_text()
 
 
+@pytest.fixture(scope="module")
+def quick_idle_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A capacity-1 toy worker that closes a realtime session idle for 3 s (warned at once: 3 s < 15 s)."""
+    with running_server("toy", SLOW_DEPLOY, Path(tmp_path_factory.mktemp("quick-idle-worker")), 120,
+                        api_key=None, command_name="worker",
+                        extra_args=["--capacity", "1", "--idle-timeout-s", "3"]) as server:
+        yield server
+    assert server.process.returncode == 0, server.log_text()
+
+
 # ---------------------------------------------------------------------------------------------- the tracker alone
 def test_session_tracker_counts_and_states() -> None:
     tracker = SessionTracker(capacity=2)
@@ -290,6 +300,27 @@ def test_a_session_paused_too_long_is_closed(quick_pause_worker: ServerProcess) 
             ws.recv(timeout=30)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
     wait_health(server, is_idle, timeout_s=10)
+
+
+def test_an_idle_session_is_warned_then_closed_and_gives_its_slot_back(quick_idle_worker: ServerProcess) -> None:
+    server = quick_idle_worker
+    wait_health(server, is_idle)
+    with open_session(server) as ws:
+        warning = recv(ws)
+        assert warning["type"] == "session.idle_warning" and 0 < warning["closes_in_s"] <= 3, warning
+        assert health(server)["state"] == "DUPLEX_ACTIVE"
+        time.sleep(1.5)
+        no_vad(ws, modalities=["text"])  # a settings change is not activity
+        user_text(ws, "still here")  # typing is: the count starts again
+        typed = time.monotonic()
+        error = recv(ws)
+        assert error["type"] == "error" and error["error"]["code"] == "idle_timeout", error
+        assert time.monotonic() - typed > 2.5  # counted from the typed item, not from the start
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+        assert closed.value.rcvd.reason == "idle_timeout"
+    wait_health(server, is_idle, timeout_s=10)  # the slot is free again
 
 
 # ---------------------------------------------------------------------------------------------- engine failure

@@ -249,6 +249,9 @@ def _add_worker(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--capacity", type=int, default=2, help="sessions at once; beyond it 429 / WebSocket close 1013")
     p.add_argument("--pause-timeout-s", type=float, default=300.0,
                    help="close a realtime session paused for longer than this")
+    p.add_argument("--idle-timeout-s", type=float, default=120.0,
+                   help="close a realtime session in which nothing happened for this long (warned 15 s before), "
+                        "so an open page nobody uses gives its slot back; 0: never")
 
 
 def _worker(args: argparse.Namespace) -> int:
@@ -259,7 +262,10 @@ def _worker(args: argparse.Namespace) -> int:
         raise CLIError(f"--capacity: must be >= 1, got {args.capacity}")
     if not (math.isfinite(args.pause_timeout_s) and args.pause_timeout_s > 0):
         raise CLIError(f"--pause-timeout-s: must be a number > 0, got {args.pause_timeout_s:g}")
+    if not (math.isfinite(args.idle_timeout_s) and args.idle_timeout_s >= 0):
+        raise CLIError(f"--idle-timeout-s: must be a number >= 0 (0: never), got {args.idle_timeout_s:g}")
     return _serve(args, capacity=args.capacity, pause_timeout_s=args.pause_timeout_s, exit_on_engine_failure=False,
+                  idle_timeout_s=args.idle_timeout_s or None,
                   preload_companions=("transcription",))  # the voice page transcribes every turn
 
 

@@ -39,6 +39,7 @@ class ServerEvent:
     SESSION_UPDATED = "session.updated"
     SESSION_PAUSED = "session.paused"  # extension
     SESSION_RESUMED = "session.resumed"  # extension
+    SESSION_IDLE_WARNING = "session.idle_warning"  # extension: {closes_in_s}
     INPUT_AUDIO_BUFFER_COMMITTED = "input_audio_buffer.committed"
     INPUT_AUDIO_BUFFER_CLEARED = "input_audio_buffer.cleared"
     INPUT_AUDIO_BUFFER_SPEECH_STARTED = "input_audio_buffer.speech_started"
@@ -60,6 +61,10 @@ COMMIT_EMPTY = "input_audio_buffer_commit_empty"
 """``error`` code of a commit of an empty input buffer: that commit gets no ``input_audio_buffer.committed``."""
 PAUSE_TIMEOUT = "pause_timeout"
 """``error`` code (and close reason) of a session paused past the worker's pause timeout."""
+IDLE_TIMEOUT = "idle_timeout"
+"""``error`` code (and close reason) of a session in which nothing happened for the server's idle timeout."""
+IDLE_WARNING_S = 15.0
+"""How long before an idle session is closed the client is warned (``session.idle_warning``)."""
 
 
 # ---------------------------------------------------------------------------------------------- client events

@@ -52,6 +52,9 @@ class ServerConfig:
     companions: dict[str, str] | None = field(default=None)  # endpoint -> pipeline; None: the family's traits
     capacity: int | None = None  # sessions at once (HTTP model requests + realtime sockets); None: unlimited
     pause_timeout_s: float = 300.0  # a realtime session paused longer than this is closed
+    # a realtime session in which nobody spoke, typed or was answered for this long is closed (warned
+    # IDLE_WARNING_S before), so that an open page nobody uses gives its worker slot back; None: never
+    idle_timeout_s: float | None = None
     exit_on_engine_failure: bool = True  # serve: stop when the main pipeline fails to start; worker: report it
     # endpoints whose companion pipeline starts with the server rather than on first use (the worker starts
     # transcription's: the voice page shows what was heard from the first turn on)
@@ -66,6 +69,9 @@ class ServerConfig:
             raise FieldError("capacity", f"must be an integer >= 1 or None, got {self.capacity!r}")
         if not (isinstance(self.pause_timeout_s, (int, float)) and 0 < self.pause_timeout_s < float("inf")):
             raise FieldError("pause_timeout_s", f"must be a number > 0, got {self.pause_timeout_s!r}")
+        if self.idle_timeout_s is not None and not (isinstance(self.idle_timeout_s, (int, float))
+                                                    and 0 < self.idle_timeout_s < float("inf")):
+            raise FieldError("idle_timeout_s", f"must be a number > 0 or None, got {self.idle_timeout_s!r}")
         unknown = [e for e in self.preload_companions if e not in ("speech", "transcription")]
         if unknown:
             raise FieldError("preload_companions", f"endpoints are speech and transcription, got {unknown[0]!r}")

@@ -39,6 +39,11 @@ with what depends on the pipeline.
   ``session_paused``), and other events work as usual. A session paused longer than the server's pause timeout
   (``--pause-timeout-s``, default 300 s) gets an ``error`` (code ``pause_timeout``) and is closed (1000). A
   server whose open realtime sessions are all paused reports the state ``DUPLEX_PAUSED`` on ``/health``.
+- Idle timeout (extension; a worker's ``--idle-timeout-s``, default 120 s there, off for ``serve``): a session that is
+  not paused and in which for that long nobody spoke (the VAD heard no speech), nothing was committed or typed, and
+  no answer ran, is sent ``session.idle_warning`` ``{closes_in_s}`` 15 s before the end, then an ``error`` (code
+  ``idle_timeout``) and is closed (1000): an open page nobody uses gives its worker slot back. Any activity
+  restarts the count.
 
 Server events (each with ``type`` and ``event_id``): ``session.created``, ``session.updated``,
 ``session.paused``, ``session.resumed``, ``input_audio_buffer.committed`` / ``cleared`` / ``speech_started`` /
@@ -69,6 +74,7 @@ import contextlib
 import hmac
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -86,6 +92,8 @@ from omnipipe.protocol.audio import PCM16_DTYPE, PCM16_RATE_HZ
 from omnipipe.protocol.realtime import (
     CLIENT_EVENT,
     COMMIT_EMPTY,
+    IDLE_TIMEOUT,
+    IDLE_WARNING_S,
     PAUSE_TIMEOUT,
     ClientEvent,
     ConversationItemCreate,
@@ -109,6 +117,7 @@ from omnipipe.util.field_error import FieldError
 logger = logging.getLogger(__name__)
 
 ENDPOINT = REALTIME_PATH
+IDLE_POLL_S = 0.5  # how often the idle watch looks
 DEFAULT_TURN_DETECTION: dict[str, Any] = TurnDetection().model_dump()
 router = APIRouter()
 
@@ -211,6 +220,10 @@ class RealtimeSession:
         self.paused = False
         self.pause_timeout_s = pool.config.pause_timeout_s
         self._pause_timer: asyncio.Task[None] | None = None
+        self.idle_timeout_s = pool.config.idle_timeout_s
+        self._last_activity = time.monotonic()
+        self._idle_watch: asyncio.Task[None] | None = None
+        self._idle_closing = False  # the idle watch is closing the session (it must not be cancelled mid-close)
         self._timing_out = False
         self._transcriptions: set[asyncio.Task[None]] = set()
         # the turns so far, as the prompt's history; a spoken item's entry gets its words when transcribed
@@ -236,6 +249,8 @@ class RealtimeSession:
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
         await self.send(ServerEvent.SESSION_CREATED, session=self.session)
+        if self.idle_timeout_s is not None:
+            self._idle_watch = asyncio.create_task(self._watch_idle(), name="omnipipe-realtime-idle")
         try:
             while not self.closed:
                 message = await self.ws.receive()
@@ -251,6 +266,10 @@ class RealtimeSession:
             pass
         finally:
             self.closed = True
+            if self._idle_watch is not None:
+                if not self._idle_closing:
+                    self._idle_watch.cancel()
+                await asyncio.gather(self._idle_watch, return_exceptions=True)
             await self._stop_pause_timer()
             await self.cancel_response()
             for task in list(self._transcriptions):
@@ -364,6 +383,7 @@ class RealtimeSession:
             return
         for vad_event in self.vad.feed(samples):
             if vad_event.kind == "speech_started":
+                self.touch()
                 await self.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED, audio_start_ms=vad_event.audio_ms,
                                 item_id=self._next_item_id())
                 await self.cancel_response()  # barge-in
@@ -441,6 +461,7 @@ class RealtimeSession:
 
     # ------------------------------------------------------------------ items
     async def _item_created(self, item_id: str, content: list[dict[str, Any]]) -> None:
+        self.touch()
         item = {"id": item_id, "object": "realtime.item", "type": "message", "status": "completed", "role": "user",
                 "content": content}
         await self.send(ServerEvent.CONVERSATION_ITEM_CREATED, previous_item_id=self.last_item_id, item=item)
@@ -585,6 +606,7 @@ class RealtimeSession:
             self.metrics.observe(ENDPOINT, final.metrics)
         tokens = final.metrics.num_output_tokens if final is not None and final.metrics is not None else 0
         content = [{"type": "audio", "transcript": text}] if spoken else [{"type": "text", "text": text}]
+        self.touch()  # the idle count starts when the answer ends
         await self.send(ServerEvent.RESPONSE_DONE, response={
             "id": response_id, "object": "realtime.response", "status": status, "status_details": details,
             "modalities": modalities,
@@ -610,6 +632,33 @@ class RealtimeSession:
             if self.handle is not None:
                 self.handle.resume()
         await self.send(ServerEvent.SESSION_RESUMED)
+
+    def touch(self) -> None:
+        """Something happened in the session (speech, a commit, an item, an answer): the idle count restarts."""
+        self._last_activity = time.monotonic()
+
+    async def _watch_idle(self) -> None:
+        assert self.idle_timeout_s is not None
+        warned = False
+        while not self.closed:
+            if self.paused or self.responding:  # a pause has its own timeout; an answer is activity
+                self.touch()
+            idle_s = time.monotonic() - self._last_activity
+            left_s = self.idle_timeout_s - idle_s
+            if left_s <= 0:
+                self._idle_closing = True
+                await self.send_error(f"nothing happened in the session for {self.idle_timeout_s:g} s; closing it "
+                                      "to free its place", code=IDLE_TIMEOUT)
+                self.closed = True
+                with contextlib.suppress(Exception):  # already gone
+                    await self.ws.close(code=CLOSE_NORMAL, reason=IDLE_TIMEOUT)
+                return
+            if left_s <= IDLE_WARNING_S and not warned:
+                warned = True
+                await self.send(ServerEvent.SESSION_IDLE_WARNING, closes_in_s=round(left_s, 1))
+            elif left_s > IDLE_WARNING_S:
+                warned = False
+            await asyncio.sleep(min(IDLE_POLL_S, max(left_s, 0.01)))
 
     async def _pause_timeout(self) -> None:
         await asyncio.sleep(self.pause_timeout_s)

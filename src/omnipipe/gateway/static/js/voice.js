@@ -249,6 +249,10 @@ const HANDLERS = {
   },
   "input_audio_buffer.speech_started"() {
     session.userSpeaking = true;
+    if (session.idleWarned) { // speaking keeps the session: the warning no longer holds
+      session.idleWarned = false;
+      showError("");
+    }
     // barge-in: silence the answer now; the server cancels it and its late audio is ignored
     if (session.responseId || player.playing) {
       hooks.interruptions.push({ response_id: session.responseId, playing: player.playing,
@@ -310,6 +314,11 @@ const HANDLERS = {
       item.bubble.textContent = { completed: "(no words)", cancelled: "(stopped before it said anything)" }[response.status]
         || "(no answer)";
     }
+  },
+  "session.idle_warning"(event) {
+    const seconds = Math.round(Number(event.closes_in_s) || 15);
+    showError(`Nobody has spoken for a while: this session ends in ${seconds} s unless you speak, to give its place to someone waiting.`);
+    session.idleWarned = true;
   },
   "session.paused"() { session.paused = true; },
   "session.resumed"() { session.paused = false; },
