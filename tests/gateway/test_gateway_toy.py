@@ -158,6 +158,12 @@ def test_models_say_what_they_take_and_only_served_sessions_are_recorded(cluster
     assert models["toy"]["input_modalities"] == ["text"]
     assert models["toy"]["output_modalities"] == ["audio", "text"]
     assert models["toy_tts"]["output_modalities"] == ["audio"]
+    assert models["toy"]["conversation"] is False  # the toy family answers one question at a time
+    one = httpx.get(f"{gateway.url}/v1/models/toy", timeout=10)
+    assert one.status_code == 200 and one.json()["id"] == "toy"
+    assert httpx.get(f"{gateway.url}/v1/models/nope", timeout=10).status_code == 404
+    voices = httpx.get(f"{gateway.url}/v1/audio/voices", params={"model": "toy"}, timeout=10)
+    assert voices.status_code == 200 and "default" in [v["id"] for v in voices.json()["voices"]], voices.text
     before = {r["session_id"] for r in gateway.admin("GET", "/recordings").json()}
     refused = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60,
                          json={"model": "nope", "messages": [{"role": "user", "content": "x"}]})
