@@ -6,6 +6,7 @@ from omnipipe.chunk.context import ChunkContext
 from omnipipe.models.default.processors import (
     SpokenPieceOptions,
     encoder2thinker,
+    first_sentence,
     thinker2talker,
     thinker2talker_async_chunk,
 )
@@ -41,4 +42,15 @@ def test_short_answer_is_one_piece_and_empty_answer_none() -> None:
 
 def test_transcript_follows_the_written_instruction() -> None:
     assert encoder2thinker([{"text": " what is two plus two", "instruction": "Answer briefly:"}]) == [
-        {"text": "Answer briefly: what is two plus two"}]
+        {"text": "Answer briefly: what is two plus two", "history": []}]
+    earlier = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"}]
+    assert encoder2thinker([{"text": "and you?", "instruction": "", "history": earlier}]) == [
+        {"text": "and you?", "history": earlier}]  # the conversation goes along
+
+
+def test_a_long_text_is_spoken_a_sentence_at_a_time() -> None:
+    assert first_sentence("Hello there, friend. How are you today? Fine.") == (
+        "Hello there, friend.", "How are you today? Fine.")
+    assert first_sentence("Hi. Mr. Smith is here today.") == ("Hi. Mr. Smith is here today.", "")  # too short
+    assert first_sentence("  One sentence only.  ") == ("One sentence only.", "")
+    assert first_sentence("no sentence end at all") == ("no sentence end at all", "")

@@ -119,6 +119,16 @@ def encoder2thinker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"text": f"{instruction} {transcript}".strip(), "history": history}]
 
 
+def first_sentence(text: str) -> tuple[str, str]:
+    """``text`` cut after its first sentence of at least ``MIN_CLAUSE_WORDS`` words: (that sentence, the rest).
+    The rest is empty when there is no such cut (one sentence, or no sentence end)."""
+    for match in _SENTENCE_END.finditer(text):
+        head, rest = text[: match.end()].strip(), text[match.end():].strip()
+        if len(head.split()) >= MIN_CLAUSE_WORDS and rest:
+            return head, rest
+    return text.strip(), ""
+
+
 def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The whole answer, cut into the same pieces the streaming processor would have sent, so the talker speaks
     the same utterances whether or not async chunk is on (only the timing differs)."""

@@ -1,11 +1,15 @@
-"""Talker: Piper's VITS text/duration network turns each text piece into latent frames [192, T]."""
+"""Talker: Piper's VITS text/duration network turns each text piece into latent frames [192, T].
+
+A piece of several sentences (a whole ``/v1/audio/speech`` input) is spoken a sentence a step: the rest goes back
+to the front of the request's inputs, so the first frames leave after the first sentence, however long the text.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
 from omnipipe.models.default.modeling.piper_talker import PiperTalker
-from omnipipe.models.default.processors import TalkerParams
+from omnipipe.models.default.processors import TalkerParams, first_sentence
 from omnipipe.models.default.weights.voice import prepare_voice
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
@@ -26,7 +30,10 @@ class PiperTalkerRunner(StageRunner):
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
         outputs = []
         for request in batch:
-            text = str((request.take_input() or {}).get("text", "")).strip()
+            text, rest = first_sentence(str((request.take_input() or {}).get("text", "")))
+            if rest:  # spoken at the next step
+                request.inputs.appendleft({"text": rest})
+                request.consumed_inputs -= 1
             speed = float(TalkerParams(**(request.params.get("extra") or {})).speed)  # checked on arrival
             if text:
                 latents = self.talker.latents_at_speed(self.talker.phonemize(text), speed,
