@@ -115,7 +115,8 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
                 for choice in event.get("choices") or []:
                     delta = choice.get("delta") or {}
                     now = time.perf_counter()
-                    if delta.get("content"):
+                    # the words: content, or (with audio, as OpenAI sends them) the audio's transcript
+                    if delta.get("content") or (delta.get("audio") or {}).get("transcript"):
                         text_times.append(now)
                     chunk = (delta.get("audio") or {}).get("data")
                     if chunk:

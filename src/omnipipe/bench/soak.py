@@ -170,7 +170,8 @@ async def soak_request(client: httpx.AsyncClient, model: str, prompt: str, max_t
                 for choice in event.get("choices") or []:
                     finish = choice.get("finish_reason") or finish
                     delta = choice.get("delta") or {}
-                    if out.answered is None and (delta.get("content") or (delta.get("audio") or {}).get("data")):
+                    audio = delta.get("audio") or {}
+                    if out.answered is None and (delta.get("content") or audio.get("transcript") or audio.get("data")):
                         out.answered = time.perf_counter()
                 if leave_after is not None and out.events >= leave_after:
                     return LEFT, None  # leaving the block closes the connection mid-stream
