@@ -74,10 +74,6 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     app.state.metrics = metrics
     app.state.spoken_answers = SpokenAnswers()
     app.state.sessions = sessions
-    if config.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
-                           allow_methods=list(config.cors_methods), allow_headers=list(config.cors_headers),
-                           allow_credentials=config.cors_credentials)
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(speech.router)
@@ -131,5 +127,9 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     app.add_middleware(SessionLimiter, tracker=sessions)  # type: ignore
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,  # type: ignore
                        metrics=metrics)
-    app.add_middleware(HeaderLimits)  # type: ignore  # outermost: nothing reads a request beyond the limits
+    app.add_middleware(HeaderLimits)  # type: ignore  # nothing reads a request beyond the limits
+    if config.cors_origins:  # outermost: a browser's preflight carries no API key, and every answer needs the headers
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),  # type: ignore
+                           allow_methods=list(config.cors_methods), allow_headers=list(config.cors_headers),
+                           allow_credentials=config.cors_credentials)
     return app

@@ -145,6 +145,10 @@ async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreami
     except Exception as exc:  # noqa: BLE001 - mapped to an API error
         await outputs.aclose()  # type: ignore[attr-defined]
         raise from_engine_error(exc, {"prompt": "input", "sampling_params.extra.speed": "speed"}) from None
+    if first is not None and first.finished and (first.audio is None or not first.audio.size):
+        await outputs.aclose()  # type: ignore[attr-defined]
+        raise invalid(f"input: has nothing the voice can say (no words in {body.input[:40]!r})", "input",
+                      code="nothing_to_speak")
     stream = _body(outputs, first, body, native_rate, metrics)
     if body.stream_format == "sse":
         return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
