@@ -215,6 +215,7 @@ def test_response_cancel_mid_stream_ends_cancelled_and_leaves_nothing(toy_server
         send(ws, "response.cancel")
         events, done = until(ws, "response.done")
         assert done["response"]["status"] == "cancelled", done
+        assert done["response"]["status_details"]["reason"] == "client_cancelled", done
         assert done["response"]["id"] == first["response_id"]
         assert not of(events, "error")
         transcript = "".join(d["delta"] for d in of(events, "response.audio_transcript.delta"))
@@ -241,6 +242,7 @@ def test_barge_in_on_loud_audio_cancels_the_running_response(toy_server: ServerP
         send(ws, "input_audio_buffer.append", audio=pcm16_b64(tone(0.3)))
         events, done = until(ws, "response.done")
         assert done["response"]["status"] == "cancelled", done
+        assert done["response"]["status_details"]["reason"] == "turn_detected", done
         started = of(events, "input_audio_buffer.speech_started")
         assert len(started) == 1 and started[0]["audio_start_ms"] >= 0
         assert engines_idle(toy_server.wait_idle(timeout_s=30))

@@ -60,9 +60,10 @@ A turn: committed audio becomes a spoken question (24 kHz samples handed to the 
 resamples them); text items become a written question (texts since the last response joined; with audio, the text
 goes along as the instruction). With ``server_vad``, speech that stops commits the buffer and (``create_response``)
 starts a response; speech that starts while a response runs is a barge-in: the response is aborted at once and ends
-with ``response.done`` status ``cancelled``. One response runs at a time per connection; a disconnect aborts it.
-Not supported: conversation history across turns, assistant/system items, function calls, ``item.truncate`` /
-``delete``, out-of-band responses, formats other than pcm16.
+with ``response.done`` status ``cancelled``, reason ``turn_detected`` (``client_cancelled`` for ``response.cancel``,
+a pause or a disconnect). One response runs at a time per connection; a disconnect aborts it.
+Not supported: assistant/system items, function calls, ``item.truncate`` / ``delete``, out-of-band responses,
+formats other than pcm16, the GA event names.
 """
 
 from __future__ import annotations
@@ -223,6 +224,7 @@ class RealtimeSession:
         self.idle_timeout_s = pool.config.idle_timeout_s
         self._last_activity = time.monotonic()
         self._idle_watch: asyncio.Task[None] | None = None
+        self._cancel_reason = "client_cancelled"  # why the running response is being cancelled
         self._idle_closing = False  # the idle watch is closing the session (it must not be cancelled mid-close)
         self._timing_out = False
         self._transcriptions: set[asyncio.Task[None]] = set()
@@ -386,7 +388,7 @@ class RealtimeSession:
                 self.touch()
                 await self.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED, audio_start_ms=vad_event.audio_ms,
                                 item_id=self._next_item_id())
-                await self.cancel_response()  # barge-in
+                await self.cancel_response("turn_detected")  # barge-in
             else:
                 await self.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STOPPED, audio_end_ms=vad_event.audio_ms,
                                 item_id=self._next_item_id())
@@ -542,11 +544,13 @@ class RealtimeSession:
             raise EventError("there is no response in progress to cancel", None, code="response_cancel_not_active")
         await self.cancel_response()
 
-    async def cancel_response(self) -> None:
-        """Abort the running response (if any) and wait until it has sent its ``response.done``."""
+    async def cancel_response(self, reason: str = "client_cancelled") -> None:
+        """Abort the running response (if any) and wait until it has sent its ``response.done`` (status
+        ``cancelled`` with ``reason``: ``turn_detected`` for a barge-in, else ``client_cancelled``)."""
         task = self.response_task
         if task is None or task.done():
             return
+        self._cancel_reason = reason
         if self.response_id is not None:
             await self.engine.abort(self.response_id)
         task.cancel()
@@ -586,7 +590,7 @@ class RealtimeSession:
                     await self.send(ServerEvent.RESPONSE_AUDIO_DELTA, delta=base64.b64encode(tail).decode(), **base)
             status = "completed"
         except asyncio.CancelledError:
-            status, details = "cancelled", {"type": "cancelled", "reason": "client_cancelled"}
+            status, details = "cancelled", {"type": "cancelled", "reason": self._cancel_reason}
         except Exception as exc:  # noqa: BLE001 - reported as an error event and a failed response
             error = from_engine_error(exc, fields)
             details = {"type": "failed", "error": {"type": error.type, "code": error.code}}
