@@ -25,7 +25,7 @@ def flagged(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]
     try:
         with running_server("toy", TOY_DEPLOY, tmp_path_factory.mktemp("flagged"), 120, api_key=None,
                             extra_args=["--served-model-name", "omni-toy", "tts-1", "whisper-1",
-                                        "--allowed-origins", ORIGIN]) as server:
+                                        "--allowed-origins", ORIGIN, "--no-async-chunk"]) as server:
             server.headers = {"Authorization": f"Bearer {ENV_KEY}"}
             yield server
     finally:
@@ -54,6 +54,9 @@ def test_the_first_served_name_is_the_model_and_the_others_are_accepted(client: 
     with client.audio.speech.with_streaming_response.create(model="tts-1", input="hello", voice="alloy",
                                                             response_format="wav") as speech:
         assert speech.read()[:4] == b"RIFF"
+    spoken = client.chat.completions.create(model="omni-toy", messages=[{"role": "user", "content": "whole"}],
+                                            modalities=["text", "audio"], audio={"voice": "default", "format": "wav"})
+    assert spoken.choices[0].message.audio.transcript == "WHOLE"  # --no-async-chunk: passed whole between stages
     with pytest.raises(openai.NotFoundError) as missing:
         client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}])
     assert missing.value.body["param"] == "model"

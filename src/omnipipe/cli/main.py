@@ -173,6 +173,8 @@ def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--allowed-methods", nargs="+", default=["*"], metavar="METHOD", help="CORS methods")
     p.add_argument("--allowed-headers", nargs="+", default=["*"], metavar="HEADER", help="CORS request headers")
     p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (not with origin '*')")
+    p.add_argument("--no-async-chunk", action="store_true",
+                   help="stages pass whole outputs instead of streaming chunks (over the deploy file's async_chunk)")
     p.add_argument("--ssl-keyfile", type=Path, help="serve HTTPS with this private key (with --ssl-certfile)")
     p.add_argument("--ssl-certfile", type=Path, help="serve HTTPS with this certificate (with --ssl-keyfile)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies get 413")
@@ -210,7 +212,13 @@ def _serve(args: argparse.Namespace, **options: Any) -> int:
     if args.allow_credentials and "*" in args.allowed_origins:
         raise CLIError("--allow-credentials: browsers refuse credentials with origin '*'; name the origins")
     names = args.served_model_name or []
-    config = ServerConfig(pipeline=args.pipeline, deploy=args.deploy, host=args.host, port=args.port,
+    deploy: Any = args.deploy
+    if args.no_async_chunk:  # the deploy file's settings, with async chunk off
+        import yaml
+
+        deploy = (yaml.safe_load(args.deploy.read_text()) if args.deploy is not None else None) or {}
+        deploy["async_chunk"] = False
+    config = ServerConfig(pipeline=args.pipeline, deploy=deploy, host=args.host, port=args.port,
                           api_key=args.api_key, max_body_bytes=args.max_body_bytes, voice_aliases=aliases,
                           served_model_name=names[0] if names else None, model_aliases=tuple(names[1:]),
                           cors_origins=tuple(args.allowed_origins), cors_methods=tuple(args.allowed_methods),
