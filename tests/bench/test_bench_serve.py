@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from omnipipe.bench.serve import DETAIL_HEADERS, MAIN_HEADERS, load_prompts, main
+from omnipipe.bench.serve import DETAIL_HEADERS, MAIN_HEADERS, arrival_times, load_prompts, main, parse_goodput
 from omnipipe.cli.main import main as cli_main
 from tests.server.conftest import API_KEY, TOY_DEPLOY, ServerProcess, running_server
 
@@ -75,3 +75,41 @@ def test_bad_arguments_are_usage_errors() -> None:
             main(argv)
         assert info.value.code == 2
     assert len(load_prompts("random", 7, 1)) == 7 and load_prompts("random", 5, 3) == load_prompts("random", 5, 3)
+
+
+def test_open_loop_rates_and_goodput(toy_server: ServerProcess, tmp_path: Path, capsys) -> None:
+    """Every concurrency level at every rate; the arrivals are spread as asked; goodput counts the requests that met
+    every bound (a bound no request can meet gives 0, one every request meets gives the throughput)."""
+    path = tmp_path / "serve.json"
+    code = main(["--base-url", toy_server.url, "--api-key", API_KEY, "--num-prompts", "6", "--max-concurrency", "4",
+                 "--request-rate", "2,inf", "--goodput", "ttft:60000", "rtf:1000", "--warmup", "0",
+                 "--max-tokens", "10", "--json", str(path)])
+    assert code == 0, capsys.readouterr().out
+    rows = json.loads(path.read_text())["rows"]
+    assert [(r["max_concurrency"], r["request_rate"]) for r in rows] == [(4, 2.0), (4, None)]
+    paced, burst = rows
+    assert paced["duration_s"] >= arrival_times(6, 2.0, 1.0, 0)[-1]  # the seeded schedule: its last arrival
+    for row in rows:
+        assert row["goodput_rps"] == row["throughput_rps"] > 0
+    code = main(["--base-url", toy_server.url, "--api-key", API_KEY, "--num-prompts", "2", "--max-concurrency", "2",
+                 "--goodput", "ttft:0.001", "--warmup", "0", "--json", str(path)])
+    assert json.loads(path.read_text())["rows"][0]["goodput_rps"] == 0
+
+
+def test_arrivals_and_goodput_bounds() -> None:
+    assert arrival_times(3, float("inf"), 1.0, 0) == [0.0, 0.0, 0.0]
+    times = arrival_times(2000, 4.0, 1.0, 7)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert times[0] == 0 and all(g >= 0 for g in gaps) and abs(sum(gaps) / len(gaps) - 0.25) < 0.03
+    bursty_times = arrival_times(2000, 4.0, 0.2, 7)
+    bursty = [b - a for a, b in zip(bursty_times, bursty_times[1:])]
+
+    def spread(values: list[float]) -> float:  # coefficient of variation
+        m = sum(values) / len(values)
+        return (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5 / m
+
+    assert abs(sum(bursty) / len(bursty) - 0.25) < 0.05 and spread(bursty) > 1.5 * spread(gaps)  # same rate, burstier
+    assert parse_goodput(["ttft:500", "rtf:1"]) == {"ttft": 500.0, "rtf": 1.0}
+    for bad in (["speed:1"], ["ttft:fast"], ["ttft:0"]):
+        with pytest.raises(ValueError, match="--goodput"):
+            parse_goodput(bad)

@@ -7,6 +7,12 @@ the client's side: E2E (request sent -> stream ended), TTFT (first text delta), 
 the first, with the token count from the stream's usage), ITL (gaps between text deltas), TTFP (first audio delta),
 RTF (E2E / seconds of audio received) and the request throughput (completed requests / wall time).
 
+Arrivals are closed-loop by default (every request is ready at once; the concurrency bounds them). With
+``--request-rate R[,R...]`` (requests per second) they are open-loop: request i is sent at the i-th arrival of a
+gamma process with shape ``--burstiness`` (1: Poisson; lower: burstier) and mean gap 1/R, as ``vllm bench serve``
+does, and every concurrency level runs at every rate. ``--goodput ttft:500 ttfp:800 rtf:1`` adds the rate of
+completed requests that met every bound (ms for ttft/tpot/ttfp/e2e, a ratio for rtf).
+
 To compare async chunk on and off, run two servers on two ports, the second with a deploy file containing
 ``async_chunk: false`` (``omnipipe serve --port 8092 --deploy no_async.yaml``), and run this benchmark against each.
 """
@@ -34,8 +40,9 @@ from omnipipe.bench.report import format_table, machine_info, mean, summarize, w
 from omnipipe.protocol.audio import PCM16_RATE_HZ, PCM16_SAMPLE_BYTES
 
 METRICS = ("e2e", "ttft", "tpot", "itl", "ttfp", "rtf")
-MAIN_HEADERS = ["Max_Concurrency", "Prompts", "Mean E2E (ms)", "Mean TTFT (ms)", "Mean TPOT (ms)", "Mean TTFP (ms)",
-                "Mean RTF", "Mean ITL (ms)", "req/s"]
+MAIN_HEADERS = ["Max_Concurrency", "Prompts", "Rate (req/s)", "Mean E2E (ms)", "Mean TTFT (ms)", "Mean TPOT (ms)",
+                "Mean TTFP (ms)", "Mean RTF", "Mean ITL (ms)", "req/s", "Goodput (req/s)"]
+GOODPUT_METRICS = ("ttft", "tpot", "ttfp", "e2e", "rtf")
 DETAIL_METRICS = ("e2e", "ttft", "tpot", "ttfp", "rtf", "itl")
 DETAIL_HEADERS = ["Max_Concurrency"] + [f"{n.upper() if n != 'rtf' else 'RTF'} {s}" for n in DETAIL_METRICS
                                         for s in ("median", "p99")]
@@ -139,7 +146,45 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: str, max_to
     return result
 
 
-def summarize_run(concurrency: int, results: list[RequestResult], wall_s: float) -> dict[str, Any]:
+def meets(result: RequestResult, goodput: dict[str, float]) -> bool:
+    """Whether a completed request met every bound (ms, or a ratio for rtf); a missing figure does not."""
+    for name, bound in goodput.items():
+        value = getattr(result, "rtf" if name == "rtf" else f"{name}_s")
+        if value is None or (value if name == "rtf" else value * 1000.0) > bound:
+            return False
+    return True
+
+
+def parse_goodput(items: Sequence[str]) -> dict[str, float]:
+    """``["ttft:500", "rtf:1"]`` -> ``{"ttft": 500.0, "rtf": 1.0}``; ValueError naming what is wrong."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, _, value = item.partition(":")
+        if name not in GOODPUT_METRICS:
+            raise ValueError(f"--goodput: {item!r}: the metric is one of {', '.join(GOODPUT_METRICS)}")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--goodput: {item!r}: expected NAME:NUMBER, e.g. ttft:500") from None
+        if not out[name] > 0:
+            raise ValueError(f"--goodput: {item!r}: the bound must be > 0")
+    return out
+
+
+def arrival_times(count: int, rate: float, burstiness: float, seed: int) -> list[float]:
+    """When each request is sent, from the start (s): all at 0 for an infinite rate, else a gamma process."""
+    if rate == float("inf"):
+        return [0.0] * count
+    rng = random.Random(seed)
+    now, out = 0.0, []
+    for _ in range(count):
+        out.append(now)
+        now += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+    return out
+
+
+def summarize_run(concurrency: int, results: list[RequestResult], wall_s: float, rate: float = float("inf"),
+                  goodput: dict[str, float] | None = None) -> dict[str, Any]:
     done = [r for r in results if r.ok]
     values: dict[str, list[float]] = {name: [] for name in METRICS}
     for r in done:
@@ -149,12 +194,14 @@ def summarize_run(concurrency: int, results: list[RequestResult], wall_s: float)
             if value is not None:
                 values[name].append(value)
     row: dict[str, Any] = {
-        "max_concurrency": concurrency, "prompts": len(results), "completed": len(done),
+        "max_concurrency": concurrency, "request_rate": None if rate == float("inf") else rate,
+        "prompts": len(results), "completed": len(done),
         "failed": len(results) - len(done), "duration_s": wall_s,
         "throughput_rps": len(done) / wall_s if wall_s > 0 else 0.0,
         "output_tokens_total": sum(r.output_tokens for r in done),
         "audio_s_mean": mean([r.audio_s for r in done]) if done else 0.0,
         "errors": sorted({r.error for r in results if r.error})[:5],
+        "goodput_rps": (sum(meets(r, goodput) for r in done) / wall_s if wall_s > 0 else 0.0) if goodput else None,
     }
     for name, series in values.items():
         row[name] = summarize(series, 1.0 if name == "rtf" else 1000.0) if series else None  # ms except RTF
@@ -162,27 +209,32 @@ def summarize_run(concurrency: int, results: list[RequestResult], wall_s: float)
 
 
 async def run_level(base_url: str, headers: dict[str, str], model: str, prompts: list[str], concurrency: int,
-                    max_tokens: int, audio: bool, timeout_s: float) -> dict[str, Any]:
+                    max_tokens: int, audio: bool, timeout_s: float, rate: float = float("inf"),
+                    burstiness: float = 1.0, seed: int = 0, goodput: dict[str, float] | None = None) -> dict[str, Any]:
     limits = httpx.Limits(max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=timeout_s, limits=limits) as client:
         gate = asyncio.Semaphore(concurrency)
+        arrivals = arrival_times(len(prompts), rate, burstiness, seed)
+        start = time.perf_counter()
 
-        async def limited(prompt: str) -> RequestResult:
+        async def limited(prompt: str, arrival_s: float) -> RequestResult:
+            await asyncio.sleep(max(0.0, start + arrival_s - time.perf_counter()))
             async with gate:
                 return await one_request(client, model, prompt, max_tokens, audio)
 
-        start = time.perf_counter()
-        results = await asyncio.gather(*(limited(p) for p in prompts))
+        results = await asyncio.gather(*(limited(p, a) for p, a in zip(prompts, arrivals)))
         wall = time.perf_counter() - start
-    return summarize_run(concurrency, list(results), wall)
+    return summarize_run(concurrency, list(results), wall, rate, goodput)
 
 
 def format_report(rows: list[dict[str, Any]]) -> str:
     def m(row: dict[str, Any], name: str, stat: str = "mean") -> float | None:
         return row[name][stat] if row.get(name) else None
 
-    main = format_table(MAIN_HEADERS, [[r["max_concurrency"], r["completed"], m(r, "e2e"), m(r, "ttft"),
-                                        m(r, "tpot"), m(r, "ttfp"), m(r, "rtf"), m(r, "itl"), r["throughput_rps"]]
+    main = format_table(MAIN_HEADERS, [[r["max_concurrency"], r["completed"],
+                                        "inf" if r["request_rate"] is None else r["request_rate"], m(r, "e2e"),
+                                        m(r, "ttft"), m(r, "tpot"), m(r, "ttfp"), m(r, "rtf"), m(r, "itl"),
+                                        r["throughput_rps"], r["goodput_rps"]]
                                        for r in rows])
     detail = format_table(DETAIL_HEADERS, [[r["max_concurrency"], *[m(r, n, s) for n in DETAIL_METRICS
                                                                     for s in ("median", "p99")]] for r in rows])
@@ -220,6 +272,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--text-only", action="store_true", help="ask for text only (no TTFP/RTF)")
     parser.add_argument("--warmup", type=int, default=1, help="requests sent (and not measured) first")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-request timeout in seconds")
+    parser.add_argument("--request-rate", default="inf",
+                        help="comma-separated arrival rates in requests/s ('inf': all at once; default: %(default)s)")
+    parser.add_argument("--burstiness", type=float, default=1.0,
+                        help="gamma shape of the gaps between arrivals (1: Poisson; default: %(default)s)")
+    parser.add_argument("--goodput", nargs="+", default=[], metavar="NAME:BOUND",
+                        help="service-level bounds for goodput, e.g. ttft:500 ttfp:800 rtf:1 (ms; rtf a ratio)")
     parser.add_argument("--json", help="also write the figures here")
     return parser
 
@@ -236,6 +294,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.num_prompts < 1 or args.max_tokens < 1 or args.warmup < 0 or args.timeout <= 0:
         parser.error("--num-prompts and --max-tokens must be >= 1, --warmup >= 0, --timeout > 0")
     try:
+        rates = [float(r) for r in args.request_rate.split(",") if r.strip()]
+    except ValueError:
+        parser.error("--request-rate: comma-separated numbers or 'inf', e.g. 0.5,1,inf")
+    if not rates or not all(r > 0 for r in rates):
+        parser.error("--request-rate: every rate must be > 0 (or 'inf')")
+    if not (args.burstiness > 0 and args.burstiness < float("inf")):
+        parser.error("--burstiness: must be a number > 0")
+    try:
+        goodput = parse_goodput(args.goodput)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
         prompts = load_prompts(args.dataset, args.num_prompts, args.seed)
     except ValueError as exc:
         parser.error(str(exc))
@@ -250,13 +320,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup:
         asyncio.run(run_level(base_url, headers, model, prompts[:1] * args.warmup, 1, args.max_tokens, audio,
                               args.timeout))
-    rows = [asyncio.run(run_level(base_url, headers, model, prompts, level, args.max_tokens, audio, args.timeout))
-            for level in levels]
+    rows = [asyncio.run(run_level(base_url, headers, model, prompts, level, args.max_tokens, audio, args.timeout,
+                                  rate, args.burstiness, args.seed, goodput))
+            for level in levels for rate in rates]
     print(f"omnipipe bench serve: {base_url}, model {model!r}, {args.num_prompts} prompts per level, "
           f"{'text + audio' if audio else 'text only'}, max_tokens {args.max_tokens}")
     print(format_report(rows))
     if args.json:
         write_json(args.json, {"meta": {"base_url": base_url, "model": model, "dataset": args.dataset,
+                                        "burstiness": args.burstiness, "goodput": goodput,
                                         "num_prompts": args.num_prompts, "max_tokens": args.max_tokens,
                                         "modalities": ["text", "audio"] if audio else ["text"],
                                         "machine": machine_info()},
