@@ -44,7 +44,7 @@ MAIN_HEADERS = ["Max_Concurrency", "Prompts", "Rate (req/s)", "Mean E2E (ms)", "
                 "Mean TTFP (ms)", "Mean RTF", "Mean ITL (ms)", "req/s", "Goodput (req/s)"]
 GOODPUT_METRICS = ("ttft", "tpot", "ttfp", "e2e", "rtf")
 DETAIL_METRICS = ("e2e", "ttft", "tpot", "ttfp", "rtf", "itl")
-DETAIL_HEADERS = ["Max_Concurrency"] + [f"{n.upper() if n != 'rtf' else 'RTF'} {s}" for n in DETAIL_METRICS
+DETAIL_HEADERS = ["Max_Concurrency", "Rate (req/s)"] + [f"{n.upper() if n != 'rtf' else 'RTF'} {s}" for n in DETAIL_METRICS
                                         for s in ("median", "p99")]
 
 
@@ -236,7 +236,8 @@ def format_report(rows: list[dict[str, Any]]) -> str:
                                         m(r, "ttft"), m(r, "tpot"), m(r, "ttfp"), m(r, "rtf"), m(r, "itl"),
                                         r["throughput_rps"], r["goodput_rps"]]
                                        for r in rows])
-    detail = format_table(DETAIL_HEADERS, [[r["max_concurrency"], *[m(r, n, s) for n in DETAIL_METRICS
+    detail = format_table(DETAIL_HEADERS, [[r["max_concurrency"], "inf" if r["request_rate"] is None else
+                                            r["request_rate"], *[m(r, n, s) for n in DETAIL_METRICS
                                                                     for s in ("median", "p99")]] for r in rows])
     lines = [main, "", detail]
     for r in rows:
