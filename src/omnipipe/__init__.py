@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from omnipipe.api.async_omni import AsyncOmni, RequestFailedError
+    from omnipipe.api.async_omni import AsyncOmni, RequestFailedError, StageLostError
     from omnipipe.api.omni import Omni
     from omnipipe.api.outputs import OmniRequestOutput, RequestMetrics
     from omnipipe.api.sampling_params import SamplingParams
@@ -18,13 +18,15 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     "AsyncOmni": "omnipipe.api.async_omni",
     "RequestFailedError": "omnipipe.api.async_omni",
+    "StageLostError": "omnipipe.api.async_omni",
     "Omni": "omnipipe.api.omni",
     "OmniRequestOutput": "omnipipe.api.outputs",
     "RequestMetrics": "omnipipe.api.outputs",
     "SamplingParams": "omnipipe.api.sampling_params",
 }
 
-__all__ = ["AsyncOmni", "Omni", "OmniRequestOutput", "RequestFailedError", "RequestMetrics", "SamplingParams"]
+__all__ = ["AsyncOmni", "Omni", "OmniRequestOutput", "RequestFailedError", "RequestMetrics", "SamplingParams",
+           "StageLostError"]
 __version__ = "0.1.0"
 
 

@@ -142,3 +142,28 @@ def test_server_keeps_serving_after_the_cuts(slow_server: ServerProcess, tmp_pat
     with httpx.Client(base_url=slow_server.url, headers=slow_server.headers, timeout=60) as http:
         response = http.post("/v1/audio/speech", json={"model": "toy_tts", "input": "fine", "response_format": "pcm"})
     assert response.status_code == 200 and len(response.content) > 0
+
+
+def test_a_whole_answer_lost_with_its_stage_is_a_503_to_retry(slow_server: ServerProcess) -> None:
+    """Non-streamed: nothing was sent yet when the vocoder dies, so the answer is a 503 (the stage is being
+    replaced; Retry-After says when to try again) naming the stage, not a 500; the retry is answered in full."""
+    import threading
+
+    pid = stage_pid(slow_server, "toy", "code2wav")
+    body = {"model": "toy", "messages": [{"role": "user", "content": LONG_INPUT}], "max_tokens": 400,
+            "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "wav"}}
+    killer = threading.Timer(1.5, os.kill, (pid, signal.SIGKILL))
+    killer.start()
+    try:
+        with httpx.Client(base_url=slow_server.url, headers=slow_server.headers, timeout=120) as http:
+            lost = http.post("/v1/chat/completions", json=body)
+    finally:
+        killer.join()
+    assert lost.status_code == 503, lost.text
+    error = lost.json()["error"]
+    assert error["code"] == "stage_unavailable" and "code2wav" in error["message"], error
+    assert int(lost.headers["retry-after"]) >= 1
+    wait_restarted(slow_server, "toy", "code2wav", old_pid=pid)
+    with httpx.Client(base_url=slow_server.url, headers=slow_server.headers, timeout=120) as http:
+        again = http.post("/v1/chat/completions", json={**body, "max_tokens": 20})
+    assert again.status_code == 200, again.text

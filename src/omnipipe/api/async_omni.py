@@ -40,6 +40,11 @@ class RequestFailedError(RuntimeError):
     """A request ended with an error (a stage failed or died); the message names the stage."""
 
 
+class StageLostError(RequestFailedError):
+    """A request failed because a stage it needed died or was killed (not because of the request): the stage is
+    restarted, so the same request sent again may succeed."""
+
+
 class EngineClosedError(RuntimeError):
     """The AsyncOmni has been shut down; it takes no more requests."""
 
@@ -161,7 +166,8 @@ class AsyncOmni:
                     finished = True
                     if event.error_field is not None:  # a stage found the request's own input unusable
                         raise FieldError(event.error_field, event.error or "is not usable")
-                    raise RequestFailedError(f"request {request_id}: {event.error}")
+                    error_type = StageLostError if event.stage_lost else RequestFailedError
+                    raise error_type(f"request {request_id}: {event.error}")
         finally:
             self._requests.pop(internal_id, None)
             self._user_ids.pop(request_id, None)

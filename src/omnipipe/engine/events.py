@@ -52,5 +52,6 @@ class EngineEvent:
     finish_reason: str | None = None
     error: str | None = None
     error_field: str | None = None  # the request's input is at fault, in this field; ``error`` is the rule it broke
+    stage_lost: bool = False  # the request failed because a stage it needed died or was killed: a retry may work
     stage_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     edge_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -388,7 +388,7 @@ class Orchestrator:
         for request_id, command in list(self._parked.items()):
             if stage in command.plan:
                 del self._parked[request_id]
-                self._emit(EngineEvent(request_id, "error", stage, error=message))
+                self._emit(EngineEvent(request_id, "error", stage, error=message, stage_lost=True))
 
     async def _send_chunk_routes(self, producer: str) -> None:
         """Tell ``producer`` where each stage it streams to listens for chunks."""
@@ -435,13 +435,15 @@ class Orchestrator:
                 self._emit(EngineEvent(rid, "error", "", error=notify))
             del request
 
-    def _fail(self, request: _Request, stage: str, message: str, field: str | None = None) -> None:
+    def _fail(self, request: _Request, stage: str, message: str, field: str | None = None,
+              stage_lost: bool = False) -> None:
         if self.requests.pop(request.request_id, None) is None:
             return
         self._recently_ended.append(request.request_id)
         for relay in self.send_relays.values():
             relay.cleanup(request.request_id)
-        self._emit(EngineEvent(request.request_id, "error", stage, error=message, error_field=field))
+        self._emit(EngineEvent(request.request_id, "error", stage, error=message, error_field=field,
+                               stage_lost=stage_lost))
         asyncio.ensure_future(self.abort_pub.send(control_plane.encode(Abort([request.request_id]))))
 
     # ================================================================== outputs
@@ -574,7 +576,7 @@ class Orchestrator:
         victims = [r for r in self.requests.values()
                    if client.name in r.route.stages and client.name not in r.done_stages]
         for request in victims:
-            self._fail(request, client.name, death)
+            self._fail(request, client.name, death, stage_lost=True)
         removed = sweep_segments(segment_prefix(self.run_id, client.name))
         if removed:
             logger.info("released %d shared-memory segments of stage %s", len(removed), client.name)

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from omnipipe.api.async_omni import EngineClosedError, RequestFailedError
+from omnipipe.api.async_omni import EngineClosedError, RequestFailedError, StageLostError
 from omnipipe.engine.async_omni_engine import EngineOverloadedError
 from omnipipe.protocol.errors import RETRY_AFTER_S, APIError, install_api_error_handlers
 from omnipipe.server.disconnect import CLIENT_CLOSED_REQUEST, ClientGone
@@ -63,6 +63,9 @@ def from_engine_error(exc: BaseException, field_map: Mapping[str, str], audio_pa
         return invalid(f"{param}: {exc.rule}", param)
     if isinstance(exc, ValueError):  # a caller's mistake that names no field
         return invalid(str(exc), None)
+    if isinstance(exc, StageLostError):  # nothing wrong with the request: its stage is being replaced
+        return APIError(503, str(exc), code="stage_unavailable", type="server_error",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, RequestFailedError):
         return APIError(500, str(exc), code="request_failed", type="server_error")
     logger.exception("unexpected error", exc_info=exc)
