@@ -17,10 +17,13 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from pydantic import BaseModel
+from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from omnipipe.api.outputs import OmniRequestOutput
+from omnipipe.server.disconnect import ClientGone, while_connected
+from omnipipe.server.errors import from_engine_error
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -65,12 +68,27 @@ def sse(payload: BaseModel | dict[str, Any] | str) -> bytes:
     return f"data: {text}\n\n".encode()
 
 
-async def first_output(outputs: AsyncIterator[OmniRequestOutput]) -> OmniRequestOutput | None:
-    """Pull the first output so argument errors surface before the response starts (as a 4xx, not mid-stream)."""
+async def first_output(request: Request, outputs: AsyncIterator[OmniRequestOutput], field_map: Mapping[str, str],
+                       audio_param: str | None = None) -> OmniRequestOutput | None:
+    """Pull the first output while the client is connected, so that argument errors surface before the response
+    starts (as a 4xx, not mid-stream). If the client leaves (``ClientGone``) or the request fails, the stream is
+    closed (aborting the request) and that is raised, a failure as the API error to answer (``field_map`` and
+    ``audio_param`` as ``from_engine_error`` takes them)."""
+
+    async def pull() -> OmniRequestOutput | None:
+        try:
+            return await outputs.__anext__()
+        except StopAsyncIteration:
+            return None
+
     try:
-        return await outputs.__anext__()
-    except StopAsyncIteration:
-        return None
+        return await while_connected(request, pull())
+    except ClientGone:
+        await outputs.aclose()  # type: ignore[attr-defined]
+        raise
+    except Exception as exc:  # noqa: BLE001 - mapped to an API error
+        await outputs.aclose()  # type: ignore[attr-defined]
+        raise from_engine_error(exc, field_map, audio_param) from None
 
 
 async def with_first(first: OmniRequestOutput | None,

@@ -38,7 +38,7 @@ from omnipipe.protocol.openai import (
 )
 from omnipipe.protocol.worker import CHAT_PATH
 from omnipipe.server.audio_stream import Pcm16Stream, encode_whole
-from omnipipe.server.disconnect import ClientGone, while_connected
+from omnipipe.server.disconnect import while_connected
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
@@ -353,14 +353,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     outputs = engine.generate(plan.prompt, request_id=request_id, sampling_params=plan.sampling_params,
                               output_modalities=plan.modalities,
                               edge_options=plan.edge_options)
-    try:
-        first = await while_connected(request, first_output(outputs))
-    except ClientGone:
-        await outputs.aclose()  # type: ignore[attr-defined]
-        raise
-    except Exception as exc:  # noqa: BLE001 - mapped to an API error
-        await outputs.aclose()  # type: ignore[attr-defined]
-        raise from_engine_error(exc, plan.field_map, plan.audio_param) from None
+    first = await first_output(request, outputs, plan.field_map, plan.audio_param)
     if not body.stream:
         try:
             return await while_connected(request, _complete(outputs, first, body, plan, body.model, request_id,

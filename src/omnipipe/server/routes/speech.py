@@ -29,7 +29,6 @@ from omnipipe.server.audio_stream import (
     Pcm16Stream,
     streaming_wav_header,
 )
-from omnipipe.server.disconnect import ClientGone, while_connected
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
@@ -137,14 +136,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreami
     params = _sampling_params(body, pipeline)
     outputs = engine.generate(body.input, request_id=f"speech-{uuid.uuid4().hex}", sampling_params=params,
                               output_modalities=["audio"])
-    try:
-        first = await while_connected(request, first_output(outputs))
-    except ClientGone:
-        await outputs.aclose()  # type: ignore[attr-defined]
-        raise
-    except Exception as exc:  # noqa: BLE001 - mapped to an API error
-        await outputs.aclose()  # type: ignore[attr-defined]
-        raise from_engine_error(exc, {"prompt": "input", "sampling_params.extra.speed": "speed"}) from None
+    first = await first_output(request, outputs, {"prompt": "input", "sampling_params.extra.speed": "speed"})
     if first is not None and first.finished and (first.audio is None or not first.audio.size):
         await outputs.aclose()  # type: ignore[attr-defined]
         raise invalid(f"input: has nothing the voice can say (no words in {body.input[:40]!r})", "input",

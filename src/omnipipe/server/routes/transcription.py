@@ -194,14 +194,7 @@ async def create_transcription(
                               request_id=f"transcribe-{uuid.uuid4().hex}", output_modalities=["text"],
                               sampling_params=_sampling_params(temperature, prompt, "word" in granularities))
     if stream:
-        try:
-            first = await while_connected(request, first_output(outputs))
-        except ClientGone:
-            await outputs.aclose()  # type: ignore[attr-defined]
-            raise
-        except Exception as exc:  # noqa: BLE001 - mapped to an API error
-            await outputs.aclose()  # type: ignore[attr-defined]
-            raise from_engine_error(exc, _FIELDS, audio_param="file") from None
+        first = await first_output(request, outputs, _FIELDS, audio_param="file")
         return ClosingStreamingResponse(_events(outputs, first, metrics), media_type="text/event-stream",
                                         headers=SSE_HEADERS)
     transcript = Transcript()
