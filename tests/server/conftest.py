@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import signal
@@ -46,6 +47,26 @@ def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
     except (av.error.InvalidDataError, av.error.EOFError):
         pass  # cut short: what decoded so far
     return (np.concatenate(parts).astype(np.float32) if parts else np.zeros(0, np.float32)), rate
+
+
+@functools.lru_cache(maxsize=32)
+def _spoken(text: str, rate: int) -> np.ndarray:
+    from piper import PiperVoice
+
+    from omnipipe.models.default.weights.voice import PACKAGED_VOICES
+    from omnipipe.util.audio import resample
+
+    packaged = PACKAGED_VOICES["joe"]
+    voice = PiperVoice.load(packaged.model_path(), packaged.config_path())
+    chunks = list(voice.synthesize(text))
+    audio = np.concatenate([chunk.audio_float_array for chunk in chunks]).astype(np.float32)
+    return resample(audio, chunks[0].sample_rate, rate)
+
+
+def spoken(text: str, rate: int = 24_000) -> np.ndarray:
+    """``text`` read aloud by the packaged Piper voice, float32 mono at ``rate`` (real speech for a VAD or an
+    ASR, without a server)."""
+    return _spoken(text, rate).copy()
 
 
 def free_port() -> int:

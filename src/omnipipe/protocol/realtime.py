@@ -1,13 +1,21 @@
-"""The events of ``WS /v1/realtime`` (a subset of the OpenAI Realtime API, plus pause/resume).
+"""The events of ``WS /v1/realtime``: OpenAI's Realtime API in its GA form, and its beta form for clients that
+ask for it, plus pause/resume.
 
-The worker's session (``omnipipe.server.routes.realtime``) dispatches on ``ClientEvent`` and sends
-``ServerEvent``; the gateway's recording tap (``omnipipe.gateway.recording.taps.RealtimeTap``) reads the same
-frames both ways. Both take the names from here. Audio in these events is ``pcm16`` (``protocol.audio``).
+A connection speaks the beta dialect when its handshake carries the ``OpenAI-Beta: realtime=v1`` header (what
+``client.beta.realtime.connect`` sends) or offers the ``openai-beta.realtime-v1`` WebSocket subprotocol (the way
+a browser can ask); otherwise GA. The two differ in the session's shape (GA: ``type``, ``output_modalities``,
+``audio.input`` / ``audio.output``; beta: flat ``modalities``, ``voice``, ``turn_detection``, ...), in a few server
+event names (``ServerEvent`` holds the GA names; ``BETA_NAMES`` the beta name of each one that differs;
+``conversation.item.done`` is GA only) and in content part types (GA ``output_audio`` / ``output_text``, beta
+``audio`` / ``text``).
 
-The client events' schema is the pydantic models below (``CLIENT_EVENT``, by ``type``): the worker validates
-every frame with it, and the tests generate events from it. It holds the shapes and the ranges that need no
-pipeline; what depends on the pipeline (its modalities and voices, base64 audio, the sampling limits the stages
-use, which items and formats are supported) the worker checks after it.
+The worker's session (``omnipipe.server.routes.realtime``) validates every client frame with the dialect's schema
+(``CLIENT_EVENT`` for GA, ``BETA_CLIENT_EVENT``: pydantic models by ``type``; unknown fields are refused by name,
+as OpenAI does) and sends ``ServerEvent``s renamed for the dialect. The gateway's recording tap
+(``omnipipe.gateway.recording.taps.RealtimeTap``) reads both dialects (``ga_name``). Audio is ``pcm16``
+(``protocol.audio``). The schema holds shapes and ranges that need no pipeline; what depends on the pipeline (its
+modalities and voices, base64 audio, the sampling limits the stages use, which items are supported) the worker
+checks after it.
 """
 
 from __future__ import annotations
@@ -16,9 +24,27 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+GA = "ga"
+BETA = "beta"
+BETA_HEADER = "openai-beta"
+BETA_HEADER_VALUE = "realtime=v1"
+BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
+
+
+def negotiate_dialect(headers: Any) -> tuple[str, str | None]:
+    """A handshake's dialect and the subprotocol to accept, from its headers (a mapping with lower-case keys):
+    beta for the ``OpenAI-Beta: realtime=v1`` header or the ``openai-beta.realtime-v1`` subprotocol, else GA
+    (accepting ``realtime`` where offered: a browser fails a handshake that selects none of the subprotocols it
+    offered)."""
+    offered = [p.strip() for p in (headers.get("sec-websocket-protocol") or "").split(",") if p.strip()]
+    if BETA_SUBPROTOCOL in offered:
+        return BETA, BETA_SUBPROTOCOL
+    beta = BETA_HEADER_VALUE in (headers.get(BETA_HEADER) or "").replace(" ", "").split(",")
+    return (BETA if beta else GA), ("realtime" if "realtime" in offered else None)
+
 
 class ClientEvent:
-    """``type`` of the events a client sends."""
+    """``type`` of the events a client sends (the same names in both dialects)."""
 
     SESSION_UPDATE = "session.update"
     SESSION_PAUSE = "session.pause"  # extension
@@ -27,12 +53,15 @@ class ClientEvent:
     INPUT_AUDIO_BUFFER_COMMIT = "input_audio_buffer.commit"
     INPUT_AUDIO_BUFFER_CLEAR = "input_audio_buffer.clear"
     CONVERSATION_ITEM_CREATE = "conversation.item.create"
+    CONVERSATION_ITEM_TRUNCATE = "conversation.item.truncate"
+    CONVERSATION_ITEM_DELETE = "conversation.item.delete"
+    CONVERSATION_ITEM_RETRIEVE = "conversation.item.retrieve"
     RESPONSE_CREATE = "response.create"
     RESPONSE_CANCEL = "response.cancel"
 
 
 class ServerEvent:
-    """``type`` of the events a worker sends."""
+    """``type`` of the events a worker sends, by their GA names (``BETA_NAMES`` renames them for beta)."""
 
     ERROR = "error"
     SESSION_CREATED = "session.created"
@@ -44,17 +73,44 @@ class ServerEvent:
     INPUT_AUDIO_BUFFER_CLEARED = "input_audio_buffer.cleared"
     INPUT_AUDIO_BUFFER_SPEECH_STARTED = "input_audio_buffer.speech_started"
     INPUT_AUDIO_BUFFER_SPEECH_STOPPED = "input_audio_buffer.speech_stopped"
-    CONVERSATION_ITEM_CREATED = "conversation.item.created"
+    CONVERSATION_ITEM_ADDED = "conversation.item.added"
+    CONVERSATION_ITEM_DONE = "conversation.item.done"  # GA only
+    CONVERSATION_ITEM_TRUNCATED = "conversation.item.truncated"
+    CONVERSATION_ITEM_DELETED = "conversation.item.deleted"
+    CONVERSATION_ITEM_RETRIEVED = "conversation.item.retrieved"
     INPUT_AUDIO_TRANSCRIPTION_COMPLETED = "conversation.item.input_audio_transcription.completed"
     INPUT_AUDIO_TRANSCRIPTION_FAILED = "conversation.item.input_audio_transcription.failed"
     RESPONSE_CREATED = "response.created"
-    RESPONSE_TEXT_DELTA = "response.text.delta"
-    RESPONSE_TEXT_DONE = "response.text.done"
-    RESPONSE_AUDIO_TRANSCRIPT_DELTA = "response.audio_transcript.delta"
-    RESPONSE_AUDIO_TRANSCRIPT_DONE = "response.audio_transcript.done"
-    RESPONSE_AUDIO_DELTA = "response.audio.delta"
-    RESPONSE_AUDIO_DONE = "response.audio.done"
+    RESPONSE_OUTPUT_ITEM_ADDED = "response.output_item.added"
+    RESPONSE_OUTPUT_ITEM_DONE = "response.output_item.done"
+    RESPONSE_CONTENT_PART_ADDED = "response.content_part.added"
+    RESPONSE_CONTENT_PART_DONE = "response.content_part.done"
+    RESPONSE_OUTPUT_TEXT_DELTA = "response.output_text.delta"
+    RESPONSE_OUTPUT_TEXT_DONE = "response.output_text.done"
+    RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DELTA = "response.output_audio_transcript.delta"
+    RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DONE = "response.output_audio_transcript.done"
+    RESPONSE_OUTPUT_AUDIO_DELTA = "response.output_audio.delta"
+    RESPONSE_OUTPUT_AUDIO_DONE = "response.output_audio.done"
     RESPONSE_DONE = "response.done"
+
+
+BETA_NAMES: dict[str, str | None] = {
+    ServerEvent.CONVERSATION_ITEM_ADDED: "conversation.item.created",
+    ServerEvent.CONVERSATION_ITEM_DONE: None,  # not in beta
+    ServerEvent.RESPONSE_OUTPUT_TEXT_DELTA: "response.text.delta",
+    ServerEvent.RESPONSE_OUTPUT_TEXT_DONE: "response.text.done",
+    ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DELTA: "response.audio_transcript.delta",
+    ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DONE: "response.audio_transcript.done",
+    ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA: "response.audio.delta",
+    ServerEvent.RESPONSE_OUTPUT_AUDIO_DONE: "response.audio.done",
+}
+"""The beta name of each server event whose name differs (``None``: beta has no such event)."""
+_GA_NAMES = {beta: ga for ga, beta in BETA_NAMES.items() if beta is not None}
+
+
+def ga_name(type_: str) -> str:
+    """A server event's GA name, whichever dialect it was sent in."""
+    return _GA_NAMES.get(type_, type_)
 
 
 COMMIT_EMPTY = "input_audio_buffer_commit_empty"
@@ -65,62 +121,157 @@ IDLE_TIMEOUT = "idle_timeout"
 """``error`` code (and close reason) of a session in which nothing happened for the server's idle timeout."""
 IDLE_WARNING_S = 15.0
 """How long before an idle session is closed the client is warned (``session.idle_warning``)."""
+PCM_RATE = 24_000
+MAX_OUTPUT_TOKENS = 4096
 
 
 # ---------------------------------------------------------------------------------------------- client events
-_FIELDS = ConfigDict(strict=True, extra="ignore")  # unknown fields are ignored, as in the OpenAI API
+_FIELDS = ConfigDict(strict=True, extra="forbid")  # an unknown field is refused by name, as OpenAI does
+_Tokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)] | Literal["inf"]
 
 
-class TurnDetection(BaseModel):
-    """``session.turn_detection``: the energy VAD. A field left out keeps the session's current value."""
+class ServerVad(BaseModel):
+    """The server VAD (Silero). A field left out keeps the session's current value."""
 
     model_config = _FIELDS
     type: Literal["server_vad"] = "server_vad"
-    threshold: float = Field(0.02, gt=0, le=1, allow_inf_nan=False, examples=[0.02, 0.5],
-                             description="RMS of a 20 ms frame (full scale 1) above which it is speech")
+    threshold: float = Field(0.5, gt=0, le=1, allow_inf_nan=False, examples=[0.5, 0.9],
+                             description="speech probability (0..1) from which a 32 ms window is speech")
     silence_duration_ms: int = Field(500, ge=0, le=60_000)
     prefix_padding_ms: int = Field(300, ge=0, le=60_000)
     create_response: bool = True
+    interrupt_response: bool = Field(True, description="speech during a response cancels it (barge-in)")
+    idle_timeout_ms: None = Field(None, description="not supported: only null")
 
 
 class InputAudioTranscription(BaseModel):
     model_config = _FIELDS
     model: str = Field("whisper-1", min_length=1, examples=["whisper-1"])
+    language: Literal["en"] | None = Field(None, description="the transcription model is English only")
+    prompt: Literal[""] | None = Field(None, description="not supported: only empty")
+
+
+class VoiceId(BaseModel):
+    model_config = _FIELDS
+    id: str = Field(examples=["default"])
+
+
+class PcmFormat(BaseModel):
+    model_config = _FIELDS
+    type: Literal["audio/pcm"] = "audio/pcm"
+    rate: Literal[24000] = PCM_RATE
+
+
+class AudioInput(BaseModel):
+    model_config = _FIELDS
+    format: PcmFormat = PcmFormat()
+    transcription: InputAudioTranscription | None = None
+    noise_reduction: None = Field(None, description="not supported: only null")
+    turn_detection: ServerVad | None = ServerVad()
+
+
+class AudioOutput(BaseModel):
+    model_config = _FIELDS
+    format: PcmFormat = PcmFormat()
+    voice: str | VoiceId = Field("default", examples=["default"])
+    speed: float = Field(1.0, ge=0.25, le=1.5, allow_inf_nan=False)
+
+
+class AudioConfig(BaseModel):
+    model_config = _FIELDS
+    input: AudioInput = AudioInput()
+    output: AudioOutput = AudioOutput()
 
 
 class SessionConfig(BaseModel):
-    """``session.update``'s ``session``: only the fields given change (``model_fields_set``); the defaults here
-    only describe a new session."""
+    """GA ``session.update``'s ``session``: only the fields given change (``model_fields_set``, at every level);
+    the defaults here only describe a new session."""
 
     model_config = _FIELDS
-    modalities: list[str] = Field(["text", "audio"], min_length=1, examples=[["text"], ["text", "audio"]])
+    type: Literal["realtime"]
+    model: str | None = Field(None, examples=["default"])
+    output_modalities: list[Literal["text", "audio"]] = Field(["audio"], min_length=1, max_length=1,
+                                                             examples=[["audio"], ["text"]])
+    instructions: str = ""
+    audio: AudioConfig = AudioConfig()
+    max_output_tokens: _Tokens = Field("inf", examples=[16, "inf"])
+    tools: list[None] = Field([], max_length=0, description="no tools: only []")
+    tool_choice: Literal["auto", "none"] = "auto"
+    truncation: Literal["auto", "disabled"] = "auto"
+    tracing: None = Field(None, description="not supported: only null")
+    include: None = Field(None, description="not supported: only null")
+    prompt: None = Field(None, description="not supported: only null")
+
+
+class BetaTurnDetection(ServerVad):
+    pass
+
+
+class BetaInputAudioTranscription(BaseModel):
+    model_config = _FIELDS
+    model: str = Field("whisper-1", min_length=1, examples=["whisper-1"])
+    language: Literal["en"] | None = None
+    prompt: Literal[""] | None = None
+
+
+class BetaSessionConfig(BaseModel):
+    """Beta ``session.update``'s ``session``: only the fields given change."""
+
+    model_config = _FIELDS
+    model: str | None = Field(None, examples=["default"])
+    modalities: list[Literal["text", "audio"]] = Field(["text", "audio"], min_length=1, max_length=2,
+                                                      examples=[["text"], ["text", "audio"]])
     voice: str = Field("default", examples=["default"])
     instructions: str = ""
-    input_audio_format: str = Field("pcm16", examples=["pcm16"])
-    output_audio_format: str = Field("pcm16", examples=["pcm16"])
-    turn_detection: TurnDetection | None = TurnDetection()
-    max_response_output_tokens: Annotated[int, Field(ge=1)] | Literal["inf"] = Field("inf", examples=[16, "inf"])
+    input_audio_format: Literal["pcm16"] = "pcm16"
+    output_audio_format: Literal["pcm16"] = "pcm16"
+    turn_detection: BetaTurnDetection | None = BetaTurnDetection()
+    max_response_output_tokens: _Tokens = Field("inf", examples=[16, "inf"])
     temperature: float | None = Field(None, examples=[0.0, 0.8])
-    input_audio_transcription: InputAudioTranscription | None = None
+    input_audio_transcription: BetaInputAudioTranscription | None = None
+    speed: float = Field(1.0, ge=0.25, le=1.5, allow_inf_nan=False)
+    tools: list[None] = Field([], max_length=0)
+    tool_choice: Literal["auto", "none"] = "auto"
 
 
 class ContentPart(BaseModel):
+    """An item's content part: ``input_text`` / ``input_audio`` (user), ``input_text`` (system), ``output_text``
+    / ``output_audio`` (assistant; beta ``text`` / ``audio``)."""
+
     model_config = _FIELDS
-    type: str = Field(examples=["input_text"])
-    text: str = Field(examples=["hello"])
+    type: Literal["input_text", "input_audio", "output_text", "output_audio", "text", "audio"] = Field(
+        examples=["input_text"])
+    text: str | None = Field(None, examples=["hello"])
+    audio: str | None = Field(None, description="input_audio: base64 pcm16")
+    transcript: str | None = None
 
 
 class Item(BaseModel):
     model_config = _FIELDS
-    id: str | None = None
-    type: str = Field("message", examples=["message"])
-    role: str = Field(examples=["user"])
-    content: list[ContentPart]
+    id: str | None = Field(None, max_length=64)
+    object: Literal["realtime.item"] | None = None
+    type: Literal["message"] = "message"
+    status: Literal["completed", "incomplete", "in_progress"] | None = None
+    role: Literal["user", "assistant", "system"] = Field(examples=["user"])
+    content: list[ContentPart] = Field(min_length=1)
 
 
 class ResponseOptions(BaseModel):
+    """GA ``response.create``'s ``response``."""
+
     model_config = _FIELDS
-    modalities: list[str] | None = Field(None, min_length=1, examples=[["text"], ["audio"]])
+    output_modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1, max_length=1,
+                                                                    examples=[["text"], ["audio"]])
+    max_output_tokens: _Tokens | None = None
+    conversation: Literal["auto"] | None = Field(None, description="out-of-band responses are not supported")
+
+
+class BetaResponseOptions(BaseModel):
+    model_config = _FIELDS
+    modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1, max_length=2,
+                                                             examples=[["text"], ["audio"]])
+    max_response_output_tokens: _Tokens | None = None
+    conversation: Literal["auto"] | None = None
 
 
 class _Event(BaseModel):
@@ -131,6 +282,11 @@ class _Event(BaseModel):
 class SessionUpdate(_Event):
     type: Literal["session.update"]
     session: SessionConfig
+
+
+class BetaSessionUpdate(_Event):
+    type: Literal["session.update"]
+    session: BetaSessionConfig
 
 
 class SessionPause(_Event):
@@ -156,7 +312,25 @@ class InputAudioBufferClear(_Event):
 
 class ConversationItemCreate(_Event):
     type: Literal["conversation.item.create"]
+    previous_item_id: str | None = None
     item: Item
+
+
+class ConversationItemTruncate(_Event):
+    type: Literal["conversation.item.truncate"]
+    item_id: str = Field(examples=["item_0"])
+    content_index: int = Field(0, ge=0, le=0)
+    audio_end_ms: int = Field(ge=0, examples=[0, 500])
+
+
+class ConversationItemDelete(_Event):
+    type: Literal["conversation.item.delete"]
+    item_id: str = Field(examples=["item_0"])
+
+
+class ConversationItemRetrieve(_Event):
+    type: Literal["conversation.item.retrieve"]
+    item_id: str = Field(examples=["item_0"])
 
 
 class ResponseCreate(_Event):
@@ -164,20 +338,37 @@ class ResponseCreate(_Event):
     response: ResponseOptions | None = None
 
 
+class BetaResponseCreate(_Event):
+    type: Literal["response.create"]
+    response: BetaResponseOptions | None = None
+
+
 class ResponseCancel(_Event):
     type: Literal["response.cancel"]
+    response_id: str | None = None
 
 
-ClientEventModel = Annotated[
-    SessionUpdate | SessionPause | SessionResume | InputAudioBufferAppend | InputAudioBufferCommit
-    | InputAudioBufferClear | ConversationItemCreate | ResponseCreate | ResponseCancel,
-    Field(discriminator="type"),
-]
-CLIENT_EVENT: TypeAdapter[Any] = TypeAdapter(ClientEventModel)
-"""Validates one decoded client event (``CLIENT_EVENT.validate_python(obj)``) into its model."""
-CLIENT_EVENT_MODELS: dict[str, type[_Event]] = {
-    model.model_fields["type"].annotation.__args__[0]: model  # type: ignore[union-attr]
-    for model in (SessionUpdate, SessionPause, SessionResume, InputAudioBufferAppend, InputAudioBufferCommit,
-                  InputAudioBufferClear, ConversationItemCreate, ResponseCreate, ResponseCancel)
-}
-"""The model of each client event type."""
+_COMMON = (SessionPause, SessionResume, InputAudioBufferAppend, InputAudioBufferCommit, InputAudioBufferClear,
+           ConversationItemCreate, ConversationItemTruncate, ConversationItemDelete, ConversationItemRetrieve,
+           ResponseCancel)
+
+
+def _adapter(models: tuple[type[_Event], ...]) -> TypeAdapter[Any]:
+    union = models[0]
+    for model in models[1:]:
+        union = union | model  # type: ignore[assignment]
+    return TypeAdapter(Annotated[union, Field(discriminator="type")])
+
+
+def _by_type(models: tuple[type[_Event], ...]) -> dict[str, type[_Event]]:
+    return {model.model_fields["type"].annotation.__args__[0]: model  # type: ignore[union-attr]
+            for model in models}
+
+
+CLIENT_EVENT: TypeAdapter[Any] = _adapter((SessionUpdate, ResponseCreate, *_COMMON))
+"""Validates one decoded GA client event (``CLIENT_EVENT.validate_python(obj)``) into its model."""
+BETA_CLIENT_EVENT: TypeAdapter[Any] = _adapter((BetaSessionUpdate, BetaResponseCreate, *_COMMON))
+"""The same for the beta dialect."""
+CLIENT_EVENT_MODELS: dict[str, type[_Event]] = _by_type((SessionUpdate, ResponseCreate, *_COMMON))
+"""The model of each GA client event type."""
+BETA_CLIENT_EVENT_MODELS: dict[str, type[_Event]] = _by_type((BetaSessionUpdate, BetaResponseCreate, *_COMMON))

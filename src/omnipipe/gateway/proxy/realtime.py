@@ -26,6 +26,7 @@ from omnipipe.gateway.proxy.queue_wait import QUEUE_DONE, QueueWait, retry_at_ca
 from omnipipe.gateway.recording.taps import RealtimeTap
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.errors import APIError
+from omnipipe.protocol.realtime import negotiate_dialect
 from omnipipe.protocol.worker import (
     CLOSE_ABNORMAL,
     CLOSE_GOING_AWAY,
@@ -104,7 +105,7 @@ class RealtimeProxy:
             # a browser page of another site must not open voice sessions with this gateway's users' microphones
             await ws.close(CLOSE_POLICY, "cross-origin WebSocket refused")
             return
-        await ws.accept()
+        await ws.accept(subprotocol=negotiate_dialect(ws.headers)[1])
         try:
             self.apps.check("voice")
         except APIError as exc:
@@ -247,9 +248,10 @@ class RealtimeProxy:
         Returns the connection and the first event, or ``None`` and the failure (already sent to the client).
         """
         headers = [(k, v) for k, v in ws.headers.items() if k.lower() in _FORWARDED_HANDSHAKE_HEADERS]
+        subprotocol = negotiate_dialect(ws.headers)[1]  # the worker speaks the dialect the client asked for
 
         async def attempt() -> tuple[ClientConnection, str]:
-            upstream, first = await _connect(worker.address, headers)
+            upstream, first = await _connect(worker.address, headers, subprotocol)
             return upstream, first if isinstance(first, str) else first.decode("utf-8", "replace")
 
         async def refused(opened: tuple[ClientConnection, str]) -> bool:
@@ -308,11 +310,13 @@ class RealtimeProxy:
         return (close.code, close.reason) if close is not None else (CLOSE_ABNORMAL, "")
 
 
-async def _connect(address: str, headers: list[tuple[str, str]]) -> tuple[ClientConnection, str | bytes]:
+async def _connect(address: str, headers: list[tuple[str, str]],
+                   subprotocol: str | None = None) -> tuple[ClientConnection, str | bytes]:
     """Open a realtime session on the worker and read its first event; on any failure after the connection
     opened, close it (a session left open would hold one of the worker's slots)."""
     upstream = await connect(f"ws://{address}{REALTIME_PATH}", additional_headers=headers, max_size=None,
-                             open_timeout=10, ping_interval=None)
+                             open_timeout=10, ping_interval=None,
+                             subprotocols=[subprotocol] if subprotocol else None)  # type: ignore[list-item]
     try:
         return upstream, await asyncio.wait_for(upstream.recv(), 30)
     except BaseException:

@@ -21,7 +21,7 @@ import numpy as np
 
 from omnipipe.gateway.recording.recorder import SESSION_STATUSES, TURN_STATUSES, SessionRecorder
 from omnipipe.protocol.audio import PCM16_DTYPE, PCM16_MEDIA_TYPE, PCM16_RATE_HZ, PCM16_SAMPLE_BYTES
-from omnipipe.protocol.realtime import COMMIT_EMPTY, ClientEvent, ServerEvent
+from omnipipe.protocol.realtime import COMMIT_EMPTY, ClientEvent, ServerEvent, ga_name
 
 logger = logging.getLogger(__name__)
 
@@ -466,11 +466,11 @@ class RealtimeTap(_Tap):
         event = json.loads(text)
         if not isinstance(event, dict) or self._closed:
             return
-        kind = event.get("type")
+        kind = ga_name(event["type"]) if isinstance(event.get("type"), str) else None  # either dialect
         response = event.get("response") if isinstance(event.get("response"), dict) else {}
-        if kind in (ServerEvent.RESPONSE_TEXT_DELTA, ServerEvent.RESPONSE_AUDIO_TRANSCRIPT_DELTA):
+        if kind in (ServerEvent.RESPONSE_OUTPUT_TEXT_DELTA, ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DELTA):
             self._answer_text(event.get("delta"))
-        elif kind == ServerEvent.RESPONSE_AUDIO_DELTA:
+        elif kind == ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA:
             self._answer_audio(_pcm16(_b64decode(event.get("delta"))))
         elif kind == ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED:
             self.recorder.event(kind)

@@ -2,8 +2,8 @@
 //
 // Start -> the gateway queues us ("queued" / "queue_update") -> "queue_done" -> the worker's "session.created";
 // then the page turns server VAD on, opens the microphone and appends 100 ms of 24 kHz pcm16 at a time. The server
-// decides when a question ends, answers with "response.audio.delta" (played at once) and
-// "response.audio_transcript.delta" (shown), and reports "input_audio_buffer.speech_started" when we talk again:
+// decides when a question ends, answers with "response.output_audio.delta" (played at once) and
+// "response.output_audio_transcript.delta" (shown), and reports "input_audio_buffer.speech_started" when we talk again:
 // that is a barge-in, so playback stops immediately. Pause/Resume send "session.pause" / "session.resume".
 
 import { bytesToBase64, base64ToBytes } from "./base64.js";
@@ -202,7 +202,7 @@ function startSending(current) {
 // ------------------------------------------------------------------------------------------- server events
 function record(event) {
   const t_ms = Math.round(performance.now() - session.startedAt);
-  const entry = event.type === "response.audio.delta"
+  const entry = event.type === "response.output_audio.delta"
     ? { type: event.type, t_ms, response_id: event.response_id, bytes: Math.floor(((event.delta || "").length * 3) / 4) }
     : { ...event, t_ms };
   hooks.events.push(entry);
@@ -236,15 +236,17 @@ const HANDLERS = {
     send({
       type: "session.update",
       session: {
-        modalities: ["text", "audio"],
-        voice: "default",
-        input_audio_format: "pcm16",
-        output_audio_format: "pcm16",
-        turn_detection: { type: "server_vad" },
+        type: "realtime",
+        output_modalities: ["audio"],
+        audio: {
+          input: { format: { type: "audio/pcm", rate: RATE }, turn_detection: { type: "server_vad" } },
+          output: { format: { type: "audio/pcm", rate: RATE }, voice: "default" },
+        },
       },
     });
     // separately, so a server without a transcription pipeline refuses only this (ignored below)
-    send({ type: "session.update", session: { input_audio_transcription: { model: "whisper-1" } } });
+    send({ type: "session.update",
+      session: { type: "realtime", audio: { input: { transcription: { model: "whisper-1" } } } } });
     startSending(session);
   },
   "input_audio_buffer.speech_started"() {
@@ -265,7 +267,7 @@ const HANDLERS = {
     session.userSpeaking = false;
     session.awaitingResponse = true;
   },
-  "conversation.item.created"(event) {
+  "conversation.item.added"(event) {
     const item = event.item || {};
     if (item.role !== "user") return;
     const parts = item.content || [];
@@ -288,14 +290,14 @@ const HANDLERS = {
     assistantEntry(event.response.id);
     player.startAnswer();
   },
-  "response.audio_transcript.delta"(event) { HANDLERS["response.text.delta"](event); },
-  "response.text.delta"(event) {
+  "response.output_audio_transcript.delta"(event) { HANDLERS["response.output_text.delta"](event); },
+  "response.output_text.delta"(event) {
     const item = assistantEntry(event.response_id);
     item.entry.text += event.delta;
     item.bubble.textContent = item.entry.text;
     els.transcript.scrollTop = els.transcript.scrollHeight;
   },
-  "response.audio.delta"(event) {
+  "response.output_audio.delta"(event) {
     if (session.interrupted.has(event.response_id)) return;
     hooks.audioChunksReceived += 1;
     player.enqueue(base64ToBytes(event.delta));
@@ -324,7 +326,7 @@ const HANDLERS = {
   "session.resumed"() { session.paused = false; },
   error(event) {
     const err = event.error || {};
-    if (err.code === "unsupported_feature" && err.param === "session.input_audio_transcription") return;
+    if (err.code === "unsupported_feature" && err.param === "session.audio.input.transcription") return;
     const message = describeError(new ApiError(0, err.message || "The server reported an error.", {
       code: err.code ?? null, retryAfter: err.retry_after_s ? Math.ceil(err.retry_after_s) : null }));
     session.lastError = message;
