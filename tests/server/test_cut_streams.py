@@ -107,18 +107,18 @@ def test_openai_client_raises_on_a_cut_chat_stream(slow_server: ServerProcess) -
 def test_realtime_response_cut_by_a_stage_death_ends_failed(slow_server: ServerProcess) -> None:
     """Realtime: the response ends ``failed`` with an error event naming the stage (never ``completed`` with part of
     the audio), and the same session answers the next turn in full."""
-    from tests.server.test_realtime import of, send, session, until, user_text
+    from tests.server.test_realtime import of, session
 
     pid = stage_pid(slow_server, "toy", "code2wav")
-    with session(slow_server) as ws:
-        send(ws, "session.update", session={"turn_detection": None})
-        until(ws, "session.updated")
-        user_text(ws, LONG_INPUT)
-        send(ws, "response.create")
+    with session(slow_server, beta=True) as conn:  # the beta dialect's event names
+        conn.send("session.update", session={"turn_detection": None})
+        conn.until("session.updated")
+        conn.user_text(LONG_INPUT)
+        conn.send("response.create")
         audio_deltas = 0
         events = []
         while True:
-            _, event = until(ws, "response.audio.delta", "response.done", "error")
+            _, event = conn.until("response.audio.delta", "response.done", "error")
             events.append(event)
             if event["type"] == "response.audio.delta":
                 audio_deltas += 1
@@ -131,9 +131,9 @@ def test_realtime_response_cut_by_a_stage_death_ends_failed(slow_server: ServerP
         errors = of(events, "error")
         assert errors and "code2wav" in errors[0]["error"]["message"], errors
         wait_restarted(slow_server, "toy", "code2wav", old_pid=pid)
-        user_text(ws, "after the cut")
-        send(ws, "response.create")
-        turn, done = until(ws, "response.done")
+        conn.user_text("after the cut")
+        conn.send("response.create")
+        turn, done = conn.until("response.done")
         assert done["response"]["status"] == "completed", done
         assert "".join(d["delta"] for d in of(turn, "response.audio_transcript.delta")) == "AFTER THE CUT"
 

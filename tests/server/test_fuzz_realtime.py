@@ -220,13 +220,13 @@ class Fuzzer:
         for type_ in (ClientEvent.SESSION_RESUME, ClientEvent.INPUT_AUDIO_BUFFER_CLEAR):
             self.exchange(json.dumps({"type": type_}))
         self.exchange(json.dumps({"type": ClientEvent.RESPONSE_CANCEL}))  # a response may still be running
-        update = {"turn_detection": None, "modalities": ["text", "audio"], "max_response_output_tokens": "inf",
-                  "temperature": None}
+        update = {"type": "realtime", "audio": {"input": {"turn_detection": None}}, "output_modalities": ["audio"],
+                  "max_output_tokens": "inf"}
         answer = self.exchange(json.dumps({"type": ClientEvent.SESSION_UPDATE, "session": update}))
         assert any(e["type"] == "session.updated" for e in answer), answer
         item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "after fuzzing"}]}
         answer = self.exchange(json.dumps({"type": ClientEvent.CONVERSATION_ITEM_CREATE, "item": item}))
-        assert any(e["type"] == "conversation.item.created" for e in answer), answer
+        assert any(e["type"] == "conversation.item.added" for e in answer), answer
         self.ws.send(json.dumps({"type": ClientEvent.RESPONSE_CREATE, "event_id": "final"}))
         while True:
             event = self.wait_for("response.created", "error")
@@ -238,7 +238,7 @@ class Fuzzer:
         while done["response"]["id"] != response_id:
             done = self.wait_for("response.done")
         assert done["response"]["status"] == "completed", done
-        transcript = [e["delta"] for e in self.seen if e["type"] == "response.audio_transcript.delta"
+        transcript = [e["delta"] for e in self.seen if e["type"] == "response.output_audio_transcript.delta"
                       and e.get("response_id") == response_id]
         # the turn also answers the text items the fuzzing created since its last response
         assert "".join(transcript).endswith("AFTER FUZZING"), transcript

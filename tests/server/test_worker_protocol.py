@@ -24,8 +24,8 @@ from websockets.sync.client import connect
 
 from omnipipe.protocol.worker import WorkerState
 from omnipipe.server.capacity import SessionTracker
-from tests.server.conftest import ServerProcess, engines_idle, running_server
-from tests.server.test_realtime import LONG_TEXT, no_vad, pcm16_b64, recv, send, tone, until, user_text, ws_url
+from tests.server.conftest import ServerProcess, engines_idle, running_server, spoken
+from tests.server.test_realtime import LONG_TEXT, SENTENCE, Conn, vad_on, ws_url
 from tests.server.test_realtime import session as open_session
 
 # a slow thinker: a 400-character answer streams for about 4 s
@@ -215,57 +215,57 @@ def test_a_client_that_disconnects_mid_stream_gives_its_slot_back(worker: Server
 # ---------------------------------------------------------------------------------------------- realtime sessions
 def test_realtime_session_states_pause_and_resume(worker: ServerProcess) -> None:
     wait_health(worker, is_idle)
-    with open_session(worker) as ws:
+    speech = spoken(SENTENCE)
+    with open_session(worker) as conn:
         active = health(worker)
         assert active["state"] == "DUPLEX_ACTIVE" and active["active_sessions"] == 1, active
         assert active["sessions"] == {"http": 0, "realtime": 1, "paused": 0}
-        send(ws, "session.update", session={"turn_detection": {"type": "server_vad", "threshold": 0.05,
-                                                                 "silence_duration_ms": 200}})
-        until(ws, "session.updated")
+        vad_on(conn, silence_duration_ms=200)
         # pausing cancels the running response
-        user_text(ws, LONG_TEXT)
-        send(ws, "response.create")
-        until(ws, "response.audio_transcript.delta", "response.audio.delta")
-        send(ws, "session.pause")
-        events, paused = until(ws, "session.paused")
+        conn.user_text(LONG_TEXT)
+        conn.send("response.create")
+        conn.until("response.output_audio_transcript.delta", "response.output_audio.delta")
+        conn.send("session.pause")
+        events, paused = conn.until("session.paused")
         done = [e for e in events if e["type"] == "response.done"]
         assert len(done) == 1 and done[0]["response"]["status"] == "cancelled", events
         assert paused["pause_timeout_s"] == 300.0
         body = health(worker)
         assert body["state"] == "DUPLEX_PAUSED" and body["sessions"] == {"http": 0, "realtime": 1, "paused": 1}
-        send(ws, "session.pause")  # idempotent
-        assert recv(ws)["type"] == "session.paused"
-        # while paused, loud audio is dropped (the VAD hears nothing) and no response starts
-        send(ws, "input_audio_buffer.append", audio=pcm16_b64(np.concatenate([tone(0.3), np.zeros(12_000)])))
-        send(ws, "conversation.item.create",
-             item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]})
-        skipped, created = until(ws, "conversation.item.created", "error")
-        assert created["type"] == "conversation.item.created" and skipped == [], (skipped, created)
-        send(ws, "response.create", event_id="client-create")
-        error = recv(ws)
+        conn.send("session.pause")  # idempotent
+        assert conn.recv()["type"] == "session.paused"
+        # while paused, speech is dropped (the VAD hears nothing) and no response starts
+        conn.append(np.concatenate([speech, np.zeros(12_000, np.float32)]))
+        conn.send("conversation.item.create",
+                  item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]})
+        skipped, created = conn.until("conversation.item.added", "error")
+        assert created["type"] == "conversation.item.added" and skipped == [], (skipped, created)
+        conn.until("conversation.item.done")
+        conn.send("response.create", event_id="client-create")
+        error = conn.recv()
         assert error["type"] == "error" and error["error"]["code"] == "session_paused", error
         assert error["error"]["event_id"] == "client-create"
-        send(ws, "session.resume")
-        assert recv(ws)["type"] == "session.resumed"
+        conn.send("session.resume")
+        assert conn.recv()["type"] == "session.resumed"
         assert health(worker)["state"] == "DUPLEX_ACTIVE"
         # after resuming the VAD hears again, and the text item from the pause is answered
-        send(ws, "input_audio_buffer.append", audio=pcm16_b64(tone(0.3)))
-        _, started = until(ws, "input_audio_buffer.speech_started")
+        conn.append(speech)
+        _, started = conn.until("input_audio_buffer.speech_started")
         assert started["type"] == "input_audio_buffer.speech_started"
-        no_vad(ws)
-        send(ws, "response.create")
-        events, done_event = until(ws, "response.done")
+        conn.no_vad()
+        conn.send("response.create")
+        events, done_event = conn.until("response.done")
         assert done_event["response"]["status"] == "completed", (done_event, events)
-        assert "".join(e["delta"] for e in events if e["type"] == "response.audio_transcript.delta") == "HELLO"
+        assert "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta") == "HELLO"
     wait_health(worker, is_idle, timeout_s=10)
     assert engines_idle(worker.wait_idle())
 
 
 def test_a_websocket_beyond_capacity_gets_an_error_and_1013(worker: ServerProcess) -> None:
     wait_health(worker, is_idle)
-    with open_session(worker) as ws:
+    with open_session(worker) as conn:
         with connect(ws_url(worker), open_timeout=60) as second:
-            error = recv(second)
+            error = Conn(second, beta=False).recv()
             assert error["type"] == "error" and error["error"]["code"] == "worker_at_capacity", error
             with pytest.raises(ConnectionClosed) as closed:
                 second.recv(timeout=30)
@@ -275,29 +275,29 @@ def test_a_websocket_beyond_capacity_gets_an_error_and_1013(worker: ServerProces
         assert refused.status_code == 429 and refused.json()["error"]["code"] == "worker_at_capacity"
         body = health(worker)
         assert body["sessions"] == {"http": 0, "realtime": 1, "paused": 0}, body  # refused ones were not kept
-        no_vad(ws)  # the first session still works
+        conn.no_vad()  # the first session still works
     wait_health(worker, is_idle, timeout_s=10)
 
 
 def test_a_session_paused_too_long_is_closed(quick_pause_worker: ServerProcess) -> None:
     server = quick_pause_worker
     wait_health(server, is_idle)
-    with open_session(server) as ws:
+    with open_session(server) as conn:
         # a pause shorter than the timeout changes nothing
-        send(ws, "session.pause")
-        assert recv(ws)["pause_timeout_s"] == 1.0
-        send(ws, "session.resume")
-        assert recv(ws)["type"] == "session.resumed"
+        conn.send("session.pause")
+        assert conn.recv()["pause_timeout_s"] == 1.0
+        conn.send("session.resume")
+        assert conn.recv()["type"] == "session.resumed"
         time.sleep(1.5)
-        no_vad(ws)
+        conn.no_vad()
         # a longer one ends the session
-        send(ws, "session.pause")
-        assert recv(ws)["type"] == "session.paused"
+        conn.send("session.pause")
+        assert conn.recv()["type"] == "session.paused"
         assert health(server)["state"] == "DUPLEX_PAUSED"
-        error = recv(ws)
+        error = conn.recv()
         assert error["type"] == "error" and error["error"]["code"] == "pause_timeout", error
         with pytest.raises(ConnectionClosed) as closed:
-            ws.recv(timeout=30)
+            conn.ws.recv(timeout=30)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
     wait_health(server, is_idle, timeout_s=10)
 
@@ -305,19 +305,19 @@ def test_a_session_paused_too_long_is_closed(quick_pause_worker: ServerProcess) 
 def test_an_idle_session_is_warned_then_closed_and_gives_its_slot_back(quick_idle_worker: ServerProcess) -> None:
     server = quick_idle_worker
     wait_health(server, is_idle)
-    with open_session(server) as ws:
-        warning = recv(ws)
+    with open_session(server) as conn:
+        warning = conn.recv()
         assert warning["type"] == "session.idle_warning" and 0 < warning["closes_in_s"] <= 3, warning
         assert health(server)["state"] == "DUPLEX_ACTIVE"
         time.sleep(1.5)
-        no_vad(ws, modalities=["text"])  # a settings change is not activity
-        user_text(ws, "still here")  # typing is: the count starts again
+        conn.no_vad(output_modalities=["text"])  # a settings change is not activity
+        conn.user_text("still here")  # typing is: the count starts again
         typed = time.monotonic()
-        error = recv(ws)
+        _, error = conn.until("error")
         assert error["type"] == "error" and error["error"]["code"] == "idle_timeout", error
         assert time.monotonic() - typed > 2.5  # counted from the typed item, not from the start
         with pytest.raises(ConnectionClosed) as closed:
-            ws.recv(timeout=30)
+            conn.ws.recv(timeout=30)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
         assert closed.value.rcvd.reason == "idle_timeout"
     wait_health(server, is_idle, timeout_s=10)  # the slot is free again
@@ -339,7 +339,7 @@ def test_a_worker_whose_engine_fails_stays_up_and_reports_error(tmp_path: Path) 
         chat = httpx.post(f"{server.url}/v1/chat/completions", json=SHORT_CHAT, timeout=30)
         assert chat.status_code == 503 and chat.json()["error"]["code"] == "engine_failed", chat.text
         with connect(ws_url(server), open_timeout=30) as ws:
-            error = recv(ws)
+            error = Conn(ws, beta=False).recv()
             assert error["error"]["code"] == "engine_failed", error
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=30)
