@@ -207,8 +207,8 @@ def test_voice_page_answers_a_spoken_question(default_stack: Stack, spoken_quest
                      "input_audio_buffer.committed", "response.created"):
         assert expected in types, types
     updated = next(e for e in hooks["events"] if e["type"] == "session.updated")
-    assert updated["session"]["turn_detection"]["type"] == "server_vad"
-    assert updated["session"]["modalities"] == ["text", "audio"]
+    assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+    assert updated["session"]["output_modalities"] == ["audio"]
     done = next(e for e in hooks["events"] if e["type"] == "response.done")
     assert done["response"]["status"] == "completed", hooks["errors"]
     assert hooks["audioChunksReceived"] > 0

@@ -61,16 +61,17 @@ async def ask(client: QueuedClient, question: str, modalities: list[str]) -> Non
     assert client.ws is not None
     await client.ws.send(json.dumps({"type": "conversation.item.create", "item": {
         "type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}}))
-    await client.ws.send(json.dumps({"type": "response.create", "response": {"modalities": modalities}}))
+    asked = ["audio"] if "audio" in modalities else ["text"]
+    await client.ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": asked}}))
     while True:
         try:
             event = await recv(client.ws)
         except Exception:  # the connection closed: keep how
             client.close_code = client.ws.close_code
             return
-        if event["type"] in ("response.text.delta", "response.audio_transcript.delta"):
+        if event["type"] in ("response.output_text.delta", "response.output_audio_transcript.delta"):
             client.answer += event["delta"]
-        elif event["type"] == "response.audio.delta":
+        elif event["type"] == "response.output_audio.delta":
             client.audio_deltas += 1
         elif event["type"] == "error":
             client.error = event["error"]

@@ -245,17 +245,17 @@ def test_events_sent_while_queued_are_forwarded_in_order_once_served(cluster) ->
         assert json.loads(ws.recv(timeout=30))["position"] == 1
         ws.send(json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": "held"}]}}))
-        ws.send(json.dumps({"type": "response.create", "response": {"modalities": ["text"]}}))
+        ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
         held.pop().close()
         types, text = [], ""
         while True:
             event = json.loads(ws.recv(timeout=60))
             types.append(event["type"])
-            if event["type"] == "response.text.delta":
+            if event["type"] == "response.output_text.delta":
                 text += event["delta"]
             if event["type"] in ("response.done", "error"):
                 break
-        assert types[:3] == ["queue_done", "session.created", "conversation.item.created"], types
+        assert types[:3] == ["queue_done", "session.created", "conversation.item.added"], types
         assert types[-1] == "response.done" and text == "HELD"
     for other in held:
         other.close()

@@ -177,8 +177,8 @@ def test_realtime_spoken_turn_is_transcribed_beside_the_answer(default_server: S
         def send(type_: str, **fields: object) -> None:
             ws.send(json.dumps({"type": type_, **fields}))
 
-        send("session.update", session={"turn_detection": None, "modalities": ["text"],
-                                        "input_audio_transcription": {"model": "whisper-1"}})
+        send("session.update", session={"type": "realtime", "output_modalities": ["text"], "audio": {
+            "input": {"turn_detection": None, "transcription": {"model": "whisper-1"}}}})
         send("input_audio_buffer.append", audio=base64.b64encode(pcm).decode())
         send("input_audio_buffer.commit")
         send("response.create")
@@ -187,7 +187,7 @@ def test_realtime_spoken_turn_is_transcribed_beside_the_answer(default_server: S
             event = json.loads(ws.recv(timeout=300))
             assert event["type"] != "error", event
             events.setdefault(event["type"], event)
-    assert events["session.updated"]["session"]["input_audio_transcription"] == {"model": "whisper-1"}
+    assert events["session.updated"]["session"]["audio"]["input"]["transcription"]["model"] == "whisper-1"
     transcribed = events["conversation.item.input_audio_transcription.completed"]
     assert transcribed["item_id"] == events["input_audio_buffer.committed"]["item_id"]
     assert word_error_rate(SENTENCE, transcribed["transcript"]) <= 0.25, transcribed["transcript"]
@@ -252,7 +252,8 @@ def test_a_realtime_session_keeps_the_conversation(default_server: ServerProcess
     def conversation(*texts: str) -> list[str]:
         with connect(url, additional_headers=default_server.headers, max_size=None, open_timeout=60) as ws:
             ws.send(json.dumps({"type": "session.update", "session": {
-                "turn_detection": None, "modalities": ["text"], "instructions": "You are a friendly assistant."}}))
+                "type": "realtime", "audio": {"input": {"turn_detection": None}}, "output_modalities": ["text"],
+                "instructions": "You are a friendly assistant."}}))
             return [turn(ws, text) for text in texts]
 
     answers = conversation("My favourite animal is the axolotl.", "What is my favourite animal?")

@@ -67,6 +67,7 @@ function renderMeta(data) {
 }
 
 const SETTING_NAMES = { path: "Endpoint", model: "Model", voice: "Voice", modalities: "Answers with",
+  output_modalities: "Answers with", type: "Session type",
   instructions: "Instructions", turn_detection: "Turn detection", output_audio_format: "Audio format" };
 
 function settingText(value) {
