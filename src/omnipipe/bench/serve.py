@@ -39,7 +39,7 @@ import httpx
 from tqdm import tqdm
 
 from omnipipe.bench.report import format_table, machine_info, mean, percentile_key, summarize, write_json
-from omnipipe.bench.serve_datasets import SPOKEN, BenchPrompt, load_dataset
+from omnipipe.bench.serve_datasets import SPOKEN, BenchPrompt, load_dataset, load_prompts
 from omnipipe.bench.serve_endpoints import (
     ENDPOINTS,
     Endpoint,
@@ -330,6 +330,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace, endpoint: 
         selected = parse_percentile_metrics(args.percentile_metrics, endpoint, audio)
         percentiles = parse_metric_percentiles(args.metric_percentiles)
         goodput = parse_goodput(args.goodput, measured(endpoint, audio))
+        load_prompts(dataset, args.num_prompts, args.seed)  # a file dataset: read and checked before any request
     except ValueError as exc:
         parser.error(str(exc))
     return {"levels": levels, "rates": rates, "dataset": dataset, "audio": audio, "selected": selected,

@@ -6,11 +6,12 @@ The keys: ``date`` (``%Y%m%d-%H%M%S``), ``endpoint_type``, ``backend``, ``label`
 (null: the client counts no tokens; they come from the server's usage), ``num_prompts``, ``request_rate`` (a
 number or ``"inf"``), ``burstiness``, ``max_concurrency``, ``duration``, ``completed``, ``failed``,
 ``total_input_tokens``, ``total_output_tokens``, ``request_throughput``, ``request_goodput`` (null without
-``--goodput``), ``output_throughput``, ``total_token_throughput``, ``queue_times``, ``max_output_tokens_per_s``,
+``--goodput``), ``output_throughput``, ``total_token_throughput``, ``latencies`` and ``queue_times`` (per request,
+seconds), ``max_output_tokens_per_s``,
 ``max_concurrent_requests``, ``rtfx`` (seconds of input audio per second of the run), then for every selected
 percentile metric ``mean_X_ms``, ``median_X_ms``, ``std_X_ms`` and ``pP_X_ms`` (``X``: ttft, tpot, itl, e2el, ttfp;
 for rtf, a ratio, the same names without ``_ms``). With ``--save-detailed`` also the per-request lists
-``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``latencies``, ``start_times``, ``generated_texts``,
+``input_lens``, ``output_lens``, ``ttfts``, ``itls``, ``start_times``, ``generated_texts``,
 ``errors`` (``""`` for a request that succeeded). omnipipe's own figures are under ``omnipipe``: the endpoint,
 base URL, dataset, modalities, goodput bounds, the machine, the mean WER (transcriptions), and with
 ``--save-detailed`` the per-request ``ttfps``, ``rtfs``, ``audio_seconds`` and ``wers``.
@@ -27,8 +28,6 @@ from omnipipe.bench.report import mean, percentile_key
 from omnipipe.bench.serve_endpoints import RequestResult
 
 MS_METRICS = ("ttft", "tpot", "itl", "e2el", "ttfp")  # in milliseconds; rtf is a ratio
-DETAILED_KEYS = ("input_lens", "output_lens", "ttfts", "itls", "latencies", "start_times", "generated_texts",
-                 "errors")
 
 
 def stat_key(stat: str, metric: str) -> str:
@@ -82,7 +81,7 @@ def vllm_result(row: dict[str, Any], results: list[RequestResult], meta: dict[st
         "request_throughput": row["throughput_rps"], "request_goodput": row["goodput_rps"],
         "output_throughput": total_out / duration if duration > 0 else 0.0,
         "total_token_throughput": (total_in + total_out) / duration if duration > 0 else 0.0,
-        "queue_times": [r.queue_s for r in results],
+        "latencies": [r.e2el_s for r in results], "queue_times": [r.queue_s for r in results],
         "max_output_tokens_per_s": peak_output_tokens_per_s(results),
         "max_concurrent_requests": peak_concurrency(results),
         "rtfx": sum(r.input_audio_s for r in done) / duration if duration > 0 else 0.0,
@@ -92,7 +91,7 @@ def vllm_result(row: dict[str, Any], results: list[RequestResult], meta: dict[st
             "input_lens": [r.input_tokens for r in results],
             "output_lens": [r.output_tokens if r.ok else 0 for r in results],
             "ttfts": [r.ttft_s or 0.0 for r in results], "itls": [list(r.itl_s) for r in results],
-            "latencies": [r.e2el_s for r in results], "start_times": [r.start_s for r in results],
+            "start_times": [r.start_s for r in results],
             "generated_texts": [r.text for r in results], "errors": [r.error or "" for r in results],
         })
     for metric in selected:
