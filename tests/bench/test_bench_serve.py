@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +285,14 @@ def test_spoken_questions_are_made_once_and_failures_keep_their_error(toy_server
     assert row["failed"] == 3 and row["completed"] == 0 and "HTTP 400" in row["errors"][0]
     assert "does not take audio input" in row["errors"][0]
     assert {f: f.stat().st_mtime_ns for f in cache.glob("*.pcm")} == made  # read from the cache, not made again
+
+
+def test_every_flag_is_documented() -> None:
+    """docs/benchmarks.md has a row for every flag of the parser, and names no flag the parser lacks."""
+    from omnipipe.bench.serve import build_parser
+
+    flags = {o for action in build_parser()._actions for o in action.option_strings if o.startswith("--")} - {"--help"}
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    section = doc[doc.index("### Flags"):doc.index("### The result file")]
+    documented = {cell.strip("`").split()[0] for cell in re.findall(r"^\| (`--[^|]+`) \|", section, re.M)}
+    assert documented == flags

@@ -257,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--spoken-cache-dir", type=Path, default=None,
                         help="where the spoken questions are kept (default: $OMNIPIPE_CACHE/bench-spoken)")
     parser.add_argument("--seed", type=int, default=0, help="order of the random and spoken datasets, arrivals")
-    parser.add_argument("--max-tokens", type=int, default=40)
+    parser.add_argument("--max-tokens", type=int, default=40, help="answer length limit (chat max_tokens, realtime "
+                        "max_response_output_tokens; default: %(default)s)")
     parser.add_argument("--text-only", action="store_true",
                         help="ask for text answers only (chat, realtime: no TTFP/RTF)")
     parser.add_argument("--warmup", type=int, default=1, help="requests sent (and not measured) first")

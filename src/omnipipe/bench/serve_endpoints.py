@@ -69,7 +69,7 @@ class RequestOptions:
     audio: bool  # ask for spoken answers (chat, realtime)
     headers: dict[str, str]
     base_url: str
-    timeout_s: float
+    timeout_s: float | None  # per request; None: no limit
 
 
 def _failed(start: float, error: str) -> RequestResult:
