@@ -101,11 +101,11 @@ def test_toy_run_through_the_cli(tmp_path: Path) -> None:
     for row in data["rows"]:
         assert row["prompts"] == row["completed"] == 4 and row["failed"] == 0 and not row["errors"], row
         assert number(row["throughput_rps"]) and row["throughput_rps"] > 0
-        for name in ("ttft", "ttfp", "e2e"):
+        for name in ("ttft", "ttfp", "e2el"):
             assert row[name]["count"] == 4 and all(number(v) and v >= 0 for v in row[name].values()), (name, row)
     for entry in data["overhead"]:
         assert entry["target"] in TARGETS[1:]
-        assert all(number(entry[f"{m}_median_{k}"]) for m in ("ttft", "ttfp", "e2e") for k in ("delta_ms", "ratio"))
+        assert all(number(entry[f"{m}_median_{k}"]) for m in ("ttft", "ttfp", "e2el") for k in ("delta_ms", "ratio"))
     for target in TARGETS:
         stats = data["realtime"]["targets"][target]["session_created"]
         assert stats["count"] == 10 and all(number(v) and v > 0 for v in stats.values())

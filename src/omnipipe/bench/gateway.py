@@ -42,7 +42,10 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
 from omnipipe.bench.report import format_table, machine_info, summarize, write_json
-from omnipipe.bench.serve import RequestResult, load_prompts, one_request, summarize_run
+from omnipipe.bench.serve import summarize_run
+from omnipipe.bench.serve_datasets import BenchPrompt, load_prompts
+from omnipipe.bench.serve_endpoints import ENDPOINTS, RequestOptions, RequestResult, send
+from omnipipe.protocol.worker import CHAT_PATH
 from omnipipe.util.process import start_in_group, stop_groups
 
 DIRECT, GATEWAY, NO_RECORD = "direct", "gateway", "gateway --no-record"
@@ -195,7 +198,9 @@ async def run_round(rig: Rig, target: Target, model: str, prompts: list[str], ma
                     audio: bool) -> tuple[list[RequestResult], float]:
     await rig.settle(target)
     start = time.perf_counter()
-    results = await asyncio.gather(*(one_request(target.client, model, p, max_tokens, audio) for p in prompts))
+    options = RequestOptions(model, max_tokens, audio, {}, target.url, target.client.timeout.read)  # its --timeout
+    results = await asyncio.gather(*(send(ENDPOINTS[CHAT_PATH], target.client, BenchPrompt(p), options)
+                                     for p in prompts))
     return list(results), time.perf_counter() - start
 
 
@@ -290,7 +295,7 @@ def overhead(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         at = {r["target"]: r for r in rows if r["max_concurrency"] == level}
         for name in (GATEWAY, NO_RECORD):
             entry: dict[str, Any] = {"max_concurrency": level, "target": name}
-            for metric in ("ttft", "ttfp", "e2e"):
+            for metric in ("ttft", "ttfp", "e2el"):
                 delta, ratio = _compare(_stat(at.get(name), metric), _stat(at.get(DIRECT), metric))
                 entry[f"{metric}_median_delta_ms"] = delta
                 entry[f"{metric}_median_ratio"] = ratio
@@ -310,14 +315,14 @@ def realtime_overhead(realtime: dict[str, Any]) -> dict[str, Any]:
 def format_rows(rows: list[dict[str, Any]]) -> str:
     return format_table(MAIN_HEADERS, [[r["max_concurrency"], r["target"], r["completed"], _stat(r, "ttft", "mean"),
                                         _stat(r, "ttft"), _stat(r, "ttfp", "mean"), _stat(r, "ttfp"),
-                                        _stat(r, "e2e", "mean"), _stat(r, "e2e"), r["throughput_rps"]]
+                                        _stat(r, "e2el", "mean"), _stat(r, "e2el"), r["throughput_rps"]]
                                        for r in rows])
 
 
 def format_report(rows: list[dict[str, Any]], over: list[dict[str, Any]], realtime: dict[str, Any]) -> str:
     lines = [format_rows(rows), "",
              format_table(OVERHEAD_HEADERS, [[o["max_concurrency"], o["target"],
-                                              *[o[f"{m}_median_{k}"] for m in ("ttft", "ttfp", "e2e")
+                                              *[o[f"{m}_median_{k}"] for m in ("ttft", "ttfp", "e2el")
                                                 for k in ("delta_ms", "ratio")]] for o in over],
                           title="Gateway overhead (gateway minus direct, and gateway / direct)")]
     if realtime:

@@ -37,17 +37,32 @@ def median(values: Sequence[float]) -> float:
     return percentile(values, 50)
 
 
-def summarize(values: Sequence[float], scale: float = 1.0) -> dict[str, float]:
-    """count, mean, median, p99, min and max of ``values``, each multiplied by ``scale`` (e.g. 1e3 for s -> ms)."""
+def std(values: Sequence[float]) -> float:
+    """Population standard deviation (``numpy.std``'s default)."""
+    centre = mean(values)
+    return math.sqrt(math.fsum((v - centre) ** 2 for v in values) / len(values))
+
+
+def percentile_key(pct: float) -> str:
+    """``99`` -> ``"p99"``, ``99.9`` -> ``"p99.9"`` (the names ``vllm bench serve`` gives its percentiles)."""
+    return f"p{int(pct)}" if int(pct) == pct else f"p{pct}"
+
+
+def summarize(values: Sequence[float], scale: float = 1.0, percentiles: Sequence[float] = (99,)) -> dict[str, float]:
+    """count, mean, median, std, min, max and each of ``percentiles`` (``p99``, ...) of ``values``, each multiplied by
+    ``scale`` (e.g. 1e3 for s -> ms)."""
     scaled = [v * scale for v in values]
-    return {
+    out = {
         "count": len(scaled),
         "mean": mean(scaled),
         "median": median(scaled),
-        "p99": percentile(scaled, 99),
+        "std": std(scaled),
         "min": min(scaled),
         "max": max(scaled),
     }
+    for pct in percentiles:
+        out[percentile_key(pct)] = percentile(scaled, pct)
+    return out
 
 
 def fmt(value: Cell, digits: int = 2) -> str:

@@ -73,7 +73,7 @@ import yaml
 from omnipipe.bench.gateway import BenchError, Child, free_port, stop_children, wait_until
 from omnipipe.bench.malformed import Case, malformed_cases
 from omnipipe.bench.report import format_table, machine_info, write_json
-from omnipipe.bench.serve import load_prompts
+from omnipipe.bench.serve_datasets import load_prompts
 from omnipipe.gateway.proxy.http import QUEUE_EVENTS_HEADER
 from omnipipe.gateway.proxy.queue_wait import QUEUE_DONE
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
