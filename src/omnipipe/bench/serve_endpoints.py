@@ -15,7 +15,7 @@ dropped connection, a timeout) is a result with ``ok=False`` and its error, neve
 - ``/v1/realtime``: one WebSocket session per request with one spoken turn: ``session.update`` (no server VAD: the
   client commits), the question's audio appended, then ``input_audio_buffer.commit`` + ``response.create``. The
   clock starts at the commit (the moment a speaker stops); TTFT is the first text / audio transcript delta, TTFP
-  the first ``response.audio.delta``, E2EL ``response.done`` (status ``completed``; any other status or an
+  the first ``response.output_audio.delta``, E2EL ``response.done`` (status ``completed``; any other status or an
   ``error`` event fails the request).
 """
 
@@ -245,8 +245,9 @@ async def send_realtime(client: httpx.AsyncClient, prompt: BenchPrompt, options:
                            open_timeout=options.timeout_s) as ws:
             await _wait_for(ws, ServerEvent.SESSION_CREATED)
             await ws.send(json.dumps({"type": ClientEvent.SESSION_UPDATE, "session": {
-                "turn_detection": None, "modalities": modalities,
-                "max_response_output_tokens": options.max_tokens}}))
+                "type": "realtime", "audio": {"input": {"turn_detection": None}},
+                "output_modalities": ["audio"] if "audio" in modalities else ["text"],
+                "max_output_tokens": options.max_tokens}}))
             await _wait_for(ws, ServerEvent.SESSION_UPDATED)
             for offset in range(0, len(prompt.pcm16), step):
                 chunk = base64.b64encode(prompt.pcm16[offset:offset + step]).decode()
@@ -257,11 +258,11 @@ async def send_realtime(client: httpx.AsyncClient, prompt: BenchPrompt, options:
             while True:
                 event = await _next_event(ws)
                 kind = event.get("type")
-                if kind in (ServerEvent.RESPONSE_TEXT_DELTA, ServerEvent.RESPONSE_AUDIO_TRANSCRIPT_DELTA):
+                if kind in (ServerEvent.RESPONSE_OUTPUT_TEXT_DELTA, ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DELTA):
                     if event.get("delta"):
                         text_times.append(time.perf_counter())
                         words.append(str(event["delta"]))
-                elif kind == ServerEvent.RESPONSE_AUDIO_DELTA and event.get("delta"):
+                elif kind == ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA and event.get("delta"):
                     first_audio = time.perf_counter() if first_audio is None else first_audio
                     audio_bytes += len(base64.b64decode(event["delta"]))
                 elif kind == ServerEvent.RESPONSE_DONE:
