@@ -444,3 +444,19 @@ def test_a_chat_answered_before_the_gateway_stops_is_recorded_as_completed(clust
     meta_path = gateway.data_dir / "sessions" / answered.headers["x-omnipipe-session-id"] / "meta.json"
     meta = json.loads(meta_path.read_text())
     assert (meta["status"], meta["error"]) == ("completed", None), meta
+
+
+def test_the_realtime_dialect_asked_for_reaches_the_worker(cluster) -> None:
+    """Through the gateway, a client that asks for beta (header, or the subprotocol a browser can send) gets beta;
+    any other gets GA."""
+    gateway, _ = cluster
+    _idle(gateway)
+    for kwargs, beta in (({}, False), ({"additional_headers": {"OpenAI-Beta": "realtime=v1"}}, True),
+                         ({"subprotocols": ["openai-beta.realtime-v1"]}, True), ({"subprotocols": ["realtime"]}, False)):
+        with connect(gateway.ws_url, max_size=None, open_timeout=30, **kwargs) as ws:  # type: ignore[arg-type]
+            assert ws.subprotocol == (kwargs.get("subprotocols") or [None])[0]
+            while (event := json.loads(ws.recv(timeout=60)))["type"] != "session.created":
+                assert event["type"] in ("queued", "queue_update", "queue_done"), event
+            assert ("modalities" in event["session"]) == beta, (kwargs, event)
+            assert (event["session"].get("type") == "realtime") == (not beta), (kwargs, event)
+    _idle(gateway)
