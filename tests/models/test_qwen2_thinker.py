@@ -149,3 +149,20 @@ def test_chat_turns_keep_roles_and_end_with_the_assistant_slot() -> None:
         chat.turns(" \n ")
     with pytest.raises(ValueError, match="role"):
         chat.turns("Hi", [{"role": "tool", "content": "x"}])
+
+
+def test_an_unknown_thinker_model_names_the_choices() -> None:
+    from omnipipe.models.default.runners.thinker import THINKER_MODELS, thinker_model
+    from omnipipe.models.default.weights.thinker import THINKER_MODELS as PACKAGED
+
+    assert set(THINKER_MODELS) == set(PACKAGED)  # every selectable thinker has packaged weights
+    with pytest.raises(ValueError, match="stages.thinker.options.model: unknown thinker 'nope'.*gemma3-270m"):
+        thinker_model("nope")
+
+
+@pytest.mark.models
+def test_no_token_is_longer_than_the_prompt_length_precheck_assumes(thinker) -> None:
+    from omnipipe.models.default.runners.thinker import MAX_CHARS_PER_TOKEN
+
+    tokenizer = thinker.tokenizer
+    assert max(len(tokenizer.convert_tokens_to_string([t])) for t in tokenizer.get_vocab()) <= MAX_CHARS_PER_TOKEN

@@ -30,14 +30,15 @@ from omnipipe.models.default.prompting import (
     should_stop,
     stream_safe_length,
 )
-from omnipipe.models.default.weights.thinker import prepare_thinker, thinker_weights
+from omnipipe.models.default.weights.thinker import prepare_thinker
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
 MAX_PROMPT_TOKENS = 2048
-# no token of the vocabulary is longer than this: a question with more characters than the limit allows is refused
-# before tokenising it (a megabyte of text costs seconds of one step, holding every request of the batch)
-MAX_CHARS_PER_TOKEN = 32
+# no token of either thinker's vocabulary is longer than this (Qwen's longest: a run of 128 spaces): a question with
+# more characters than the limit allows is refused before tokenising it (a megabyte of text costs seconds of one
+# step, holding every request of the batch)
+MAX_CHARS_PER_TOKEN = 128
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,6 @@ class ThinkerRunner(StageRunner):
     def load(self) -> None:
         self.model_name = self.context.options["model"]
         chosen = thinker_model(self.model_name)
-        thinker_weights(self.model_name)  # every selectable thinker has packaged weights
         model_dir = prepare_thinker(self.model_name, progress=True)
         self.model = chosen.decoder(model_dir, num_threads=self.context.threads)
         self.tokenizer = self.model.tokenizer
