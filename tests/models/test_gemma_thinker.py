@@ -33,7 +33,7 @@ def thinker():
     from omnipipe.models.default.modeling.gemma import GemmaThinker
     from omnipipe.models.default.weights.thinker import prepare_thinker
 
-    return GemmaThinker(prepare_thinker(progress=False), num_threads=2)
+    return GemmaThinker(prepare_thinker("gemma3-270m", progress=False), num_threads=2)
 
 
 def _encode(thinker, text: str) -> list[int]:
@@ -350,10 +350,10 @@ def test_rewind_undoes_decode_steps(thinker) -> None:
 
 
 def test_layer_cache_reset_survives_growth_and_the_sliding_window() -> None:
-    from omnipipe.models.default.modeling.gemma import _LayerCache
+    from omnipipe.models.default.modeling.decoder import LayerCache
 
     for keep_last in (None, 4):
-        cache = _LayerCache(kv_heads=1, head_dim=2, dtype=torch.float32, keep_last=keep_last)
+        cache = LayerCache(kv_heads=1, head_dim=2, dtype=torch.float32, keep_last=keep_last)
         for i in range(70):  # past the first reallocation
             cache.append(torch.full((1, 1, 2), float(i)), torch.full((1, 1, 2), float(-i)))
         before = tuple(t.clone() for t in cache.view())

@@ -196,8 +196,8 @@ def test_realtime_spoken_turn_is_transcribed_beside_the_answer(default_server: S
 
 # ---------------------------------------------------------------------------------------------- conversations
 def test_a_fact_from_an_earlier_turn_is_used(client: openai.OpenAI) -> None:
-    """The conversation reaches the thinker: a fact the user gave in the turn before answers the question. (The
-    270M base thinker loses a fact two turns back; an instruction-tuned thinker is what remembers further.)"""
+    """The conversation reaches the thinker: a fact the user gave in the turn before answers the question.
+    (``omnipipe bench quality`` checks a fact two turns back for each thinker.)"""
     messages: list[dict] = [{"role": "system", "content": "You are a friendly assistant."},
                             {"role": "user", "content": "My favourite animal is the axolotl."}]
     first = client.chat.completions.create(model="default", messages=messages, max_tokens=30, temperature=0)

@@ -72,12 +72,16 @@ def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
     from transformers.generation.streamers import BaseStreamer
 
-    from omnipipe.models.default.prompting import build_prompt, stop_strings
+    from omnipipe.models.default.pipeline import THINKER
+    from omnipipe.models.default.runners.thinker import thinker_model
     from omnipipe.models.default.weights.thinker import prepare_thinker
     from omnipipe.models.default.weights.voice import PACKAGED_VOICES
 
     torch.set_num_threads(2)
-    model_dir = prepare_thinker(progress=True)
+    model_name = THINKER.default_options["model"]  # the thinker the engine rows ran
+    prompt_format = thinker_model(model_name).prompt_format()
+    stops = prompt_format.stop_strings()
+    model_dir = prepare_thinker(model_name, progress=True)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
     model.eval()
@@ -106,20 +110,21 @@ def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
 
         def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
             text = tokenizer.decode(input_ids[0, self.prompt_length:], skip_special_tokens=True)
-            done = any(stop in text for stop in stop_strings())
+            done = any(stop in text for stop in stops)
             return torch.full((input_ids.shape[0],), done, dtype=torch.bool)
 
     metrics = []
     start_all = time.perf_counter()
     for question in prompts:
         start = time.perf_counter()
-        ids = tokenizer(build_prompt(question), return_tensors="pt")
+        prompt = prompt_format.preamble() + prompt_format.turns(question)
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=True)
         clock = TokenClock()
         with torch.inference_mode():
             out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=False, streamer=clock,
                                  stopping_criteria=StoppingCriteriaList([StopAtStrings(ids["input_ids"].shape[1])]))
         text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-        for stop in stop_strings():
+        for stop in stops:
             text = text.split(stop)[0]
         audio = np.concatenate([chunk.audio_float_array for chunk in voice.synthesize(text.strip() or ".")])
         end = time.perf_counter()

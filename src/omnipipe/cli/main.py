@@ -3,7 +3,7 @@
     omnipipe generate "What is the capital of France?" --output answer.wav [--stats]
     omnipipe serve --pipeline default --port 8091
     omnipipe worker --pipeline default --port 22400 --capacity 2
-    omnipipe models | download | bench engine
+    omnipipe models | download | bench engine | bench quality
 """
 
 from __future__ import annotations
@@ -320,8 +320,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")
-    b.add_argument("suite", choices=["engine", "offline", "serve", "gateway", "soak"], help="engine: framework "
-                   "costs on test stages; offline: the default pipeline vs a sequential baseline; serve: load on a "
+    b.add_argument("suite", choices=["engine", "offline", "quality", "serve", "gateway", "soak"], help="engine: "
+                   "framework costs on test stages; offline: the default pipeline vs a sequential baseline; quality: "
+                   "the default pipeline's thinkers side by side on 30 factual questions (right answers, decode "
+                   "tok/s) and a multi-turn recall; serve: load on a "
                    "running server; gateway: a worker directly vs through a gateway (recording and not), side by "
                    "side; soak: load with stage kills, a stopped stage, clients that leave and malformed requests, "
                    "and what was left behind")
@@ -359,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
                 from omnipipe.bench.gateway import main as bench_main
             elif args.suite == "soak":
                 from omnipipe.bench.soak import main as bench_main
+            elif args.suite == "quality":
+                from omnipipe.bench.quality import main as bench_main
             else:
                 from omnipipe.bench.offline import main as bench_main
             return bench_main(args.rest)

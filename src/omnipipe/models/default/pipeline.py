@@ -1,4 +1,5 @@
-"""The embedded default family: whisper (speech in) -> Gemma 3 270M (thinker) -> Piper VITS (talker) -> Piper decoder.
+"""The embedded default family: whisper (speech in) -> Qwen2.5 0.5B Instruct or Gemma 3 270M (thinker) -> Piper VITS
+(talker) -> Piper decoder.
 
 Three pipelines share the stages: ``default`` (text or speech in, text and speech out), ``tts`` (text in, speech
 out) and ``asr`` (speech in, text out).
@@ -14,7 +15,9 @@ VOICE_SAMPLE_RATE_HZ = 22_050  # the packaged "joe" voice; the code2wav runner c
 # whisper decodes autoregressively, a segment per step (so a transcript streams and an abort stops it early)
 ENCODER = StageSpec("encoder", "ar", f"{_P}.runners.encoder:WhisperEncoderRunner",
                     extra_params=f"{_P}.processors:TranscriptionParams")
-THINKER = StageSpec("thinker", "ar", f"{_P}.runners.thinker:GemmaThinkerRunner", final_output="text")
+# the thinker model (deploy stages.thinker.options.model): qwen2.5-0.5b-instruct, or the smaller gemma3-270m
+THINKER = StageSpec("thinker", "ar", f"{_P}.runners.thinker:ThinkerRunner", final_output="text",
+                    default_options={"model": "qwen2.5-0.5b-instruct"})
 TALKER = StageSpec("talker", "generation", f"{_P}.runners.talker:PiperTalkerRunner",
                    extra_params=f"{_P}.processors:TalkerParams")
 CODE2WAV = StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:PiperCode2WavRunner", final_output="audio",
@@ -49,10 +52,13 @@ _DEPLOY = {
 
 _VOICES = f"{_P}.weights.voice:list_voices"
 _WEIGHTS = {"prepare_weights": f"{_P}.weights.prepare.prepare_all", "weights_status": f"{_P}.weights.prepare.status"}
+_SPEECH_WEIGHTS = {"prepare_weights": f"{_P}.weights.prepare.prepare_speech",
+                   "weights_status": f"{_P}.weights.prepare.speech_status"}
 
 DEFAULT = PipelineSpec(
     name="default",
-    description="whisper tiny.en -> Gemma 3 270M -> Piper VITS (joe) -> Piper decoder; text or speech in, text and speech out",
+    description="whisper tiny.en -> Qwen2.5 0.5B Instruct (or Gemma 3 270M) -> Piper VITS (joe) -> Piper decoder; "
+                "text or speech in, text and speech out",
     stages=(ENCODER, THINKER, TALKER, CODE2WAV),
     edges=(ENCODER_TO_THINKER, THINKER_TO_TALKER, TALKER_TO_CODE2WAV),
     prompt_processor=f"{_P}.processors.default_prompt",
@@ -75,7 +81,7 @@ TTS = PipelineSpec(
     default_deploy={"edges": {"talker->code2wav": _FRAME_EDGE},
                     "stages": {k: v for k, v in _DEPLOY["stages"].items() if k in ("talker", "code2wav")}},
     serving=ServingTraits(voices=_VOICES, speed_stage="talker"),
-    **_WEIGHTS,
+    **_SPEECH_WEIGHTS,
 )
 
 ASR = PipelineSpec(
@@ -87,5 +93,5 @@ ASR = PipelineSpec(
     input_modalities=("audio",),
     comprehension_stage="encoder",
     default_deploy={"stages": {"encoder": {"threads": 2, "max_num_seqs": 4, **_LONG_STEPS}}},
-    **_WEIGHTS,
+    **_SPEECH_WEIGHTS,
 )

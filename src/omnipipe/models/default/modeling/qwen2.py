@@ -1,0 +1,184 @@
+"""A compact Qwen2 text decoder in plain torch (the request KV caches and batching are ``decoder.py``'s).
+
+Qwen2 (and the Qwen2.5 instruct models built on it): pre-norm RMSNorm layers, grouped-query attention with biased
+q/k/v projections and rotary positions, a SiLU-gated MLP, full attention in every layer.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from omnipipe.models.default.modeling.decoder import (
+    CachedDecoder,
+    LayerCache,
+    PrefillMasks,
+    gather_cache,
+    rope_angles,
+    rotate_half,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Qwen2Config:
+    """The subset of a Qwen2 ``config.json`` the decoder needs."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Qwen2Config:
+        activation = raw.get("hidden_act", "silu")
+        if activation != "silu":
+            raise ValueError(f"hidden_act {activation!r} is not supported")
+        if raw.get("use_sliding_window"):
+            raise ValueError("use_sliding_window is not supported")
+        rope = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type != "default":
+            raise ValueError(f"rope type {rope_type!r} is not supported")
+        hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+        return cls(
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_layers=int(raw["num_hidden_layers"]),
+            num_heads=heads,
+            num_kv_heads=int(raw.get("num_key_value_heads", heads)),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(rope.get("rope_theta", raw.get("rope_theta", 10_000.0))),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 32_768)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        )
+
+
+@dataclass
+class _LayerWeights:
+    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor
+    o: torch.Tensor
+    gate_up: torch.Tensor  # [2 * intermediate, hidden]
+    down: torch.Tensor
+    input_norm: torch.Tensor  # float32
+    post_attn_norm: torch.Tensor
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x_float = x.float()
+    normed = x_float * torch.rsqrt(x_float.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight * normed).type_as(x)
+
+
+class Qwen2Thinker(CachedDecoder):
+    """Qwen2 decoder over a converted checkpoint directory (config.json + model.safetensors + tokenizer)."""
+
+    def _read_config(self, raw: dict[str, Any]) -> None:
+        cfg = self.config = Qwen2Config.from_dict(raw)
+        self.vocab_size, self.max_positions = cfg.vocab_size, cfg.max_position_embeddings
+        self.sliding_window = None
+        head_range = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim
+        self._inv_freq = 1.0 / (cfg.rope_theta**head_range)
+        self._scale = cfg.head_dim**-0.5
+
+    def _load_weights(self, path: Path) -> None:
+        state = load_file(str(path))
+        cfg = self.config
+
+        def take(name: str) -> torch.Tensor:
+            return state.pop(name).to(self.dtype).contiguous()
+
+        def norm(name: str) -> torch.Tensor:
+            return state.pop(name).float()
+
+        self._embed = take("model.embed_tokens.weight")
+        self._final_norm = norm("model.norm.weight")
+        if "lm_head.weight" in state:
+            self._lm_head = take("lm_head.weight")
+        elif cfg.tie_word_embeddings:
+            self._lm_head = self._embed
+        else:
+            raise ValueError(f"{path}: lm_head.weight is missing and the embeddings are not tied")
+        self._layers: list[_LayerWeights] = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            self._layers.append(
+                _LayerWeights(
+                    qkv=torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]),
+                    qkv_bias=torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]),
+                    o=take(p + "self_attn.o_proj.weight"),
+                    gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
+                    down=take(p + "mlp.down_proj.weight"),
+                    input_norm=norm(p + "input_layernorm.weight"),
+                    post_attn_norm=norm(p + "post_attention_layernorm.weight"),
+                )
+            )
+        if state:
+            logger.warning("Ignoring unexpected tensors: %s", sorted(state)[:5])
+
+    def _new_caches(self) -> list[LayerCache]:
+        cfg = self.config
+        return [LayerCache(cfg.num_kv_heads, cfg.head_dim, self.dtype, None) for _ in range(cfg.num_layers)]
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        hidden = _rms_norm(hidden, self._final_norm, self.config.rms_norm_eps)
+        return F.linear(hidden, self._lm_head).float()
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[list[LayerCache]],
+        masks: PrefillMasks | None,
+        padded: bool,
+        extend: bool = False,
+    ) -> torch.Tensor:
+        cfg = self.config
+        batch, seq = ids.shape
+        hidden = F.embedding(ids, self._embed)
+        cos, sin = rope_angles(positions, self._inv_freq, self.dtype)
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        causal = masks[1] if masks is not None else None
+        for index, layer in enumerate(self._layers):
+            residual = hidden
+            x = _rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
+            q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+            q = q.view(batch, seq, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+            k = k.view(batch, seq, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+            v = v.view(batch, seq, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            if padded:
+                keys, values, mask = gather_cache([c[index] for c in caches], k, v)
+            elif extend:  # one request whose cache already holds earlier tokens
+                cache = caches[0][index]
+                cache.append(k[0], v[0])
+                key, value = cache.view()
+                keys, values, mask = key[None], value[None], causal
+            else:
+                for b, request_caches in enumerate(caches):
+                    request_caches[index].append(k[b], v[b])
+                keys, values, mask = k, v, causal
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self._scale, enable_gqa=True)
+            hidden = residual + F.linear(attn.transpose(1, 2).reshape(batch, seq, q_size), layer.o)
+            x = _rms_norm(hidden, layer.post_attn_norm, cfg.rms_norm_eps)
+            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+        return hidden
