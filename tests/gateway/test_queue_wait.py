@@ -177,3 +177,44 @@ def test_a_waiter_is_told_when_the_service_is_starting_and_when_it_is_not_anymor
             (QUEUED, 2, None, True), (QUEUE_UPDATE, 1, 10.0, False)]
 
     asyncio.run(main())
+
+
+def test_an_estimate_read_between_the_pools_changes_is_counted_down_to_now() -> None:
+    """Between the pool's changes (a health check every 2 s) the waiter wakes on its own (``poll_s``): the estimate
+    it reads then is the one made at the last change, counted down; it agrees with the client's countdown, so
+    nothing is sent, however the wake-ups and the changes interleave."""
+    async def main() -> None:
+        clock = FakeClock()
+        worker = Worker("10.0.0.1:22400", capacity=1)
+        pool = WorkerPool([worker], eta=EtaEstimator({"voice": 60.0, "chat": 10.0}), clock=clock)
+        pool.apply_health(worker.address, WorkerState.IDLE, True)
+        voice = pool.enqueue("voice")
+        ticket = pool.enqueue("chat")
+        messages: list[dict] = []
+        wake = asyncio.Event()
+
+        async def client() -> None:
+            async for message in wait.updates(wake=wake):
+                messages.append(message)
+
+        async def settle() -> None:
+            for _ in range(20):
+                await asyncio.sleep(0)
+
+        async with QueueWait(pool, ticket) as wait:
+            listening = asyncio.create_task(client())
+            await settle()
+            for step in range(10):
+                clock.now += 0.7
+                if step % 3 == 0:
+                    pool.apply_health(worker.address, WorkerState.BUSY, True)  # a health check: estimates remade
+                else:
+                    wake.set()  # the waiter's own wake-up (its client's poll), nothing changed in the pool
+                await settle()
+                wake.clear()
+            assert [m["type"] for m in messages] == [QUEUED]
+            pool.release(worker, voice)
+            await listening
+        assert messages[0]["estimated_wait_s"] == 60.0
+
+    asyncio.run(main())

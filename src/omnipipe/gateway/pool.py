@@ -37,7 +37,7 @@ class Ticket:
 
     ``position`` is 1-based while waiting and 0 once assigned; it, ``estimated_wait_s`` and ``starting`` are kept
     current by the pool. ``estimated_wait_s`` is ``None`` when no worker slot serves the queue (``starting`` says
-    whether that is because the workers are still loading).
+    whether that is because the workers are still loading); ``estimated_at`` is the pool's time it was made at.
     """
 
     ticket_id: str
@@ -46,6 +46,7 @@ class Ticket:
     enqueued_at: float
     position: int = 0
     estimated_wait_s: float | None = 0.0
+    estimated_at: float | None = None
     starting: bool = False
     worker: Worker | None = None
     assigned_at: float | None = None
@@ -361,6 +362,7 @@ class WorkerPool:
     def _refresh_positions(self) -> None:
         waiting = [t for t in self._queue.values() if t.waiting]
         starting = self.starting
+        now = self._clock()
         slots = self._slots()
         waits: list[float | None]
         if waiting and slots:
@@ -370,6 +372,7 @@ class WorkerPool:
         for position, (ticket, wait) in enumerate(zip(waiting, waits, strict=True), start=1):
             ticket.position = position
             ticket.estimated_wait_s = wait
+            ticket.estimated_at = now
             ticket.starting = starting
         for callback in tuple(self._listeners):
             callback()

@@ -69,7 +69,10 @@ class QueueWait:
             self.worker = waiter.result()
 
     def _place(self) -> dict[str, Any]:
+        """The place now; the estimate, made at the pool's last change, counted down to now."""
         wait = self.ticket.estimated_wait_s
+        if wait is not None and self.ticket.estimated_at is not None:
+            wait = max(0.0, wait - (self.pool.now() - self.ticket.estimated_at))
         return {"position": self.ticket.position, "estimated_wait_s": None if wait is None else round(wait, 1),
                 "starting": self.ticket.starting}
 
