@@ -4,6 +4,7 @@ and are served in arrival order with spoken answers, and killing a worker mid-an
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import time
@@ -53,6 +54,43 @@ def test_six_voice_sessions_on_two_workers_are_served_in_arrival_order(cluster) 
     recording = httpx.get(f"{gateway.url}/api/sessions/{clients[0].done['session_id']}", timeout=10).json()
     assert recording["meta"]["type"] == "voice"
     assert any(f.startswith("ai_audio/") for f in recording["files"]), recording["files"]
+
+
+def _recorded_text(gateway: GatewayProcess, session_id: str) -> str:
+    """The transcript recorded in a transcription session's turn, once the session is written."""
+    deadline = time.monotonic() + 30
+    while True:
+        reply = httpx.get(f"{gateway.url}/api/sessions/{session_id}", timeout=10)
+        turns = reply.json()["recording"]["turns"] if reply.status_code == 200 else []
+        if turns and turns[0]["status"] == "completed" or time.monotonic() > deadline:
+            assert turns, reply.text
+            return turns[0]["assistant_text"]
+        time.sleep(0.1)
+
+
+def test_a_transcription_in_every_format_is_recorded_with_its_words(cluster) -> None:
+    """json, text, verbose_json, srt, vtt and the stream (stream=true) through the gateway: each recording holds the
+    transcript's words, the same for every format (no cue numbers, timings or SSE framing)."""
+    gateway, workers = cluster
+    spoken = httpx.post(f"http://{workers[0].address}/v1/audio/speech", timeout=300, json={
+        "model": "tts", "input": "The quick brown fox jumps over the lazy dog.", "voice": "default",
+        "response_format": "wav"})
+    assert spoken.status_code == 200, spoken.text
+    answers: dict[str, str] = {}
+    recorded: dict[str, str] = {}
+    for name, form in [("json", {}), ("text", {}), ("verbose_json", {}), ("srt", {}), ("vtt", {}),
+                       ("stream", {"stream": "true"})]:
+        data = {"model": "asr", "response_format": "json" if name == "stream" else name, **form}
+        reply = httpx.post(f"{gateway.url}/v1/audio/transcriptions", data=data, timeout=300,
+                           files={"file": ("fox.wav", spoken.content, "audio/wav")})
+        assert reply.status_code == 200, (name, reply.text)
+        answers[name] = reply.text
+        recorded[name] = _recorded_text(gateway, reply.headers["x-omnipipe-session-id"])
+    words = json.loads(answers["json"])["text"]
+    assert "fox" in words.lower(), words
+    assert "-->" in answers["srt"] and answers["vtt"].startswith("WEBVTT"), answers
+    assert "transcript.text.done" in answers["stream"], answers["stream"]
+    assert recorded == dict.fromkeys(recorded, words), recorded
 
 
 def test_killing_a_worker_mid_answer_fails_only_its_client(cluster) -> None:

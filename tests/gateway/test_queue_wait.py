@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from omnipipe.gateway.eta import EtaEstimator
 from omnipipe.gateway.pool import WorkerPool
 from omnipipe.gateway.proxy.queue_wait import QUEUE_UPDATE, QUEUED, QueueWait, retry_at_capacity
 from omnipipe.gateway.worker import Worker
@@ -102,5 +103,118 @@ def test_capacity_refusals_are_retried_within_the_window_only() -> None:
         assert await retry_at_capacity(attempt, refused) == "ok" and len(closed) == 2
         assert await retry_at_capacity(lambda: asyncio.sleep(0, "at_capacity"), refused, window_s=0.0) \
             == "at_capacity"
+
+    asyncio.run(main())
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_updates_carry_the_estimate_and_come_only_when_it_leaves_the_countdown() -> None:
+    """The client counts the last estimate down; the pool's estimate that follows the countdown sends nothing, one
+    that leaves it (a changed duration, a slot that freed early) or a changed place sends an update."""
+    async def main() -> None:
+        clock = FakeClock()
+        worker = Worker("10.0.0.1:22400", capacity=1)
+        pool = WorkerPool([worker], eta=EtaEstimator({"voice": 60.0, "chat": 10.0}), clock=clock)
+        pool.apply_health(worker.address, WorkerState.IDLE, True)
+        voice = pool.enqueue("voice")
+        clock.now += 20.0
+        ticket = pool.enqueue("chat")
+        messages: list[dict] = []
+
+        async def client() -> None:
+            async for message in wait.updates():
+                messages.append(message)
+
+        async def settle() -> None:
+            for _ in range(20):
+                await asyncio.sleep(0)
+
+        async with QueueWait(pool, ticket) as wait:
+            listening = asyncio.create_task(client())
+            await settle()
+            clock.now += 5.0
+            pool.refresh_estimates()  # 35 s left, as the client's countdown says: nothing to send
+            await settle()
+            assert len(messages) == 1
+            pool.eta.set_baseline("voice", 30.0)  # 5 s left now: the client is told
+            pool.refresh_estimates()
+            await settle()
+            assert len(messages) == 2
+            pool.release(worker, voice)
+            await listening
+        assert messages == [
+            {"type": QUEUED, "position": 1, "estimated_wait_s": 40.0, "starting": False,
+             "ticket_id": ticket.ticket_id},
+            {"type": QUEUE_UPDATE, "position": 1, "estimated_wait_s": 5.0, "starting": False}]
+        assert wait.worker is worker
+
+    asyncio.run(main())
+
+
+def test_a_waiter_is_told_when_the_service_is_starting_and_when_it_is_not_anymore() -> None:
+    async def main() -> None:
+        worker = Worker("10.0.0.1:22400", capacity=1)
+        pool = WorkerPool([worker], eta=EtaEstimator({"chat": 10.0}), clock=FakeClock())
+        first, ticket = pool.enqueue("chat"), pool.enqueue("chat")
+        messages = []
+        async with QueueWait(pool, ticket) as wait:
+            async for message in wait.updates():
+                messages.append(message)
+                if len(messages) == 1:
+                    pool.apply_health(worker.address, WorkerState.LOADING, True)  # still starting: no update
+                    await asyncio.sleep(0)
+                    pool.apply_health(worker.address, WorkerState.IDLE, True)  # `first` is served, ticket is next
+                elif len(messages) == 2:
+                    pool.release(worker, first)
+        assert [(m["type"], m["position"], m["estimated_wait_s"], m["starting"]) for m in messages] == [
+            (QUEUED, 2, None, True), (QUEUE_UPDATE, 1, 10.0, False)]
+
+    asyncio.run(main())
+
+
+def test_an_estimate_read_between_the_pools_changes_is_counted_down_to_now() -> None:
+    """Between the pool's changes (a health check every 2 s) the waiter wakes on its own (``poll_s``): the estimate
+    it reads then is the one made at the last change, counted down; it agrees with the client's countdown, so
+    nothing is sent, however the wake-ups and the changes interleave."""
+    async def main() -> None:
+        clock = FakeClock()
+        worker = Worker("10.0.0.1:22400", capacity=1)
+        pool = WorkerPool([worker], eta=EtaEstimator({"voice": 60.0, "chat": 10.0}), clock=clock)
+        pool.apply_health(worker.address, WorkerState.IDLE, True)
+        voice = pool.enqueue("voice")
+        ticket = pool.enqueue("chat")
+        messages: list[dict] = []
+        wake = asyncio.Event()
+
+        async def client() -> None:
+            async for message in wait.updates(wake=wake):
+                messages.append(message)
+
+        async def settle() -> None:
+            for _ in range(20):
+                await asyncio.sleep(0)
+
+        async with QueueWait(pool, ticket) as wait:
+            listening = asyncio.create_task(client())
+            await settle()
+            for step in range(10):
+                clock.now += 0.7
+                if step % 3 == 0:
+                    pool.apply_health(worker.address, WorkerState.BUSY, True)  # a health check: estimates remade
+                else:
+                    wake.set()  # the waiter's own wake-up (its client's poll), nothing changed in the pool
+                await settle()
+                wake.clear()
+            assert [m["type"] for m in messages] == [QUEUED]
+            pool.release(worker, voice)
+            await listening
+        assert messages[0]["estimated_wait_s"] == 60.0
 
     asyncio.run(main())

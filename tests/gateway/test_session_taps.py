@@ -14,8 +14,16 @@ import pytest
 from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
 from omnipipe.gateway.recording.replay import encode_wav, read_wav
 from omnipipe.gateway.recording.store import SessionStore
-from omnipipe.gateway.recording.taps import ChatTap, RealtimeTap, SpeechTap, TranscriptionTap, TurnTranscriptTap
+from omnipipe.gateway.recording.taps import (
+    ChatTap,
+    RealtimeTap,
+    SpeechTap,
+    TranscriptionTap,
+    TurnTranscriptTap,
+    transcript_text,
+)
 from omnipipe.server.audio_stream import streaming_wav_header
+from omnipipe.server.routes.transcription import subtitles
 
 RATE = 24_000
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
@@ -269,6 +277,105 @@ def test_transcription(store: SessionStore, writer: RecordingWriter, clock: Fake
     assert recording["turns"][2]["user_audio"]["path"] == "user_audio/turn003.bin"
     assert sorted(p.name for p in (directory / "user_audio").iterdir()) == ["turn001.wav", "turn002.m4a",
                                                                             "turn003.bin"]
+
+
+SEGMENTS = [{"id": 0, "start": 0.0, "end": 1.42, "text": " What is the capital"},
+            {"id": 1, "start": 1.42, "end": 2.9, "text": " of France?"}]
+TRANSCRIPT = "What is the capital of France?"
+
+
+def worker_answers() -> dict[str, bytes]:
+    """A transcription answer in each whole format, as the worker's route builds it."""
+    body = {"text": TRANSCRIPT, "usage": {"type": "duration", "seconds": 3}}
+    verbose = {"task": "transcribe", "language": "english", "duration": 2.9, "text": TRANSCRIPT,
+               "segments": SEGMENTS, "words": [{"word": "What", "start": 0.0, "end": 0.3}]}
+    return {"json": json.dumps(body).encode(), "text": TRANSCRIPT.encode(),
+            "verbose_json": json.dumps(verbose).encode(),
+            "srt": subtitles(SEGMENTS, "srt").encode(), "vtt": subtitles(SEGMENTS, "vtt").encode()}
+
+
+def stream_events(done: bool = True) -> list[str]:
+    """The SSE ``data:`` payloads of a streamed transcription (``stream=true``)."""
+    events = [json.dumps({"type": "transcript.text.delta", "delta": segment["text"]}) for segment in SEGMENTS]
+    if done:
+        events.append(json.dumps({"type": "transcript.text.done", "text": TRANSCRIPT,
+                                  "usage": {"type": "tokens", "input_tokens": 0, "output_tokens": 9}}))
+    return events
+
+
+@pytest.mark.parametrize("response_format", ["json", "text", "verbose_json", "srt", "vtt"])
+def test_a_transcription_in_each_whole_format_records_its_text(store: SessionStore, writer: RecordingWriter,
+                                                               clock: FakeClock, response_format: str) -> None:
+    answer = worker_answers()[response_format]
+    assert answer.decode() != TRANSCRIPT or response_format == "text"  # the others carry more than the words
+    recorder = recorder_for(store, writer, clock, "transcription")
+    tap = TranscriptionTap(recorder)
+    tap.on_request(encode_wav(tone(0.5, 16_000), 16_000), "question.wav", response_format)
+    clock.at(0.4)
+    tap.on_response_body(answer)
+    tap.end("completed")
+    unnamed = TranscriptionTap(recorder)  # the form could not be read: the format is told by the body
+    unnamed.on_request(b"RIFF", "question.wav", None)
+    unnamed.on_response_body(answer)
+    unnamed.end("completed")
+    _, recording = finished(recorder, writer)
+    named, told = recording["turns"]
+    assert (named["assistant_text"], named["status"]) == (TRANSCRIPT, "completed")
+    assert named["metrics"]["ttft_ms"] == 400.0
+    assert told["assistant_text"] == TRANSCRIPT
+
+
+def test_a_streamed_transcription_records_the_done_text_and_the_first_delta_time(
+        store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "transcription")
+    tap = TranscriptionTap(recorder)
+    tap.on_request(encode_wav(tone(0.5, 16_000), 16_000), "question.wav", "json")
+    for at, data in zip((0.25, 0.5, 0.75), stream_events(), strict=True):
+        clock.at(at)
+        tap.on_sse_data(data)
+    tap.end("completed")
+    cut = TranscriptionTap(recorder)  # a stream cut before its done event keeps the deltas that came
+    cut.on_request(b"RIFF", "question.wav", "text")
+    for data in stream_events(done=False)[:1]:
+        cut.on_sse_data(data)
+    cut.on_sse_data(json.dumps({"error": {"message": "stage 'encoder' died", "code": "stage_unavailable"}}))
+    cut.end("completed")
+    _, recording = finished(recorder, writer)
+    whole, partial = recording["turns"]
+    assert whole["assistant_text"] == TRANSCRIPT and whole["metrics"]["ttft_ms"] == 250.0
+    assert (partial["assistant_text"], partial["status"]) == ("What is the capital", "failed")
+    assert "stage 'encoder' died" in partial["error"]
+
+
+@pytest.mark.parametrize("response_format", ["json", "text", "verbose_json", "srt", "vtt", "stream"])
+def test_a_spoken_chat_questions_transcript_in_each_format_joins_its_turn(
+        store: SessionStore, writer: RecordingWriter, clock: FakeClock, response_format: str) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    chat = ChatTap(recorder)
+    chat.on_request(chat_request(modalities=["text"]))
+    transcript = TurnTranscriptTap(recorder)
+    transcript.on_request(b"RIFF....", "question.wav", "json" if response_format == "stream" else response_format)
+    if response_format == "stream":
+        for data in stream_events():
+            transcript.on_sse_data(data)
+    else:
+        transcript.on_response_body(worker_answers()[response_format])
+    transcript.end("completed")
+    chat.on_sse_data(sse_chunk({"content": "Paris"}, "stop"))
+    chat.end("completed")
+    _, recording = finished(recorder, writer)
+    (turn,) = recording["turns"]
+    assert (turn["user_transcript"], turn["assistant_text"]) == (TRANSCRIPT, "Paris")
+
+
+def test_subtitles_keep_only_the_words() -> None:
+    vtt = ("WEBVTT\n\nNOTE made by hand\n\nintro\n00:00:00.000 --> 00:00:01.000\nHello\nthere\n\n"
+           "00:00:01.000 --> 00:00:02.000\n\n00:00:02.000 --> 00:00:03.000\nagain\n")
+    assert transcript_text(vtt.encode(), "vtt") == "Hello there again"
+    srt = "1\r\n00:00:00,000 --> 00:00:01,000\r\n42 apples\r\n\r\n2\r\n00:00:01,000 --> 00:00:02,000\r\nand 7\r\n"
+    assert transcript_text(srt.encode(), "srt") == "42 apples and 7"
+    assert transcript_text(b"WEBVTT is a format", "text") == "WEBVTT is a format"  # the format asked decides
+    assert transcript_text(b"not json", "json") == "" and transcript_text(b"[1]", "verbose_json") == ""
 
 
 def test_the_transcript_of_a_spoken_chat_question_joins_its_turn(store: SessionStore, writer: RecordingWriter,

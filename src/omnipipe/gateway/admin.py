@@ -58,9 +58,11 @@ async def workers(request: Request) -> list[dict[str, Any]]:
 @router.get("/queue")
 async def queue(request: Request) -> list[dict[str, Any]]:
     pool = request.app.state.pool
+    pool.refresh_estimates()  # the running sessions have run on since the last change
     now = pool.now()
     return [{"ticket_id": t.ticket_id, "request_type": t.request_type, "position": t.position,
-             "estimated_wait_s": round(t.estimated_wait_s, 1), "waited_s": round(now - t.enqueued_at, 1)}
+             "estimated_wait_s": None if t.estimated_wait_s is None else round(t.estimated_wait_s, 1),
+             "starting": t.starting, "waited_s": round(now - t.enqueued_at, 1)}
             for t in pool.waiting_tickets()]
 
 

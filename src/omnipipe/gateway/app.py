@@ -134,7 +134,7 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     @app.get("/api/queue")
     async def queue_status() -> dict[str, object]:
         available = [w for w in pool.workers if w.accepts_work]
-        return {"queue_length": pool.queue_length, "capacity": pool.total_capacity,
+        return {"queue_length": pool.queue_length, "capacity": pool.total_capacity, "starting": pool.starting,
                 "workers": {"total": len(pool.workers), "available": len(available)}}
 
     @app.delete("/api/queue/{ticket_id}")

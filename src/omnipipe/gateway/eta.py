@@ -1,10 +1,24 @@
-"""Estimated waiting time from per-request-type moving averages of real session durations."""
+"""Estimated waiting time from per-request-type moving averages of real session durations.
+
+A waiter's estimate comes from what is actually ahead of it: the sessions running on the worker slots (each with the
+time its type typically lasts, less how long it has run) and the requests queued before it (each with its own type's
+typical duration), served first come, first served by the slots (``EtaEstimator.estimate_waits``).
+"""
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunningSession:
+    """A session holding a worker slot: its request type and how long it has run."""
+
+    request_type: str
+    elapsed_s: float
 
 
 @dataclass
@@ -17,7 +31,7 @@ class EtaEstimator:
     """Per request type, an exponential moving average of observed durations.
 
     Until a type has ``min_samples`` observations its admin-set baseline is used (``default_s`` when no
-    baseline is set).  Waiting time assumes a session of the waiter's type occupies each slot ahead.
+    baseline is set).  ``estimate_waits`` turns the sessions running and the requests queued into waits.
     """
 
     def __init__(
@@ -71,17 +85,29 @@ class EtaEstimator:
             return stats.ema_s
         return self._baselines.get(request_type, self.default_s)
 
-    def estimate_wait_s(self, position: int, request_type: str, total_capacity: int) -> float:
-        """Wait for the waiter at 1-based ``position`` when ``total_capacity`` slots serve the queue.
+    def remaining_s(self, session: RunningSession) -> float:
+        """How long a running session has left: its type's duration less how long it has run; a session already
+        past its type's duration counts as ending any moment (0)."""
+        return max(0.0, self.duration_s(session.request_type) - max(0.0, session.elapsed_s))
 
-        Slots are assumed to turn over in waves, so positions 1..capacity wait one duration, the next
-        ``capacity`` positions two, and so on.  Position 0 (already served) waits nothing; no capacity at
-        all is treated as a single slot.
+    def estimate_waits(self, slots: Sequence[RunningSession | None], waiting: Sequence[str]) -> list[float]:
+        """The wait of each queued request (``waiting``: their types, front of the queue first) for a free slot.
+
+        ``slots`` is every worker slot that serves the queue: the session running in it, or ``None`` when it is free.
+        A simulation of the FIFO: each request in turn takes the slot that frees first and holds it for its type's
+        duration. The first request waits for the earliest slot, the next for the earliest after that, and so on.
+        Without any slot nothing is ever served: ``ValueError``.
         """
-        if position <= 0:
-            return 0.0
-        waves = math.ceil(position / max(total_capacity, 1))
-        return waves * self.duration_s(request_type)
+        if not slots:
+            raise ValueError("no worker slot serves the queue: a wait cannot be estimated")
+        free_at = [0.0 if session is None else self.remaining_s(session) for session in slots]
+        heapq.heapify(free_at)
+        waits = []
+        for request_type in waiting:
+            start = heapq.heappop(free_at)
+            waits.append(start)
+            heapq.heappush(free_at, start + self.duration_s(request_type))
+        return waits
 
     def snapshot(self) -> dict[str, dict[str, float | int | None]]:
         """Per request type: baseline, sample count, moving average, the duration in use, and whether that is the

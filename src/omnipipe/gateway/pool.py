@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from omnipipe.gateway.eta import EtaEstimator
+from omnipipe.gateway.eta import EtaEstimator, RunningSession
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.worker import BLOCKED_STATES, BUSY_STATES, WorkerState
 
@@ -35,8 +35,9 @@ class QueueFullError(Exception):
 class Ticket:
     """One request's place in the pool; ``future`` resolves to the assigned worker.
 
-    ``position`` is 1-based while waiting and 0 once assigned; it and ``estimated_wait_s`` are kept
-    current by the pool.
+    ``position`` is 1-based while waiting and 0 once assigned; it, ``estimated_wait_s`` and ``starting`` are kept
+    current by the pool. ``estimated_wait_s`` is ``None`` when no worker slot serves the queue (``starting`` says
+    whether that is because the workers are still loading); ``estimated_at`` is the pool's time it was made at.
     """
 
     ticket_id: str
@@ -44,7 +45,9 @@ class Ticket:
     future: asyncio.Future[Worker]
     enqueued_at: float
     position: int = 0
-    estimated_wait_s: float = 0.0
+    estimated_wait_s: float | None = 0.0
+    estimated_at: float | None = None
+    starting: bool = False
     worker: Worker | None = None
     assigned_at: float | None = None
     released: bool = field(default=False, repr=False)
@@ -62,7 +65,8 @@ class QueuePosition:
     ticket_id: str
     request_type: str
     position: int
-    estimated_wait_s: float
+    estimated_wait_s: float | None
+    starting: bool
 
 
 class WorkerPool:
@@ -91,6 +95,7 @@ class WorkerPool:
         self._clock = clock
         self._workers: dict[str, Worker] = {}
         self._queue: OrderedDict[str, Ticket] = OrderedDict()
+        self._running: dict[str, Ticket] = {}  # assigned and not yet released, by ticket id
         self._listeners: list[Callable[[], None]] = []
         for worker in workers:
             self._add(worker)
@@ -125,6 +130,19 @@ class WorkerPool:
         """Session slots on workers that are online and not loading or failed."""
         return sum(w.capacity for w in self._workers.values() if w.state not in BLOCKED_STATES)
 
+    @property
+    def starting(self) -> bool:
+        """The service is starting: no worker can take a session yet, and at least one is on its way (it reports
+        ``LOADING``, or has not answered a health check since the gateway started)."""
+        if self.total_capacity > 0:
+            return False
+        return any((w.online and w.health_state is WorkerState.LOADING) or w.last_ok_at is None
+                   for w in self._workers.values())
+
+    def running_sessions(self) -> list[Ticket]:
+        """The tickets holding a worker now (assigned, not yet released), oldest first."""
+        return sorted(self._running.values(), key=lambda t: t.assigned_at or 0.0)
+
     # -- queue -------------------------------------------------------------------------------------
 
     @property
@@ -142,8 +160,7 @@ class WorkerPool:
         loop = asyncio.get_running_loop()
         waiting = self.queue_length
         if not front and (waiting or self._pick_worker() is None) and waiting >= self.max_queue:
-            retry = self.eta.estimate_wait_s(1, request_type, self.total_capacity)
-            raise QueueFullError(self.max_queue, retry)
+            raise QueueFullError(self.max_queue, self._retry_after_s(request_type))
         ticket = Ticket(uuid.uuid4().hex, request_type, loop.create_future(), self._clock())
         ticket.future.add_done_callback(functools.partial(self._on_future_done, ticket.ticket_id))
         self._queue[ticket.ticket_id] = ticket
@@ -194,8 +211,13 @@ class WorkerPool:
             if ticket.released:
                 return
             ticket.released = True
+            self._running.pop(ticket.ticket_id, None)
             if ticket.assigned_at is not None:
                 self.eta.observe(ticket.request_type, max(0.0, now - ticket.assigned_at))
+        else:  # no ticket named: the session that has held this worker longest ends
+            oldest = next((t for t in self.running_sessions() if t.worker is target), None)
+            if oldest is not None:
+                del self._running[oldest.ticket_id]
         target.release(now)
         self._dispatch_next()
 
@@ -206,7 +228,7 @@ class WorkerPool:
     def positions(self) -> list[QueuePosition]:
         """Every waiter's current place and estimated wait, front of the queue first."""
         return [
-            QueuePosition(t.ticket_id, t.request_type, t.position, t.estimated_wait_s)
+            QueuePosition(t.ticket_id, t.request_type, t.position, t.estimated_wait_s, t.starting)
             for t in self._queue.values()
             if t.waiting
         ]
@@ -295,6 +317,8 @@ class WorkerPool:
             ticket.assigned_at = now
             ticket.position = 0
             ticket.estimated_wait_s = 0.0
+            ticket.starting = False
+            self._running[ticket.ticket_id] = ticket
             ticket.future.set_result(worker)
         self._refresh_positions()
 
@@ -311,14 +335,45 @@ class WorkerPool:
         with contextlib.suppress(ValueError):
             self._listeners.remove(callback)
 
+    def _slots(self) -> list[RunningSession | None]:
+        """Every slot that serves the queue (workers online and not loading or failed): the session in it, or
+        ``None`` when free."""
+        now = self._clock()
+        held: dict[str, list[RunningSession]] = {}
+        for ticket in self.running_sessions():
+            if ticket.worker is not None and ticket.assigned_at is not None:
+                held.setdefault(ticket.worker.address, []).append(
+                    RunningSession(ticket.request_type, now - ticket.assigned_at))
+        slots: list[RunningSession | None] = []
+        for worker in self._workers.values():
+            if worker.state in BLOCKED_STATES:
+                continue
+            sessions = held.get(worker.address, [])
+            slots += sessions
+            slots += [None] * max(0, worker.capacity - len(sessions))
+        return slots
+
+    def _retry_after_s(self, request_type: str) -> float:
+        """When the full queue's head is expected to be served (a place frees then): when the first slot frees; the
+        type's duration when no slot serves the queue."""
+        slots = self._slots()
+        return self.eta.estimate_waits(slots, [request_type])[0] if slots else self.eta.duration_s(request_type)
+
     def _refresh_positions(self) -> None:
-        capacity = self.total_capacity
-        position = 0
-        for ticket in self._queue.values():
-            if ticket.waiting:
-                position += 1
-                ticket.position = position
-                ticket.estimated_wait_s = self.eta.estimate_wait_s(position, ticket.request_type, capacity)
+        waiting = [t for t in self._queue.values() if t.waiting]
+        starting = self.starting
+        now = self._clock()
+        slots = self._slots()
+        waits: list[float | None]
+        if waiting and slots:
+            waits = list(self.eta.estimate_waits(slots, [t.request_type for t in waiting]))
+        else:
+            waits = [None] * len(waiting)
+        for position, (ticket, wait) in enumerate(zip(waiting, waits, strict=True), start=1):
+            ticket.position = position
+            ticket.estimated_wait_s = wait
+            ticket.estimated_at = now
+            ticket.starting = starting
         for callback in tuple(self._listeners):
             callback()
 

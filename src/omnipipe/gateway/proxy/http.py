@@ -322,9 +322,9 @@ class ModelProxy:
     async def _record_upload(self, exchange: _Exchange, request: Request, body: bytes) -> None:
         if not isinstance(exchange.tap, TranscriptionTap):
             return
-        audio, filename = await _multipart_file(request.headers, body, "file")
+        audio, filename, fields = await _multipart_form(request.headers, body, "file")
         if audio is not None:
-            exchange.tap.on_request(audio, filename or "audio")
+            exchange.tap.on_request(audio, filename or "audio", fields.get("response_format", "json"))
 
     async def _send_upstream(self, exchange: _Exchange, request: Request, body: bytes, parsed: Any) -> httpx.Response:
         assert exchange.worker is not None
@@ -471,7 +471,7 @@ class ModelProxy:
                 exchange.error = str(text)[:500]
                 safely(lambda: tap.on_error(status, str(text)))
             return on_error
-        if isinstance(tap, ChatTap) and is_sse:
+        if isinstance(tap, (ChatTap, TranscriptionTap)) and is_sse:
             splitter = _SseSplitter(lambda data: safely(lambda: tap.on_sse_data(data)))
             return lambda chunk: splitter.feed(chunk) if chunk is not None else None
         if isinstance(tap, SpeechTap):
@@ -491,14 +491,13 @@ class ModelProxy:
                 if isinstance(body, dict):
                     safely(lambda: tap.on_json_response(body))
             elif isinstance(tap, TranscriptionTap):
-                body = self._parse_json(raw)
-                text = body.get("text") if isinstance(body, dict) else raw.decode("utf-8", "replace")
-                safely(lambda: tap.on_response_text(str(text)))
+                safely(lambda: tap.on_response_body(raw))
         return on_json
 
 
-async def _multipart_file(headers: Headers, body: bytes, field: str) -> tuple[bytes | None, str | None]:
-    """The bytes and file name of the multipart form field ``field`` in ``body``."""
+async def _multipart_form(headers: Headers, body: bytes,
+                          field: str) -> tuple[bytes | None, str | None, dict[str, str]]:
+    """The bytes and file name of the multipart form field ``field`` in ``body``, and the form's text fields."""
 
     async def stream() -> AsyncIterator[bytes]:
         yield body
@@ -506,12 +505,13 @@ async def _multipart_file(headers: Headers, body: bytes, field: str) -> tuple[by
     try:
         form = await MultiPartParser(headers, stream(), max_files=4, max_fields=64).parse()
     except (MultiPartException, ValueError, KeyError):
-        return None, None
-    upload = form.get(field)
-    if upload is None or isinstance(upload, str):
-        return None, None
+        return None, None, {}
     try:
-        return await upload.read(), upload.filename
+        fields = {name: value for name, value in form.multi_items() if isinstance(value, str)}
+        upload = form.get(field)
+        if upload is None or isinstance(upload, str):
+            return None, None, fields
+        return await upload.read(), upload.filename, fields
     finally:
         await form.close()
 

@@ -2,7 +2,10 @@
 the retry of a worker's ``worker_at_capacity`` refusal just after it was assigned.
 
 The queue messages (``queued``, ``queue_update``; the proxies add ``queue_done``) go to realtime clients as JSON
-events and to chat clients that ask for them as ``event: queue`` SSE events (docs/gateway.md).
+events and to chat clients that ask for them as ``event: queue`` SSE events (docs/gateway.md). Each carries the
+place, the estimated wait (``None`` when no worker slot serves the queue) and whether the service is starting
+(workers loading). A client counts the estimate down itself; an update comes when the place or the starting state
+changes, or when the pool's estimate has drifted ``RESYNC_S`` or more from that countdown.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ QUEUE_DONE = "queue_done"
 CAPACITY_RETRY_S = 3.0
 """How long after the first try a worker's ``worker_at_capacity`` refusal is retried."""
 _CAPACITY_RETRY_PAUSE_S = 0.05
+RESYNC_S = 1.0
+"""How far the pool's estimate may drift from the client's countdown of the last one sent before an update."""
 T = TypeVar("T")
 
 
@@ -63,19 +68,34 @@ class QueueWait:
         if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
             self.worker = waiter.result()
 
-    def _place(self) -> tuple[int, float]:
-        return self.ticket.position, round(self.ticket.estimated_wait_s, 1)
+    def _place(self) -> dict[str, Any]:
+        """The place now; the estimate, made at the pool's last change, counted down to now."""
+        wait = self.ticket.estimated_wait_s
+        if wait is not None and self.ticket.estimated_at is not None:
+            wait = max(0.0, wait - (self.pool.now() - self.ticket.estimated_at))
+        return {"position": self.ticket.position, "estimated_wait_s": None if wait is None else round(wait, 1),
+                "starting": self.ticket.starting}
+
+    def _worth_sending(self, now: dict[str, Any], last: dict[str, Any], elapsed_s: float) -> bool:
+        """Whether ``now`` differs from the client's view of ``last``, counted down for ``elapsed_s``."""
+        if (now["position"], now["starting"]) != (last["position"], last["starting"]):
+            return True
+        if now["estimated_wait_s"] is None or last["estimated_wait_s"] is None:
+            return (now["estimated_wait_s"] is None) != (last["estimated_wait_s"] is None)
+        counted_down = max(0.0, last["estimated_wait_s"] - elapsed_s)
+        return abs(now["estimated_wait_s"] - counted_down) >= RESYNC_S
 
     async def updates(self, *, until: Callable[[], Awaitable[bool]] | None = None, wake: asyncio.Event | None = None,
                       poll_s: float | None = None) -> AsyncIterator[dict[str, Any]]:
-        """Yield ``queued`` at once, then ``queue_update`` whenever the place or the estimate changes, until a
-        worker is assigned or the ticket is withdrawn; or until ``until()`` is true, asked whenever ``wake`` is set,
-        the queue changes, or ``poll_s`` has passed."""
+        """Yield ``queued`` at once, then ``queue_update`` whenever the place or the starting state changes or the
+        estimate drifts from its countdown, until a worker is assigned or the ticket is withdrawn; or until
+        ``until()`` is true, asked whenever ``wake`` is set, the queue changes, or ``poll_s`` has passed."""
         assert self._waiter is not None, "use QueueWait in 'async with'"
         waiter = self._waiter
         self._changed.clear()  # cleared just before each read of the place: a change made meanwhile is not lost
-        position, wait_s = last = self._place()
-        yield {"type": QUEUED, "position": position, "estimated_wait_s": wait_s, "ticket_id": self.ticket.ticket_id}
+        last = self._place()
+        sent_at = self.pool.now()
+        yield {"type": QUEUED, **last, "ticket_id": self.ticket.ticket_id}
         while not waiter.done():
             helpers = [asyncio.ensure_future(self._changed.wait())]
             if wake is not None:
@@ -92,9 +112,9 @@ class QueueWait:
                 return
             self._changed.clear()
             now = self._place()
-            if now != last:
-                last = now
-                yield {"type": QUEUE_UPDATE, "position": now[0], "estimated_wait_s": now[1]}
+            if self._worth_sending(now, last, self.pool.now() - sent_at):
+                last, sent_at = now, self.pool.now()
+                yield {"type": QUEUE_UPDATE, **now}
         if waiter.cancelled():
             self.cancelled = True
         else:

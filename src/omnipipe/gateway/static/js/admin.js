@@ -149,13 +149,20 @@ function renderWorkers(workers) {
   ], workers, "No workers configured."));
 }
 
+/** A waiter's estimate; none while the workers are loading or while no worker is available. */
+function estimatedWait(ticket) {
+  if (ticket.starting) return "starting (models loading)";
+  if (ticket.estimated_wait_s === null || ticket.estimated_wait_s === undefined) return "no worker available";
+  return formatSeconds(ticket.estimated_wait_s);
+}
+
 function renderQueue(tickets) {
   setChildren(els.queue, table([
     { label: "#", num: true, cell: (t) => String(t.position) },
     { label: "Type", cell: (t) => t.request_type },
     { label: "Ticket", cell: (t) => h("span", { class: "mono small" }, t.ticket_id) },
     { label: "Waiting", num: true, cell: (t) => formatSeconds(t.waited_s) },
-    { label: "Estimated wait", num: true, cell: (t) => formatSeconds(t.estimated_wait_s) },
+    { label: "Estimated wait", num: true, cell: (t) => estimatedWait(t) },
     { label: "", cell: (t) => h("button", { type: "button", class: "btn small danger", "aria-label": `Cancel ticket ${t.ticket_id}`, onclick: () => cancelTicket(t.ticket_id) }, "Cancel") },
   ], tickets, "Nobody is waiting."));
 }

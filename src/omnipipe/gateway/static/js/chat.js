@@ -7,9 +7,10 @@
 
 import { apiErrorFrom, ApiError, describeError, fetchJSON, servedModel } from "./api.js";
 import { base64ToBytes, blobToDataURL, bytesToBase64 } from "./base64.js";
-import { $, formatSeconds, formatWait, h } from "./dom.js";
+import { $, formatSeconds, h } from "./dom.js";
 import { MicCapture } from "./mic.js";
 import { PcmPlayer } from "./pcm-player.js";
+import { QueueCountdown } from "./queue.js";
 import { readSSE } from "./sse.js";
 import { concatBytes, concatFloat32, encodeWav, fileToWav, wavFromPcm16 } from "./wav.js";
 
@@ -33,6 +34,7 @@ const els = {
   stop: $("#stop"),
   queue: $("#queue-status"),
   queueText: $("#queue-text"),
+  queueWait: $("#queue-wait"),
   sessionInfo: $("#session-info"),
   newChat: $("#new-chat"),
   error: $("#composer-error"),
@@ -96,10 +98,14 @@ function forgetSession() {
   els.sessionInfo.textContent = "New conversation";
 }
 
-function showQueue(text) {
-  els.queueText.textContent = text || "";
-  els.queue.classList.toggle("hidden", !text);
+/** The place in the queue (announced when it changes) and the wait counted down beside it (not announced). */
+function showQueue(place, wait = "") {
+  els.queueText.textContent = place || "";
+  els.queueWait.textContent = wait ? ` · ${wait}` : "";
+  els.queue.classList.toggle("hidden", !place);
 }
+
+const countdown = new QueueCountdown(showQueue);
 
 /** Append a message; `withBubble` false leaves out the text bubble (a question that is only audio or an image). */
 function addMessage(role, { text = "", withBubble = true, extras = [] } = {}) {
@@ -216,14 +222,6 @@ function compactForHistory(content) {
   return "(image)";
 }
 
-function queueText(event) {
-  if (event.type === "queue_done") return "";
-  const position = Number(event.position ?? 0);
-  if (position <= 0) return "Starting…";
-  const ahead = position === 1 ? "You are next in the queue" : `You are number ${position} in the queue`;
-  return `${ahead} · estimated wait ${formatWait(event.estimated_wait_s)}`;
-}
-
 function metricsLine(metrics) {
   const item = (name, title, value) => h("span", { title }, `${name} `, h("b", {}, formatSeconds(value, 2)));
   return h("div", { class: "meta", "data-metrics": "" },
@@ -318,7 +316,12 @@ async function send(event) {
           setSession(queueEvent.session_id);
           if (spokenWav) transcribe(spokenWav, queueEvent.session_id, heardLine, remembered);
         }
-        showQueue(queueText(queueEvent));
+        if (queueEvent.type === "queue_done") {
+          countdown.stop();
+          showQueue("");
+        } else {
+          countdown.update(queueEvent);
+        }
         continue;
       }
       if (sse.data === "[DONE]") {
@@ -356,6 +359,7 @@ async function send(event) {
   if (!complete && !failure && !stopped) failure = new ApiError(0, "The connection closed before the answer was complete.");
   player.endAnswer();
   metrics.total_s = since();
+  countdown.stop();
   showQueue("");
   state.controller = null;
   state.queued = false;

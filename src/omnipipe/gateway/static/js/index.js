@@ -15,8 +15,9 @@ async function refresh() {
     $("#stat-capacity").textContent = String(status.capacity ?? "—");
     $("#status-updated").textContent = `Updated ${new Date().toLocaleTimeString()}`;
     const note = $("#status-note");
-    note.textContent = workers.available === 0
-      ? "No worker is ready at the moment. Requests wait in the queue until one is." : "";
+    const waitFor = status.starting ? "No worker is ready yet: the service is starting (models loading)."
+      : "No worker is ready at the moment.";
+    note.textContent = workers.available === 0 ? `${waitFor} Requests wait in the queue until one is.` : "";
     note.classList.toggle("hidden", workers.available !== 0);
     error.classList.add("hidden");
   } catch (err) {

@@ -7,11 +7,12 @@
 // that is a barge-in, so playback stops immediately. Pause/Resume send "session.pause" / "session.resume".
 
 import { bytesToBase64, base64ToBytes } from "./base64.js";
-import { $, formatWait, h } from "./dom.js";
+import { $, h } from "./dom.js";
 import { ApiError, describeError } from "./api.js";
 import { MicCapture } from "./mic.js";
 import { PcmPlayer } from "./pcm-player.js";
 import { floatToPcm16 } from "./wav.js";
+import { QueueCountdown } from "./queue.js";
 
 const RATE = 24000;
 const CHUNK_MS = 100;
@@ -66,7 +67,9 @@ function newSession() {
     mic: null,
     phase: "microphone", // microphone | connecting | queued | live | closed | error
     preroll: [], // the last moment of audio before the session was live, sent once it is
-    queueDetail: "",
+    queuePlace: "", // the place in the queue, and the wait counted down beside it
+    queueWait: "",
+    countdown: null,
     paused: false,
     sending: false,
     userSpeaking: false,
@@ -100,7 +103,13 @@ function render() {
   const [label, detail] = LABELS[visual];
   els.orb.dataset.state = visual;
   els.label.textContent = label;
-  els.detail.textContent = visual === "queued" && session ? session.queueDetail : detail;
+  if (visual === "queued" && session) {
+    // the place is announced when it changes; the wait ticking down beside it is not
+    els.detail.replaceChildren(session.queuePlace,
+      h("span", { "aria-live": "off" }, session.queueWait ? ` · ${session.queueWait}` : ""));
+  } else {
+    els.detail.textContent = detail;
+  }
   const live = session && session.phase === "live";
   els.start.disabled = Boolean(session);
   els.stop.disabled = !session;
@@ -223,10 +232,18 @@ const HANDLERS = {
   queue_update(event) {
     const position = Number(event.position ?? 0);
     session.phase = position > 0 ? "queued" : "connecting";
-    const place = position === 1 ? "You are next" : `You are number ${position} in the queue`;
-    session.queueDetail = `${place} · estimated wait ${formatWait(event.estimated_wait_s)}`;
+    if (!session.countdown) {
+      const current = session;
+      current.countdown = new QueueCountdown((place, wait) => {
+        current.queuePlace = place;
+        current.queueWait = wait;
+        if (session === current) render();
+      });
+    }
+    session.countdown.update(event);
   },
   queue_done(event) {
+    session.countdown?.stop();
     session.phase = "connecting";
     hooks.worker = event.worker ?? null;
     showSessionLink(event.session_id);
@@ -396,6 +413,7 @@ async function start() {
 }
 
 function cleanup(current) {
+  current.countdown?.stop();
   current.sending = false;
   current.phase = current.userStopped ? "closed" : current.phase;
   if (current.mic) current.mic.stop();
