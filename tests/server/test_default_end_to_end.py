@@ -195,14 +195,15 @@ def test_realtime_spoken_turn_is_transcribed_beside_the_answer(default_server: S
 
 
 # ---------------------------------------------------------------------------------------------- conversations
-def test_a_fact_from_an_earlier_turn_is_used(client: openai.OpenAI) -> None:
-    """The conversation reaches the thinker: a fact the user gave in the turn before answers the question.
-    (``omnipipe bench quality`` checks a fact two turns back for each thinker.)"""
-    messages: list[dict] = [{"role": "system", "content": "You are a friendly assistant."},
-                            {"role": "user", "content": "My favourite animal is the axolotl."}]
-    first = client.chat.completions.create(model="default", messages=messages, max_tokens=30, temperature=0)
-    messages += [{"role": "assistant", "content": first.choices[0].message.content},
-                 {"role": "user", "content": "What is my favourite animal?"}]
+def test_a_fact_from_two_turns_back_is_used(client: openai.OpenAI) -> None:
+    """The conversation reaches the thinker: a fact the user gave in turn 1 answers the question in turn 3, after an
+    unrelated turn 2. (``omnipipe bench quality`` checks recall for each thinker.)"""
+    messages: list[dict] = [{"role": "system", "content": "You are a friendly assistant."}]
+    for text in ("My favourite animal is the axolotl.", "What is the capital of France?"):
+        messages.append({"role": "user", "content": text})
+        answer = client.chat.completions.create(model="default", messages=messages, max_tokens=30, temperature=0)
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+    messages.append({"role": "user", "content": "What is my favourite animal?"})
     completion = client.chat.completions.create(model="default", messages=messages, max_tokens=30, temperature=0)
     assert "axolotl" in completion.choices[0].message.content.lower(), messages + [completion.choices[0].message]
     alone = client.chat.completions.create(model="default", max_tokens=30, temperature=0,
@@ -230,7 +231,7 @@ def test_an_earlier_spoken_answer_is_referred_to_by_its_audio_id(client: openai.
 
 
 def test_a_realtime_session_keeps_the_conversation(default_server: ServerProcess) -> None:
-    """Text turns over one realtime session: the second answer uses the first turn's fact; a new session has no
+    """Text turns over one realtime session: the third answer uses the first turn's fact; a new session has no
     memory of it."""
     import json
 
@@ -256,6 +257,7 @@ def test_a_realtime_session_keeps_the_conversation(default_server: ServerProcess
                 "instructions": "You are a friendly assistant."}}))
             return [turn(ws, text) for text in texts]
 
-    answers = conversation("My favourite animal is the axolotl.", "What is my favourite animal?")
-    assert "axolotl" in answers[1].lower(), answers
+    answers = conversation("My favourite animal is the axolotl.", "What is the capital of France?",
+                           "What is my favourite animal?")
+    assert "axolotl" in answers[2].lower(), answers  # turn 3 uses turn 1
     assert "axolotl" not in conversation("What is my favourite animal?")[0].lower()
