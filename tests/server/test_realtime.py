@@ -531,3 +531,43 @@ def test_barge_in_then_truncate_keeps_only_what_was_heard(default_server: Server
         conn.send("conversation.item.truncate", item_id=item["id"], content_index=0, audio_end_ms=10_000_000)
         assert conn.until("error")[1]["error"]["param"] == "audio_end_ms"
     assert engines_idle(default_server.wait_idle(timeout_s=60))
+
+
+@pytest.mark.models
+@pytest.mark.parametrize("beta", [False, True], ids=["ga", "beta"])
+def test_the_openai_client_drives_a_spoken_turn(default_server: ServerProcess, spoken_question: np.ndarray,
+                                                beta: bool) -> None:
+    """``client.realtime.connect`` (GA) and ``client.beta.realtime.connect``: a spoken question in, typed audio
+    and transcript events out."""
+    import openai
+    from openai.types import realtime as ga
+    from openai.types.beta import realtime as old
+
+    types = old if beta else ga
+    client = openai.OpenAI(base_url=f"{default_server.url}/v1", api_key="test-key",
+                           websocket_base_url=default_server.url.replace("http://", "ws://") + "/v1")
+    connect_to = client.beta.realtime.connect if beta else client.realtime.connect
+    with connect_to(model="default") as conn:
+        assert conn.recv().type == "session.created"
+        if beta:
+            conn.session.update(session={"turn_detection": None, "max_response_output_tokens": 30})  # type: ignore[typeddict-item]
+        else:
+            conn.session.update(session={"type": "realtime", "max_output_tokens": 30,
+                                         "audio": {"input": {"turn_detection": None}}})
+        pcm = (np.clip(spoken_question, -1, 1) * 32767).astype("<i2").tobytes()
+        conn.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
+        conn.input_audio_buffer.commit()
+        conn.response.create()
+        words, audio, done = [], b"", None
+        for event in conn:
+            if isinstance(event, types.ResponseAudioTranscriptDeltaEvent):
+                words.append(event.delta)
+            elif isinstance(event, types.ResponseAudioDeltaEvent):
+                audio += base64.b64decode(event.delta)
+            elif isinstance(event, types.ResponseDoneEvent):
+                done = event
+                break
+            else:
+                assert event.type != "error", event
+        assert done is not None and done.response.status == "completed", done
+        assert "".join(words).strip() and len(audio) > 0.3 * RATE * 2
