@@ -95,17 +95,18 @@ def test_the_jitter_buffer_sized_from_the_arrival_rate_stops_a_slow_answer_runni
     open_session(slow_stack, fresh_page)
     fresh = ask(fresh_page, jitter_buffer=True)  # a first answer: sized from the rate measured within it
 
+    seen = {"unbuffered": unbuffered, "learnt": learnt, "fresh": fresh}
     for figures in (unbuffered, learnt, fresh):
-        assert figures["audio_s"] > 1.5, figures  # the whole answer arrived
-        assert 0.2 < figures["arrival_rate"] < 1, figures  # slower than real time, as the deploy makes it
-        assert figures["first_chunk_ms"] <= figures["first_audio_ms"], figures
+        assert figures["audio_s"] > 1.5, seen  # the whole answer arrived
+        assert 0.2 < figures["arrival_rate"] < 1, seen  # slower than real time, as the deploy makes it
+        assert figures["first_chunk_ms"] <= figures["first_audio_ms"], seen
         # between chunks of one answer the page never went back to "Thinking"
         states = figures["states"]
-        assert "thinking" not in states[states.index("speaking"):], states
-    assert unbuffered["underruns"] >= 3 and unbuffered["underrun_ms"] > 0, unbuffered
-    assert "buffering" in unbuffered["states"], unbuffered  # shown while it ran dry
-    assert learnt["underruns"] < unbuffered["underruns"] and fresh["underruns"] < unbuffered["underruns"]
-    assert learnt["underruns"] == 0, learnt  # the rate was known before the answer started
-    assert fresh["underruns"] <= 1, fresh
+        assert "thinking" not in states[states.index("speaking"):], seen
+    assert unbuffered["underruns"] >= 3 and unbuffered["underrun_ms"] > 0, seen
+    assert "buffering" in unbuffered["states"], seen  # shown while it ran dry
+    assert learnt["underruns"] < unbuffered["underruns"] and fresh["underruns"] < unbuffered["underruns"], seen
+    assert learnt["underruns"] == 0, seen  # the rate was known before the answer started
+    assert fresh["underruns"] <= 1, seen
     for figures in (learnt, fresh):  # held for more than the floor (150 ms) because the audio comes slowly
-        assert figures["buffer_ms"] > 150, figures
+        assert figures["buffer_ms"] > 150, seen

@@ -8,7 +8,9 @@
 // of audio received per second of wall time, after the first chunk): audio that arrives at least as fast as it
 // plays starts at once with a small floor (FLOOR_S); slower audio needs B >= R * (1/r - 1) queued, R being the
 // audio still to come (the expected answer length, learnt from earlier answers, less what has arrived), capped at
-// CAP_S. The answer's own rate is trusted once measured over MEASURE_MS of wall time or MEASURE_AUDIO_S of audio
+// CAP_S. Audio also arrives in bursts (a sentence, then a pause while the next one is made): the longest stall seen
+// between chunks (the wait for a chunk beyond the audio the previous one carried), in this answer or the previous
+// one, is added to the hold. The answer's own rate is trusted once measured over MEASURE_MS of wall time or MEASURE_AUDIO_S of audio
 // after its first chunk; until then the previous answer's rate is used, and a first answer waits for that. If the
 // answer runs dry anyway (an underrun), it is held again the same way. Each answer's figures (first audio, the
 // buffer chosen, underruns) are kept in its `stats` object.
@@ -42,6 +44,7 @@ export class PcmPlayer {
     this.jitterBuffer = true; // false: every chunk plays as it arrives (no hold; for comparison)
     this.underruns = 0; // times an answer ran dry mid-way (all answers)
     this.lastRate = null; // the previous answer's arrival rate
+    this.lastStallS = 0; // the previous answer's longest stall between chunks
     this.expectedAnswerS = EXPECTED_ANSWER_S;
     this._answer = null; // the answer being received (see startAnswer)
   }
@@ -49,14 +52,14 @@ export class PcmPlayer {
   /**
    * An answer begins: its audio is held until the jitter buffer is full. Returns its figures, updated as it plays:
    * {firstChunkAt, firstAudioAt (performance.now() ms), bufferMs (the last hold's size), arrivalRate, audioSeconds,
-   * underruns, underrunMs}.
+   * underruns, underrunMs, maxStallMs (the longest stall between chunks)}.
    */
   startAnswer(id = null) {
     this._endHold();
     const stats = { firstChunkAt: null, firstAudioAt: null, bufferMs: null, arrivalRate: null, audioSeconds: 0,
-      underruns: 0, underrunMs: 0 };
-    this._answer = { id, stats, firstWall: null, lastWall: null, firstChunkS: 0, holding: true, pending: [],
-      started: false, dryAt: null };
+      underruns: 0, underrunMs: 0, maxStallMs: 0 };
+    this._answer = { id, stats, firstWall: null, lastWall: null, firstChunkS: 0, lastChunkS: 0, holding: true,
+      pending: [], started: false, dryAt: null };
     return stats;
   }
 
@@ -68,6 +71,7 @@ export class PcmPlayer {
     this._answer = null;
     const rate = this._rate(answer);
     if (rate !== null) this.lastRate = rate;
+    if (answer.firstWall !== null) this.lastStallS = answer.stats.maxStallMs / 1000;
     if (answer.stats.audioSeconds > 0) {
       this.expectedAnswerS = Math.max(1, (this.expectedAnswerS + answer.stats.audioSeconds) / 2);
     }
@@ -123,8 +127,11 @@ export class PcmPlayer {
       answer.firstWall = wall;
       answer.firstChunkS = buffer.duration;
       stats.firstChunkAt = wall;
+    } else {
+      stats.maxStallMs = Math.max(stats.maxStallMs, wall - answer.lastWall - answer.lastChunkS * 1000);
     }
     answer.lastWall = wall;
+    answer.lastChunkS = buffer.duration;
     stats.audioSeconds += buffer.duration;
     stats.arrivalRate = this._rate(answer);
     if (!answer.holding && this.nextTime < this.context.currentTime) { // ran dry mid-answer: an underrun
@@ -154,9 +161,10 @@ export class PcmPlayer {
     if (!this.jitterBuffer) return 0;
     const rate = this._measured(answer) ? this._rate(answer) : this.lastRate;
     if (rate === null) return CAP_S; // nothing measured yet and no earlier answer: wait for more chunks
-    if (rate >= 1) return FLOOR_S;
+    const stall = Math.max(answer.stats.maxStallMs / 1000, this.lastStallS);
     const toCome = Math.max(1, this.expectedAnswerS - answer.stats.audioSeconds);
-    return Math.min(CAP_S, Math.max(FLOOR_S, toCome * (1 / Math.max(rate, 0.05) - 1)));
+    const slow = rate >= 1 ? 0 : toCome * (1 / Math.max(rate, 0.05) - 1);
+    return Math.min(CAP_S, Math.max(FLOOR_S, slow + stall));
   }
 
   /** Whether the answer's own rate has been measured long enough to go by (a burst of two chunks has not). */

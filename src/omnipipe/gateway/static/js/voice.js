@@ -42,8 +42,9 @@ const hooks = {
   errors: [],
   interruptions: [], // barge-ins: [{response_id, playing, t_ms}]
   // per answer, its playback: [{response_id, first_chunk_ms, first_audio_ms (playback starts), buffer_ms (the
-  // jitter buffer chosen), arrival_rate (seconds of audio per second), audio_s, underruns, underrun_ms}]; times
-  // since the session started, like the events'
+  // jitter buffer chosen), arrival_rate (seconds of audio per second), audio_s, underruns, underrun_ms,
+  // max_stall_ms (the longest wait for a chunk beyond the audio the previous one carried)}]; times since the
+  // session started, like the events'
   answers: [],
   jitterBuffer: true, // false: each answer's audio plays as it arrives (set before the answer starts)
 };
@@ -376,6 +377,7 @@ function updateAnswerFigures(responseId) {
     audio_s: Math.round(stats.audioSeconds * 1000) / 1000,
     underruns: stats.underruns,
     underrun_ms: Math.round(stats.underrunMs),
+    max_stall_ms: Math.round(stats.maxStallMs),
   });
 }
 
