@@ -80,32 +80,35 @@ def test_pcm_player_schedules_chunks_back_to_back_and_stops_at_once(page: Any) -
 
 
 def test_pcm_player_jitter_buffer_stops_a_slow_stream_from_stuttering(page: Any) -> None:
-    """Audio that arrives slower than it plays (0.1 s every 0.15 s) runs dry during the first answer; the player
-    learns the arrival rate from it, so the second answer starts with enough buffered to play through."""
+    """Audio that arrives slower than it plays (0.1 s every 0.15 s) runs dry again and again when played as it
+    arrives; held by the jitter buffer, sized from the arrival rate measured within the answer, it plays through.
+    Audio arriving faster than real time starts after the small floor."""
     result = page.evaluate("""async () => {
         const { PcmPlayer } = await import("/static/js/pcm-player.js");
         const player = new PcmPlayer({ sampleRate: 24000 });
         await player.resume();
         const chunk = new Uint8Array(2400 * 2);  // 0.1 s
         const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
-        const underruns = [];
-        const leads = [];
-        for (let answer = 0; answer < 2; answer++) {
-            const before = player.underruns;
-            player.startAnswer();
-            leads.push(player.lead);
-            for (let i = 0; i < 14; i++) { player.enqueue(chunk); await sleep(150); }
+        const answers = [];
+        for (const [jitter, gapMs] of [[false, 150], [true, 150], [true, 20]]) {
+            player.jitterBuffer = jitter;
+            player.lastRate = null;  // each answer measured on its own
+            const stats = player.startAnswer();
+            let buffering = false;
+            for (let i = 0; i < 14; i++) { player.enqueue(chunk); buffering ||= player.buffering; await sleep(gapMs); }
             player.endAnswer();
-            underruns.push(player.underruns - before);
+            answers.push({ ...stats, buffering });
             while (player.playing) await sleep(50);
         }
         await player.close();
-        return { underruns, leads };
+        return answers;
     }""")
-    first, second = result["underruns"]
-    assert first >= 1, result  # with no buffer to start with, a slow stream runs dry
-    assert second < first and second <= 1, result
-    assert result["leads"][1] > result["leads"][0]
+    unbuffered, buffered, fast = result
+    assert unbuffered["underruns"] >= 3 and unbuffered["underrunMs"] > 0, result
+    assert buffered["underruns"] == 0 and buffered["bufferMs"] > 150 and buffered["buffering"], result
+    assert 0.4 < buffered["arrivalRate"] < 1, result
+    assert buffered["firstAudioAt"] - buffered["firstChunkAt"] > 300, result  # held while it measured
+    assert fast["underruns"] == 0 and fast["bufferMs"] == 150, result  # faster than real time: the floor
 
 
 @pytest.mark.parametrize("input_rate", [48000, 44100, 16000])

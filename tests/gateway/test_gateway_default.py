@@ -32,13 +32,17 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[GatewayP
         yield gateway, workers
 
 
-def test_workers_start_the_transcription_companion_with_them(cluster) -> None:
-    """Before any transcription was asked for, each worker has its asr pipeline loading or loaded (the voice page
-    shows what was heard from the first turn on, without waiting for a cold start)."""
+def test_workers_say_ready_only_once_their_transcription_companion_is_ready(cluster) -> None:
+    """Each worker starts its asr pipeline with it and reports IDLE (the fixture waited for it) only once asr has
+    loaded too: the first spoken turn's transcript never waits for a cold start."""
     _, workers = cluster
     for worker in workers:
+        health = httpx.get(f"http://{worker.address}/health", timeout=30)
+        assert health.status_code == 200
+        assert health.json()["companions"]["transcription"] == {"pipeline": "asr", "status": "ready",
+                                                                 "preloaded": True}
         engines = httpx.get(f"http://{worker.address}/debug/state", timeout=30).json()["engines"]
-        assert engines["asr"]["status"] in ("loading", "ready"), engines["asr"]
+        assert engines["asr"]["status"] == "ready", engines["asr"]
         assert engines["tts"]["status"] == "idle"  # the speech companion still starts on first use
 
 

@@ -65,9 +65,21 @@ class StageHealthReply(TypedDict):
     stalls: int
 
 
+class CompanionHealthReply(TypedDict, total=False):
+    """One companion pipeline in ``/health`` (by endpoint: ``speech``, ``transcription``): its ``status`` is idle
+    (starts on first use), loading, ready or failed (with ``error``); ``preloaded``: started with the worker."""
+
+    pipeline: str
+    status: str
+    preloaded: bool
+    error: str
+
+
 class HealthReply(TypedDict, total=False):
     """The JSON of a worker's ``GET /health``; ``error`` when the main pipeline failed to start or is degraded
-    (a stage stalled, restarting or down, or the engine loop not running: ``problems`` lists each)."""
+    (a stage stalled, restarting or down, or the engine loop not running: ``problems`` lists each). ``status`` stays
+    "loading" until the companions the worker preloads have loaded too (``companions``), so a gateway sends it
+    sessions only once their first turn is served at full speed."""
 
     status: str  # "loading" | "ready" | "degraded" | "failed"
     state: str  # a WorkerState name (never OFFLINE)
@@ -78,6 +90,7 @@ class HealthReply(TypedDict, total=False):
     sessions: SessionCounts
     stages: dict[str, StageHealthReply]  # once the engine has started
     problems: list[str]
+    companions: dict[str, CompanionHealthReply]
     error: str
 
 

@@ -5,7 +5,9 @@ The main pipeline starts loading when the server starts; until it is ready ``/he
 ``/health`` also reports the worker protocol's fields (docs/gateway.md; ``HealthReply`` in ``protocol/worker.py``):
 ``state`` (``LOADING``, ``IDLE``, ``BUSY``, ``DUPLEX_ACTIVE``, ``DUPLEX_PAUSED``, ``ERROR``), ``models``,
 ``active_sessions``, ``capacity`` (``null``: unlimited) and ``sessions`` ``{http, realtime, paused}``; with ``error``
-when the main pipeline failed to start.
+when the main pipeline failed to start. ``companions`` gives each companion pipeline's status; while one the server
+preloads (``ServerConfig.preload_companions``) is still loading, ``/health`` says loading too (a companion that
+failed to load does not: its endpoint answers 503 naming the failure).
 """
 
 from __future__ import annotations
@@ -25,9 +27,9 @@ from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.errors import APIError
 from omnipipe.protocol.header_limits import HeaderLimits
 from omnipipe.protocol.openai import ErrorResponse, ModelCard, ModelList
-from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, HealthReply
+from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, CompanionHealthReply, HealthReply
 from omnipipe.server.capacity import SessionLimiter, SessionTracker
-from omnipipe.server.engines import EnginePool, ServerConfig
+from omnipipe.server.engines import EnginePool, EngineSlot, ServerConfig
 from omnipipe.server.errors import install_error_handlers
 from omnipipe.server.guard import RequestGuard
 from omnipipe.server.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
@@ -96,6 +98,14 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
         raise APIError(404, f"model: {model_id!r} does not exist (models: {', '.join(pool.model_ids())})",
                        param="model", code="model_not_found")
 
+    preloaded = set(config.preload_companions)
+
+    def companion_health(endpoint: str, slot: EngineSlot) -> CompanionHealthReply:
+        reply: CompanionHealthReply = {"pipeline": slot.name, "status": slot.status, "preloaded": endpoint in preloaded}
+        if slot.error:
+            reply["error"] = slot.error
+        return reply
+
     @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:
         slot = pool.main
@@ -103,9 +113,13 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
         engine_health = slot.engine.health() if slot.status == "ready" and slot.engine is not None else None
         if engine_health is not None and not engine_health.ok:
             status = "degraded"
+        if status == "ready" and pool.preloading():
+            status = "loading"
         body: HealthReply = {"status": status, "state": sessions.state(status).name, "pipeline": slot.name,
                              "models": pool.model_ids(), "active_sessions": sessions.active,
-                             "capacity": sessions.capacity, "sessions": sessions.counts()}
+                             "capacity": sessions.capacity, "sessions": sessions.counts(),
+                             "companions": {endpoint: companion_health(endpoint, companion)
+                                            for endpoint, companion in pool.companions().items()}}
         if engine_health is not None:
             body["stages"] = engine_health.stages_dict()  # type: ignore[typeddict-item]  # same keys
             body["problems"] = engine_health.problems

@@ -1,5 +1,7 @@
 """The engines one server runs: its main pipeline, started with the server, and the pipelines the audio endpoints
-need (speech: text -> audio; transcription: audio -> text), started on their first request.
+need (speech: text -> audio; transcription: audio -> text), started on their first request, or with the server for
+the endpoints ``ServerConfig.preload_companions`` names (``omnipipe worker``: transcription, so the voice page shows
+what was heard from the first turn on; ``/health`` says ready only once those are loaded too).
 
 Each engine runs its own stage processes, so a lazily started companion adds processes (and their threads) to
 the ones the main pipeline already uses (on the default family, ``/v1/audio/speech`` adds a talker and a vocoder
@@ -173,14 +175,26 @@ class EnginePool:
                 pipeline = get_pipeline(name)
                 self.slots[name] = EngineSlot(pipeline, _deploy_for(config.deploy, pipeline), config.log_level)
 
+    def companions(self) -> dict[str, EngineSlot]:
+        """Endpoint -> the companion slot serving it (endpoints the main pipeline serves itself left out)."""
+        return {endpoint: self.slots[name] for endpoint, name in self.endpoint_pipelines.items()
+                if name is not None and name != self.main.name}
+
+    def preloaded(self) -> dict[str, EngineSlot]:
+        """The companions started with the server (``ServerConfig.preload_companions`` that this pipeline has)."""
+        companions = self.companions()
+        return {endpoint: companions[endpoint] for endpoint in self.config.preload_companions if endpoint in companions}
+
     def start_preloaded(self) -> None:
         """Start the companions the config asks to preload (those this pipeline has), beside the main one."""
-        for endpoint in self.config.preload_companions:
-            name = self.endpoint_pipelines.get(endpoint)
-            if name is not None and name != self.main.name:
-                task = self.slots[name].start_in_background()
-                # a failure is recorded in the slot and answered on use (503 naming it); nobody awaits this task
-                task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        for slot in self.preloaded().values():
+            task = slot.start_in_background()
+            # a failure is recorded in the slot and answered on use (503 naming it); nobody awaits this task
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    def preloading(self) -> bool:
+        """Whether a preloaded companion is still loading (the server reports itself loading until none is)."""
+        return any(slot.status in ("idle", "loading") for slot in self.preloaded().values())
 
     @staticmethod
     def _is_speech(pipeline: PipelineSpec) -> bool:

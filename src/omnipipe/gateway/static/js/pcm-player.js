@@ -3,22 +3,33 @@
 // Each chunk becomes an AudioBuffer at the stream's rate (24 kHz by default; the AudioContext resamples) scheduled
 // right after the previous one. stop() silences everything at once (barge-in) and forgets the schedule.
 //
-// Jitter buffer: when the audio would start from nothing (a new answer, or the answer ran dry because it arrives
-// slower than it plays) playback starts `lead` seconds late. The lead adapts: an answer that runs dry mid-way
-// (an underrun) raises it at once, sized from how fast audio is arriving (seconds of audio per second of wall
-// time), and an answer that arrived comfortably ahead lowers it again, so a fast server keeps a short first-audio
-// delay and a slow one stops stuttering after its first answer.
+// Jitter buffer, per answer (startAnswer .. endAnswer): the answer's audio is held until enough of it is queued to
+// play through without running dry, then played. How much is enough comes from the measured arrival rate r (seconds
+// of audio received per second of wall time, after the first chunk): audio that arrives at least as fast as it
+// plays starts at once with a small floor (FLOOR_S); slower audio needs B >= R * (1/r - 1) queued, R being the
+// audio still to come (the expected answer length, learnt from earlier answers, less what has arrived), capped at
+// CAP_S. Audio also arrives in bursts (a sentence, then a pause while the next one is made): the longest stall seen
+// between chunks (the wait for a chunk beyond the audio the previous one carried), in this answer or the previous
+// one, is added to the hold. The answer's own rate is trusted once measured over MEASURE_MS of wall time or MEASURE_AUDIO_S of audio
+// after its first chunk; until then the previous answer's rate is used, and a first answer waits for that. If the
+// answer runs dry anyway (an underrun), it is held again the same way. Each answer's figures (first audio, the
+// buffer chosen, underruns) are kept in its `stats` object.
 
 import { pcm16ToFloat } from "./wav.js";
 
-const MIN_LEAD_S = 0.06; // a little head start so the first chunks do not underrun
-const MAX_LEAD_S = 2.0;
+const FLOOR_S = 0.15; // what is queued before starting when audio arrives faster than it plays
+const CAP_S = 3.0; // never hold more than this before starting
+const EXPECTED_ANSWER_S = 6.0; // the length of an answer assumed until answers have been measured
+const START_DELAY_S = 0.02; // held audio starts this far ahead, so its chunks are scheduled back to back
+// an answer's own arrival rate is used once measured over this much wall time or audio (before: the previous answer's)
+const MEASURE_MS = 300;
+const MEASURE_AUDIO_S = 0.5;
 
 export class PcmPlayer {
   /**
    * @param {object} options
    * @param {number} [options.sampleRate=24000] rate of the incoming pcm16
-   * @param {(playing: boolean) => void} [options.onStateChange] called when playback starts or drains
+   * @param {(playing: boolean) => void} [options.onStateChange] called when playback starts, drains or buffers
    */
   constructor({ sampleRate = 24000, onStateChange = null } = {}) {
     this.sampleRate = sampleRate;
@@ -30,31 +41,47 @@ export class PcmPlayer {
     this.chunks = 0;
     this.secondsQueued = 0;
     this._playing = false;
-    this.lead = MIN_LEAD_S; // the jitter buffer: seconds of delay before audio starts from nothing
+    this.jitterBuffer = true; // false: every chunk plays as it arrives (no hold; for comparison)
     this.underruns = 0; // times an answer ran dry mid-way (all answers)
-    this._answer = null; // {startWall, audioSeconds, underruns} of the answer being received
+    this.lastRate = null; // the previous answer's arrival rate
+    this.lastStallS = 0; // the previous answer's longest stall between chunks
+    this.expectedAnswerS = EXPECTED_ANSWER_S;
+    this._answer = null; // the answer being received (see startAnswer)
   }
 
-  /** An answer begins: its first chunk starts after the current lead. */
-  startAnswer() {
-    this._answer = { startWall: null, audioSeconds: 0, underruns: 0 }; // the clock starts with its first chunk
+  /**
+   * An answer begins: its audio is held until the jitter buffer is full. Returns its figures, updated as it plays:
+   * {firstChunkAt, firstAudioAt (performance.now() ms), bufferMs (the last hold's size), arrivalRate, audioSeconds,
+   * underruns, underrunMs, maxStallMs (the longest stall between chunks)}.
+   */
+  startAnswer(id = null) {
+    this._endHold();
+    const stats = { firstChunkAt: null, firstAudioAt: null, bufferMs: null, arrivalRate: null, audioSeconds: 0,
+      underruns: 0, underrunMs: 0, maxStallMs: 0 };
+    this._answer = { id, stats, firstWall: null, lastWall: null, firstChunkS: 0, lastChunkS: 0, holding: true,
+      pending: [], started: false, dryAt: null };
+    return stats;
   }
 
-  /** The answer's last chunk has arrived: learn from how fast it came (a calm answer lowers the lead). */
-  endAnswer() {
+  /** The answer's last chunk has arrived: play what is held, and learn its rate and length for the next one. */
+  endAnswer(id = null) {
     const answer = this._answer;
+    if (!answer || (id !== null && answer.id !== null && answer.id !== id)) return;
+    if (answer.pending.length) this._release(answer);
     this._answer = null;
-    if (!answer || answer.startWall === null || answer.audioSeconds <= 0 || answer.underruns > 0) return;
-    const rate = answer.audioSeconds / Math.max(1e-3, performance.now() / 1000 - answer.startWall);
-    if (rate > 1.2) this.lead = Math.max(MIN_LEAD_S, this.lead * 0.7);
+    const rate = this._rate(answer);
+    if (rate !== null) this.lastRate = rate;
+    if (answer.firstWall !== null) this.lastStallS = answer.stats.maxStallMs / 1000;
+    if (answer.stats.audioSeconds > 0) {
+      this.expectedAnswerS = Math.max(1, (this.expectedAnswerS + answer.stats.audioSeconds) / 2);
+    }
+    this._notify();
   }
 
-  /** Seconds of audio per second of wall time arriving in the current answer (Infinity before any time passed). */
-  get arrivalRate() {
+  /** Whether an answer is waiting for audio it already started receiving (held, or run dry mid-way). */
+  get buffering() {
     const answer = this._answer;
-    if (!answer || answer.startWall === null) return Infinity;
-    const elapsed = performance.now() / 1000 - answer.startWall;
-    return elapsed > 0.05 ? answer.audioSeconds / elapsed : Infinity;
+    return Boolean(answer && answer.stats.audioSeconds > 0 && this.sources.size === 0);
   }
 
   /** Create or resume the AudioContext. Call it from a click handler so the browser allows sound. */
@@ -87,30 +114,98 @@ export class PcmPlayer {
     const samples = pcm16ToFloat(data);
     const buffer = this.context.createBuffer(1, samples.length, this.sampleRate);
     buffer.copyToChannel(samples, 0);
+    this.chunks += 1;
+    this.secondsQueued += buffer.duration;
+    const answer = this._answer;
+    if (!answer) { // audio outside an answer plays at once
+      this._schedule(buffer);
+      return;
+    }
+    const wall = performance.now();
+    const stats = answer.stats;
+    if (answer.firstWall === null) {
+      answer.firstWall = wall;
+      answer.firstChunkS = buffer.duration;
+      stats.firstChunkAt = wall;
+    } else {
+      stats.maxStallMs = Math.max(stats.maxStallMs, wall - answer.lastWall - answer.lastChunkS * 1000);
+    }
+    answer.lastWall = wall;
+    answer.lastChunkS = buffer.duration;
+    stats.audioSeconds += buffer.duration;
+    stats.arrivalRate = this._rate(answer);
+    if (!answer.holding && this.nextTime < this.context.currentTime) { // ran dry mid-answer: an underrun
+      stats.underruns += 1;
+      this.underruns += 1;
+      answer.dryAt = wall - (this.context.currentTime - this.nextTime) * 1000;
+      answer.holding = this.jitterBuffer;
+    }
+    if (!answer.holding) {
+      if (answer.dryAt !== null) { // no jitter buffer: the gap lasts until this chunk plays
+        stats.underrunMs += Math.max(0, wall - answer.dryAt);
+        answer.dryAt = null;
+      }
+      this._schedule(buffer);
+      return;
+    }
+    answer.pending.push(buffer);
+    const target = this._target(answer);
+    stats.bufferMs = Math.round(target * 1000);
+    const held = answer.pending.reduce((sum, b) => sum + b.duration, 0);
+    if (held >= target - 1e-6) this._release(answer);
+    else this._notify();
+  }
+
+  /** Seconds to hold before (re)starting this answer, from its measured arrival rate. */
+  _target(answer) {
+    if (!this.jitterBuffer) return 0;
+    const rate = this._measured(answer) ? this._rate(answer) : this.lastRate;
+    if (rate === null) return CAP_S; // nothing measured yet and no earlier answer: wait for more chunks
+    const stall = Math.max(answer.stats.maxStallMs / 1000, this.lastStallS);
+    const toCome = Math.max(1, this.expectedAnswerS - answer.stats.audioSeconds);
+    const slow = rate >= 1 ? 0 : toCome * (1 / Math.max(rate, 0.05) - 1);
+    return Math.min(CAP_S, Math.max(FLOOR_S, slow + stall));
+  }
+
+  /** Whether the answer's own rate has been measured long enough to go by (a burst of two chunks has not). */
+  _measured(answer) {
+    if (answer.firstWall === null) return false;
+    return answer.lastWall - answer.firstWall >= MEASURE_MS
+      || answer.stats.audioSeconds - answer.firstChunkS >= MEASURE_AUDIO_S;
+  }
+
+  /** Seconds of audio per second of wall time after the answer's first chunk; null before a second chunk. */
+  _rate(answer) {
+    if (answer.firstWall === null || answer.lastWall - answer.firstWall < 20) return null;
+    return (answer.stats.audioSeconds - answer.firstChunkS) / ((answer.lastWall - answer.firstWall) / 1000);
+  }
+
+  /** Play everything held, starting now. */
+  _release(answer) {
+    const wall = performance.now();
+    const startAt = this.context.currentTime + START_DELAY_S;
+    if (this.nextTime < startAt) this.nextTime = startAt;
+    const startWall = wall + (this.nextTime - this.context.currentTime) * 1000;
+    if (!answer.started) answer.stats.firstAudioAt = startWall;
+    if (answer.dryAt !== null) answer.stats.underrunMs += Math.max(0, startWall - answer.dryAt);
+    answer.started = true;
+    answer.dryAt = null;
+    answer.holding = false;
+    for (const buffer of answer.pending.splice(0)) this._schedule(buffer);
+  }
+
+  _endHold() {
+    if (this._answer && this._answer.pending.length) this._release(this._answer);
+    this._answer = null;
+  }
+
+  _schedule(buffer) {
     const source = this.context.createBufferSource();
     source.buffer = buffer;
     source.connect(this.context.destination);
-    const now = this.context.currentTime;
-    let startAt = this.nextTime;
-    if (startAt < now + 0.005) { // nothing left to play: start from nothing, after the lead
-      const answer = this._answer;
-      if (answer && answer.audioSeconds > 0) { // ran dry mid-answer: audio arrives slower than it plays
-        answer.underruns += 1;
-        this.underruns += 1;
-        // enough head start to cover the rest of an answer as long again at the measured arrival rate
-        const rate = Math.min(1, this.arrivalRate);
-        this.lead = Math.min(MAX_LEAD_S, Math.max(this.lead * 1.5, answer.audioSeconds * (1 / rate - 1)));
-      }
-      startAt = now + this.lead;
-    }
-    if (this._answer) {
-      if (this._answer.startWall === null) this._answer.startWall = performance.now() / 1000;
-      this._answer.audioSeconds += buffer.duration;
-    }
+    const startAt = Math.max(this.nextTime, this.context.currentTime + 0.005);
     source.start(startAt);
     this.nextTime = startAt + buffer.duration;
-    this.chunks += 1;
-    this.secondsQueued += buffer.duration;
     this.sources.add(source);
     source.onended = () => {
       this.sources.delete(source);
@@ -125,7 +220,7 @@ export class PcmPlayer {
     return Math.max(0, this.nextTime - this.context.currentTime);
   }
 
-  /** Stop everything scheduled, at once. */
+  /** Stop everything scheduled or held, at once (the answer being received is dropped). */
   stop() {
     for (const source of this.sources) {
       source.onended = null;
@@ -133,9 +228,11 @@ export class PcmPlayer {
       source.disconnect();
     }
     this.sources.clear();
+    this._answer = null;
     this.nextTime = 0;
     this.carry = null;
     this._setPlaying(false);
+    this._notify();
   }
 
   async close() {
@@ -144,9 +241,13 @@ export class PcmPlayer {
     this.context = null;
   }
 
+  _notify() {
+    if (this.onStateChange) this.onStateChange(this._playing);
+  }
+
   _setPlaying(playing) {
     if (playing === this._playing) return;
     this._playing = playing;
-    if (this.onStateChange) this.onStateChange(playing);
+    this._notify();
   }
 }

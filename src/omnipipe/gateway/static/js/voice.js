@@ -41,6 +41,12 @@ const hooks = {
   worker: null,
   errors: [],
   interruptions: [], // barge-ins: [{response_id, playing, t_ms}]
+  // per answer, its playback: [{response_id, first_chunk_ms, first_audio_ms (playback starts), buffer_ms (the
+  // jitter buffer chosen), arrival_rate (seconds of audio per second), audio_s, underruns, underrun_ms,
+  // max_stall_ms (the longest wait for a chunk beyond the audio the previous one carried)}]; times since the
+  // session started, like the events'
+  answers: [],
+  jitterBuffer: true, // false: each answer's audio plays as it arrives (set before the answer starts)
 };
 window.omnipipeVoice = hooks;
 
@@ -52,6 +58,7 @@ const LABELS = {
   listening: ["Listening", "Ask your question; the model answers when you pause."],
   hearing: ["Listening", "Hearing you…"],
   thinking: ["Thinking…", "Working on the answer."],
+  buffering: ["Buffering…", "The answer is arriving; it plays once enough of it is here to play smoothly."],
   speaking: ["Speaking", "Talk to interrupt."],
   paused: ["Paused", "The model is not listening. Resume to go on."],
   closed: ["Session ended", "Press Start for a new session."],
@@ -78,6 +85,7 @@ function newSession() {
     interrupted: new Set(),
     spokenItems: new Map(),  // committed audio item id -> its transcript entry
     entries: new Map(), // response id -> {entry, el}
+    answers: new Map(), // response id -> [the player's figures, the hooks.answers entry]
     userStopped: false,
     opened: false,
     lastError: null,
@@ -92,6 +100,7 @@ function currentState() {
   if (session.phase === "closed" || session.phase === "error") return session.phase;
   if (session.paused) return "paused";
   if (player.playing) return "speaking";
+  if (player.buffering) return "buffering";
   if (session.userSpeaking) return "hearing";
   if (session.responseId || session.awaitingResponse) return "thinking";
   return "listening";
@@ -305,7 +314,10 @@ const HANDLERS = {
     session.awaitingResponse = false;
     session.responseId = event.response.id;
     assistantEntry(event.response.id);
-    player.startAnswer();
+    player.jitterBuffer = hooks.jitterBuffer !== false;
+    const figures = { response_id: event.response.id };
+    hooks.answers.push(figures);
+    session.answers.set(event.response.id, [player.startAnswer(event.response.id), figures]);
   },
   "response.output_audio_transcript.delta"(event) { HANDLERS["response.output_text.delta"](event); },
   "response.output_text.delta"(event) {
@@ -321,7 +333,7 @@ const HANDLERS = {
   },
   "response.done"(event) {
     const response = event.response || {};
-    player.endAnswer();
+    player.endAnswer(response.id);
     if (session.responseId === response.id) session.responseId = null;
     session.awaitingResponse = false;
     const item = session.entries.get(response.id);
@@ -351,6 +363,24 @@ const HANDLERS = {
   },
 };
 
+/** Copy the player's figures of an answer into its hooks.answers entry. */
+function updateAnswerFigures(responseId) {
+  const pair = session && session.answers.get(responseId);
+  if (!pair) return;
+  const [stats, figures] = pair;
+  const since = (at) => (at === null ? null : Math.round(at - session.startedAt));
+  Object.assign(figures, {
+    first_chunk_ms: since(stats.firstChunkAt),
+    first_audio_ms: since(stats.firstAudioAt),
+    buffer_ms: stats.bufferMs,
+    arrival_rate: stats.arrivalRate === null ? null : Math.round(stats.arrivalRate * 1000) / 1000,
+    audio_s: Math.round(stats.audioSeconds * 1000) / 1000,
+    underruns: stats.underruns,
+    underrun_ms: Math.round(stats.underrunMs),
+    max_stall_ms: Math.round(stats.maxStallMs),
+  });
+}
+
 function onMessage(current, raw) {
   if (session !== current) return;
   let event;
@@ -362,6 +392,7 @@ function onMessage(current, raw) {
   record(event);
   const handler = HANDLERS[event.type];
   if (handler) handler(event);
+  if (event.response_id || event.response) updateAnswerFigures(event.response_id || event.response.id);
   render();
 }
 
