@@ -32,7 +32,7 @@ from tests.server.test_realtime import session as open_session
 SLOW_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 10}}}}
 # passes deploy validation (runner options are the runner's business) but the toy thinker cannot load with it
 BROKEN_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": "not-a-number"}}}}
-HEALTH_FIELDS = {"status", "state", "pipeline", "models", "active_sessions", "capacity", "sessions"}
+HEALTH_FIELDS = {"status", "state", "pipeline", "models", "active_sessions", "capacity", "sessions", "companions"}
 READY_FIELDS = HEALTH_FIELDS | {"stages", "problems"}  # a running engine also reports each stage's liveness
 LONG_CHAT = {"model": "toy", "messages": [{"role": "user", "content": "x " * 200}], "stream": True}
 SHORT_CHAT = {"model": "toy", "messages": [{"role": "user", "content": "hi"}]}
@@ -152,6 +152,8 @@ def test_health_goes_from_loading_to_idle_with_the_protocol_fields(worker: Serve
     last_code, last = history[-1]
     assert last_code == 200, history
     stages = last.pop("stages")
+    companions = last.pop("companions")
+    assert all(c["status"] in ("idle", "ready") for c in companions.values()), companions
     assert last == {"status": "ready", "state": "IDLE", "pipeline": "toy", "models": ["toy", "toy_tts"],
                     "active_sessions": 0, "capacity": 1, "sessions": {"http": 0, "realtime": 0, "paused": 0},
                     "problems": []}
