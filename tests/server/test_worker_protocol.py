@@ -7,11 +7,15 @@ until they close), capacity (429 ``worker_at_capacity`` / error event and close 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +26,11 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from omnipipe.engine.run_dir import OWNER_FILE
 from omnipipe.protocol.worker import WorkerState
 from omnipipe.server.capacity import SessionTracker
-from tests.server.conftest import ServerProcess, engines_idle, running_server, spoken
+from tests.conftest import shm_segments
+from tests.server.conftest import DEFAULT_DEPLOY, ServerProcess, engines_idle, running_server, spoken
 from tests.server.test_realtime import LONG_TEXT, SENTENCE, Conn, vad_on, ws_url
 from tests.server.test_realtime import session as open_session
 
@@ -359,6 +365,106 @@ def test_serve_still_exits_when_its_engine_fails(tmp_path: Path) -> None:
     finally:
         server.stop()
     assert "omnipipe: error: the engine failed to start: " in server.log_path.read_text()
+
+
+# ---------------------------------------------------------------------------------------------- a signal while loading
+# the toy thinker takes 10 minutes to load: a stop that waits for the load runs far past the bound
+SLOW_LOAD_DEPLOY = {"stages": {"thinker": {"options": {"load_delay_ms": 600_000}}}}
+STOP_BOUND_S = 30.0  # a hang detector, not a speed claim (a stop during loading takes about a second)
+
+
+@pytest.fixture
+def own_temp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A temp dir for the processes this test starts (their run directories land there), removed afterwards;
+    short, as the ipc socket paths in it must fit in 107 bytes."""
+    temp = Path(tempfile.mkdtemp(prefix="op-stop-test-"))
+    monkeypatch.setenv("TMPDIR", str(temp))
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _loading_worker(pipeline: str, deploy: dict[str, Any], tmp_path: Path, temp: Path, stages: int,
+                    extra_args: Sequence[str] = ()) -> tuple[ServerProcess, list[psutil.Process], list[str]]:
+    """A worker, once /health says it is loading and ``stages`` stage processes run; with its stage processes
+    and the run ids of its engines (read from their run directories in ``temp``, the worker's temp dir)."""
+    server = ServerProcess(pipeline, deploy, tmp_path, api_key=None, command_name="worker", extra_args=extra_args)
+    children: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.process.poll() is None, server.log_text()
+            children = psutil.Process(server.process.pid).children(recursive=True)
+            try:
+                state = health(server).get("state")
+            except httpx.TransportError:
+                state = None
+            if state == "LOADING" and len(children) >= stages:
+                break
+            assert state in (None, "LOADING") and time.monotonic() < deadline, (state, server.log_text())
+            time.sleep(0.1)
+        run_ids = [json.loads((run / OWNER_FILE).read_text())["run_id"] for run in temp.glob("omnipipe-*")]
+        assert run_ids, list(temp.iterdir())  # the engines' files exist while they load: their removal is checked
+    except BaseException:
+        for process in [*children, psutil.Process(server.process.pid)]:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        server.stop()
+        raise
+    return server, children, run_ids
+
+
+def _assert_all_gone(server: ServerProcess, stages: list[psutil.Process], temp: Path, run_ids: list[str]) -> str:
+    try:
+        server.process.wait(timeout=STOP_BOUND_S)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        raise AssertionError(f"the worker still ran {STOP_BOUND_S:.0f} s after the signal: {server.log_text()}")
+    finally:
+        _, alive = psutil.wait_procs(stages, timeout=STOP_BOUND_S)
+        for process in alive:
+            process.kill()
+    assert not alive, alive  # every stage process is gone too
+    assert not list(temp.glob("omnipipe-*")), list(temp.iterdir())  # no run directory left
+    assert not [name for run_id in run_ids for name in shm_segments(run_id)]  # no shared-memory segment left
+    log = server.log_text()
+    server.stop()
+    assert "Traceback" not in log, log
+    return log
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(("pipeline", "deploy", "stages"), [
+    ("toy", SLOW_LOAD_DEPLOY, 3),
+    pytest.param("default", DEFAULT_DEPLOY, 4, marks=pytest.mark.models),  # loads for many seconds
+])
+def test_a_signal_while_the_models_load_stops_the_worker_and_every_stage(
+        tmp_path: Path, own_temp: Path, pipeline: str, deploy: dict[str, Any], stages: int, signum: int) -> None:
+    """SIGTERM or Ctrl-C while /health says LOADING stops the stages still loading rather than waiting for them:
+    the worker, every stage process, its run directories and shm segments are gone well within the bound."""
+    server, children, run_ids = _loading_worker(pipeline, deploy, tmp_path, own_temp, stages)
+    server.process.send_signal(signum)
+    log = _assert_all_gone(server, children, own_temp, run_ids)
+    assert "omnipipe: stopping stages..." in log, log
+
+
+def test_a_second_ctrl_c_while_stopping_kills_every_stage_at_once(tmp_path: Path, own_temp: Path) -> None:
+    """The first Ctrl-C stops gracefully: a loaded stage gets a Shutdown and up to 10 s to take it. Here the loaded
+    stages are SIGSTOPped, so that stop takes those 10 s; a second Ctrl-C kills every stage and exits at once."""
+    server, children, run_ids = _loading_worker("toy", SLOW_LOAD_DEPLOY, tmp_path, own_temp, 3,
+                                                extra_args=["--verbose"])
+    wait_for = time.monotonic() + 60
+    while not all(f"stage {name} ready" in server.log_text() for name in ("talker", "code2wav")):
+        assert time.monotonic() < wait_for, server.log_text()
+        time.sleep(0.05)
+    for child in children:
+        child.suspend()  # the loading thinker is killed by the first stop; the loaded ones hold it up
+    server.process.send_signal(signal.SIGINT)
+    while "stopping stages..." not in server.log_text():  # the first one was handled: the next is a second
+        assert time.monotonic() < wait_for, server.log_text()
+        time.sleep(0.05)
+    server.process.send_signal(signal.SIGINT)
+    log = _assert_all_gone(server, children, own_temp, run_ids)
+    assert "omnipipe: killing stages" in log and server.process.returncode == 128 + signal.SIGINT, log
 
 
 # ---------------------------------------------------------------------------------------------- CLI

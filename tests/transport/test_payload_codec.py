@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -103,3 +107,34 @@ def test_buffer_that_does_not_match_tensor_info_is_refused() -> None:
         payload_codec.decode(encoded.skeleton, encoded.tensors, b"\0" * 10)
     with pytest.raises(PayloadCodecError, match="not valid msgpack"):
         payload_codec.decode(b"\xc1", [], b"")
+
+
+def test_the_engine_and_stage_processes_import_torch_only_for_a_tensor() -> None:
+    """Importing torch takes seconds: the caller's process (CLI, engine, a pipeline's processors) and a stage whose
+    runner needs no torch never load it; a tensor that arrives is decoded as a tensor all the same."""
+    code = """
+import json, sys
+import omnipipe.cli.main, omnipipe.engine.async_omni_engine, omnipipe.stage.stage_core_proc
+from omnipipe.models.registry import get_pipeline
+from omnipipe.transport import payload_codec
+from omnipipe.util.dotted import resolve
+pipeline = get_pipeline("default")
+for edge in pipeline.edges:
+    resolve(edge.input_processor)
+resolve(pipeline.prompt_processor)
+encoded = payload_codec.encode({"audio": __import__("numpy").zeros(4, "float32")})
+payload_codec.decode(encoded.skeleton, encoded.tensors, encoded.join())
+before = "torch" in sys.modules
+skeleton, tensors, data = bytes.fromhex(sys.argv[1]), json.loads(sys.argv[2]), bytes.fromhex(sys.argv[3])
+from omnipipe.transport.messages import TensorInfo
+decoded = payload_codec.decode(skeleton, [TensorInfo(**t) for t in tensors], data)
+print(json.dumps([before, type(decoded["t"]).__module__, str(decoded["t"].dtype), decoded["t"].tolist()]))
+"""
+    encoded = payload_codec.encode({"t": torch.tensor([1.5, 2.5], dtype=torch.bfloat16)})
+    tensors = [{f: getattr(t, f) for f in t.__struct_fields__} for t in encoded.tensors]
+    done = subprocess.run([sys.executable, "-c", code, encoded.skeleton.hex(), json.dumps(tensors),
+                           encoded.join().hex()], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    before, module, dtype, values = json.loads(done.stdout.strip().splitlines()[-1])
+    assert before is False  # nothing so far needed torch
+    assert (module, dtype, values) == ("torch", "torch.bfloat16", [1.5, 2.5])

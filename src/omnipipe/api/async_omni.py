@@ -100,6 +100,11 @@ class AsyncOmni:
         for state in self._requests.values():
             state.queue.put_nowait(EngineEvent(state.internal_id, "error", "", error="engine shut down"))
 
+    def kill_now(self) -> None:
+        """Kill every stage process at once and remove the run's files, without waiting for anything: for a
+        process about to exit (a second Ctrl-C). Safe from a signal handler or another thread."""
+        self.engine.kill_now()
+
     # ------------------------------------------------------------------ API
     async def generate(
         self,

@@ -25,7 +25,7 @@ import httpx
 from omnipipe.cli.supervisor import Supervised, Supervisor
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 from omnipipe.util.field_error import FieldError
-from omnipipe.util.process import start_in_group, stop_groups
+from omnipipe.util.process import kill_group, start_in_group, stop_groups
 
 
 class GatewayCLIError(Exception):
@@ -204,7 +204,15 @@ def run_up(args: argparse.Namespace) -> int:
 
     def stop(signum: int, _: Any) -> None:
         nonlocal stopping
+        if stopping:  # a second Ctrl-C: kill everything now rather than wait for the orderly stop
+            with contextlib.suppress(OSError):
+                os.write(sys.stderr.fileno(), b"omnipipe: killing the workers and the gateway\n")
+            for _, process in supervisor.processes():
+                kill_group(process.pid)  # each child leads its own group: a worker's stages go with it
+            os._exit(128 + signum)
         stopping = True
+        with contextlib.suppress(OSError):
+            os.write(sys.stderr.fileno(), b"omnipipe: stopping (again to kill everything at once)\n")
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -230,7 +238,6 @@ def run_up(args: argparse.Namespace) -> int:
                 print(f"omnipipe: ready. Open {url}/chat or {url}/voice; admin: {url}/admin "
                       f"(token {token}). Ctrl-C stops everything.", file=sys.stderr)
             time.sleep(0.5)
-        print("omnipipe: stopping", file=sys.stderr)
         return 0
     finally:
         _stop_children(supervisor.processes())

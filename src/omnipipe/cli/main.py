@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -233,9 +234,9 @@ def _serve(args: argparse.Namespace, **options: Any) -> int:
             server.should_exit = True
 
     app = create_app(config, on_engine_failure)
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info" if args.verbose
-                                           else "warning", timeout_graceful_shutdown=5,
-                                           ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile))
+    server = _uvicorn_server(app.state.pool, uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
+        timeout_graceful_shutdown=5, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile))
     role = "serving" if config.exit_on_engine_failure else \
         f"worker (capacity {config.capacity if config.capacity is not None else 'unlimited'}) serving"
     scheme = "https" if args.ssl_certfile else "http"
@@ -248,6 +249,38 @@ def _serve(args: argparse.Namespace, **options: Any) -> int:
     if failures:
         raise CLIError(f"the engine failed to start: {failures[0]}")
     return 0
+
+
+def _say_now(line: str) -> None:
+    """One line on stderr, written at once (safe in a signal handler, unlike print)."""
+    with contextlib.suppress(OSError):
+        os.write(sys.stderr.fileno(), f"omnipipe: {line}\n".encode())
+
+
+def _uvicorn_server(pool: Any, config: Any) -> Any:
+    """A uvicorn server for ``config`` that stops ``pool``'s engines as a user expects on a signal."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, told what a signal means here: the first SIGINT/SIGTERM says "stopping stages..." and
+        stops gracefully (stages still loading are stopped, not waited for); a second kills every stage and exits
+        at once."""
+
+        def __init__(self, pool: Any, config: uvicorn.Config) -> None:
+            super().__init__(config)
+            self._pool = pool
+            self._signalled = False
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            if self._signalled:
+                _say_now("killing stages")
+                self._pool.kill_now()
+                os._exit(128 + sig)
+            self._signalled = True
+            _say_now("stopping stages... (again to kill them at once)")
+            super().handle_exit(sig, frame)
+
+    return Server(pool, config)
 
 
 # ---------------------------------------------------------------------------------------------- worker

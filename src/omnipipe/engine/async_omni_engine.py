@@ -75,6 +75,11 @@ class AsyncOmniEngine:
                 await asyncio.to_thread(orchestrator.join)
             raise
 
+    def kill_now(self) -> None:
+        """Kill every stage at once and remove the run's files, from any thread (the process is about to exit)."""
+        if self.orchestrator is not None:
+            self.orchestrator.kill_now()
+
     def new_internal_id(self, request_id: str) -> str:
         return f"{next(self._ids):x}.{request_id}"
 

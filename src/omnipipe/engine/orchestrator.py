@@ -131,6 +131,16 @@ class Orchestrator:
         stages still loading are killed rather than waited for."""
         self._cancel_start.set()
 
+    def kill_now(self) -> None:
+        """SIGKILL every stage process and remove the run's shm segments and directory, from any thread, without
+        waiting for this loop (a second Ctrl-C: the process is about to exit)."""
+        for client in list(self.clients.values()):
+            if client.handle is not None:
+                with contextlib.suppress(OSError):
+                    client.handle.kill()
+        sweep_segments(segment_prefix(self.run_id))
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
     def _say(self, message: str) -> None:
         if self._progress is not None:
             try:
@@ -312,7 +322,7 @@ class Orchestrator:
         for relay in [*self.recv_relays.values(), *self.send_relays.values()]:
             relay.close()
         self.abort_pub.close(0)
-        self.ctx.term()
+        self.ctx.destroy(linger=0)  # also closes the socket of a StageClient whose bind failed half-way
         sweep_segments(segment_prefix(self.run_id))
         shutil.rmtree(self.run_dir, ignore_errors=True)
 

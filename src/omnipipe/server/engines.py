@@ -150,6 +150,7 @@ class EngineSlot:
 
     async def shutdown(self) -> None:
         if self._task is not None and not self._task.done():
+            self._task.cancel()  # still loading: stop the stages now, not once they have loaded
             await asyncio.gather(self._task, return_exceptions=True)
         if self.engine is not None:
             await self.engine.shutdown()
@@ -288,6 +289,12 @@ class EnginePool:
                     error = "the engine did not answer the state query (its loop is not running)"
             out[name] = {"status": slot.status, "error": error, "state": state, "health": health}
         return out
+
+    def kill_now(self) -> None:
+        """Kill every engine's stage processes at once (a second Ctrl-C); safe from a signal handler."""
+        for slot in self.slots.values():
+            if slot.engine is not None:
+                slot.engine.kill_now()
 
     async def shutdown(self) -> None:
         await asyncio.gather(*(slot.shutdown() for slot in self.slots.values()), return_exceptions=True)

@@ -78,12 +78,6 @@ def run_stage_process(launch_bytes: bytes) -> None:
     # slower on an idle machine). A caller's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=launch.log_level, format=f"%(asctime)s %(levelname)s [stage {launch.stage}] %(message)s")
-    try:
-        import torch
-
-        torch.set_num_threads(launch.threads)
-    except ImportError:  # pragma: no cover
-        pass
     proc = StageCoreProc(launch)
     try:
         proc.run()
@@ -145,6 +139,9 @@ class StageCoreProc:
                                 self.launch.dist_init_address)
         try:
             runner_cls = resolve(self.launch.runner)
+            torch = sys.modules.get("torch")  # imported by a runner that uses it; others never pay for it
+            if torch is not None:  # (one that imports it later reads OMP_NUM_THREADS, set above)
+                torch.set_num_threads(self.launch.threads)
             self.runner = runner_cls(context)
             self.runner.load()
             if self.launch.options.get("warmup", True):

@@ -11,6 +11,7 @@ kind ``"ref"`` whose ``offset`` is its index in that list. Everything else is th
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,10 +20,21 @@ import numpy as np
 
 from omnipipe.transport.messages import TensorInfo
 
-try:  # torch is optional for the codec itself
-    import torch
-except ImportError:  # pragma: no cover - torch is a hard dependency of the package
-    torch = None  # type: ignore[assignment]
+
+def _torch_if_imported() -> Any:
+    """torch if this process has imported it, else None: a value can only be a tensor once torch is loaded, so the
+    codec never imports it to look (importing torch takes seconds; stages and callers without tensors skip it)."""
+    return sys.modules.get("torch")
+
+
+def _torch() -> Any:
+    """torch, imported now if need be (a tensor arrived), or None where it is not installed."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a hard dependency of the package
+        return None
+    return torch
+
 
 TENSOR_MARKER = "__tensor__"
 _ALIGN_BYTES = 64
@@ -94,6 +106,7 @@ def _extract(value: Any, path: str, state: EncodedPayload, keep_device: bool) ->
         return _add(value, path, "numpy", value.dtype.str, state)
     if isinstance(value, np.generic):
         return value.item()
+    torch = _torch_if_imported()
     if torch is not None and isinstance(value, torch.Tensor):
         t = value.detach()
         if keep_device:
@@ -173,6 +186,7 @@ def _reshape(array: np.ndarray, info: TensorInfo) -> np.ndarray:
 
 
 def _restore_torch(raw: memoryview, info: TensorInfo) -> Any:
+    torch = _torch()
     if torch is None:
         raise PayloadCodecError(f"{info.path}: a torch tensor was sent but torch is not installed")
     name = info.dtype
