@@ -26,7 +26,7 @@ import base64
 import itertools
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +99,24 @@ async def _http_error(response: httpx.Response) -> str:
     return f"HTTP {response.status_code}: {detail}"
 
 
+class _EventError(Exception):
+    """An error the server reported inside a stream (an SSE ``error`` or a realtime ``error`` event)."""
+
+
+async def _sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON events of an SSE body until ``[DONE]``; an event carrying an ``error`` raises ``_EventError``."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        event = json.loads(data)
+        if "error" in event:
+            raise _EventError(f"stream error: {event['error'].get('message')}")
+        yield event
+
+
 async def send_chat(client: httpx.AsyncClient, prompt: BenchPrompt, options: RequestOptions) -> RequestResult:
     content: Any = prompt.text
     if prompt.pcm16 is not None:
@@ -119,30 +137,25 @@ async def send_chat(client: httpx.AsyncClient, prompt: BenchPrompt, options: Req
     async with client.stream("POST", CHAT_PATH, json=body) as response:
         if response.status_code != 200:
             return _failed(start, await _http_error(response))
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            event = json.loads(data)
-            if "error" in event:
-                return _failed(start, f"stream error: {event['error'].get('message')}")
-            if event.get("usage"):
-                result.input_tokens = int(event["usage"].get("prompt_tokens") or 0)
-                result.output_tokens = int(event["usage"].get("completion_tokens") or 0)
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or {}
-                now = time.perf_counter()
-                # the words: content, or (with audio, as OpenAI sends them) the audio's transcript
-                piece = delta.get("content") or (delta.get("audio") or {}).get("transcript")
-                if piece:
-                    text_times.append(now)
-                    words.append(piece)
-                chunk = (delta.get("audio") or {}).get("data")
-                if chunk:
-                    first_audio = now if first_audio is None else first_audio
-                    audio_bytes += len(base64.b64decode(chunk))
+        try:
+            async for event in _sse_events(response):
+                if event.get("usage"):
+                    result.input_tokens = int(event["usage"].get("prompt_tokens") or 0)
+                    result.output_tokens = int(event["usage"].get("completion_tokens") or 0)
+                for choice in event.get("choices") or []:
+                    delta = choice.get("delta") or {}
+                    now = time.perf_counter()
+                    # the words: content, or (with audio, as OpenAI sends them) the audio's transcript
+                    piece = delta.get("content") or (delta.get("audio") or {}).get("transcript")
+                    if piece:
+                        text_times.append(now)
+                        words.append(piece)
+                    chunk = (delta.get("audio") or {}).get("data")
+                    if chunk:
+                        first_audio = now if first_audio is None else first_audio
+                        audio_bytes += len(base64.b64decode(chunk))
+        except _EventError as exc:
+            return _failed(start, str(exc))
     result.text = "".join(words)
     return _finish(result, start, time.perf_counter(), text_times, first_audio, audio_bytes)
 
@@ -175,22 +188,17 @@ async def send_transcription(client: httpx.AsyncClient, prompt: BenchPrompt,
     async with client.stream("POST", TRANSCRIPTION_PATH, files=files, data=form) as response:
         if response.status_code != 200:
             return _failed(start, await _http_error(response))
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            data = line[5:].strip()
-            if data == "[DONE]":
-                break
-            event = json.loads(data)
-            if "error" in event:
-                return _failed(start, f"stream error: {event['error'].get('message')}")
-            if event.get("type") == "transcript.text.delta":
-                text_times.append(time.perf_counter())
-            elif event.get("type") == "transcript.text.done":
-                text = str(event.get("text") or "")
-                usage = event.get("usage") or {}
-                result.input_tokens = int(usage.get("input_tokens") or 0)
-                result.output_tokens = int(usage.get("output_tokens") or 0)
+        try:
+            async for event in _sse_events(response):
+                if event.get("type") == "transcript.text.delta":
+                    text_times.append(time.perf_counter())
+                elif event.get("type") == "transcript.text.done":
+                    text = str(event.get("text") or "")
+                    usage = event.get("usage") or {}
+                    result.input_tokens = int(usage.get("input_tokens") or 0)
+                    result.output_tokens = int(usage.get("output_tokens") or 0)
+        except _EventError as exc:
+            return _failed(start, str(exc))
     end = time.perf_counter()
     if text is None:
         return _failed(start, "the stream ended without transcript.text.done")
@@ -207,8 +215,6 @@ def _ws_url(base_url: str) -> str:
     return "ws://" + base_url.removeprefix("http://") + REALTIME_PATH
 
 
-class _EventError(Exception):
-    pass
 
 
 async def _next_event(ws: Any) -> dict[str, Any]:
