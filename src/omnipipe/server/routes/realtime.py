@@ -234,9 +234,6 @@ class Turn:
     texts: list[str] = field(default_factory=list)
     audio: np.ndarray | None = None
 
-    def empty(self) -> bool:
-        return not self.texts and self.audio is None
-
 
 class RealtimeSession:
     def __init__(self, websocket: WebSocket, engine: AsyncOmni, pipeline: PipelineSpec, pool: EnginePool,
@@ -710,7 +707,9 @@ class RealtimeSession:
         item = ConversationItem(_item_id(), "assistant", spoken=spoken, status="in_progress")
         self.response_item = item
         base = {"response_id": response_id, "item_id": item.id, "output_index": 0, "content_index": 0}
-        part_kind = "audio" if spoken else "text"
+
+        def part(words: str) -> dict[str, str]:  # the content part in response.content_part.added / .done
+            return {"type": "audio", "transcript": words} if spoken else {"type": "text", "text": words}
         status, details, final = "failed", None, None
         text_parts: list[str] = []
         audio_samples = 0
@@ -734,7 +733,7 @@ class RealtimeSession:
                             item=item.wire(self.dialect))
             await self._add_item(item)
             await self.send(ServerEvent.RESPONSE_CONTENT_PART_ADDED, **base,
-                            part={"type": part_kind, "transcript": ""} if spoken else {"type": part_kind, "text": ""})
+                            part=part(""))
             async for out in outputs:
                 if out.modality == "text" and out.text_delta:
                     text_parts.append(out.text_delta)
@@ -774,7 +773,7 @@ class RealtimeSession:
             else:
                 await self.send(ServerEvent.RESPONSE_OUTPUT_TEXT_DONE, text=text, **base)
             await self.send(ServerEvent.RESPONSE_CONTENT_PART_DONE, **base,
-                            part={"type": part_kind, "transcript": text} if spoken else {"type": part_kind, "text": text})
+                            part=part(text))
             await self.send(ServerEvent.RESPONSE_OUTPUT_ITEM_DONE, response_id=response_id, output_index=0,
                             item=item.wire(self.dialect))
             index = self.items.index(item)
