@@ -30,7 +30,7 @@ from types import ModuleType
 
 from tqdm.auto import tqdm
 
-from omnipipe.models.default.weights.cache import cache_root
+from omnipipe.util.cache import cache_root
 from omnipipe.models.preparation import ModelPreparationError
 
 __all__ = [

@@ -27,7 +27,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from omnipipe.models.default.weights.cache import cache_root
+from omnipipe.util.cache import cache_root
 
 logger = logging.getLogger(__name__)
 
