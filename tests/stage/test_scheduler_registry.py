@@ -10,8 +10,9 @@ from omnipipe.engine.orchestrator import EngineStartError
 from omnipipe.models.registry import get_pipeline
 from omnipipe.stage.request import RequestStatus
 from omnipipe.stage.runner import RunnerOutput
-from omnipipe.stage.schedulers import UnsupportedStageKindError, has_scheduler, scheduler_for
+from omnipipe.stage.schedulers import SCHEDULERS, UnsupportedStageKindError, has_scheduler, scheduler_for
 from omnipipe.stage.schedulers.ar import ARScheduler
+from omnipipe.stage.schedulers.diffusion import DiffusionScheduler
 from omnipipe.stage.schedulers.generation import GenerationScheduler
 from tests.conftest import child_processes
 from tests.stage.test_schedulers import request
@@ -21,9 +22,10 @@ def test_every_served_kind_has_its_scheduler() -> None:
     assert scheduler_for("ar") is ARScheduler
     assert scheduler_for("generation") is GenerationScheduler
     assert scheduler_for("encoder") is GenerationScheduler
-    assert not has_scheduler("diffusion")
-    with pytest.raises(UnsupportedStageKindError, match="'diffusion'"):
-        scheduler_for("diffusion")
+    assert scheduler_for("diffusion") is DiffusionScheduler
+    assert not has_scheduler("painting")
+    with pytest.raises(UnsupportedStageKindError, match="'painting'"):
+        scheduler_for("painting")
 
 
 def test_ar_postprocess_finishes_only_when_the_runner_says_so() -> None:
@@ -55,7 +57,8 @@ def test_generation_postprocess_finishes_on_exhausted_input_and_parks_otherwise(
     assert s.counts() == (0, 0, 0)
 
 
-def test_a_stage_kind_without_a_scheduler_is_refused_before_any_process_starts() -> None:
+def test_a_stage_kind_without_a_scheduler_is_refused_before_any_process_starts(monkeypatch) -> None:
+    monkeypatch.delitem(SCHEDULERS, "diffusion")  # a kind the topology may name that nothing serves
     toy = get_pipeline("toy")
     painter = StageSpec("painter", "diffusion", "omnipipe.models.toy.runners.vocoder:ToyVocoderRunner")
     pipeline = PipelineSpec(name="with_diffusion", description="", stages=(*toy.stages, painter), edges=toy.edges,

@@ -140,7 +140,7 @@ class AsyncOmni:
         self._requests[internal_id] = state
         self._user_ids[request_id] = internal_id
         clock = RequestClock()
-        text, audio_parts, sample_rate = "", [], None
+        text, audio_parts, sample_rate, image = "", [], None, None
         finished = False
         try:
             while True:
@@ -158,13 +158,20 @@ class AsyncOmni:
                     sample_rate = event.sample_rate_hz
                     yield OmniRequestOutput(request_id, event.stage, "audio", text=text, audio=chunk,
                                             sample_rate_hz=event.sample_rate_hz)
+                elif event.kind == "image":
+                    if event.details is None:  # the finished image (a preview has its step in details)
+                        image = event.image
+                    yield OmniRequestOutput(request_id, event.stage, "image", text=text, image=event.image,
+                                            details=event.details)
+                elif event.kind == "progress":
+                    yield OmniRequestOutput(request_id, event.stage, "progress", text=text, details=event.details)
                 elif event.kind in ("done", "aborted"):
                     finished = True
                     metrics = clock.finish(event.stage_metrics, event.edge_metrics)
                     full_audio = np.concatenate(audio_parts) if audio_parts else None
                     reason = "abort" if event.kind == "aborted" else event.finish_reason
                     yield OmniRequestOutput(request_id, event.stage, "final", text=text, audio=full_audio,
-                                            sample_rate_hz=sample_rate, finished=True,
+                                            sample_rate_hz=sample_rate, image=image, finished=True,
                                             finish_reason=reason, metrics=metrics)
                     return
                 elif event.kind == "error":

@@ -1,4 +1,5 @@
-"""What callers receive: one ``OmniRequestOutput`` per text delta, audio chunk, or final result."""
+"""What callers receive: one ``OmniRequestOutput`` per text delta, audio chunk, image, progress step, or final
+result."""
 
 from __future__ import annotations
 
@@ -47,21 +48,32 @@ class OmniRequestOutput:
     chunk (float32 mono at ``sample_rate_hz``). The final output of ``Omni.generate`` carries the whole audio.
     ``details`` is what the stage reported beside a text event (the default family's speech recognition: one
     transcript segment with its times and scores, or the clip's language and duration); ``None`` otherwise.
+
+    Image-producing pipelines: an ``"image"`` event carries ``image`` (uint8, height x width x channels, 1 or 3
+    channels); a preview of an image still being drawn has ``details = {"step": i, "steps": n}``, the finished
+    image ``details = None``. A ``"progress"`` event says a diffusion step is done (``details`` as for a preview).
+    The final output carries the finished image.
     """
 
     request_id: str
     stage: str
-    modality: str  # "text" | "audio" | "final" | "error"
+    modality: str  # "text" | "audio" | "image" | "progress" | "final"
     text: str = ""
     text_delta: str = ""
     num_tokens: int = 0  # tokens in ``text_delta``
     details: dict[str, Any] | None = None  # a "text" event's structured results, e.g. a transcript segment's times
     audio: np.ndarray | None = None
     sample_rate_hz: int | None = None
+    image: np.ndarray | None = None
     finished: bool = False
     error: str | None = None
     finish_reason: str | None = None
     metrics: RequestMetrics | None = None
+
+    @property
+    def is_preview(self) -> bool:
+        """An image event showing an image still being drawn (not the finished one)."""
+        return self.modality == "image" and self.details is not None
 
     @property
     def audio_duration_s(self) -> float:

@@ -20,10 +20,10 @@ import httpx
 import numpy as np
 
 from omnipipe.bench.prompts import QUESTIONS
-from omnipipe.util.cache import cache_root
 from omnipipe.protocol.audio import PCM16_RATE_HZ, PCM16_SAMPLE_BYTES
 from omnipipe.protocol.worker import SPEECH_PATH
 from omnipipe.util.audio import encode_audio
+from omnipipe.util.cache import cache_root
 
 SPOKEN = "spoken"
 SPOKEN_VOICE = "default"

@@ -42,13 +42,15 @@ class EngineEvent:
     """Orchestrator -> caller: something happened to a request."""
 
     request_id: str
-    kind: str  # "text" | "audio" | "done" | "error" | "aborted" (by the caller's abort(): ends it as "abort")
+    kind: str  # "text" | "audio" | "image" | "progress" | "done" | "error" | "aborted" (by the caller's abort())
     stage: str
     text_delta: str = ""
     num_tokens: int = 0
-    details: dict[str, Any] | None = None  # the stage's structured results beside the text (RunnerOutput.details)
+    details: dict[str, Any] | None = None  # the stage's structured results beside the text (RunnerOutput.details),
+    # or an image's / a progress event's {"step", "steps"} (RunnerOutput.progress)
     audio: np.ndarray | None = None
     sample_rate_hz: int | None = None
+    image: np.ndarray | None = None  # uint8 H x W x C
     finish_reason: str | None = None
     error: str | None = None
     error_field: str | None = None  # the request's input is at fault, in this field; ``error`` is the rule it broke

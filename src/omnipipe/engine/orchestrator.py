@@ -497,6 +497,10 @@ class Orchestrator:
         if "audio" in body:
             self._emit(EngineEvent(request.request_id, "audio", stage, audio=body["audio"],
                                    sample_rate_hz=spec.sample_rate_hz))
+        if "image" in body:  # a finished image, or (with progress) a preview
+            self._emit(EngineEvent(request.request_id, "image", stage, image=body["image"], details=body.get("progress")))
+        elif "progress" in body:
+            self._emit(EngineEvent(request.request_id, "progress", stage, details=body["progress"]))
         if "data" in body:
             request.forward_data.setdefault(stage, []).append(body["data"])
         if not message.finished:

@@ -27,6 +27,10 @@ class RunnerOutput:
     request_id: str
     text_delta: str = ""
     audio: np.ndarray | None = None  # float32 mono, final audio for the user
+    # an image for the user: uint8 H x W x C (C = 1 or 3); with ``progress`` it is a preview of one still being drawn
+    image: np.ndarray | None = None
+    # a diffusion step done: {"step": i, "steps": n}; reaches the caller as a "progress" event (or with ``image``)
+    progress: dict[str, Any] | None = None
     data: dict[str, Any] | None = None  # step data for the next stage (chunk processor or forwarding)
     # structured results for the caller beside this step's text (e.g. a transcript segment's times); reaches
     # ``OmniRequestOutput.details`` where the stage's text does (its final output)
@@ -60,6 +64,9 @@ class StageRunner(ABC):
     ``request.take_all_inputs()``, build the per-request cache) or with the running batch (one decode step each).
     Generation stages: ``execute(batch, False)``; each request has at least one input chunk, take one with
     ``request.take_input()`` and return its result; the scheduler finishes a request once its input is exhausted.
+    Diffusion stages: ``execute(batch, False)`` is one denoising step for every request of the batch, each at its
+    own step; a request new to the batch has ``runner_state is None`` and all its input ready
+    (``request.take_all_inputs()``); return ``finished=True`` with the image at its last step.
 
     A problem with one request should fail that request alone: reject unusable params in :meth:`validate` (the
     stage fails the request when it arrives, before it shares a batch), or return ``RunnerOutput(error=...)`` for

@@ -119,7 +119,7 @@ class StageCoreProc:
         }
         self._extra_schema: type = resolve(launch.extra_params) if launch.extra_params else NoOptions
 
-        self.scheduler: Scheduler = scheduler_for(launch.kind)(launch.max_num_seqs)
+        self.scheduler: Scheduler = scheduler_for(launch.kind)(launch.max_num_seqs, dict(launch.options))
         self.requests: dict[str, StageRequest] = {}
         self.chunk_contexts: dict[str, dict[str, ChunkContext]] = {}  # request -> target -> context
         self.edge_stats: dict[str, dict[str, dict[str, float]]] = {}
@@ -422,6 +422,10 @@ class StageCoreProc:
             body["audio"] = output.audio
         if request.emit_final and output.details is not None:
             body["details"] = output.details
+        if request.emit_final and output.image is not None:
+            body["image"] = output.image
+        if request.emit_final and output.progress is not None:
+            body["progress"] = output.progress
         if request.emit_data and output.data is not None:
             body["data"] = output.data
         text = output.text_delta if request.emit_final else ""

@@ -2,19 +2,21 @@
 
 ``encoder`` stages take their input once and produce once: the generation behaviour. (The default family's
 whisper decodes a segment per step, so that its transcript streams: it is an ``ar`` stage.)
-``diffusion`` is a kind the topology may name but no scheduler serves yet; the engine refuses it at start.
+``diffusion`` stages run a denoising loop per request, batched step by step (``schedulers/diffusion.py``).
 """
 
 from __future__ import annotations
 
 from omnipipe.stage.schedulers.ar import ARScheduler
 from omnipipe.stage.schedulers.base import Scheduler
+from omnipipe.stage.schedulers.diffusion import DiffusionScheduler
 from omnipipe.stage.schedulers.generation import GenerationScheduler
 
 SCHEDULERS: dict[str, type[Scheduler]] = {
     "ar": ARScheduler,
     "generation": GenerationScheduler,
     "encoder": GenerationScheduler,
+    "diffusion": DiffusionScheduler,
 }
 
 

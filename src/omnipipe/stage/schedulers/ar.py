@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from typing import Any
 
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
@@ -16,8 +17,8 @@ from omnipipe.stage.schedulers.base import Scheduler
 
 
 class ARScheduler(Scheduler):
-    def __init__(self, max_num_seqs: int) -> None:
-        super().__init__(max_num_seqs)
+    def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None) -> None:
+        super().__init__(max_num_seqs, options)
         self.waiting: deque[StageRequest] = deque()
         self.running: list[StageRequest] = []
         self.waiting_for_chunk: dict[str, StageRequest] = {}

@@ -8,13 +8,16 @@ waits for more input (WAITING_FOR_CHUNK) or stays runnable.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 
 
 class Scheduler(ABC):
-    def __init__(self, max_num_seqs: int) -> None:
+    def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None) -> None:
+        """``options``: the stage's deploy options (``stages.<name>.options``); a scheduler reads its own knobs
+        there and raises ``ValueError`` naming the key for a bad one (the stage then fails to load with it)."""
         self.max_num_seqs = max_num_seqs
 
     @abstractmethod

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from typing import Any
 
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
@@ -16,8 +17,8 @@ from omnipipe.stage.schedulers.base import Scheduler
 
 
 class GenerationScheduler(Scheduler):
-    def __init__(self, max_num_seqs: int) -> None:
-        super().__init__(max_num_seqs)
+    def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None) -> None:
+        super().__init__(max_num_seqs, options)
         self.requests: OrderedDict[str, StageRequest] = OrderedDict()
 
     def add(self, request: StageRequest) -> None:

@@ -30,8 +30,8 @@ from types import ModuleType
 
 from tqdm.auto import tqdm
 
-from omnipipe.util.cache import cache_root
 from omnipipe.models.preparation import ModelPreparationError
+from omnipipe.util.cache import cache_root
 
 __all__ = [
     "THINKER_MODELS",
