@@ -42,10 +42,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="answer one question (text and/or spoken) and write the spoken answer")
     p.add_argument("prompt", nargs="?", default="", help="the question as text")
     p.add_argument("--audio-in", type=Path, help="a spoken question (wav/flac/ogg/mp3)")
-    p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV); without it the "
-                   "answer is text only")
+    p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV) or the image (PNG, "
+                   "WebP, JPEG); without it the answer is text only")
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
+    p.add_argument("--model", help=_MODEL_HELP)
     p.add_argument("--no-async-chunk", action="store_true", help="hand whole outputs between stages")
     p.add_argument("--text-only", action="store_true", help="produce text only (even with --output)")
     p.add_argument("--max-tokens", type=int, default=None, help="most tokens the thinker writes")
@@ -53,6 +54,11 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=None, help="sampling seed, for a repeatable answer")
     p.add_argument("--stats", action="store_true", help="print the request's metrics table")
     p.add_argument("--verbose", "-v", action="store_true")
+
+
+_MODEL_HELP = ("the model of the pipeline's main stage (its deploy option 'model'): default, a thinker name "
+               "(qwen2.5-0.5b-instruct, gemma3-270m); image, think-and-draw: digits or a diffusers checkpoint "
+               "directory")
 
 
 def _deploy_source(args: argparse.Namespace) -> Any:
@@ -67,12 +73,17 @@ def _deploy_source(args: argparse.Namespace) -> Any:
         raise CLIError(str(exc)) from exc
     if getattr(args, "no_async_chunk", False):
         config.async_chunk = False
+    if getattr(args, "model", None) is not None:
+        if pipeline.model_stage is None:
+            raise CLIError(f"--model: pipeline {pipeline.name!r} has no stage whose model can be chosen")
+        config.stage(pipeline.model_stage).options["model"] = args.model
     return pipeline, config
 
 
 async def _generate(args: argparse.Namespace) -> int:
     from omnipipe import AsyncOmni, SamplingParams
     from omnipipe.util.audio import load_audio, write_wav
+    from omnipipe.util.image import encode_image, format_for_path
 
     pipeline, deploy = _deploy_source(args)
     prompt: Any = args.prompt
@@ -95,9 +106,13 @@ async def _generate(args: argparse.Namespace) -> int:
         params = SamplingParams(**overrides)
     if args.output is not None and args.output.parent and not args.output.parent.exists():
         raise CLIError(f"--output: directory does not exist: {args.output.parent}")
+    draws = "image" in pipeline.output_modalities
+    if draws and args.output is not None and format_for_path(args.output) is None:
+        raise CLIError(f"--output: pipeline {pipeline.name!r} draws images: give a .png, .webp or .jpg file")
     if "text" not in pipeline.output_modalities and (args.output is None or args.text_only):
-        raise CLIError(f"pipeline {pipeline.name!r} only speaks: give --output FILE.wav")
-    # speech is made only where it goes somewhere: without --output the answer is text only
+        what = "draws: give --output FILE.png" if draws else "only speaks: give --output FILE.wav"
+        raise CLIError(f"pipeline {pipeline.name!r} {what}")
+    # speech and images are made only where they go somewhere: without --output the answer is text only
     modalities = ["text"] if args.text_only or args.output is None else None
     final = None
     async with AsyncOmni(pipeline, deploy, log_level="INFO" if args.verbose else "WARNING",
@@ -109,12 +124,18 @@ async def _generate(args: argparse.Namespace) -> int:
                 final = out
     print()
     assert final is not None
-    if final.audio is not None and final.audio.size:
+    if final.image is not None and args.output is not None:
+        fmt = format_for_path(args.output)
+        assert fmt is not None
+        args.output.write_bytes(encode_image(final.image, fmt))
+        height, width = final.image.shape[:2]
+        print(f"wrote {args.output} ({width}x{height} image)", file=sys.stderr)
+    elif final.audio is not None and final.audio.size:
         if args.output is not None:
             write_wav(args.output, final.audio, final.sample_rate_hz or 0)
             print(f"wrote {args.output} ({final.audio_duration_s:.2f} s of audio)", file=sys.stderr)
     elif args.output is not None:
-        print("no audio was produced (text-only pipeline or output)", file=sys.stderr)
+        print(f"no {'image' if draws else 'audio'} was produced (text-only pipeline or output)", file=sys.stderr)
     if args.stats and final.metrics is not None:
         from omnipipe.api.metrics import format_request_metrics
 
@@ -161,6 +182,7 @@ def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
     """The options ``serve`` and ``worker`` share."""
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
+    p.add_argument("--model", help=_MODEL_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=port, help="port to listen on")
     p.add_argument("--api-key", default=os.environ.get("OMNIPIPE_API_KEY") or None,
@@ -214,11 +236,15 @@ def _serve(args: argparse.Namespace, **options: Any) -> int:
         raise CLIError("--allow-credentials: browsers refuse credentials with origin '*'; name the origins")
     names = args.served_model_name or []
     deploy: Any = args.deploy
-    if args.no_async_chunk:  # the deploy file's settings, with async chunk off
+    if args.no_async_chunk or args.model is not None:  # the deploy file's settings, with the flags' changes
         import yaml
 
         deploy = (yaml.safe_load(args.deploy.read_text()) if args.deploy is not None else None) or {}
-        deploy["async_chunk"] = False
+        if args.no_async_chunk:
+            deploy["async_chunk"] = False
+        if args.model is not None:
+            stage = get_pipeline(args.pipeline).model_stage
+            deploy.setdefault("stages", {}).setdefault(stage, {}).setdefault("options", {})["model"] = args.model
     config = ServerConfig(pipeline=args.pipeline, deploy=deploy, host=args.host, port=args.port,
                           api_key=args.api_key, max_body_bytes=args.max_body_bytes, voice_aliases=aliases,
                           served_model_name=names[0] if names else None, model_aliases=tuple(names[1:]),

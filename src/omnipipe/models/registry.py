@@ -11,6 +11,8 @@ PIPELINES: dict[str, str] = {
     "default": "omnipipe.models.default.pipeline:DEFAULT",
     "tts": "omnipipe.models.default.pipeline:TTS",
     "asr": "omnipipe.models.default.pipeline:ASR",
+    "image": "omnipipe.models.image.pipeline:IMAGE",
+    "think-and-draw": "omnipipe.models.image.pipeline:THINK_AND_DRAW",
     "toy": "omnipipe.models.toy.pipeline:PIPELINE",
     "toy_tts": "omnipipe.models.toy.pipeline:TTS_PIPELINE",
 }

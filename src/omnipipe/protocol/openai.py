@@ -125,7 +125,7 @@ class ChatCompletionRequest(BaseModel):
     model_config = _CLOSED
     model: str = Field(min_length=1)
     messages: list[ChatMessage] = Field(min_length=1)
-    modalities: list[Literal["text", "audio"]] | None = Field(None, min_length=1)
+    modalities: list[Literal["text", "audio", "image"]] | None = Field(None, min_length=1)
     audio: AudioOutputParams | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -174,10 +174,26 @@ class ResponseAudio(BaseModel):
     expires_at: int
 
 
+class ResponseImageUrl(BaseModel):
+    url: str  # data:image/png;base64,...
+
+
+class ResponseImage(BaseModel):
+    """An image the answer drew (``modalities`` with ``image``), as OpenRouter and vLLM-Omni return them beside the
+    text: ``message.images`` / ``delta.images``. A stream's previews of an image still being drawn carry the
+    denoising ``step`` of ``steps`` (omnipipe's extension); the finished image has neither."""
+
+    type: Literal["image_url"] = "image_url"
+    image_url: ResponseImageUrl
+    step: int | None = None
+    steps: int | None = None
+
+
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     audio: ResponseAudio | None = None
+    images: list[ResponseImage] | None = None
 
 
 class Choice(BaseModel):
@@ -206,6 +222,7 @@ class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     audio: DeltaAudio | None = None
+    images: list[ResponseImage] | None = None
 
 
 class ChunkChoice(BaseModel):
@@ -248,6 +265,51 @@ class VoiceList(BaseModel):
     voices: list[VoiceCard]
     model: str | None = None
     models: dict[str, list[VoiceCard]] | None = None
+
+
+# ---------------------------------------------------------------------------------------------- images
+ImageFormat = Literal["png", "webp", "jpeg"]
+
+
+class ImageGenerationRequest(BaseModel):
+    """``POST /v1/images/generations``, OpenAI's fields plus vLLM-Omni's diffusion knobs (``seed``,
+    ``num_inference_steps``, ``guidance_scale``). Closed: an unknown field is a 400 naming it."""
+
+    model_config = _CLOSED
+    prompt: str = Field(min_length=1, max_length=32_000)
+    model: str | None = Field(None, min_length=1)  # None: the served model
+    n: int = Field(1, ge=1, le=10)
+    size: str = "auto"  # "auto" (the model's own size) or "WIDTHxHEIGHT"
+    response_format: Literal["b64_json", "url"] | None = None
+    output_format: Literal["png", "webp", "jpeg", "gif", "svg"] | None = None
+    output_compression: int | None = Field(None, ge=0, le=100)
+    stream: bool = False
+    partial_images: int | None = Field(None, ge=0, le=3)
+    # features omnipipe does not have: their default values are accepted, anything else is a 400
+    quality: str | None = None
+    background: str | None = None
+    style: str | None = None
+    # accepted, not used: nothing here moderates, and identifiers change no image
+    moderation: Literal["low", "auto"] | None = None
+    user: str | None = None
+    safety_identifier: str | None = None
+    # vLLM-Omni's extensions
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    num_inference_steps: int | None = Field(None, ge=1, le=1000)
+    guidance_scale: float | None = Field(None, ge=0, le=50)
+
+
+class ImageData(BaseModel):
+    b64_json: str
+    revised_prompt: str | None = None  # think-and-draw: the thinker's answer the image was drawn from
+
+
+class ImagesResponse(BaseModel):
+    created: int
+    data: list[ImageData]
+    output_format: ImageFormat
+    size: str
+    background: Literal["opaque"] = "opaque"
 
 
 # ---------------------------------------------------------------------------------------------- models

@@ -23,6 +23,7 @@ SPEECH_PATH = "/v1/audio/speech"
 VOICES_PATH = "/v1/audio/voices"
 TRANSCRIPTION_PATH = "/v1/audio/transcriptions"
 REALTIME_PATH = "/v1/realtime"
+IMAGES_PATH = "/v1/images/generations"
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
 """Default limit on a request body (and a realtime session's uncommitted input audio), worker and gateway alike."""

@@ -169,6 +169,7 @@ class EnginePool:
             "chat": main.name if "text" in main.output_modalities or "audio" in main.output_modalities else None,
             "speech": main.name if self._is_speech(main) else companions.get("speech"),
             "transcription": main.name if self._is_transcription(main) else companions.get("transcription"),
+            "images": main.name if "image" in main.output_modalities else None,
         }
         for endpoint in ("speech", "transcription"):
             name = self.endpoint_pipelines[endpoint]

@@ -64,6 +64,7 @@ DEFAULT = PipelineSpec(
     prompt_processor=f"{_P}.processors.default_prompt",
     input_modalities=("text", "audio"),
     comprehension_stage="thinker",
+    model_stage="thinker",
     takes_history=True,
     default_deploy=_DEPLOY,
     serving=ServingTraits(speech_pipeline="tts", transcription_pipeline="asr", voices=_VOICES, speed_stage="talker"),

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from omnipipe.config.pipeline_spec import EntryInput
 from omnipipe.util.field_error import FieldError
 
 MAX_STEPS = 1000
@@ -46,3 +50,57 @@ class DiffusionParams:
             value = getattr(self, name)
             if value is not None:
                 _integer(value, name, 8, MAX_SIDE)
+
+
+# ---------------------------------------------------------------------------------------------- prompts
+NUMBER_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+_WORD = re.compile(r"[a-z]+|\d+")
+
+
+def class_for_prompt(text: str, classes: Sequence[str]) -> int:
+    """The class a prompt asks a class-conditional model for: a class name in it ("draw a sneaker"); for a model
+    of the digits 0-9 also a number word ("draw a seven", "A spider has eight legs."). A FieldError on ``prompt``
+    that lists what the model draws when the prompt names none of them, or several."""
+    lowered = text.lower()
+    names = [c.lower() for c in classes]
+    digits = names == [str(i) for i in range(10)]
+    found: list[int] = []
+    for token in _WORD.findall(lowered):
+        if digits and token in NUMBER_WORDS:
+            found.append(NUMBER_WORDS.index(token))
+        elif token in names:
+            found.append(names.index(token))
+    for index, name in enumerate(names):  # names of several words ("ankle boot")
+        if " " in name and re.search(rf"\b{re.escape(name)}\b", lowered):
+            found.append(index)
+    kinds = sorted(set(found))
+    what = "the digits 0-9, e.g. 'draw a seven' or '7'" if digits else ", ".join(classes)
+    if not kinds:
+        raise FieldError("prompt", f"names nothing this model can draw (it draws {what}), got {text[:200]!r}")
+    if len(kinds) > 1:
+        raise FieldError("prompt", f"names several things to draw ({', '.join(classes[k] for k in kinds)}); "
+                         f"ask for one (this model draws {what})")
+    return kinds[0]
+
+
+def image_prompt(prompt: dict[str, Any]) -> EntryInput:
+    """The prompt as text; the diffusion stage reads what it asks for (a digit, a class, a text prompt)."""
+    text = prompt["prompt"]
+    if not text.strip():
+        raise FieldError("prompt", "must say what to draw, e.g. 'draw a seven'")
+    return EntryInput("diffusion", {"prompt": text})
+
+
+THINK_AND_DRAW_INSTRUCTION = ("Answer in one short sentence. When the answer is a number, write it as a word "
+                              "(for example: A spider has eight legs.)")
+
+
+def think_and_draw_prompt(prompt: dict[str, Any]) -> EntryInput:
+    """The question goes to the thinker with an instruction to answer briefly, naming its number."""
+    history = [*(prompt.get("history") or []), {"role": "system", "content": THINK_AND_DRAW_INSTRUCTION}]
+    return EntryInput("thinker", {"text": prompt["prompt"], "history": history})
+
+
+def thinker2diffusion(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The thinker's whole answer becomes the diffusion stage's prompt (it draws the digit the answer names)."""
+    return [{"prompt": "".join(o.get("text", "") for o in outputs).strip()}]

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
@@ -32,6 +33,8 @@ from omnipipe.protocol.openai import (
     ImageUrlPart,
     InputAudioPart,
     ResponseAudio,
+    ResponseImage,
+    ResponseImageUrl,
     ResponseMessage,
     TextPart,
     Usage,
@@ -45,6 +48,7 @@ from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.spoken_answers import AUDIO_EXPIRY_S, SpokenAnswers
 from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
 from omnipipe.util.field_error import FieldError
+from omnipipe.util.image import encode_image
 
 ENDPOINT = CHAT_PATH
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 415, 429,
@@ -259,6 +263,13 @@ def _usage(metrics: RequestMetrics | None) -> Usage:
     return Usage(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens)
 
 
+def _image(image: np.ndarray, progress: dict[str, Any] | None = None) -> ResponseImage:
+    """An image as a PNG data URL; a preview with its denoising step."""
+    url = f"data:image/png;base64,{base64.b64encode(encode_image(image, 'png')).decode()}"
+    progress = progress or {}
+    return ResponseImage(image_url=ResponseImageUrl(url=url), step=progress.get("step"), steps=progress.get("steps"))
+
+
 async def _complete(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None,
                     body: ChatCompletionRequest, plan: ChatPlan, model: str, request_id: str,
                     metrics: ServerMetrics, answers: SpokenAnswers) -> JSONResponse:
@@ -283,9 +294,11 @@ async def _complete(outputs: AsyncIterator[OmniRequestOutput], first: OmniReques
         audio = ResponseAudio(id=f"audio_{uuid.uuid4().hex}", data=base64.b64encode(data).decode(),
                               transcript=final.text, expires_at=int(time.time()) + AUDIO_EXPIRY_S)
         answers.remember(audio.id, final.text)
+    images = [_image(final.image)] if "image" in plan.modalities and final.image is not None else None
     completion = ChatCompletion(
         id=request_id, created=int(time.time()), model=model, usage=_usage(final.metrics),
-        choices=[Choice(message=ResponseMessage(content=None if audio is not None else final.text, audio=audio),
+        choices=[Choice(message=ResponseMessage(content=None if audio is not None else final.text, audio=audio,
+                                                images=images),
                         finish_reason=final.finish_reason or "stop")])
     return JSONResponse(completion.model_dump(exclude_none=False))
 
@@ -315,6 +328,8 @@ async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestO
                     yield chunk(Delta(audio=DeltaAudio(id=audio_id, transcript=out.text_delta)))
                 else:
                     yield chunk(Delta(content=out.text_delta))
+            elif out.modality == "image" and out.image is not None:
+                yield chunk(Delta(images=[_image(out.image, out.details)]))
             elif out.modality == "audio" and with_audio and out.audio is not None and out.sample_rate_hz:
                 pcm = pcm or Pcm16Stream(out.sample_rate_hz)
                 data = pcm.feed(out.audio)
