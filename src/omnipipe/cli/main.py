@@ -379,13 +379,15 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")
-    b.add_argument("suite", choices=["engine", "offline", "quality", "serve", "gateway", "soak"], help="engine: "
+    b.add_argument("suite", choices=["engine", "offline", "quality", "serve", "gateway", "soak", "images"],
+                   help="engine: "
                    "framework costs on test stages; offline: the default pipeline vs a sequential baseline; quality: "
                    "the default pipeline's thinkers side by side on 30 factual questions (right answers, decode "
                    "tok/s) and a multi-turn recall; serve: load on a "
                    "running server; gateway: a worker directly vs through a gateway (recording and not), side by "
                    "side; soak: load with stage kills, a stopped stage, clients that leave and malformed requests, "
-                   "and what was left behind")
+                   "and what was left behind; images: the image pipeline's images/s and latency with step-level, "
+                   "request-level and no batching")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (see --help of the suite)")
     return parser
 
@@ -422,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
                 from omnipipe.bench.soak import main as bench_main
             elif args.suite == "quality":
                 from omnipipe.bench.quality import main as bench_main
+            elif args.suite == "images":
+                from omnipipe.bench.images import main as bench_main
             else:
                 from omnipipe.bench.offline import main as bench_main
             return bench_main(args.rest)
