@@ -335,6 +335,35 @@ def test_user_audio_chunks_images_and_rates(store: SessionStore, writer: Recordi
     assert wav_info(directory / "ai_audio/turn001.wav") == (1, 16_000, pytest.approx(1.0))
 
 
+def test_drawn_images_are_checked_and_numbered_per_turn(store: SessionStore, writer: RecordingWriter) -> None:
+    clock = FakeClock()
+    recorder = new_recorder(store, writer, clock, kind="chat")
+    header = PNG[:8] + (13).to_bytes(4, "big") + b"IHDR" + (8).to_bytes(4, "big") + (6).to_bytes(4, "big")
+    clock.at(2.0)
+    assert recorder.ai_image(header + b"\x08\x00\x00\x00\x00") == "ai_images/turn001.png"
+    assert recorder.ai_image(PNG, "image/png; charset=binary") == "ai_images/turn001_2.png"
+    for data, mime, match in ((PNG, "image/jpeg", "must be image/png"), (b"GIF89a....", "image/png", "not a"),
+                              (b"", "image/png", "empty")):
+        with pytest.raises(ValueError, match=match):
+            recorder.ai_image(data, mime)
+    with pytest.raises(ValueError, match="limit"):
+        recorder.ai_image(PNG, max_image_bytes=len(PNG) - 1)
+    assert recorder_module.MAX_AI_IMAGE_BYTES == 4 * 1024 * 1024
+    recorder.end_turn()
+    recorder.begin_turn()
+    assert recorder.ai_image(PNG) == "ai_images/turn002.png"
+    recorder.finish()
+    writer.flush(timeout=10)
+    directory = store.session_dir(SID)
+    first, second = read_json(directory / "recording.json")["turns"]
+    assert first["ai_images"][0] == {"path": "ai_images/turn001.png", "mime": "image/png",
+                                     "size_bytes": len(header) + 5, "width": 8, "height": 6, "t": 2.0}
+    assert "width" not in first["ai_images"][1]  # no IHDR chunk where it belongs: no size
+    assert [i["path"] for i in second["ai_images"]] == ["ai_images/turn002.png"]
+    assert (directory / "ai_images/turn001_2.png").read_bytes() == PNG
+    assert not (directory / "merged_replay.wav").exists()
+
+
 def test_finish_is_idempotent_and_closes_the_open_turn(store: SessionStore, writer: RecordingWriter) -> None:
     clock = FakeClock()
     recorder = new_recorder(store, writer, clock, kind="chat")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +86,25 @@ def finished(recorder: SessionRecorder, writer: RecordingWriter) -> tuple[Path, 
 def duration(path: Path) -> float:
     samples, rate = read_wav(path)
     return samples.size / rate
+
+
+def png(width: int, height: int, shade: int = 0) -> bytes:
+    """A valid grayscale PNG of ``width`` x ``height`` pixels, all ``shade``."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    rows = b"".join(b"\x00" + bytes([shade]) * width for _ in range(height))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+
+
+def image_part(data: bytes, step: int | None = None, steps: int | None = None, mime: str = "image/png",
+               **fields: Any) -> dict[str, Any]:
+    """One entry of ``message.images`` / ``delta.images``: a preview with ``step`` and ``steps``, else finished."""
+    part: dict[str, Any] = {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{b64(data)}"}, **fields}
+    if step is not None:
+        part.update(step=step, steps=steps)
+    return part
 
 
 def sse_chunk(delta: dict[str, Any], finish_reason: str | None = None) -> str:
@@ -202,6 +224,117 @@ def test_chat_turns_errors_and_undecodable_audio(store: SessionStore, writer: Re
     assert any(e["kind"] == "image_url" and e["url"] == "https://example.com/cat.png" for e in recording["events"])
     assert second["index"] == 2 and second["status"] == "failed" and second["error"] == "died"
     assert second["assistant_text"] == "par"
+
+
+def test_a_streamed_drawing_records_the_finished_image_not_the_previews(store: SessionStore, writer: RecordingWriter,
+                                                                         clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    tap = ChatTap(recorder)
+    clock.at(1.0)
+    tap.on_request({"model": "think-and-draw", "stream": True, "modalities": ["text", "image"],
+                    "omnipipe": {"sampling_params": {"diffusion": {"extra": {"preview_every": 10}}}},
+                    "messages": [{"role": "user", "content": "Draw the number of legs a spider has."}]})
+    clock.at(1.5)
+    tap.on_sse_data(sse_chunk({"role": "assistant", "content": ""}))
+    tap.on_sse_data(sse_chunk({"content": "A spider has "}))
+    tap.on_sse_data(sse_chunk({"content": "eight legs."}))
+    clock.at(2.0)
+    for step in (10, 20, 30, 40):
+        tap.on_sse_data(sse_chunk({"images": [image_part(png(8, 8, step), step, 50)]}))
+    clock.at(2.5)
+    finished_image = png(8, 8, 255)
+    tap.on_sse_data(sse_chunk({"images": [image_part(finished_image)]}))
+    tap.on_sse_data(sse_chunk({}, finish_reason="stop"))
+    tap.on_sse_data("[DONE]")
+    tap.end("completed")
+    directory, recording = finished(recorder, writer)
+
+    (turn,) = recording["turns"]
+    assert turn["status"] == "completed" and turn["assistant_text"] == "A spider has eight legs."
+    assert turn["ai_images"] == [{"path": "ai_images/turn001.png", "mime": "image/png",
+                                  "size_bytes": len(finished_image), "width": 8, "height": 8, "t": 2.5}]
+    assert (directory / "ai_images/turn001.png").read_bytes() == finished_image
+    assert sorted(p.name for p in (directory / "ai_images").iterdir()) == ["turn001.png"]  # no preview
+    assert turn["metrics"]["ttft_ms"] == 500.0 and "ttfp_ms" not in turn["metrics"]
+    assert not (directory / "merged_replay.wav").exists()  # an image is no audio to replay
+    request_event = next(e for e in recording["events"] if e["kind"] == "chat.request")
+    assert request_event["modalities"] == ["text", "image"]
+
+
+def test_a_whole_drawing_records_its_image(store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    for question, image in (("Draw a one.", png(8, 8, 10)), ("Draw a two.", png(16, 8, 20))):
+        tap = ChatTap(recorder)
+        tap.on_request({"model": "image", "modalities": ["text", "image"],
+                        "messages": [{"role": "user", "content": question}]})
+        # the whole answer's finished image: omnipipe writes step and steps as null
+        tap.on_json_response({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{
+            "index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": "Done.", "audio": None,
+                "images": [{**image_part(image), "step": None, "steps": None}]}}]})
+        tap.end("completed")
+    directory, recording = finished(recorder, writer)
+    first, second = recording["turns"]
+    assert first["ai_images"][0]["path"] == "ai_images/turn001.png"
+    assert second["ai_images"][0]["path"] == "ai_images/turn002.png"
+    assert (second["ai_images"][0]["width"], second["ai_images"][0]["height"]) == (16, 8)
+    assert (directory / "ai_images/turn002.png").read_bytes() == png(16, 8, 20)
+    assert first["assistant_text"] == second["assistant_text"] == "Done."
+
+
+@pytest.mark.parametrize("bad", [
+    {"type": "image_url", "image_url": {"url": "data:image/png;base64,%%% not base64"}},
+    {"type": "image_url", "image_url": {"url": "data:image/png,rawbytes"}},  # not base64
+    {"type": "image_url", "image_url": {"url": "https://example.com/eight.png"}},
+    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(b'GIF89a not a png')}"}},
+    {"type": "image_url", "image_url": {"url": f"data:image/svg+xml;base64,{b64(b'<svg/>')}"}},
+    {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64(b'')}"}},
+    {"type": "image_url", "image_url": {"url": 8}},
+    {"type": "image_url", "image_url": "data:image/png;base64,AAAA"},
+    "data:image/png;base64,AAAA",
+], ids=["bad-base64", "not-base64", "http-url", "not-png-bytes", "svg", "empty", "url-not-a-string",
+        "image-url-not-an-object", "not-an-object"])
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "whole"])
+def test_a_malformed_image_is_skipped_with_a_warning(store: SessionStore, writer: RecordingWriter, clock: FakeClock,
+                                                     caplog: pytest.LogCaptureFixture, bad: Any,
+                                                     stream: bool) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    tap = ChatTap(recorder)
+    tap.on_request({"stream": stream, "modalities": ["text", "image"],
+                    "messages": [{"role": "user", "content": "Draw an eight."}]})
+    good = png(8, 8, 200)
+    with caplog.at_level(logging.WARNING, logger="omnipipe.gateway.recording.taps"):
+        if stream:
+            tap.on_sse_data(sse_chunk({"content": "Eight."}))
+            tap.on_sse_data(sse_chunk({"images": [bad, image_part(good)]}))  # the good one after it is kept
+            tap.on_sse_data(sse_chunk({}, finish_reason="stop"))
+        else:
+            tap.on_json_response({"choices": [{"index": 0, "finish_reason": "stop", "message": {
+                "role": "assistant", "content": "Eight.", "images": [bad, image_part(good)]}}]})
+    tap.end("completed")
+    directory, recording = finished(recorder, writer)
+    (turn,) = recording["turns"]
+    assert turn["status"] == "completed" and turn["assistant_text"] == "Eight."
+    assert [image["path"] for image in turn["ai_images"]] == ["ai_images/turn001.png"]
+    assert (directory / "ai_images/turn001.png").read_bytes() == good
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "_answer_image" in r.getMessage()]
+    assert len(warnings) == 1, caplog.text
+    assert writer.errors == 0
+
+
+def test_an_oversized_drawing_is_not_recorded(store: SessionStore, writer: RecordingWriter, clock: FakeClock,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    tap = ChatTap(recorder)
+    tap.on_request({"stream": True, "messages": [{"role": "user", "content": "Draw something huge."}]})
+    huge = png(8, 8) + b"\x00" * (4 * 1024 * 1024)  # past MAX_AI_IMAGE_BYTES
+    with caplog.at_level(logging.WARNING, logger="omnipipe.gateway.recording.taps"):
+        tap.on_sse_data(sse_chunk({"images": [image_part(huge)]}))
+    tap.end("completed")
+    directory, recording = finished(recorder, writer)
+    (turn,) = recording["turns"]
+    assert turn["ai_images"] == [] and not (directory / "ai_images").exists()
+    assert "more than the limit" in caplog.text
 
 
 @pytest.mark.parametrize(("content_type", "make_body", "expected"), [

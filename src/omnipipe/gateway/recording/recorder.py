@@ -1,4 +1,5 @@
-"""Recording one session: its turns, timeline, audio and images, written in the background as it happens.
+"""Recording one session: its turns, timeline, audio and images (sent and drawn), written in the background as
+it happens.
 
 ``SessionRecorder`` methods are cheap and never touch the disk on the caller's thread (apart from creating the
 session directory): every write is a job for a shared ``RecordingWriter``. The jobs of one session run one at a
@@ -52,6 +53,8 @@ TURN_STATUSES = ("completed", "cancelled", "failed")
 SESSION_STATUSES = (*TURN_STATUSES, "interrupted")
 """Final session statuses; ``interrupted``: the gateway stopped during the session."""
 DEFAULT_MAX_IMAGE_BYTES = 10 * 1024 * 1024
+MAX_AI_IMAGE_BYTES = 4 * 1024 * 1024
+"""A drawn answer's image larger than this is not recorded."""
 DEFAULT_MAX_REPLAY_S = 4 * 3600.0
 RECORDING_WRITE_INTERVAL_S = 0.5
 """Event-only changes rewrite ``recording.json`` at most this often; turn ends and ``finish`` always do."""
@@ -256,7 +259,7 @@ class SessionRecorder:
             self._next_index += 1
             self._turn = {"index": index, "started_at": self._start_time(started_at), "user_text": "",
                           "assistant_text": "", "user_audio": None, "user_audio_extra": [], "ai_audio": [],
-                          "user_images": [], "metrics": {}, "status": "in_progress"}
+                          "user_images": [], "ai_images": [], "metrics": {}, "status": "in_progress"}
             self._recording["turns"].append(self._turn)
             self._write_recording_soon()
             return index
@@ -386,6 +389,36 @@ class SessionRecorder:
             turn = self._open_turn()
             relpath = self._ai_audio_name(turn, _audio_extension(extension))
             turn["ai_audio"].append({"path": relpath, "t_start": self._start_time(t_start), "size_bytes": len(data)})
+            self._submit(self._write_bytes, relpath, bytes(data))
+            self._write_recording_soon()
+            return relpath
+
+    def ai_image(self, data: bytes, mime: str = "image/png", *, max_image_bytes: int = MAX_AI_IMAGE_BYTES) -> str:
+        """Save an image the answer drew (a PNG, at most ``max_image_bytes``) in ``ai_images/``; return its path.
+
+        The turn's first image is ``ai_images/turn{NNN}.png``, later ones get ``_2``, ``_3``, ...; the entry in
+        ``turn["ai_images"]`` has ``path``, ``mime``, ``size_bytes``, ``t`` and, read from the PNG header,
+        ``width`` and ``height``. ``ValueError`` for another type, an empty or oversized image, or bytes that are
+        not a PNG.
+        """
+        mime = mime.split(";", 1)[0].strip().lower()
+        if mime != "image/png":
+            raise ValueError(f"mime: a drawn image must be image/png, got {mime!r}")
+        if not data:
+            raise ValueError("data: the image is empty")
+        if len(data) > max_image_bytes:
+            raise ValueError(f"data: the image has {len(data)} bytes, more than the limit of {max_image_bytes}")
+        if not _IMAGE_SIGNATURES[mime](data):
+            raise ValueError(f"data: the bytes are not a {mime} image")
+        entry: dict[str, Any] = {"mime": mime, "size_bytes": len(data)}
+        if data[12:16] == b"IHDR" and len(data) >= 24:  # the first chunk: width and height, big-endian
+            entry.update(width=int.from_bytes(data[16:20], "big"), height=int.from_bytes(data[20:24], "big"))
+        with self._lock:
+            turn = self._open_turn()
+            turn.setdefault("ai_images", [])
+            count = len(turn["ai_images"])
+            relpath = f"ai_images/turn{turn['index']:03d}{f'_{count + 1}' if count else ''}.png"
+            turn["ai_images"].append({"path": relpath, **entry, "t": self.elapsed()})
             self._submit(self._write_bytes, relpath, bytes(data))
             self._write_recording_soon()
             return relpath

@@ -162,7 +162,8 @@ class _HttpTap(_Tap):
 
 
 class ChatTap(_HttpTap):
-    """``POST /v1/chat/completions``: the last user message and the answer, streamed (SSE) or whole (JSON)."""
+    """``POST /v1/chat/completions``: the last user message and the answer, streamed (SSE) or whole (JSON): its
+    text, its audio and the finished images it drew (previews of an image being drawn are not recorded)."""
 
     def __init__(self, recorder: SessionRecorder) -> None:
         super().__init__(recorder)
@@ -215,6 +216,26 @@ class ChatTap(_HttpTap):
         self.recorder.user_image(_b64decode(payload), header[len("data:"):].split(";", 1)[0])
 
     @_never_raises
+    def _answer_image(self, image: Any) -> None:
+        """An image of ``message.images`` / ``delta.images``: the finished one (a PNG data URL) is saved; a
+        preview (it has the denoising ``step``) is not."""
+        if not isinstance(image, dict):
+            raise TypeError("images[]: expected an object")
+        if image.get("step") is not None:
+            return
+        url = image.get("image_url").get("url") if isinstance(image.get("image_url"), dict) else None
+        if not isinstance(url, str):
+            raise TypeError("images[].image_url.url: expected a string")
+        header, comma, payload = url.partition(",")
+        if not (url.startswith("data:") and comma and header.endswith(";base64")):
+            raise ValueError(f"images[].image_url.url: expected a base64 data URL, got {_clipped(url[:80])!r}")
+        self.recorder.ai_image(_b64decode(payload), header[len("data:"):].split(";", 1)[0])
+
+    def _answer_images(self, images: Any) -> None:
+        for image in images if isinstance(images, list) else []:
+            self._answer_image(image)
+
+    @_never_raises
     def on_sse_data(self, data: str) -> None:
         """One ``data:`` payload of a streamed completion: a chunk, an error object or ``[DONE]``."""
         payload = data.strip()
@@ -239,13 +260,14 @@ class ChatTap(_HttpTap):
             if samples.size:
                 self._note_first_audio()
                 self.recorder.ai_audio(samples, PCM16_RATE_HZ)
+        self._answer_images(delta.get("images"))
         if choice.get("finish_reason"):
             self.recorder.metric("finish_reason", _clipped(choice["finish_reason"]))
 
     @_never_raises
     def on_json_response(self, body: dict[str, Any]) -> None:
-        """A whole completion: ``message.content`` and ``message.audio.data`` (a file in the requested
-        ``audio.format``; ``pcm16`` is headerless 24 kHz)."""
+        """A whole completion: ``message.content``, ``message.audio.data`` (a file in the requested
+        ``audio.format``; ``pcm16`` is headerless 24 kHz) and the drawn ``message.images``."""
         if "error" in body:
             self._record_error(body["error"])
             return
@@ -263,6 +285,7 @@ class ChatTap(_HttpTap):
                 self.recorder.ai_audio(_pcm16(data), PCM16_RATE_HZ)
             else:
                 self.recorder.ai_audio_encoded(data, self._audio_format)
+        self._answer_images(message.get("images"))
         if choice.get("finish_reason"):
             self.recorder.metric("finish_reason", _clipped(choice["finish_reason"]))
 
