@@ -5,8 +5,8 @@ CI (``CI`` set), where they fail. Screenshots go to ``test-artifacts/screenshots
 
 Fixtures start real processes: ``bare_gateway`` is a gateway whose only worker address answers nothing (no model
 is loaded; enough for pages that need no worker), ``default_stack`` is one ``omnipipe worker --pipeline default
---capacity 2`` behind a gateway. Both are module-scoped and stopped (then killed if need be) with every process
-they started.
+--capacity 2`` behind a gateway, ``drawing_stack`` one ``omnipipe worker --pipeline think-and-draw``. All are
+module-scoped and stopped (then killed if need be) with every process they started.
 """
 
 from __future__ import annotations
@@ -167,6 +167,22 @@ def default_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """``omnipipe worker --pipeline default --capacity 2`` (deterministic speech) behind ``omnipipe gateway``."""
     workdir = tmp_path_factory.mktemp("default-stack")
     worker = WorkerProcess("default", workdir, capacity=2, deploy=DEFAULT_DEPLOY)
+    processes: list[CliProcess] = [worker]
+    try:
+        worker.wait_state("IDLE", timeout_s=600)
+        gateway = GatewayProcess([worker.address], workdir)
+        processes.insert(0, gateway)
+        gateway.wait_ready(timeout_s=60)
+        yield Stack(gateway, [worker], workdir)
+    finally:
+        _stop_all(processes)
+
+
+@pytest.fixture(scope="module")
+def drawing_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """``omnipipe worker --pipeline think-and-draw`` (text, then an 8x8 drawing) behind ``omnipipe gateway``."""
+    workdir = tmp_path_factory.mktemp("think-and-draw-stack")
+    worker = WorkerProcess("think-and-draw", workdir)
     processes: list[CliProcess] = [worker]
     try:
         worker.wait_state("IDLE", timeout_s=600)

@@ -1,8 +1,10 @@
-// Chat page: streamed chat completions with optional spoken answers.
+// Chat page: streamed chat completions with optional spoken answers, and drawn ones.
 //
 // One turn: POST /v1/chat/completions with stream=true and "X-Omnipipe-Queue-Events: 1", read the SSE stream
 // (queue events first, then the completion chunks), put text deltas into the conversation, play audio deltas
-// (base64 pcm16, 24 kHz) as they arrive. The gateway's X-Omnipipe-Session-Id header names the recording; it is
+// (base64 pcm16, 24 kHz) as they arrive. A model that draws (output_modalities with "image") is asked for
+// images with previews: each delta.images entry is a PNG data URL, a preview of the image being drawn when it has
+// the denoising step ({step, steps}), else the finished image (after the text); each replaces the one shown. The gateway's X-Omnipipe-Session-Id header names the recording; it is
 // sent back on later turns so the whole conversation lands in one recording.
 
 import { apiErrorFrom, ApiError, describeError, fetchJSON, servedModel } from "./api.js";
@@ -17,6 +19,8 @@ import { concatBytes, concatFloat32, encodeWav, fileToWav, wavFromPcm16 } from "
 const RATE = 24000;
 const MAX_RECORDING_S = 120;
 const SPEAK_KEY = "omnipipe.chat.speak";
+const PREVIEW_EVERY = 10; // denoising steps between previews of an image being drawn (of ~50)
+const DRAWING_STAGE = "diffusion"; // the stage that draws, in the image pipelines
 
 const els = {
   log: $("#log"),
@@ -51,6 +55,9 @@ const hooks = {
   turnsCompleted: 0, // answered, failed or stopped
   model: null, // {id, input, output} as /v1/models says
   heard: [], // what the server heard in each spoken question, in order
+  previewsReceived: 0, // previews of images being drawn, over all turns
+  imagesReceived: 0, // finished images, over all turns
+  lastImage: null, // the data URL of the last finished image
 };
 window.omnipipeChat = hooks;
 
@@ -225,10 +232,62 @@ function compactForHistory(content) {
 function metricsLine(metrics) {
   const item = (name, title, value) => h("span", { title }, `${name} `, h("b", {}, formatSeconds(value, 2)));
   return h("div", { class: "meta", "data-metrics": "" },
-    item("TTFT", "time to first text, from sending", metrics.ttft_s),
+    metrics.ttft_s !== null ? item("TTFT", "time to first text, from sending", metrics.ttft_s) : null,
     metrics.speak ? item("TTFP", "time to first audio, from sending", metrics.ttfp_s) : null,
+    metrics.image_s !== null ? item("Image", "time until the image was drawn, from sending", metrics.image_s) : null,
     item("Total", "time until the answer was complete", metrics.total_s),
     metrics.queue_wait_s > 0.05 ? item("Queued", "time spent waiting in the queue", metrics.queue_wait_s) : null);
+}
+
+/** The image an answer draws, shown in its message: each preview replaces the last, then the finished image. */
+class AnswerDrawing {
+  constructor(message) {
+    this.message = message;
+    this.figure = null;
+    this.progress = null; // {step, steps} of the preview shown; null when none or finished
+    this.finished = false;
+  }
+
+  /** Show `url` (a PNG data URL): a preview with `progress` ({step, steps}), else the finished image. */
+  show(url, progress) {
+    if (this.finished) return;
+    if (!this.figure) {
+      this.img = h("img", { class: "drawn", onload: scrollToEnd });
+      this.caption = h("figcaption", {});
+      this.figure = h("figure", { class: "drawing" }, this.img, this.caption);
+      this.message.querySelector(".bubble").after(this.figure);
+    }
+    this.img.src = url;
+    this.finished = !progress;
+    this.progress = progress;
+    this.figure.classList.toggle("preview", !this.finished);
+    this.img.dataset.image = this.finished ? "final" : "preview";
+    if (this.finished) {
+      this.img.alt = "The drawn image";
+      this.caption.replaceChildren(h("a", { href: url, download: "drawing.png" }, "Save the image"));
+    } else {
+      const of = Number.isFinite(progress.steps) ? ` of ${progress.steps}` : "";
+      this.img.alt = `The image being drawn (step ${progress.step}${of})`;
+      this.caption.textContent = `Drawing… step ${progress.step}${of}`;
+    }
+  }
+
+  /** The answer ended without its finished image: the last preview stays, marked as unfinished. */
+  unfinished() {
+    if (!this.figure || this.finished) return;
+    this.figure.classList.add("unfinished");
+    const { step, steps } = this.progress || {};
+    this.caption.textContent = `Not finished: the last preview (step ${step}${Number.isFinite(steps) ? ` of ${steps}` : ""})`;
+  }
+}
+
+/** The modalities to ask for: text, audio if the answer should be spoken, images if the model draws; only those the
+ * model answers with (when /v1/models says). */
+function wantedModalities(model, speak) {
+  const draws = Boolean(model.output && model.output.includes("image"));
+  const wanted = ["text", speak ? "audio" : null, draws ? "image" : null].filter(Boolean);
+  const answered = model.output ? wanted.filter((m) => model.output.includes(m)) : wanted;
+  return answered.length ? answered : wanted;
 }
 
 async function send(event) {
@@ -274,13 +333,17 @@ async function send(event) {
   const remembered = { role: "user", content: compactForHistory(content) }; // becomes what was heard, if spoken
   const assistant = addMessage("assistant");
   const model = await servedModel();
+  const modalities = wantedModalities(model, speak);
   const body = {
     model: model.id,
     messages: model.conversation ? [...state.history, userMessage] : [userMessage],
     stream: true,
-    modalities: speak ? ["text", "audio"] : ["text"],
+    modalities,
   };
-  if (speak) body.audio = { voice: "default", format: "pcm16" };
+  if (modalities.includes("audio")) body.audio = { voice: "default", format: "pcm16" };
+  if (modalities.includes("image")) {
+    body.omnipipe = { sampling_params: { [DRAWING_STAGE]: { extra: { preview_every: PREVIEW_EVERY } } } };
+  }
   body.stream_options = { include_usage: true }; // the token count goes into the recording
   const headers = { "Content-Type": "application/json", Accept: "text/event-stream", "X-Omnipipe-Queue-Events": "1" };
   if (state.sessionId) headers["X-Omnipipe-Session-Id"] = state.sessionId;
@@ -291,8 +354,9 @@ async function send(event) {
   state.ticketId = null;
   const sentAt = performance.now();
   const since = () => (performance.now() - sentAt) / 1000;
-  const metrics = { speak, ttft_s: null, ttfp_s: null, total_s: null, queue_wait_s: 0 };
+  const metrics = { speak, ttft_s: null, ttfp_s: null, image_s: null, total_s: null, queue_wait_s: 0 };
   const pcmPieces = [];
+  const drawing = new AnswerDrawing(assistant.message);
   let answer = "";
   let failure = null;
   let stopped = false;
@@ -350,6 +414,21 @@ async function send(event) {
         hooks.audioChunksReceived += 1;
         player.enqueue(bytes);
       }
+      for (const image of Array.isArray(delta.images) ? delta.images : []) {
+        const url = image && image.image_url && typeof image.image_url.url === "string" ? image.image_url.url : "";
+        if (!url.startsWith("data:image/")) continue; // only pictures go into an <img>
+        const preview = typeof image.step === "number";
+        drawing.show(url, preview ? { step: image.step, steps: image.steps } : null);
+        if (preview) {
+          hooks.previewsReceived += 1;
+        } else {
+          metrics.image_s = since();
+          hooks.imagesReceived += 1;
+          hooks.lastImage = url;
+          if (!answer) assistant.bubble.classList.add("hidden"); // an answer that is only an image
+        }
+        scrollToEnd();
+      }
     }
   } catch (error) {
     if (error.name === "AbortError") stopped = true;
@@ -365,6 +444,8 @@ async function send(event) {
   state.queued = false;
   setBusy(false);
 
+  if (!complete) drawing.unfinished();
+  if (failure || (stopped && !answer)) assistant.bubble.classList.remove("hidden");
   if (failure) {
     assistant.message.classList.add("error");
     assistant.bubble.replaceChildren(answer ? `${answer}\n\n` : "", h("strong", {}, "No answer. "),
@@ -388,7 +469,8 @@ async function send(event) {
     assistant.message.append(metricsLine(metrics));
     hooks.lastMetrics = metrics;
     hooks.lastAnswer = answer;
-    state.history.push(remembered, { role: "assistant", content: answer });
+    // only the text goes along on later turns; a drawn image stays on the page
+    state.history.push(remembered, { role: "assistant", content: answer || (drawing.finished ? "(image)" : "") });
   }
   hooks.turnsCompleted += 1;
   scrollToEnd();
@@ -432,8 +514,10 @@ async function showCapabilities() {
   if (!speaks) els.speak.checked = false;
   const extras = [takes("audio") ? "record a question or attach an audio file" : "", takes("image") ? "attach an image" : ""]
     .filter(Boolean);
+  const draws = Boolean(model.output && model.output.includes("image"));
   if (els.placeholder && els.placeholder.isConnected) {
-    els.placeholder.textContent = `Ask something to start.${extras.length ? ` You can also ${extras.join(", or ")}.` : ""}`;
+    els.placeholder.textContent = `Ask something to start.${extras.length ? ` You can also ${extras.join(", or ")}.` : ""}`
+      + (draws ? " The answer comes with a drawing, e.g. for \u201cDraw the number of legs a spider has.\u201d" : "");
   }
   document.body.dataset.capabilities = "known";
 }

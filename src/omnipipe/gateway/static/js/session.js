@@ -1,4 +1,4 @@
-// Session viewer (/s/{session_id}): metadata, the merged replay, every turn with its text, audio and metrics.
+// Session viewer (/s/{session_id}): metadata, the merged replay, every turn with its text, audio, images and metrics.
 // Data: GET /api/sessions/{id} -> {session_id, meta, recording: {turns, events}, files, size_bytes, errors}.
 
 import { ApiError, describeError, fetchJSON } from "./api.js";
@@ -115,6 +115,15 @@ function audioEntry(entry, label) {
     note);
 }
 
+/** An image the answer drew (tiny: shown large with crisp pixels), linked to its file. */
+function drawnImage(entry) {
+  const size = entry.width && entry.height ? `${entry.width}×${entry.height} px, ` : "";
+  return h("figure", { class: "drawing" },
+    h("a", { href: fileUrl(entry.path) },
+      h("img", { class: "drawn", src: fileUrl(entry.path), alt: `Image the assistant drew (${entry.path})` })),
+    h("figcaption", { class: "small muted" }, `${size}${formatBytes(entry.size_bytes)}`));
+}
+
 function metricLabel(name) {
   const base = name.replace(/_(ms|s)$/, "");
   return base.length <= 4 ? base.toUpperCase() : base.replaceAll("_", " ");
@@ -131,6 +140,7 @@ function renderTurn(turn) {
   const userClips = [turn.user_audio, ...(turn.user_audio_extra || [])].filter(Boolean);
   const aiClips = (turn.ai_audio || []).filter(Boolean);
   const images = (turn.user_images || []).filter((i) => i && i.path);
+  const drawn = (turn.ai_images || []).filter((i) => i && i.path);
   const when = typeof turn.started_at === "number" ? `at ${formatSeconds(turn.started_at)}` : "";
   const took = typeof turn.ended_at === "number" && typeof turn.started_at === "number"
     ? `took ${formatSeconds(turn.ended_at - turn.started_at)}` : "";
@@ -151,8 +161,9 @@ function renderTurn(turn) {
     : null;
   const assistant = h("div", { class: "part assistant" },
     h("div", { class: "who" }, "Assistant"),
-    h("div", { class: "text" }, turn.assistant_text || (aiClips.length ? "" : "(no answer recorded)")),
-    aiClips.map((clip, i) => audioEntry(clip, `Spoken answer ${i + 1}`)));
+    h("div", { class: "text" }, turn.assistant_text || (aiClips.length || drawn.length ? "" : "(no answer recorded)")),
+    aiClips.map((clip, i) => audioEntry(clip, `Spoken answer ${i + 1}`)),
+    drawn.map(drawnImage));
 
   return h("li", { class: "turn", "data-turn": turn.index ?? "" },
     h("div", { class: "turn-head" },
