@@ -16,6 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
+from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+from omnipipe.gateway.recording.store import SessionStore
+from omnipipe.gateway.recording.taps import ChatTap
 from tests.browser.conftest import Stack, expect, screenshot, small_png
 
 pytestmark = pytest.mark.browser
@@ -157,6 +160,35 @@ def test_an_image_only_answer_hides_the_empty_bubble(bare_gateway: Stack, new_pa
     expect(message.locator(".bubble")).to_be_hidden()
     expect(message.locator("img[data-image=final]")).to_be_visible()
     expect(message.locator("[data-metrics]")).not_to_contain_text("TTFT")
+
+
+def test_the_session_page_shows_the_drawn_image_of_a_recording(bare_gateway: Stack, new_page: Any) -> None:
+    store = SessionStore(bare_gateway.gateway.data_dir)
+    session_id = store.new_session_id("chat")
+    writer = RecordingWriter()
+    try:
+        tap = ChatTap(SessionRecorder(store, session_id, "chat", writer=writer))
+        tap.on_request({"stream": True, "modalities": ["text", "image"],
+                        "messages": [{"role": "user", "content": SPIDER}]})
+        for data in (chunk(content="A spider has eight legs."), chunk(images=[image(data_url(small_png(16)), 10, 50)]),
+                     chunk(images=[image(data_url(small_png(8)))])):
+            tap.on_sse_data(json.dumps(data))
+        tap.end("completed")
+        tap.recorder.finish()
+        assert writer.flush(timeout=10) and writer.errors == 0
+    finally:
+        writer.close()
+    page = new_page()
+    page.goto(f"{bare_gateway.url}/s/{session_id}")
+    turn = page.locator(".turn").first
+    expect(turn.locator(".part.assistant .text")).to_have_text("A spider has eight legs.")
+    drawn = turn.locator(".part.assistant img.drawn")
+    expect(drawn).to_have_count(1)  # the finished image; the preview was not recorded
+    expect(drawn).to_have_attribute("src", f"/api/sessions/{session_id}/files/ai_images/turn001.png")
+    page.wait_for_function("() => document.querySelector('.turn img.drawn').naturalWidth > 0")
+    assert drawn.evaluate("img => [img.naturalWidth, img.getBoundingClientRect().width]") == [8, 192]
+    expect(turn.locator("figure.drawing figcaption")).to_contain_text("8×8 px")
+    expect(page.locator("#files")).to_contain_text("ai_images/turn001.png")
 
 
 # ---------------------------------------------------------------------------------------------- a real worker
