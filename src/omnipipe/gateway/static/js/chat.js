@@ -4,8 +4,9 @@
 // (queue events first, then the completion chunks), put text deltas into the conversation, play audio deltas
 // (base64 pcm16, 24 kHz) as they arrive. A model that draws (output_modalities with "image") is asked for
 // images with previews: each delta.images entry is a PNG data URL, a preview of the image being drawn when it has
-// the denoising step ({step, steps}), else the finished image (after the text); each replaces the one shown. The gateway's X-Omnipipe-Session-Id header names the recording; it is
-// sent back on later turns so the whole conversation lands in one recording.
+// the denoising step ({step, steps}), else the finished image (after the text); each replaces the one shown.
+// The gateway's X-Omnipipe-Session-Id header names the recording; it is sent back on later turns so the whole
+// conversation lands in one recording.
 
 import { apiErrorFrom, ApiError, describeError, fetchJSON, servedModel } from "./api.js";
 import { base64ToBytes, blobToDataURL, bytesToBase64 } from "./base64.js";
@@ -250,7 +251,6 @@ class AnswerDrawing {
 
   /** Show `url` (a PNG data URL): a preview with `progress` ({step, steps}), else the finished image. */
   show(url, progress) {
-    if (this.finished) return;
     if (!this.figure) {
       this.img = h("img", { class: "drawn", onload: scrollToEnd });
       this.caption = h("figcaption", {});
