@@ -105,16 +105,16 @@ def test_think_and_draw_answers_in_words_then_draws_the_answer(think_and_draw: S
     client = openai.OpenAI(base_url=f"{think_and_draw.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
     answer = client.chat.completions.create(
         model="think-and-draw", modalities=["text", "image"], seed=0,  # type: ignore[list-item]
-        messages=[{"role": "user", "content": "Draw the number of legs a spider has."}])
+        messages=[{"role": "user", "content": "Draw the number of days in a week."}])
     message = answer.choices[0].message
-    assert "eight" in (message.content or "").lower() or "8" in (message.content or "")
+    assert "seven" in (message.content or "").lower() or "7" in (message.content or "")
     images = (message.model_extra or {})["images"]
     assert len(images) == 1 and images[0]["image_url"]["url"].startswith("data:image/png;base64,")
     array, _ = decode(images[0]["image_url"]["url"].split(",", 1)[1])
-    assert array.shape == (8, 8) and recognise(array[None])[0] == 8
+    assert array.shape == (8, 8) and recognise(array[None])[0] == 7
     with httpx.Client(timeout=300) as http:  # streamed, with previews
         body = {"model": "think-and-draw", "modalities": ["text", "image"], "stream": True, "seed": 0,
-                "messages": [{"role": "user", "content": "Draw the number of legs a spider has."}],
+                "messages": [{"role": "user", "content": "Draw the number of days in a week."}],
                 "omnipipe": {"sampling_params": {"diffusion": {"extra": {"preview_every": 10}}}}}
         with http.stream("POST", f"{think_and_draw.url}/v1/chat/completions", json=body, headers=AUTH) as response:
             lines = [line for line in response.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
