@@ -21,6 +21,8 @@ from omnipipe.stage.schedulers.diffusion import DiffusionScheduler
 from omnipipe.util.field_error import FieldError
 
 diffusers = pytest.importorskip("diffusers")
+pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:diffusers"),  # its own numpy 2 calls
+              pytest.mark.filterwarnings("ignore::FutureWarning:diffusers")]
 torch.set_num_threads(1)
 
 TOL = 1e-4  # floats, batched against alone and against the diffusers pipelines
@@ -206,7 +208,7 @@ def test_dit_matches_the_diffusers_pipeline(dit_dir, scheduler) -> None:
     assert outputs[-1].image.shape == (8, 8, 3)
     assert_uint8_matches(outputs[-1].image, reference[0])
     # the prompt names the class through id2label, as DiTPipeline.get_label_ids does
-    by_name, named = run_one(runner, make_request("b", seed=3, inputs={"prompt": "cock"}, steps=5))
+    _, named = run_one(runner, make_request("b", seed=3, inputs={"prompt": "cock"}, steps=5))
     assert torch.equal(named, latents)
     assert pipe.get_label_ids(["Tinca tinca"]) == [0]
     _, tinca = run_one(runner, make_request("c", seed=3, inputs={"prompt": "Tinca tinca"}, steps=5))
@@ -409,3 +411,19 @@ def test_validate_refuses_params_the_model_cannot_draw(unet_dir, dit_dir, sd_dir
     assert "extra.bogus" in unet.validate({"extra": {"bogus": 1}})
     assert sd.validate({"extra": {"width": 16, "height": 24}}) is None
     assert "multiple of 2" in sd.validate({"extra": {"width": 9}})
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_draws_what_cpu_draws_for_the_same_seed(dit_dir) -> None:
+    """The generator is a CPU one on every device, so a seed gives one image wherever it runs."""
+    cpu = make_runner(dit_dir, scheduler="dpm-solver")
+    _, reference = run_one(cpu, make_request("a", 4, {"class_label": 2}, steps=5))
+    for dtype, tol in (("float32", 1e-3), ("bfloat16", 0.1)):
+        runner = DiffusersRunner(RunnerContext(stage="diffusion", device="cuda", threads=1, max_num_seqs=8,
+                                               options={"model": str(dit_dir), "scheduler": "dpm-solver",
+                                                        "dtype": dtype}))
+        runner.load()
+        runner.warmup()
+        outputs, latents = run_one(runner, make_request("a", 4, {"class_label": 2}, steps=5))
+        assert (latents.float().cpu() - reference).abs().max().item() < tol
+        assert outputs[-1].image.shape == (8, 8, 3) and outputs[-1].image.dtype == np.uint8

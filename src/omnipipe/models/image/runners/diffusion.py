@@ -287,7 +287,9 @@ class DiffusersRunner(StageRunner):
                     lowered = {name.lower(): i for name, i in self.labels.items()}
                     found = lowered.get(prompt.strip().lower())
                 if found is None:
-                    known = ", ".join(sorted(self.labels)[:20]) if self.labels else "none: send a class_label"
+                    names = sorted(self.labels)
+                    known = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+                    known = known if names else "none: send a class_label"
                     return refuse("prompt", f"names no class of this model (known: {known}), got {prompt!r}")
                 label = found
             if label is None:
