@@ -10,6 +10,7 @@ import types
 from collections import deque
 from pathlib import Path
 
+import diffusers
 import numpy as np
 import pytest
 import torch
@@ -20,7 +21,6 @@ from omnipipe.stage.runner import RunnerContext, RunnerOutput
 from omnipipe.stage.schedulers.diffusion import DiffusionScheduler
 from omnipipe.util.field_error import FieldError
 
-diffusers = pytest.importorskip("diffusers")
 pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:diffusers"),  # its own numpy 2 calls
               pytest.mark.filterwarnings("ignore::FutureWarning:diffusers")]
 torch.set_num_threads(1)
@@ -383,7 +383,9 @@ def test_inputs_a_model_cannot_take_fail_that_request_alone(unet_dir, digits_lik
         output = _error(digits, {"class_label": label})
         assert output.error_field == "class_label" and "[0, 10)" in output.error
     assert _error(digits, {}).error_field == "class_label"
-    assert _error(digits, {"prompt": "seven"}).error_field == "prompt"
+    output = _error(digits, {"prompt": "a cat"})
+    assert output.error_field == "prompt" and "the digits 0-9" in output.error
+    assert _error(digits, {"prompt": "a three and a four"}).error_field == "prompt"
 
     dit = make_runner(dit_dir, steps=2)
     output = _error(dit, {"prompt": "platypus"})
@@ -402,15 +404,32 @@ def test_inputs_a_model_cannot_take_fail_that_request_alone(unet_dir, digits_lik
 
 def test_validate_refuses_params_the_model_cannot_draw(unet_dir, dit_dir, sd_dir) -> None:
     unet, dit, sd = make_runner(unet_dir), make_runner(dit_dir), make_runner(sd_dir)
+
+    def refused(runner: DiffusersRunner, extra: dict) -> FieldError:
+        with pytest.raises(FieldError) as caught:
+            runner.validate({"extra": extra})
+        return caught.value
+
     assert unet.validate({"extra": {"width": 8, "height": 8}}) is None
-    assert "extra.width" in unet.validate({"extra": {"width": 16}})
-    assert "extra.height" in dit.validate({"extra": {"height": 16}})
-    assert "extra.guidance_scale" in unet.validate({"extra": {"guidance_scale": 3.0}})
+    assert unet.validate({"extra": {"width": 32, "height": 16}}) is None  # whole multiples: enlarged
+    error = refused(unet, {"width": 12})
+    assert error.field == "sampling_params.extra.width" and "8x8" in error.rule
+    assert refused(dit, {"height": 13}).field == "sampling_params.extra.height"
+    assert refused(unet, {"guidance_scale": 3.0}).field == "sampling_params.extra.guidance_scale"
     assert unet.validate({"extra": {"guidance_scale": 1.0}}) is None
-    assert "extra.steps" in unet.validate({"extra": {"steps": 0}})
-    assert "extra.bogus" in unet.validate({"extra": {"bogus": 1}})
+    assert refused(unet, {"steps": 0}).field == "sampling_params.extra.steps"
+    assert refused(unet, {"bogus": 1}).field == "sampling_params.extra.bogus"
     assert sd.validate({"extra": {"width": 16, "height": 24}}) is None
-    assert "multiple of 2" in sd.validate({"extra": {"width": 9}})
+    assert "multiple of 2" in refused(sd, {"width": 9}).rule
+
+
+def test_a_whole_multiple_of_the_model_size_is_enlarged_with_crisp_pixels(unet_dir) -> None:
+    runner = make_runner(unet_dir, steps=2)
+    small, _ = drive(runner, {0: [make_request("small", 0, {})]})
+    big, _ = drive(runner, {0: [make_request("big", 0, {}, width=32, height=16)]})
+    image, enlarged = small["small"][-1].image, big["big"][-1].image
+    assert enlarged.shape[:2] == (16, 32)
+    np.testing.assert_array_equal(enlarged[::2, ::4], image)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

@@ -39,10 +39,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.models.image.processors import DiffusionParams
+from omnipipe.models.image.processors import DiffusionParams, class_for_prompt
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
+from omnipipe.util.image import enlarge
 from omnipipe.util.options import options_from_dict
 
 SCHEDULERS = {"ddpm": "DDPMScheduler", "ddim": "DDIMScheduler", "dpm-solver": "DPMSolverMultistepScheduler",
@@ -93,6 +94,7 @@ class _Denoising:
     steps: int  # model calls: the scheduler's timesteps
     preview_every: int
     progress: bool
+    size: tuple[int, int]  # (width, height) of the images returned: drawn, or enlarged to
     step: int = 0  # steps done
 
 
@@ -134,6 +136,7 @@ class DiffusersRunner(StageRunner):
 
         self.vae = self.text_encoder = self.tokenizer = None
         self.labels: dict[str, int] = {}  # class name -> class id
+        self.class_names: list[str] = []  # omnipipe.json's classes by id: a prompt may name one in a phrase
         self.null_class: int | None = None
         self.num_classes = 0
         if "transformer" in components:
@@ -215,6 +218,7 @@ class DiffusersRunner(StageRunner):
         names = list(meta.get("classes") or [])
         self.num_classes = len(names) if names else num_class_embeds - (1 if self.null_class is not None else 0)
         self.labels = {str(label): i for i, label in enumerate(names)}
+        self.class_names = [str(label) for label in names]
 
     @property
     def can_guide(self) -> bool:
@@ -229,27 +233,31 @@ class DiffusersRunner(StageRunner):
 
     # ------------------------------------------------------------------ requests
     def _params(self, params: dict[str, Any]) -> DiffusionParams:
-        return options_from_dict(DiffusionParams, params.get("extra") or {}, "extra")
+        return options_from_dict(DiffusionParams, params.get("extra") or {}, "sampling_params.extra")
 
     def validate(self, params: dict[str, Any]) -> str | None:
-        try:
-            extra = self._params(params)
-        except FieldError as exc:
-            return str(exc)
+        """The request's knobs against this model; a FieldError names the caller's field (a 400)."""
+        extra = self._params(params)
         steps = extra.steps or self.options.steps
+
+        def refuse(name: str, rule: str) -> FieldError:
+            return FieldError(f"sampling_params.extra.{name}", rule)
+
         if steps > self.num_train_timesteps:
-            return f"extra.steps: the model was trained with {self.num_train_timesteps} steps; got {steps}"
+            raise refuse("steps", f"the model was trained with {self.num_train_timesteps} steps; got {steps}")
         if extra.guidance_scale is not None and extra.guidance_scale > 1 and not self.can_guide:
-            return (f"extra.guidance_scale: this model has no null condition for classifier-free guidance; "
-                    f"use 1 or less, got {extra.guidance_scale}")
+            raise refuse("guidance_scale", "this model has no null condition for classifier-free guidance; use 1 or "
+                         f"less, got {extra.guidance_scale}")
         height, width = self.native_size
-        for name, value, native in (("height", extra.height, height), ("width", extra.width, width)):
-            if value is None or value == native:
-                continue
-            if self.kind != TEXT:
-                return f"extra.{name}: this model draws {width}x{height} images only, got {value}"
-            if value % self.vae_scale_factor:
-                return f"extra.{name}: must be a multiple of {self.vae_scale_factor}, got {value}"
+        if self.kind != TEXT:  # drawn at its own size; a whole multiple of it is enlarged with crisp pixels
+            for name, value, native in (("width", extra.width, width), ("height", extra.height, height)):
+                if value is not None and value % native:
+                    raise refuse(name, f"this model draws {width}x{height} images; ask for that size or a whole "
+                                 f"multiple of it (e.g. {width * 32}x{height * 32}), got {value}")
+            return None
+        for name, value in (("width", extra.width), ("height", extra.height)):
+            if value is not None and value % self.vae_scale_factor:
+                raise refuse(name, f"must be a multiple of {self.vae_scale_factor}, got {value}")
         return None
 
     def _start(self, request: StageRequest) -> _Denoising | RunnerOutput:
@@ -286,6 +294,11 @@ class DiffusersRunner(StageRunner):
                 if found is None:
                     lowered = {name.lower(): i for name, i in self.labels.items()}
                     found = lowered.get(prompt.strip().lower())
+                if found is None and self.class_names:  # a phrase naming a class: "draw a seven"
+                    try:
+                        found = class_for_prompt(prompt, self.class_names)
+                    except FieldError as exc:
+                        return refuse("prompt", exc.rule)
                 if found is None:
                     names = sorted(self.labels)
                     known = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
@@ -316,6 +329,9 @@ class DiffusersRunner(StageRunner):
             generator.manual_seed(int(seed))
         native_h, native_w = self.native_size
         height, width = extra.height or native_h, extra.width or native_w
+        shown = (width, height)
+        if self.kind != TEXT:  # drawn at its own size, enlarged to the asked one
+            height, width = native_h, native_w
         shape = (1, self.latent_channels, height // self.vae_scale_factor, width // self.vae_scale_factor)
         from diffusers.utils.torch_utils import randn_tensor
 
@@ -323,7 +339,7 @@ class DiffusersRunner(StageRunner):
         latents = latents * scheduler.init_noise_sigma
         # the model runs once per timestep, which some schedulers repeat (PNDM: steps + 1; Heun: 2 * steps - 1)
         return _Denoising(scheduler, generator, latents, cond, uncond if guide else None, float(scale),
-                          len(scheduler.timesteps), extra.preview_every, extra.progress)
+                          len(scheduler.timesteps), extra.preview_every, extra.progress, shown)
 
     def _encode_text(self, text: str) -> torch.Tensor:
         """(1, L, D) CLIP embeddings of ``text``, as StableDiffusionPipeline.encode_prompt computes them."""
@@ -430,6 +446,7 @@ class DiffusersRunner(StageRunner):
         for items in to_decode.values():
             images = _to_uint8(self._decode(torch.cat([latents for _, latents in items])))
             for (i, _), image in zip(items, images):
+                image = enlarge(image, *batch[i].runner_state.size)
                 if i in outputs:  # a preview
                     outputs[i].image = image
                 else:
