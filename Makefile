@@ -37,7 +37,9 @@ demo: install
 	@echo "== a spoken question (made with the tts pipeline) =="
 	$(BIN)/omnipipe generate --pipeline tts "What is the largest planet in our solar system?" --output $(OUT)/question.wav
 	$(BIN)/omnipipe generate --audio-in $(OUT)/question.wav --output $(OUT)/spoken-answer.wav --stats
-	@echo "wrote $(OUT)/answer.wav and $(OUT)/spoken-answer.wav"
+	@echo "== an image (the digits diffusion model) =="
+	$(BIN)/omnipipe generate --pipeline image "draw a seven" --output $(OUT)/seven.png
+	@echo "wrote $(OUT)/answer.wav, $(OUT)/spoken-answer.wav and $(OUT)/seven.png"
 
 # the browser tests drive Debian's Chromium; installed here where we may (root with apt-get), else said loudly
 chromium:

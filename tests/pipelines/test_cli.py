@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 import yaml
@@ -54,6 +55,10 @@ def test_models_lists_the_pipelines() -> None:
     (["generate", "hi", "--max-tokens", "0", "--pipeline", "toy"], "sampling_params.max_tokens"),
     (["generate", "hi", "--pipeline", "asr"], "pipeline 'asr' takes audio, not a text prompt: use --audio-in FILE"),
     (["generate", "hi", "--pipeline", "toy_tts"], "pipeline 'toy_tts' only speaks: give --output FILE.wav"),
+    (["generate", "draw a seven", "--pipeline", "image"], "pipeline 'image' draws: give --output FILE.png"),
+    (["generate", "draw a seven", "--pipeline", "image", "-o", "seven.wav"],
+     "--output: pipeline 'image' draws images: give a .png, .webp or .jpg file"),
+    (["generate", "hi", "--pipeline", "toy", "--model", "x"], "--model: pipeline 'toy' has no stage whose model"),
     (["generate", "--pipeline", "toy_tts", "--audio-in", "/no/such.wav", "-o", "a.wav"],
      "--audio-in: pipeline 'toy_tts' takes text, not audio"),
 ])
@@ -122,3 +127,18 @@ def test_version_help_defaults_and_a_subcommands_own_usage() -> None:
     result = run("generate", "hi", "--bogus")
     assert result.returncode == 2
     assert result.stderr.startswith("usage: omnipipe generate") and "unrecognized arguments: --bogus" in result.stderr
+
+
+@pytest.mark.models
+def test_generate_draws_an_image_into_a_png(tmp_path: Path) -> None:
+    from PIL import Image
+
+    from omnipipe.models.image.judge import recognise
+
+    out = tmp_path / "seven.png"
+    result = run("generate", "--pipeline", "image", "draw a seven", "--output", str(out), "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    assert f"wrote {out} (8x8 image)" in result.stderr
+    image = Image.open(out)
+    assert image.format == "PNG" and image.size == (8, 8)
+    assert recognise(np.asarray(image)[None])[0] == 7

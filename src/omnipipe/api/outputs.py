@@ -70,6 +70,15 @@ class OmniRequestOutput:
     finish_reason: str | None = None
     metrics: RequestMetrics | None = None
 
+    def pil_image(self) -> Any:
+        """``image`` as a ``PIL.Image.Image`` (grayscale or RGB), or None."""
+        if self.image is None:
+            return None
+        from PIL import Image
+
+        array = self.image[:, :, 0] if self.image.ndim == 3 and self.image.shape[2] == 1 else self.image
+        return Image.fromarray(array)
+
     @property
     def is_preview(self) -> bool:
         """An image event showing an image still being drawn (not the finished one)."""

@@ -497,8 +497,9 @@ class Orchestrator:
         if "audio" in body:
             self._emit(EngineEvent(request.request_id, "audio", stage, audio=body["audio"],
                                    sample_rate_hz=spec.sample_rate_hz))
-        if "image" in body:  # a finished image, or (with progress) a preview
-            self._emit(EngineEvent(request.request_id, "image", stage, image=body["image"], details=body.get("progress")))
+        if "image" in body:  # the finished image (the stage's last output), or a preview with its step
+            progress = None if message.finished else body.get("progress")
+            self._emit(EngineEvent(request.request_id, "image", stage, image=body["image"], details=progress))
         elif "progress" in body:
             self._emit(EngineEvent(request.request_id, "progress", stage, details=body["progress"]))
         if "data" in body:

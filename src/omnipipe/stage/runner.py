@@ -91,7 +91,8 @@ class StageRunner(ABC):
 
     def validate(self, params: dict[str, Any]) -> str | None:
         """Check a request's params for this stage when it arrives: an error message fails that request alone
-        (before it can share a batch with others), None accepts it."""
+        (before it can share a batch with others), None accepts it. Raise ``FieldError`` (field as the caller
+        named it, e.g. ``sampling_params.extra.width``) when the caller's value is at fault: they get a 400."""
         return None
 
     def snapshot(self, request: StageRequest) -> Any:

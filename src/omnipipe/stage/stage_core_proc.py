@@ -241,7 +241,11 @@ class StageCoreProc:
         except FieldError as exc:
             self._fail(request_id, str(exc))
             return
-        problem = self.runner.validate(request.params) if self.runner is not None else None
+        try:
+            problem = self.runner.validate(request.params) if self.runner is not None else None
+        except FieldError as exc:  # the request's own input, in this field: the caller's mistake (a 400)
+            self._fail(request_id, exc.rule, exc.field)
+            return
         if problem is not None:  # fail it alone now rather than inside a batched step later
             self._fail(request_id, problem)
             return

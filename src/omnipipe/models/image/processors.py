@@ -91,8 +91,9 @@ def image_prompt(prompt: dict[str, Any]) -> EntryInput:
     return EntryInput("diffusion", {"prompt": text})
 
 
-THINK_AND_DRAW_INSTRUCTION = ("Answer in one short sentence. When the answer is a number, write it as a word "
-                              "(for example: A spider has eight legs.)")
+# measured with the default thinker on 7 "draw the number of ..." questions: 6 right with this instruction, 4 with
+# none (spider legs "four", continents "5"); an example answer in it was copied into unrelated answers
+THINK_AND_DRAW_INSTRUCTION = "Answer in one short sentence that says the number."
 
 
 def think_and_draw_prompt(prompt: dict[str, Any]) -> EntryInput:

@@ -1,0 +1,1 @@
+"""The image family: diffusion stages on diffusers; the digits model it trains itself."""
