@@ -224,6 +224,7 @@ def test_think_and_draw_draws_in_the_chat_and_the_recording_keeps_the_image(draw
     session_id = hooks["sessionId"]
     assert session_id
     chat_shot = tmp_screenshot(page, "chat-think-and-draw")
+    (chat_shot.parent / "drawn-think-and-draw.png").write_bytes(base64.b64decode(src.partition(",")[2]))
 
     # the session page shows the recorded image: the very bytes the chat got
     page.goto(f"{drawing_stack.url}/s/{session_id}")
@@ -240,4 +241,4 @@ def test_think_and_draw_draws_in_the_chat_and_the_recording_keeps_the_image(draw
     assert stored.status_code == 200 and stored.headers["content-type"] == "image/png"
     assert stored.content == base64.b64decode(src.partition(",")[2])
     session_shot = tmp_screenshot(page, "session-think-and-draw")
-    print(f"screenshots: {chat_shot} {session_shot}")
+    print(f"screenshots: {chat_shot} {session_shot}; {hooks['previewsReceived']} previews; answer {text!r}")
