@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 from omnipipe.models.image.judge import recognise
-from tests.server.conftest import API_KEY, AUTH, DEFAULT_DEPLOY, ServerProcess, running_server
+from tests.server.conftest import API_KEY, AUTH, ServerProcess, running_server
 
 pytestmark = pytest.mark.models
 
@@ -97,7 +97,7 @@ def test_chat_is_not_served_by_a_pipeline_that_only_draws(image_server: ServerPr
 
 @pytest.fixture(scope="module")
 def think_and_draw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server("think-and-draw", DEFAULT_DEPLOY, tmp_path_factory.mktemp("tad-server"), 600) as server:
+    with running_server("think-and-draw", None, tmp_path_factory.mktemp("tad-server"), 600) as server:
         yield server
 
 
@@ -115,7 +115,7 @@ def test_think_and_draw_answers_in_words_then_draws_the_answer(think_and_draw: S
     with httpx.Client(timeout=300) as http:  # streamed, with previews
         body = {"model": "think-and-draw", "modalities": ["text", "image"], "stream": True, "seed": 0,
                 "messages": [{"role": "user", "content": "Draw the number of days in a week."}],
-                "omnipipe": {"sampling_params": {"diffusion": {"extra": {"preview_every": 10}}}}}
+                "omnipipe": {"sampling_params": {"diffusion": {"extra": {"preview_every": 5}}}}}
         with http.stream("POST", f"{think_and_draw.url}/v1/chat/completions", json=body, headers=AUTH) as response:
             lines = [line for line in response.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
     deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in lines if json.loads(line[6:])["choices"]]

@@ -122,7 +122,8 @@ async def _generate(args: argparse.Namespace) -> int:
                 print(out.text_delta, end="", flush=True)
             if out.finished:
                 final = out
-    print()
+    if final is not None and final.text:
+        print()
     assert final is not None
     if final.image is not None and args.output is not None:
         fmt = format_for_path(args.output)

@@ -17,10 +17,12 @@ _P = "omnipipe.models.image"
 # borrowed by dotted path from the default family: the thinker, and the weights it needs
 _THINKER_RUNNER = "omnipipe.models.default.runners.thinker:ThinkerRunner"
 
+# the digits model's sampler, measured as the share of 200 samples a classifier reads as the asked digit: DDIM 25 steps
+# with guidance 2.0: 100% (1.5: 99%, 1.0: 94-96%, 3.0: 90%; 50 steps: 92-96%; DPM-Solver++ 25 steps: 90%)
 DIFFUSION = StageSpec(
     "diffusion", "diffusion", f"{_P}.runners.diffusion:DiffusersRunner", final_output="image",
     extra_params=f"{_P}.processors:DiffusionParams",
-    default_options={"model": "digits", "scheduler": "ddim", "steps": 50, "guidance_scale": 3.0},
+    default_options={"model": "digits", "scheduler": "ddim", "steps": 25, "guidance_scale": 2.0},
 )
 THINKER = StageSpec("thinker", "ar", _THINKER_RUNNER, final_output="text",
                     default_options={"model": "qwen2.5-0.5b-instruct"})
