@@ -20,7 +20,7 @@ import { concatBytes, concatFloat32, encodeWav, fileToWav, wavFromPcm16 } from "
 const RATE = 24000;
 const MAX_RECORDING_S = 120;
 const SPEAK_KEY = "omnipipe.chat.speak";
-const PREVIEW_EVERY = 10; // denoising steps between previews of an image being drawn (of ~50)
+const PREVIEW_EVERY = 10; // denoising steps between previews of an image being drawn (the digits model takes 25)
 const DRAWING_STAGE = "diffusion"; // the stage that draws, in the image pipelines
 
 const els = {
