@@ -300,7 +300,10 @@ async def _complete(outputs: AsyncIterator[OmniRequestOutput], first: OmniReques
         choices=[Choice(message=ResponseMessage(content=None if audio is not None else final.text, audio=audio,
                                                 images=images),
                         finish_reason=final.finish_reason or "stop")])
-    return JSONResponse(completion.model_dump(exclude_none=False))
+    body = completion.model_dump(exclude_none=False)
+    if images is None:  # an extension field: only in answers that drew something
+        del body["choices"][0]["message"]["images"]
+    return JSONResponse(body)
 
 
 async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None,
