@@ -13,7 +13,6 @@ Each is assembled once, dequantised to float32 with ``transformers`` and stored 
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib
 import json
@@ -21,8 +20,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -31,7 +30,7 @@ from types import ModuleType
 from tqdm.auto import tqdm
 
 from omnipipe.models.preparation import ModelPreparationError
-from omnipipe.util.cache import cache_root
+from omnipipe.util.cache import cache_root, file_lock
 
 __all__ = [
     "THINKER_MODELS",
@@ -154,7 +153,7 @@ def prepare_thinker(model: str, progress: bool = True) -> Path:
     if thinker_ready(model):
         return thinker_dir(model)
     root = cache_root()
-    with _file_lock(root / f"{weights.name}.lock"):
+    with file_lock(root / f"{weights.name}.lock"):
         if thinker_ready(model):
             return thinker_dir(model)
         for module_name in weights.chunk_modules:
@@ -169,16 +168,6 @@ def prepare_thinker(model: str, progress: bool = True) -> Path:
         _remove_gguf(gguf_path)
         logger.info("Thinker weights ready in %.1f s: %s", time.perf_counter() - started_s, thinker_dir(model))
     return thinker_dir(model)
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _import_or_fail(module_name: str, install: str) -> ModuleType:

@@ -17,18 +17,15 @@ The trained model lives in ``<cache>/digits-ddpm/`` as a directory diffusers can
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from omnipipe.models.preparation import ModelPreparationError
-from omnipipe.util.cache import cache_root
+from omnipipe.util.cache import cache_root, file_lock
 
 __all__ = [
     "DIGITS_DIR_NAME",
@@ -112,7 +109,7 @@ def prepare_digits(progress: bool = True) -> Path:
     directory = digits_dir()
     if _is_current(directory):
         return directory
-    with _file_lock(directory.with_name(directory.name + ".lock")):
+    with file_lock(directory.with_name(directory.name + ".lock")):
         if _is_current(directory):
             return directory
         for staging in directory.parent.glob(f"{directory.name}.staging-*"):
@@ -131,16 +128,6 @@ def prepare_digits(progress: bool = True) -> Path:
                 raise
             raise ModelPreparationError(f"Training the digits model failed: {type(error).__name__}: {error}") from error
     return directory
-
-
-@contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def build_unet():
