@@ -66,6 +66,18 @@ _IMAGE_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
     "image/gif": lambda data: data[:6] in (b"GIF87a", b"GIF89a"),
     "image/webp": lambda data: data[:4] == b"RIFF" and data[8:12] == b"WEBP",
 }
+
+
+def _check_image(data: bytes, mime: str, max_image_bytes: int) -> None:
+    """``ValueError`` for an empty or oversized image, or bytes that are not of type ``mime``."""
+    if not data:
+        raise ValueError("data: the image is empty")
+    if len(data) > max_image_bytes:
+        raise ValueError(f"data: the image has {len(data)} bytes, more than the limit of {max_image_bytes}")
+    if not _IMAGE_SIGNATURES[mime](data):
+        raise ValueError(f"data: the bytes are not a {mime} image")
+
+
 AUDIO_FILE_EXTENSIONS = frozenset({"wav", "mp3", "flac", "ogg", "oga", "opus", "m4a", "mp4", "aac", "webm", "weba",
                                    "aif", "aiff", "amr", "3gp", "wma", "caf", "mka"})
 """Extensions audio kept as sent may have; any other becomes ``bin``, so the gateway never serves a recorded
@@ -331,12 +343,7 @@ class SessionRecorder:
         mime = mime.split(";", 1)[0].strip().lower()
         if mime not in IMAGE_EXTENSIONS:
             raise ValueError(f"mime: images must be one of {', '.join(IMAGE_EXTENSIONS)}, got {mime!r}")
-        if not data:
-            raise ValueError("data: the image is empty")
-        if len(data) > max_image_bytes:
-            raise ValueError(f"data: the image has {len(data)} bytes, more than the limit of {max_image_bytes}")
-        if not _IMAGE_SIGNATURES[mime](data):
-            raise ValueError(f"data: the bytes are not a {mime} image")
+        _check_image(data, mime, max_image_bytes)
         with self._lock:
             turn = self._open_turn()
             relpath = f"user_images/turn{turn['index']:03d}_{len(turn['user_images']) + 1}.{IMAGE_EXTENSIONS[mime]}"
@@ -404,12 +411,7 @@ class SessionRecorder:
         mime = mime.split(";", 1)[0].strip().lower()
         if mime != "image/png":
             raise ValueError(f"mime: a drawn image must be image/png, got {mime!r}")
-        if not data:
-            raise ValueError("data: the image is empty")
-        if len(data) > max_image_bytes:
-            raise ValueError(f"data: the image has {len(data)} bytes, more than the limit of {max_image_bytes}")
-        if not _IMAGE_SIGNATURES[mime](data):
-            raise ValueError(f"data: the bytes are not a {mime} image")
+        _check_image(data, mime, max_image_bytes)
         entry: dict[str, Any] = {"mime": mime, "size_bytes": len(data)}
         if data[12:16] == b"IHDR" and len(data) >= 24:  # the first chunk: width and height, big-endian
             entry.update(width=int.from_bytes(data[16:20], "big"), height=int.from_bytes(data[20:24], "big"))
