@@ -162,11 +162,9 @@ def bare_gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         _stop_all([gateway])
 
 
-@pytest.fixture(scope="module")
-def default_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """``omnipipe worker --pipeline default --capacity 2`` (deterministic speech) behind ``omnipipe gateway``."""
-    workdir = tmp_path_factory.mktemp("default-stack")
-    worker = WorkerProcess("default", workdir, capacity=2, deploy=DEFAULT_DEPLOY)
+def _worker_behind_gateway(workdir: Path, pipeline: str, **worker_options: Any) -> Iterator[Stack]:
+    """``omnipipe worker --pipeline PIPELINE`` behind ``omnipipe gateway``, both stopped afterwards."""
+    worker = WorkerProcess(pipeline, workdir, **worker_options)
     processes: list[CliProcess] = [worker]
     try:
         worker.wait_state("IDLE", timeout_s=600)
@@ -176,25 +174,21 @@ def default_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield Stack(gateway, [worker], workdir)
     finally:
         _stop_all(processes)
+
+
+@pytest.fixture(scope="module")
+def default_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """``omnipipe worker --pipeline default --capacity 2`` (deterministic speech) behind ``omnipipe gateway``."""
+    yield from _worker_behind_gateway(tmp_path_factory.mktemp("default-stack"), "default", capacity=2,
+                                      deploy=DEFAULT_DEPLOY)
 
 
 @pytest.fixture(scope="module")
 def drawing_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """``omnipipe worker --pipeline think-and-draw`` (text, then an 8x8 drawing) behind ``omnipipe gateway``."""
-    workdir = tmp_path_factory.mktemp("think-and-draw-stack")
-    worker = WorkerProcess("think-and-draw", workdir)
-    processes: list[CliProcess] = [worker]
-    try:
-        worker.wait_state("IDLE", timeout_s=600)
-        gateway = GatewayProcess([worker.address], workdir)
-        processes.insert(0, gateway)
-        gateway.wait_ready(timeout_s=60)
-        yield Stack(gateway, [worker], workdir)
-    finally:
-        _stop_all(processes)
+    yield from _worker_behind_gateway(tmp_path_factory.mktemp("think-and-draw-stack"), "think-and-draw")
 
 
-# ---------------------------------------------------------------------------------------------- audio
 def speech(worker: WorkerProcess, text: str) -> np.ndarray:
     """``text`` read by the worker's tts pipeline: 24 kHz mono int16 samples."""
     response = httpx.post(f"http://{worker.address}/v1/audio/speech", timeout=300,
