@@ -89,9 +89,8 @@ def _preview_every(partial_images: int | None, steps: int) -> int:
     return max(1, steps // (partial_images + 1))
 
 
-def _sampling_params(body: ImageGenerationRequest, engine: AsyncOmni, stage: str, index: int,
-                     base_seed: int) -> dict[str, SamplingParams]:
-    size = _size(body.size)
+def _sampling_params(body: ImageGenerationRequest, engine: AsyncOmni, stage: str, size: tuple[int, int] | None,
+                     index: int, base_seed: int) -> dict[str, SamplingParams]:
     steps = body.num_inference_steps or engine.deploy.stage(stage).options.get("steps") or 50
     extra: dict[str, Any] = {"preview_every": _preview_every(body.partial_images, int(steps))}
     if body.num_inference_steps is not None:
@@ -118,11 +117,11 @@ def _size_of(image: np.ndarray) -> str:
 
 
 async def _draw(engine: AsyncOmni, pipeline: PipelineSpec, body: ImageGenerationRequest, request: Request,
-                stage: str, index: int, base_seed: int) -> tuple[AsyncIterator[OmniRequestOutput],
-                                                                  OmniRequestOutput | None]:
+                stage: str, size: tuple[int, int] | None, index: int,
+                base_seed: int) -> tuple[AsyncIterator[OmniRequestOutput], OmniRequestOutput | None]:
     modalities = ["text", "image"] if "text" in pipeline.output_modalities else ["image"]
     outputs = engine.generate(body.prompt, request_id=f"img-{uuid.uuid4().hex}",
-                              sampling_params=_sampling_params(body, engine, stage, index, base_seed),
+                              sampling_params=_sampling_params(body, engine, stage, size, index, base_seed),
                               output_modalities=modalities)
     return outputs, await first_output(request, outputs, _FIELDS)
 
@@ -175,18 +174,18 @@ async def create_image(body: ImageGenerationRequest, request: Request) -> Any:
     metrics: ServerMetrics = request.app.state.metrics
     pool.check_model(body.model or pool.model_name, "images")
     _refuse_unsupported(body)
-    _size(body.size)
+    size = _size(body.size)
     engine, pipeline = await pool.engine_for("images")
     stage = _diffusion_stage(pipeline)
     base_seed = body.seed if body.seed is not None else secrets.randbelow(2**62)
     if body.stream:
-        outputs, first = await _draw(engine, pipeline, body, request, stage, 0, base_seed)
+        outputs, first = await _draw(engine, pipeline, body, request, stage, size, 0, base_seed)
         return ClosingStreamingResponse(_stream(outputs, first, body, metrics), media_type="text/event-stream",
                                         headers=SSE_HEADERS)
-    started = [await _draw(engine, pipeline, body, request, stage, 0, base_seed)]
+    started = [await _draw(engine, pipeline, body, request, stage, size, 0, base_seed)]
     try:  # the first surfaced a bad request as a 4xx before the others start
         for index in range(1, body.n):
-            started.append(await _draw(engine, pipeline, body, request, stage, index, base_seed))
+            started.append(await _draw(engine, pipeline, body, request, stage, size, index, base_seed))
         finals = await while_connected(request, asyncio.gather(*(_final(o, f) for o, f in started)))
     finally:
         for outputs, _ in started:
