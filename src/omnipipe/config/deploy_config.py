@@ -21,6 +21,8 @@ from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
 
 TRANSPORTS = ("ipc", "tcp")
+# how a tensor-parallel stage's multimodal inputs reach every rank (stage/broadcast.py)
+INPUT_BROADCAST_MODES = ("blocking", "async", "async_raw")
 
 
 class DeployConfigError(ValueError):
@@ -38,6 +40,13 @@ class StageDeploy:
     # stall_restart_s (None: never) the stage is killed and handled like a dead stage
     stall_report_s: float = 5.0
     stall_restart_s: float | None = 60.0
+    # rank processes sharding the stage's model (rank 0 runs the stage loop); gloo on CPU, nccl on CUDA
+    tensor_parallel_size: int = 1
+    # how a request's multimodal inputs reach every rank: blocking (rank 0 materialises and broadcasts the object
+    # in its loop), async (the same on a background thread), async_raw (the raw bytes go out on a background
+    # thread and every rank materialises them; inputs under input_broadcast_threshold_bytes take the async path)
+    input_broadcast: str = "async_raw"
+    input_broadcast_threshold_bytes: int = 256 * 1024
     options: dict[str, Any] = field(default_factory=dict)  # runner-specific
 
 
@@ -183,6 +192,9 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
         "heartbeat_interval_s": (float, 0.05),
         "stall_report_s": (float, 0.1),
         "stall_restart_s": (float, 0.1),
+        "tensor_parallel_size": (int, 1),
+        "input_broadcast": INPUT_BROADCAST_MODES,
+        "input_broadcast_threshold_bytes": (int, 0),
     }
     if name == "stall_restart_s" and value is None:
         return None

@@ -209,6 +209,8 @@ class Orchestrator:
                 out_relay=self.deploy.relay.backend, out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
                 relay_options=self.deploy.relay_options(), log_level=self.log_level,
                 heartbeat_interval_s=self.deploy.heartbeat_interval_s,
+                world_size=settings.tensor_parallel_size, input_broadcast=settings.input_broadcast,
+                input_broadcast_threshold_bytes=settings.input_broadcast_threshold_bytes,
             )
         return launches
 
@@ -231,7 +233,8 @@ class Orchestrator:
                 self.clients[stage.name] = StageClient(self.ctx, stage.name, self.launcher,
                                                        self._address(f"{stage.name}-ctrl"),
                                                        self._address(f"{stage.name}-out"),
-                                                       StageLiveness(settings.stall_report_s, settings.stall_restart_s))
+                                                       StageLiveness(settings.stall_report_s, settings.stall_restart_s),
+                                                       dist_host=self.deploy.host)
             for name, launch in self._launches(abort_address).items():
                 self.clients[name].launch = launch
             self._say(f"starting {len(self.clients)} stage(s) of {self.pipeline.name!r}: {', '.join(self.clients)}")
@@ -577,6 +580,10 @@ class Orchestrator:
         if self._stopping:
             return
         code = client.exit_code()
+        rank = client.ended_rank()
+        if client.handle is not None and client.launch is not None and client.launch.world_size > 1:
+            client.handle.kill()  # the other ranks cannot go on without it (they would wait in a collective)
+            client.handle.wait(5.0)
         client.alive = False
         client.ready.clear()
         if client.ready_since is not None and time.monotonic() - client.ready_since >= RESTART_WINDOW_S:
@@ -586,7 +593,9 @@ class Orchestrator:
             death = f"stage {client.name!r} {client.liveness.killed_for} and was killed"
             client.liveness.killed_for = None  # a later death (even before it is ready again) is its own
         else:
-            death = f"stage {client.name!r} died (exit code {code})"
+            size = client.launch.world_size if client.launch is not None else 1
+            which = f" rank {rank} (of {size})" if size > 1 else ""
+            death = f"stage {client.name!r}{which} died (exit code {code})"
         logger.error("%s", death)
         victims = [r for r in self.requests.values()
                    if client.name in r.route.stages and client.name not in r.done_stages]
@@ -691,6 +700,9 @@ class Orchestrator:
                 for r in replies
             },
             "pids": {name: c.pid for name, c in self.clients.items() if c.alive},
+            # every rank's process of a tensor-parallel stage, rank order
+            "rank_pids": {name: list(c.handle.pids) for name, c in self.clients.items()
+                          if c.alive and c.handle is not None},
             "restarts": {name: c.restarts for name, c in self.clients.items()},
         }
         command.result.set_result(state)

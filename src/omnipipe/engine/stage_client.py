@@ -11,12 +11,14 @@ import logging
 import os
 from typing import Any
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from omnipipe.engine.liveness import StageLiveness
 from omnipipe.placement.launcher import Launcher, StageHandle
 from omnipipe.stage.launch import StageLaunch
+from omnipipe.stage.tensor_parallel import free_tcp_address
 from omnipipe.transport import control_plane
 
 logger = logging.getLogger(__name__)
@@ -24,10 +26,11 @@ logger = logging.getLogger(__name__)
 
 class StageClient:
     def __init__(self, ctx: zmq.asyncio.Context, name: str, launcher: Launcher, ctrl_bind: str,
-                 out_bind: str, liveness: StageLiveness) -> None:
+                 out_bind: str, liveness: StageLiveness, dist_host: str = "127.0.0.1") -> None:
         """Bind both sockets (``tcp://host:*`` picks a port at bind); ``launch`` is set before ``spawn``."""
         self.name = name
         self.launcher = launcher
+        self.dist_host = dist_host  # where a tensor-parallel stage's ranks meet (the deploy file's host)
         self.ctrl = control_plane.make_socket(ctx, zmq.PUSH, ctrl_bind, bind=True)
         self.out = control_plane.make_socket(ctx, zmq.PULL, out_bind, bind=True)
         self.ctrl_address = control_plane.bound_address(self.ctrl)
@@ -47,6 +50,8 @@ class StageClient:
         self.ready.clear()
         self.load_error = None
         assert self.launch is not None, "set the client's launch before spawning it"
+        if self.launch.world_size > 1:  # the ranks meet at a fresh port each start
+            self.launch = msgspec.structs.replace(self.launch, dist_init_address=free_tcp_address(self.dist_host))
         if self.handle is not None:
             self.handle.close()
         self.handle = self.launcher.launch(self.launch)
@@ -67,6 +72,9 @@ class StageClient:
 
     def exit_code(self) -> int | None:
         return self.handle.exit_code() if self.handle is not None else None
+
+    def ended_rank(self) -> int | None:
+        return self.handle.ended_rank() if self.handle is not None else None
 
     async def send(self, message: Any) -> None:
         await self.ctrl.send(control_plane.encode(message), copy=False)

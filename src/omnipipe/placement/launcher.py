@@ -34,6 +34,10 @@ class StageHandle(ABC):
         """The exit code of the first rank found ended, or None while all run. Does not block."""
 
     @abstractmethod
+    def ended_rank(self) -> int | None:
+        """Which rank was first found ended (the one ``exit_code`` is of), or None while all run."""
+
+    @abstractmethod
     def kill(self) -> None:
         """Kill every rank still running."""
 

@@ -26,6 +26,7 @@ STAGE_COMMAND = (sys.executable, "-m", "omnipipe.stage.stage_core_proc")
 class LocalStageHandle(StageHandle):
     def __init__(self, processes: list[subprocess.Popen[bytes]]) -> None:
         self._processes = processes
+        self._first: tuple[int, int] | None = None
         self._pidfds = [os.pidfd_open(p.pid) for p in processes]
         self._epoll = select.epoll()
         for fd in self._pidfds:
@@ -42,12 +43,24 @@ class LocalStageHandle(StageHandle):
     def alive(self) -> bool:
         return all(p.poll() is None for p in self._processes)
 
+    def _first_ended(self) -> tuple[int, int] | None:
+        """(rank, exit code) of the first rank seen ended; kept, so later exits of the others (who cannot go on
+        without it) do not hide which one went first."""
+        if self._first is None:
+            for rank, process in enumerate(self._processes):
+                code = process.poll()
+                if code is not None:
+                    self._first = (rank, code)
+                    break
+        return self._first
+
     def exit_code(self) -> int | None:
-        for process in self._processes:
-            code = process.poll()
-            if code is not None:
-                return code
-        return None
+        first = self._first_ended()
+        return None if first is None else first[1]
+
+    def ended_rank(self) -> int | None:
+        first = self._first_ended()
+        return None if first is None else first[0]
 
     def kill(self) -> None:
         for process in self._processes:

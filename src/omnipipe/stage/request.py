@@ -37,6 +37,9 @@ class StageRequest:
     first_scheduled_s: float | None = None
     compute_s: float = 0.0
     max_batch_size: int = 0
+    # figures a runner measured for this request (e.g. how long its inputs took to decode and reach every rank);
+    # they join the stage's metrics in ``RequestMetrics.stages``
+    runner_metrics: dict[str, float] = field(default_factory=dict)
 
     def take_input(self) -> dict[str, Any] | None:
         if not self.inputs:

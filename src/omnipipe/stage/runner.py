@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from omnipipe.stage.request import StageRequest
+
+if TYPE_CHECKING:
+    from omnipipe.stage.tensor_parallel import StepChannel, TensorParallelGroup
 
 
 class _NotRestorable:
@@ -54,7 +57,12 @@ class RunnerContext:
     options: dict[str, Any]
     rank: int = 0
     world_size: int = 1
-    dist_init_address: str | None = None
+    # a tensor-parallel stage (world_size > 1): its process groups, and the channel rank 0 drives the others by
+    tensor_parallel: TensorParallelGroup | None = None
+    steps: StepChannel | None = None
+    # how a request's multimodal inputs reach every rank (``stage/broadcast.py``): blocking, async or async_raw
+    input_broadcast: str = "async_raw"
+    input_broadcast_threshold_bytes: int = 256 * 1024
 
 
 class StageRunner(ABC):
@@ -75,6 +83,10 @@ class StageRunner(ABC):
     runner state first (the stage itself restores the request's inputs, ``consumed_inputs`` and ``prefilled``).
     """
 
+    # True for a runner that can shard its model over ``context.world_size`` ranks: rank 0 runs the stage loop
+    # and drives the others through ``context.steps``; the others run :meth:`follow`
+    supports_tensor_parallel = False
+
     def __init__(self, context: RunnerContext) -> None:
         self.context = context
 
@@ -85,6 +97,19 @@ class StageRunner(ABC):
     @abstractmethod
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
         """Run one step for every request of ``batch``; return one output per request, in order."""
+
+    def follow(self) -> None:
+        """Ranks 1..N-1 of a tensor-parallel stage: run what rank 0 sends through ``context.steps`` until it says
+        stop. Only for a runner with ``supports_tensor_parallel``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support tensor parallelism")
+
+    def admit(self, request: StageRequest) -> None:
+        """Called once when a request is accepted by the stage, before it is scheduled (e.g. to start moving its
+        inputs to the other ranks while other requests run)."""
+
+    def close(self) -> None:
+        """Release what the runner holds beyond per-request state (threads, process groups' users); called once
+        when the stage stops."""
 
     def warmup(self) -> None:
         """Run the model once on a dummy input so the first real request does not pay one-time costs."""

@@ -26,6 +26,7 @@ from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import NOT_RESTORABLE, RunnerContext, RunnerOutput, StageRunner
 from omnipipe.stage.schedulers import Scheduler, scheduler_for
+from omnipipe.stage.tensor_parallel import StepChannel, TensorParallelGroup, rank_device
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
@@ -64,11 +65,8 @@ class _Snapshot:
 
 
 def run_stage_process(launch_bytes: bytes) -> None:
-    """Entry point of a spawned stage process."""
+    """Entry point of a spawned stage process (one rank of it)."""
     launch = StageLaunch.decode(launch_bytes)
-    if launch.rank != 0:
-        raise SystemExit(f"stage {launch.stage}: rank {launch.rank} of {launch.world_size}: tensor-parallel ranks "
-                         "have no loop yet; only rank 0 (the control loop) runs today")
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -77,12 +75,57 @@ def run_stage_process(launch_bytes: bytes) -> None:
     # needs (measured: a 2-thread decode step beside two busy processes, 6.8 s spinning vs 1.9 s passive; 5%
     # slower on an idle machine). A caller's own setting wins.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    logging.basicConfig(level=launch.log_level, format=f"%(asctime)s %(levelname)s [stage {launch.stage}] %(message)s")
+    where = f"stage {launch.stage}" + (f" rank {launch.rank}" if launch.world_size > 1 else "")
+    logging.basicConfig(level=launch.log_level, format=f"%(asctime)s %(levelname)s [{where}] %(message)s")
+    if launch.rank != 0:
+        run_follower(launch)
+        return
     proc = StageCoreProc(launch)
     try:
         proc.run()
     finally:
         proc.close()
+
+
+def runner_context(launch: StageLaunch) -> RunnerContext:
+    """The runner's context; for a tensor-parallel stage this rank joins the stage's process groups first."""
+    context = RunnerContext(launch.stage, launch.device, launch.threads, launch.max_num_seqs, dict(launch.options),
+                            launch.rank, launch.world_size, input_broadcast=launch.input_broadcast,
+                            input_broadcast_threshold_bytes=launch.input_broadcast_threshold_bytes)
+    if launch.world_size > 1:
+        runner_cls = resolve(launch.runner)
+        if not getattr(runner_cls, "supports_tensor_parallel", False):
+            raise ValueError(f"{launch.runner} does not support tensor_parallel_size > 1")
+        if not launch.dist_init_address:
+            raise ValueError("a tensor-parallel stage needs dist_init_address")
+        context.device = rank_device(launch.device, launch.rank)
+        context.tensor_parallel = TensorParallelGroup.join(launch.rank, launch.world_size, launch.dist_init_address,
+                                                           launch.device)
+        context.steps = StepChannel(context.tensor_parallel)
+    return context
+
+
+def _build_runner(launch: StageLaunch, context: RunnerContext) -> StageRunner:
+    runner_cls = resolve(launch.runner)
+    torch = sys.modules.get("torch")  # imported by a runner that uses it; others never pay for it
+    if torch is not None:  # (one that imports it later reads OMP_NUM_THREADS, set above)
+        torch.set_num_threads(launch.threads)
+    return runner_cls(context)
+
+
+def run_follower(launch: StageLaunch) -> None:
+    """Ranks 1..N-1 of a tensor-parallel stage: join the group, load this rank's shard, then run what rank 0
+    sends until it says stop. They hold no control socket: rank 0 speaks for the stage. Any failure ends the
+    process, which the engine sees as the stage's death (every rank is then stopped and the stage restarted)."""
+    context = runner_context(launch)
+    runner = _build_runner(launch, context)
+    try:
+        runner.load()
+        runner.follow()
+    finally:
+        runner.close()
+        assert context.tensor_parallel is not None
+        context.tensor_parallel.close()
 
 
 class StageCoreProc:
@@ -128,21 +171,17 @@ class StageCoreProc:
             self.aborted[request_id] = None
             self.adapter.cleanup(request_id, aborted=True)
         self.runner: StageRunner | None = None
+        self.tensor_parallel: TensorParallelGroup | None = None
         self.running = True
         self.heartbeat = Heartbeat(self.ctx, launch.out_address, self.stage, launch.heartbeat_interval_s)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
         start = time.perf_counter()
-        context = RunnerContext(self.stage, self.launch.device, self.launch.threads, self.launch.max_num_seqs,
-                                dict(self.launch.options), self.launch.rank, self.launch.world_size,
-                                self.launch.dist_init_address)
         try:
-            runner_cls = resolve(self.launch.runner)
-            torch = sys.modules.get("torch")  # imported by a runner that uses it; others never pay for it
-            if torch is not None:  # (one that imports it later reads OMP_NUM_THREADS, set above)
-                torch.set_num_threads(self.launch.threads)
-            self.runner = runner_cls(context)
+            context = runner_context(self.launch)
+            self.tensor_parallel = context.tensor_parallel
+            self.runner = _build_runner(self.launch, context)
             self.runner.load()
             if self.launch.options.get("warmup", True):
                 self.runner.warmup()
@@ -183,6 +222,10 @@ class StageCoreProc:
                     self.heartbeat.step_started = None
 
     def close(self) -> None:
+        if self.runner is not None:
+            self.runner.close()  # a tensor-parallel runner tells the other ranks to stop here
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.close()
         self.heartbeat.stop()
         self.adapter.close()
         for relay in [self.out_relay, *self.send_relays.values(), *self.recv_relays_main.values(),
@@ -262,6 +305,8 @@ class StageCoreProc:
                 self._abort(request_id)
                 return
         self.scheduler.add(request)
+        if self.runner is not None:
+            self.runner.admit(request)
 
     def _chunk_context(self, target: str, overrides: dict[str, Any]) -> ChunkContext:
         """What the chunk processor towards ``target`` knows: the edge's options with this request's overrides
@@ -491,7 +536,7 @@ class StageCoreProc:
             "prompt_tokens": request.num_prompt_tokens,
             "max_batch_size": request.max_batch_size,
             "edges": self.edge_stats.get(request.request_id, {}),
-        } | {key: value for state in request.chunk_state.values() for key, value in state.get("metrics", {}).items()}
+        } | request.runner_metrics | {key: value for state in request.chunk_state.values() for key, value in state.get("metrics", {}).items()}
 
 
 if __name__ == "__main__":  # started by a placement launcher with the launch spec on stdin

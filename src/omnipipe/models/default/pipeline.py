@@ -58,11 +58,11 @@ _SPEECH_WEIGHTS = {"prepare_weights": f"{_P}.weights.prepare.prepare_speech",
 DEFAULT = PipelineSpec(
     name="default",
     description="whisper tiny.en -> Qwen2.5 0.5B Instruct (or Gemma 3 270M) -> Piper VITS (joe) -> Piper decoder; "
-                "text or speech in, text and speech out",
+                "text (with attached images) or speech in, text and speech out",
     stages=(ENCODER, THINKER, TALKER, CODE2WAV),
     edges=(ENCODER_TO_THINKER, THINKER_TO_TALKER, TALKER_TO_CODE2WAV),
     prompt_processor=f"{_P}.processors.default_prompt",
-    input_modalities=("text", "audio"),
+    input_modalities=("text", "audio", "image"),
     comprehension_stage="thinker",
     model_stage="thinker",
     takes_history=True,

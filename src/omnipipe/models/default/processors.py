@@ -12,6 +12,7 @@ import numpy as np
 
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.config.pipeline_spec import EntryInput
+from omnipipe.models.default.attachments import MAX_IMAGES, encoded_image
 from omnipipe.util.audio import load_audio
 from omnipipe.util.field_error import FieldError
 
@@ -92,9 +93,26 @@ def _decode_audio(value: Any) -> np.ndarray:
     return np.ascontiguousarray(audio, dtype=np.float32)
 
 
+def _attached_images(value: Any) -> list[bytes]:
+    field = "prompt.multi_modal_data.image"
+    values = value if isinstance(value, list) else [value]
+    if not values or len(values) > MAX_IMAGES:
+        raise FieldError(field, f"give 1 to {MAX_IMAGES} images, got {len(values)}")
+    return [encoded_image(v, f"{field}[{i}]" if isinstance(value, list) else field) for i, v in enumerate(values)]
+
+
 def default_prompt(prompt: dict[str, Any]) -> EntryInput:
     audio = prompt["multi_modal_data"].get("audio")
+    image = prompt["multi_modal_data"].get("image")
     history = prompt.get("history") or []
+    if image is not None:
+        if audio is not None:
+            raise FieldError("prompt.multi_modal_data.image", "an image goes with a written question; a spoken "
+                             "question takes no attachment (send the question as text with the image)")
+        if not prompt["prompt"].strip():
+            raise FieldError("prompt.prompt", "an attached image needs a written question about it")
+        return EntryInput("thinker", {"text": prompt["prompt"], "history": history,
+                                      "images": _attached_images(image)})
     if audio is None:
         return EntryInput("thinker", {"text": prompt["prompt"], "history": history})
     return EntryInput("encoder", {"audio": _decode_audio(audio), "sample_rate_hz": WHISPER_RATE_HZ,

@@ -89,11 +89,12 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
 
 
 def _text_of(content: str | list[Any] | None, where: str, pipeline: PipelineSpec, earlier: bool) -> tuple[
-        list[str], list[tuple[int, InputAudioPart]]]:
-    """The text parts of a message's content, and its audio parts (with their index); images are refused."""
+        list[str], list[tuple[int, InputAudioPart]], list[str]]:
+    """The text parts of a message's content, its audio parts (with their index) and its images (data URIs)."""
     parts = [TextPart(type="text", text=content)] if isinstance(content, str) else list(content or [])
     texts: list[str] = []
     audio: list[tuple[int, InputAudioPart]] = []
+    images: list[str] = []
     for j, part in enumerate(parts):
         if isinstance(part, TextPart):
             texts.append(part.text)
@@ -105,9 +106,24 @@ def _text_of(content: str | list[Any] | None, where: str, pipeline: PipelineSpec
             audio.append((j, part))
         elif isinstance(part, ImageUrlPart):
             param = f"{where}[{j}].image_url"
-            raise invalid(f"{param}: pipeline {pipeline.name!r} does not take image input (it takes "
-                          f"{', '.join(pipeline.input_modalities)})", param, code="unsupported_modality")
-    return [t.strip() for t in texts if t.strip()], audio
+            if "image" not in pipeline.input_modalities:
+                raise invalid(f"{param}: pipeline {pipeline.name!r} does not take image input (it takes "
+                              f"{', '.join(pipeline.input_modalities)})", param, code="unsupported_modality")
+            if earlier:
+                raise invalid(f"{param}: images are taken in the last user message only", param,
+                              code="unsupported_content")
+            url = part.image_url.url
+            header, _, body = url.partition(",")
+            if not (header.startswith("data:image/") and header.endswith(";base64")):
+                raise invalid(f"{param}.url: give the image inline as data:image/<type>;base64,<data> (this server "
+                              "fetches nothing)", f"{param}.url", code="invalid_image_url")
+            try:
+                base64.b64decode(body, validate=True)
+            except (binascii.Error, ValueError):
+                raise invalid(f"{param}.url: the data is not valid base64", f"{param}.url",
+                              code="invalid_base64") from None
+            images.append(url)
+    return [t.strip() for t in texts if t.strip()], audio, images
 
 
 def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: SpokenAnswers) -> list[dict[str, str]]:
@@ -122,7 +138,7 @@ def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spoke
         if message.audio is not None and message.role != "assistant":
             raise invalid(f"{where}.audio: only an assistant message refers to an earlier spoken answer",
                           f"{where}.audio")
-        texts, _ = _text_of(message.content, f"{where}.content", pipeline, earlier=True)
+        texts, _, _ = _text_of(message.content, f"{where}.content", pipeline, earlier=True)
         if message.role == "assistant" and message.audio is not None and not texts:
             words = answers.words(message.audio.id)
             if words is None:
@@ -148,7 +164,7 @@ def _question(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spok
         raise invalid(f"messages[{index}].role: the last message must be the user's question, got "
                       f"{messages[index].role!r}", f"messages[{index}].role")
     where = f"messages[{index}].content"
-    texts, audio_parts = _text_of(messages[index].content, where, pipeline, earlier=False)
+    texts, audio_parts, images = _text_of(messages[index].content, where, pipeline, earlier=False)
     audio: bytes | None = None
     audio_param: str | None = None
     for j, part in audio_parts:
@@ -175,8 +191,13 @@ def _question(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spok
     if text and "text" not in pipeline.input_modalities:
         raise invalid(f"{where}: pipeline {pipeline.name!r} does not take text input", where)
     prompt: dict[str, Any] = {"prompt": text, "history": _history(messages[:index], pipeline, answers)}
+    media: dict[str, Any] = {}
     if audio is not None:
-        prompt["multi_modal_data"] = {"audio": audio}
+        media["audio"] = audio
+    if images:
+        media["image"] = images
+    if media:
+        prompt["multi_modal_data"] = media
     return prompt, audio_param
 
 

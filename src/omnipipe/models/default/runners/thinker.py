@@ -9,16 +9,28 @@ A request's params are checked when it arrives (``validate``), so a bad one fail
 batched step still raise, the stage retries its requests one by one: ``snapshot`` marks each request's decoding
 state and KV cache (no copy) before the step and ``restore`` rewinds them, so a retry continues exactly where the
 request stood.
+
+Attached images (``attachments.py``) are decoded off the stage loop as soon as a request arrives (``admit``) and
+read as one line of the prompt each.
+
+Tensor parallel (``tensor_parallel_size`` > 1): every rank holds a shard of the decoder. Rank 0 runs this runner in
+the stage loop and sends each model call (prefill of a request, a batched decode, free, rewind) through the step
+channel before making it itself; the other ranks run :meth:`ThinkerRunner.follow`, which makes the same call on
+their shard. Every rank builds a request's prompt itself from the question and the decoded attachments (which the
+input broadcaster brings it), so the prompts agree token for token. Only rank 0 computes logits and samples.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from omnipipe.models.default.attachments import describe, materialize
 from omnipipe.models.default.modeling.decoder import CachedDecoder
 from omnipipe.models.default.modeling.gemma import GemmaThinker
 from omnipipe.models.default.modeling.qwen2 import Qwen2Thinker
@@ -31,14 +43,20 @@ from omnipipe.models.default.prompting import (
     stream_safe_length,
 )
 from omnipipe.models.default.weights.thinker import prepare_thinker
+from omnipipe.stage.broadcast import Broadcaster
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+
+logger = logging.getLogger(__name__)
 
 MAX_PROMPT_TOKENS = 2048
 # no token of either thinker's vocabulary is longer than this (Qwen's longest: a run of 128 spaces): a question with
 # more characters than the limit allows is refused before tokenising it (a megabyte of text costs seconds of one
 # step, holding every request of the batch)
 MAX_CHARS_PER_TOKEN = 128
+# a model call that fails on a rank other than by its argument checks (which every rank makes alike, before any
+# collective) may leave the ranks out of step: the process exits, and the engine restarts the whole stage
+_OUT_OF_STEP_EXIT = 70
 
 
 @dataclass(frozen=True)
@@ -72,25 +90,60 @@ class _Decoding:
     generator: torch.Generator | None
     generated: list[int] = field(default_factory=list)
     emitted_chars: int = 0  # of the answer text already sent
+    question: str = ""
+    history: list[dict[str, str]] = field(default_factory=list)
+    attached: bool = False  # the prompt reads attached images (a follower takes them from the broadcaster)
+
+
+_PENDING_ATTACHMENTS: Any = object()  # runner_state of a request whose attached images are on their way
 
 
 class ThinkerRunner(StageRunner):
+    supports_tensor_parallel = True
+
     def load(self) -> None:
         self.model_name = self.context.options["model"]
         chosen = thinker_model(self.model_name)
-        model_dir = prepare_thinker(self.model_name, progress=True)
-        self.model = chosen.decoder(model_dir, num_threads=self.context.threads)
+        model_dir = prepare_thinker(self.model_name, progress=self.context.rank == 0)
+        group = self.context.tensor_parallel
+        shard = {} if group is None else {"rank": group.rank, "world_size": group.world_size, "group": group.model}
+        self.model = chosen.decoder(model_dir, num_threads=self.context.threads, **shard)
         self.tokenizer = self.model.tokenizer
         self.prompt_format = chosen.prompt_format()
         self.max_prompt_tokens = int(self.context.options.get("max_prompt_tokens", MAX_PROMPT_TOKENS))
-        # every prompt starts with the same preamble (few-shot examples, a system prompt): its KV cache once
+        # every prompt starts with the same preamble (few-shot examples, a system prompt): its KV cache once (every
+        # rank computes it here, in the same order, before any request)
         self.preamble_ids = self.tokenizer.encode(self.prompt_format.preamble())
         if self.context.options.get("prefix_cache", True):
             self.model.set_shared_prefix(self.preamble_ids)
+        self.steps = self.context.steps  # rank 0 of a tensor-parallel stage drives the others through it
+        self.attachments = Broadcaster(self.context.input_broadcast, self.context.rank, self.context.world_size,
+                                       group.inputs if group is not None else None, materialize,
+                                       raw_threshold_bytes=self.context.input_broadcast_threshold_bytes)
+        self._marks: dict[str, Any] = {}  # follower: each request's KV mark before the latest batched decode
 
-    def encode_prompt(self, question: str, history: list[dict[str, str]] | None = None) -> list[int]:
-        """Preamble and turns tokenised apart, so every prompt starts with exactly the cached preamble tokens."""
+    def close(self) -> None:
+        attachments = getattr(self, "attachments", None)
+        if attachments is not None:
+            attachments.close()
+        if self.steps is not None and self.context.rank == 0:
+            self.steps.send({"op": "stop"})
+
+    def encode_prompt(self, question: str, history: list[dict[str, str]] | None = None,
+                      images: list[Any] | None = None) -> list[int]:
+        """Preamble and turns tokenised apart, so every prompt starts with exactly the cached preamble tokens;
+        attached images (decoded) are read as a line each after the question."""
+        if images:
+            question = f"{question}\n{describe(images)}"
         return self.preamble_ids + self.prompt_format.encode_turns(self.tokenizer, question, history or [])
+
+    def admit(self, request: StageRequest) -> None:
+        """Start decoding (and, tensor parallel, moving to every rank) a request's attached images now, while other
+        requests run; its prefill waits for them only if they are not there yet."""
+        images = [image for item in request.inputs for image in item.get("images") or []]
+        if images:
+            self.attachments.submit(request.request_id, {"images": images})
+            request.runner_state = _PENDING_ATTACHMENTS
 
     # No warm-up: it cost 1.2 s of start-up (Qwen2.5 0.5B, fp32, 1 thread) and the first request's prefill and
     # decode were no faster after it than without; the preamble's prefill above already runs the model once.
@@ -122,7 +175,15 @@ class ThinkerRunner(StageRunner):
         if chars > self.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # too long to be worth tokenising
             return RunnerOutput(request.request_id, error=f"is {chars} characters long, more than the "
                                 f"{self.max_prompt_tokens} tokens the thinker takes", error_field="prompt")
-        ids = self.encode_prompt(question, history)
+        images = None
+        if request.runner_state is _PENDING_ATTACHMENTS:
+            request.runner_state = None
+            try:
+                images = self.attachments.take(request.request_id)["images"]
+            except Exception as exc:  # noqa: BLE001 - an undecodable image fails its request alone
+                return RunnerOutput(request.request_id, error=f"the attached image could not be read: {exc}",
+                                    error_field="prompt.multi_modal_data.image")
+        ids = self.encode_prompt(question, history, images)
         if len(ids) > self.max_prompt_tokens:
             return RunnerOutput(request.request_id, error=f"is {len(ids)} tokens long, more than the limit of "
                                 f"{self.max_prompt_tokens}", error_field="prompt")
@@ -131,11 +192,12 @@ class ThinkerRunner(StageRunner):
         assert not isinstance(sampling, str)
         generator = sampling.make_generator()
         stops = [*self.prompt_format.stop_strings(), *params.get("stop", [])]
-        return _Decoding(sampling, int(params.get("max_tokens", 64)), stops, generator), ids
+        return _Decoding(sampling, int(params.get("max_tokens", 64)), stops, generator, question=question,
+                         history=history, attached=images is not None), ids
 
     def snapshot(self, request: StageRequest) -> Any:
         state: _Decoding | None = request.runner_state
-        if state is None:  # not prefilled yet: restore frees whatever a failed prefill built
+        if state is None or state is _PENDING_ATTACHMENTS:  # not prefilled yet: restore frees whatever a failed prefill built
             return None
         rng = state.generator.get_state() if state.generator is not None else None
         return len(state.generated), state.emitted_chars, rng, self.model.checkpoint(request.request_id)
@@ -149,6 +211,7 @@ class ThinkerRunner(StageRunner):
         del state.generated[generated:]
         if rng is not None:
             state.generator.set_state(rng)  # type: ignore[union-attr]
+        self._drive({"op": "rewind", "id": request.request_id})
         self.model.rewind(request.request_id, kv)
 
     @torch.inference_mode()
@@ -162,11 +225,69 @@ class ThinkerRunner(StageRunner):
                     continue
                 state, ids = started
                 request.runner_state, request.prefilled = state, True
-                outputs.append(self._advance(request, state, self.model.prefill(request.request_id, ids)))
+                self._drive({"op": "prefill", "id": request.request_id, "question": state.question,
+                             "history": state.history, "attached": state.attached, "tokens": len(ids)})
+                logits = self._model_call(self.model.prefill, request.request_id, ids)
+                outputs.append(self._advance(request, state, logits))
             return outputs
         states: list[_Decoding] = [r.runner_state for r in batch]
-        logits = self.model.decode([r.request_id for r in batch], [s.generated[-1] for s in states])
+        ids, tokens = [r.request_id for r in batch], [s.generated[-1] for s in states]
+        self._drive({"op": "decode", "ids": ids, "tokens": tokens})
+        logits = self._model_call(self.model.decode, ids, tokens)
         return [self._advance(r, s, logits[i]) for i, (r, s) in enumerate(zip(batch, states))]
+
+    # ------------------------------------------------------------------ tensor parallel
+    def _drive(self, message: dict[str, Any]) -> None:
+        """Rank 0 of a tensor-parallel stage: have the other ranks make this model call on their shards too."""
+        if self.steps is not None:
+            self.steps.send(message)
+
+    def _model_call(self, call: Callable[..., Any], *args: Any) -> Any:
+        if self.steps is None:
+            return call(*args)
+        try:
+            return call(*args)
+        except (ValueError, KeyError):  # argument checks, made alike on every rank before any collective
+            raise
+        except Exception:
+            logger.exception("a model call failed half-way; the ranks may be out of step: exiting")
+            os._exit(_OUT_OF_STEP_EXIT)
+
+    def follow(self) -> None:
+        """Ranks 1..N-1: make each model call rank 0 sends, on this rank's shard, until it says stop."""
+        assert self.steps is not None
+        while True:
+            message = self.steps.recv()
+            op = message["op"]
+            if op == "stop":
+                return
+            try:
+                self._follow(op, message)
+            except (ValueError, KeyError) as exc:  # rank 0 met the same check and failed that request alone
+                logger.debug("%s refused alike on every rank: %s", op, exc)
+            except Exception:
+                logger.exception("%s failed on this rank; the ranks may be out of step: exiting", op)
+                os._exit(_OUT_OF_STEP_EXIT)
+
+    def _follow(self, op: str, message: dict[str, Any]) -> None:
+        if op == "prefill":
+            images = self.attachments.take(message["id"])["images"] if message["attached"] else None
+            ids = self.encode_prompt(message["question"], message["history"], images)
+            if len(ids) != message["tokens"]:
+                raise RuntimeError(f"request {message['id']}: this rank's prompt has {len(ids)} tokens, rank 0's "
+                                   f"{message['tokens']}")
+            self.model.prefill(message["id"], ids, logits=False)
+        elif op == "decode":
+            if len(message["ids"]) > 1:  # what rank 0's stage snapshots before a batched step, to rewind to
+                self._marks = {rid: self.model.checkpoint(rid) for rid in message["ids"]}
+            self.model.decode(message["ids"], message["tokens"], logits=False)
+        elif op == "rewind":
+            self.model.rewind(message["id"], self._marks[message["id"]])
+        elif op == "free":
+            self.model.free(message["id"])
+            self._marks.pop(message["id"], None)
+        else:
+            raise RuntimeError(f"unknown step {op!r}")
 
     def _advance(self, request: StageRequest, state: _Decoding, logits: torch.Tensor) -> RunnerOutput:
         token = sample_next_token(logits, state.sampling, state.generated, state.generator)
@@ -193,7 +314,10 @@ class ThinkerRunner(StageRunner):
                             finish_reason=finish_reason)
 
     def free(self, request: StageRequest) -> None:
-        self.model.free(request.request_id)
+        if request.runner_state is _PENDING_ATTACHMENTS:  # still on their way: the broadcaster drops them
+            self.attachments.cancel(request.request_id)
+        elif self.model.free(request.request_id):
+            self._drive({"op": "free", "id": request.request_id})
         request.runner_state = None
 
 
