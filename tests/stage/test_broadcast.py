@@ -111,10 +111,10 @@ def run_script(rank: int, mode: str, ops: list[tuple], raw_threshold_bytes: int 
                 try:
                     got = broadcaster.take(op[1], timeout_s=60)
                 except CancelledError:
-                    report["outcomes"][op[1]] = "cancelled"
+                    report["outcomes"].setdefault(op[1], "cancelled")
                     continue
-                except Exception as exc:  # the materialise's own error
-                    report["outcomes"][op[1]] = type(exc).__name__
+                except Exception as exc:  # the materialise's own error, or KeyError once taken or cancelled
+                    report["outcomes"].setdefault(op[1], type(exc).__name__)
                     continue
                 report["outcomes"][op[1]] = "ok"
                 report["equal"] &= same_inputs(got, raws[op[1]])
