@@ -200,6 +200,8 @@ class Broadcaster:
             else:
                 future = self._arrived.get(request_id)
                 if future is None:
+                    if self._closed:
+                        raise RuntimeError(f"request {request_id}: the broadcaster is closed")
                     if self._broken is not None:
                         raise RuntimeError(f"request {request_id}: the broadcast group failed") from self._broken
                     future = self._arrived[request_id] = Future()
