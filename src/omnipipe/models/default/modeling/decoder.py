@@ -241,7 +241,7 @@ class CachedDecoder:
         self._shared_prefix = None
         if not token_ids or not self._within_window(len(token_ids) + 1):
             return
-        self.prefill(_SHARED_PREFIX_ID, token_ids)
+        self.prefill(_SHARED_PREFIX_ID, token_ids, logits=False)
         cached = self._requests.pop(_SHARED_PREFIX_ID)
         self._shared_prefix = (tuple(token_ids), cached.caches)
 
