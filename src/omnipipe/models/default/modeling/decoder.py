@@ -4,6 +4,17 @@ prefill / batched-decode entry points the thinker runner drives.
 Requests are prefilled one at a time and then decoded together: ``decode`` runs one batched forward for requests
 sitting at different positions (caches padded to the longest and masked). A model (``GemmaThinker``,
 ``Qwen2Thinker``) supplies its config, weights, layers and logits. Not thread-safe: drive it from one thread.
+
+Tensor parallelism (Megatron style): ``world_size`` processes, each constructed with its ``rank`` and a
+``torch.distributed`` process group, hold one shard each and run the same calls in the same order. Rank r keeps a
+contiguous slice of the query heads with their q/k/v rows (and biases), and the KV heads those queries use: split
+across ranks when ``num_kv_heads`` divides by ``world_size``, otherwise each rank keeps (a replica of) the one its
+queries share. The o projection is row-parallel (the input columns of the rank's heads), the MLP's gate/up are
+column-parallel (a slice of the intermediate dimension) and its down projection row-parallel; the partial outputs
+of o and down are summed with one all-reduce each, so every rank ends a layer with the same hidden states.
+Embeddings, norms and the lm_head are replicated. Each rank's KV caches hold only its own KV heads. Only rank 0
+needs logits: the others pass ``logits=False`` to ``prefill``/``decode``, which then skip the lm_head. With
+``world_size`` 1 there is no communication at all.
 """
 
 from __future__ import annotations
@@ -88,23 +99,35 @@ PrefillMasks = tuple[torch.Tensor, torch.Tensor]
 class CachedDecoder:
     """A decoder over a converted checkpoint directory (config.json + model.safetensors + tokenizer) with one KV
     cache per request. Subclasses set ``vocab_size``, ``max_positions``, ``sliding_window`` (None: full attention
-    everywhere) and implement ``_read_config``, ``_load_weights``, ``_new_caches``, ``_forward`` and ``_logits``."""
+    everywhere) and implement ``_read_config`` (which calls ``_shard_attention``), ``_load_weights`` (keeping this
+    rank's slices, see ``ShardedCheckpoint``), ``_new_caches``, ``_forward`` (over the local ``_heads`` and
+    ``_kv_heads``, passing the outputs of o and down through ``_reduce``) and ``_logits``.
+
+    ``rank``, ``world_size`` and ``group`` (a ``torch.distributed`` process group; None: the default one) shard the
+    model for tensor parallelism (see the module docstring); a ``world_size`` that does not divide the heads, or
+    that would split a rank's queries across KV groups unevenly, is refused with a ValueError."""
 
     vocab_size: int
     max_positions: int
     sliding_window: int | None = None
 
-    def __init__(self, model_dir: Path, num_threads: int | None = None, dtype: torch.dtype = torch.float32) -> None:
+    def __init__(self, model_dir: Path, num_threads: int | None = None, dtype: torch.dtype = torch.float32, *,
+                 rank: int = 0, world_size: int = 1, group: Any = None) -> None:
         from transformers import AutoTokenizer
 
         started_s = time.perf_counter()
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in a world of size {world_size}")
+        self.rank, self.world_size, self.group = rank, world_size, group
         model_dir = Path(model_dir)
         self.model_dir = model_dir
         self.dtype = dtype
         raw = json.loads((model_dir / "config.json").read_text())
-        self._read_config(raw)
+        self._read_config(raw)  # refuses a world_size the heads cannot be split over
+        if world_size > 1:
+            _check_group(rank, world_size, group)
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
         eos = _as_ids(raw.get("eos_token_id"))
         generation_config = model_dir / "generation_config.json"
@@ -139,8 +162,41 @@ class CachedDecoder:
         raise NotImplementedError
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits of final hidden states."""
+        """float32 logits of final hidden states (the lm_head is replicated: any rank may call it)."""
         raise NotImplementedError
+
+    # -- tensor-parallel sharding --------------------------------------------
+
+    def _shard_attention(self, num_heads: int, num_kv_heads: int) -> None:
+        """Pick this rank's query heads and the KV heads they use: sets ``_heads``/``_kv_heads`` (local counts)
+        and ``_head_start``/``_kv_head_start`` (the first global index of each)."""
+        world = self.world_size
+        if num_heads % world:
+            raise ValueError(f"tensor parallelism: world_size {world} does not divide the {num_heads} attention heads")
+        if num_heads % num_kv_heads:
+            raise ValueError(f"{num_heads} attention heads cannot share {num_kv_heads} KV heads evenly")
+        heads, group = num_heads // world, num_heads // num_kv_heads  # group: query heads per KV head
+        start = self.rank * heads
+        if heads % group == 0:  # whole KV groups per rank: the KV heads split across ranks
+            kv_heads, kv_start = heads // group, start // group
+        elif group % heads == 0:  # part of one KV group per rank: that KV head is replicated
+            kv_heads, kv_start = 1, start // group
+        else:
+            raise ValueError(
+                f"tensor parallelism: world_size {world} gives each rank {heads} of the {num_heads} attention heads, "
+                f"which splits the groups of {group} query heads sharing each of the {num_kv_heads} KV heads "
+                "inconsistently")
+        self._heads, self._head_start, self._kv_heads, self._kv_head_start = heads, start, kv_heads, kv_start
+
+    def _shard(self, size: int) -> tuple[int, int]:
+        """This rank's contiguous [start, stop) of a dimension of ``size`` split across the ranks."""
+        return self.rank * size // self.world_size, (self.rank + 1) * size // self.world_size
+
+    def _reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum the partial outputs of a row-parallel projection across ranks (in place; nothing at world_size 1)."""
+        if self.world_size > 1:
+            torch.distributed.all_reduce(x, group=self.group)
+        return x
 
     # -- request bookkeeping -------------------------------------------------
 
@@ -185,7 +241,7 @@ class CachedDecoder:
         self._shared_prefix = None
         if not token_ids or not self._within_window(len(token_ids) + 1):
             return
-        self.prefill(_SHARED_PREFIX_ID, token_ids)
+        self.prefill(_SHARED_PREFIX_ID, token_ids, logits=False)
         cached = self._requests.pop(_SHARED_PREFIX_ID)
         self._shared_prefix = (tuple(token_ids), cached.caches)
 
@@ -196,8 +252,9 @@ class CachedDecoder:
         return prefix if tuple(token_ids[: len(prefix[0])]) == prefix[0] else None
 
     @torch.inference_mode()
-    def prefill(self, request_id: str, token_ids: list[int]) -> torch.Tensor:
-        """Run the prompt of a new request, create its cache, return float32 logits [vocab] of the last position."""
+    def prefill(self, request_id: str, token_ids: list[int], *, logits: bool = True) -> torch.Tensor | None:
+        """Run the prompt of a new request, create its cache, return float32 logits [vocab] of the last position
+        (None with ``logits=False``, which skips the lm_head: a tensor-parallel follower's call)."""
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already active; free() it first")
         if not token_ids:
@@ -219,11 +276,12 @@ class CachedDecoder:
         ids = torch.tensor([token_ids[start:]], dtype=torch.long)
         hidden = self._forward(ids, positions, [caches], masks, padded=False, extend=prefix is not None)
         self._requests[request_id] = _Request(caches=caches, num_tokens=num_tokens)
-        return self._logits(hidden[0, -1])
+        return self._logits(hidden[0, -1]) if logits else None
 
     @torch.inference_mode()
-    def decode(self, request_ids: list[str], token_ids: list[int]) -> torch.Tensor:
-        """Feed one token per active request in one batched forward; returns float32 logits [batch, vocab]."""
+    def decode(self, request_ids: list[str], token_ids: list[int], *, logits: bool = True) -> torch.Tensor | None:
+        """Feed one token per active request in one batched forward; returns float32 logits [batch, vocab] (None
+        with ``logits=False``)."""
         if len(request_ids) != len(token_ids):
             raise ValueError("request_ids and token_ids must have the same length")
         if not request_ids:
@@ -240,13 +298,60 @@ class CachedDecoder:
         hidden = self._forward(ids, positions, [r.caches for r in requests], None, padded=True)
         for request in requests:
             request.num_tokens += 1
-        return self._logits(hidden[:, 0])
+        return self._logits(hidden[:, 0]) if logits else None
 
     def _check_tokens(self, token_ids: list[int], context_tokens: int) -> None:
         if context_tokens > self.max_positions:
             raise ValueError(f"context of {context_tokens} tokens exceeds {self.max_positions}")
         if min(token_ids) < 0 or max(token_ids) >= self.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.vocab_size})")
+
+
+class ShardedCheckpoint:
+    """A safetensors file read tensor by tensor, whole or as a slice of rows or columns (only the slice is read),
+    converted to ``dtype``. Use as a context manager; ``unused`` names the tensors nothing asked for."""
+
+    def __init__(self, path: Path, dtype: torch.dtype) -> None:
+        from safetensors import safe_open
+
+        self._file = safe_open(str(path), framework="pt")
+        self._dtype = dtype
+        self._unused = set(self._file.keys())
+
+    def __enter__(self) -> ShardedCheckpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.__exit__(*exc)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._unused
+
+    def unused(self) -> list[str]:
+        return sorted(self._unused)
+
+    def full(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+        self._unused.discard(name)
+        return self._file.get_tensor(name).to(dtype or self._dtype).contiguous()
+
+    def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows [start, stop) of a matrix (or elements of a vector: a bias)."""
+        self._unused.discard(name)
+        return self._file.get_slice(name)[start:stop].to(self._dtype).contiguous()
+
+    def columns(self, name: str, start: int, stop: int) -> torch.Tensor:
+        self._unused.discard(name)
+        return self._file.get_slice(name)[:, start:stop].to(self._dtype).contiguous()
+
+
+def _check_group(rank: int, world_size: int, group: Any) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise ValueError(f"tensor parallelism over {world_size} ranks needs an initialised torch.distributed")
+    if dist.get_world_size(group) != world_size or dist.get_rank(group) != rank:
+        raise ValueError(f"rank {rank} of {world_size} does not match the process group's rank "
+                         f"{dist.get_rank(group)} of {dist.get_world_size(group)}")
 
 
 def gather_cache(layer_caches: list[LayerCache], k: torch.Tensor, v: torch.Tensor

@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from omnipipe.models.default.modeling.decoder import (
     CachedDecoder,
     LayerCache,
     PrefillMasks,
+    ShardedCheckpoint,
     gather_cache,
     rope_angles,
     rotate_half,
@@ -85,11 +85,13 @@ class GemmaConfig:
 
 @dataclass
 class _LayerWeights:
+    """One layer's weights; with tensor parallelism the rank's shard (heads, intermediate: the local counts)."""
+
     qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
-    o: torch.Tensor
+    o: torch.Tensor  # [hidden, heads * head_dim]
     gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor
-    q_norm: torch.Tensor  # norm weights are stored as (1 + w), float32
+    down: torch.Tensor  # [hidden, intermediate]
+    q_norm: torch.Tensor  # [head_dim], shared by all heads; norm weights are stored as (1 + w), float32
     k_norm: torch.Tensor
     input_norm: torch.Tensor
     post_attn_norm: torch.Tensor
@@ -104,7 +106,9 @@ def _rms_norm(x: torch.Tensor, weight_plus_one: torch.Tensor, eps: float) -> tor
 
 
 class GemmaThinker(CachedDecoder):
-    """Gemma 3 decoder over a converted checkpoint directory (config.json + model.safetensors + tokenizer)."""
+    """Gemma 3 decoder over a converted checkpoint directory (config.json + model.safetensors + tokenizer);
+    tensor-parallel with ``rank``/``world_size``/``group`` (``CachedDecoder``: sharded attention and MLP,
+    replicated embeddings, norms and lm_head; a single KV head is replicated on every rank)."""
 
     def _read_config(self, raw: dict[str, Any]) -> None:
         cfg = self.config = GemmaConfig.from_dict(raw)
@@ -114,44 +118,48 @@ class GemmaThinker(CachedDecoder):
         self._inv_freq_local = 1.0 / (cfg.rope_theta_local**head_range)
         self._inv_freq_global = 1.0 / (cfg.rope_theta_global**head_range)
         self._scale = cfg.query_pre_attn_scalar**-0.5
+        self._shard_attention(cfg.num_heads, cfg.num_kv_heads)
 
     def _load_weights(self, path: Path) -> None:
-        state = load_file(str(path))
         cfg = self.config
+        dim = cfg.head_dim
+        q_rows = (self._head_start * dim, (self._head_start + self._heads) * dim)
+        kv_rows = (self._kv_head_start * dim, (self._kv_head_start + self._kv_heads) * dim)
+        inner = self._shard(cfg.intermediate_size)
+        with ShardedCheckpoint(path, self.dtype) as weights:
 
-        def take(name: str) -> torch.Tensor:
-            return state.pop(name).to(self.dtype).contiguous()
+            def norm(name: str) -> torch.Tensor:
+                return 1.0 + weights.full(name, torch.float32)
 
-        def norm(name: str) -> torch.Tensor:
-            return 1.0 + state.pop(name).float()
-
-        self._embed = take("model.embed_tokens.weight")
-        self._embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.dtype)
-        self._final_norm = norm("model.norm.weight")
-        self._lm_head = take("lm_head.weight") if "lm_head.weight" in state else self._embed
-        self._layers: list[_LayerWeights] = []
-        for i in range(len(cfg.layer_is_sliding)):
-            p = f"model.layers.{i}."
-            self._layers.append(
-                _LayerWeights(
-                    qkv=torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]),
-                    o=take(p + "self_attn.o_proj.weight"),
-                    gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
-                    down=take(p + "mlp.down_proj.weight"),
-                    q_norm=norm(p + "self_attn.q_norm.weight"),
-                    k_norm=norm(p + "self_attn.k_norm.weight"),
-                    input_norm=norm(p + "input_layernorm.weight"),
-                    post_attn_norm=norm(p + "post_attention_layernorm.weight"),
-                    pre_ffn_norm=norm(p + "pre_feedforward_layernorm.weight"),
-                    post_ffn_norm=norm(p + "post_feedforward_layernorm.weight"),
+            self._embed = weights.full("model.embed_tokens.weight")
+            self._embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.dtype)
+            self._final_norm = norm("model.norm.weight")
+            self._lm_head = weights.full("lm_head.weight") if "lm_head.weight" in weights else self._embed
+            self._layers: list[_LayerWeights] = []
+            for i in range(len(cfg.layer_is_sliding)):
+                p = f"model.layers.{i}."
+                self._layers.append(
+                    _LayerWeights(
+                        qkv=torch.cat([weights.rows(f"{p}self_attn.{n}_proj.weight", *rows)
+                                       for n, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows))]),
+                        o=weights.columns(p + "self_attn.o_proj.weight", *q_rows),
+                        gate_up=torch.cat([weights.rows(p + "mlp.gate_proj.weight", *inner),
+                                           weights.rows(p + "mlp.up_proj.weight", *inner)]),
+                        down=weights.columns(p + "mlp.down_proj.weight", *inner),
+                        q_norm=norm(p + "self_attn.q_norm.weight"),
+                        k_norm=norm(p + "self_attn.k_norm.weight"),
+                        input_norm=norm(p + "input_layernorm.weight"),
+                        post_attn_norm=norm(p + "post_attention_layernorm.weight"),
+                        pre_ffn_norm=norm(p + "pre_feedforward_layernorm.weight"),
+                        post_ffn_norm=norm(p + "post_feedforward_layernorm.weight"),
+                    )
                 )
-            )
-        if state:
-            logger.warning("Ignoring unexpected tensors: %s", sorted(state)[:5])
+            if weights.unused():
+                logger.warning("Ignoring unexpected tensors: %s", weights.unused()[:5])
 
     def _new_caches(self) -> list[LayerCache]:
         cfg = self.config
-        return [LayerCache(cfg.num_kv_heads, cfg.head_dim, self.dtype, cfg.sliding_window if sliding else None)
+        return [LayerCache(self._kv_heads, cfg.head_dim, self.dtype, cfg.sliding_window if sliding else None)
                 for sliding in cfg.layer_is_sliding]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -177,16 +185,17 @@ class GemmaThinker(CachedDecoder):
         hidden = F.embedding(ids, self._embed) * self._embed_scale
         rope = (rope_angles(positions, self._inv_freq_local, self.dtype),
                 rope_angles(positions, self._inv_freq_global, self.dtype))
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        heads, kv_heads = self._heads, self._kv_heads  # this rank's
+        q_size, kv_size = heads * cfg.head_dim, kv_heads * cfg.head_dim
         for index, layer in enumerate(self._layers):
             sliding = cfg.layer_is_sliding[index]
             cos, sin = rope[0] if sliding else rope[1]
             residual = hidden
             x = _rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
             q, k, v = F.linear(x, layer.qkv).split([q_size, kv_size, kv_size], dim=-1)
-            q = q.view(batch, seq, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-            k = k.view(batch, seq, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-            v = v.view(batch, seq, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+            q = q.view(batch, seq, heads, cfg.head_dim).transpose(1, 2)
+            k = k.view(batch, seq, kv_heads, cfg.head_dim).transpose(1, 2)
+            v = v.view(batch, seq, kv_heads, cfg.head_dim).transpose(1, 2)
             q = _rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = _rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
             q = q * cos + rotate_half(q) * sin
@@ -206,10 +215,11 @@ class GemmaThinker(CachedDecoder):
                 keys, values, mask = k, v, masks[0] if sliding else masks[1]  # type: ignore[index]
             attn = self._attention(q, keys, values, mask)
             attn = attn.transpose(1, 2).reshape(batch, seq, q_size)
-            hidden = residual + _rms_norm(F.linear(attn, layer.o), layer.post_attn_norm, cfg.rms_norm_eps)
+            x = self._reduce(F.linear(attn, layer.o))  # sum the ranks' heads before the norm
+            hidden = residual + _rms_norm(x, layer.post_attn_norm, cfg.rms_norm_eps)
             x = _rms_norm(hidden, layer.pre_ffn_norm, cfg.rms_norm_eps)
             gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            x = F.linear(F.gelu(gate, approximate="tanh") * up, layer.down)
+            x = self._reduce(F.linear(F.gelu(gate, approximate="tanh") * up, layer.down))
             hidden = hidden + _rms_norm(x, layer.post_ffn_norm, cfg.rms_norm_eps)
         return hidden
 

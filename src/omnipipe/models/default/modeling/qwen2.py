@@ -13,12 +13,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
 
 from omnipipe.models.default.modeling.decoder import (
     CachedDecoder,
     LayerCache,
     PrefillMasks,
+    ShardedCheckpoint,
     gather_cache,
     rope_angles,
     rotate_half,
@@ -72,11 +72,13 @@ class Qwen2Config:
 
 @dataclass
 class _LayerWeights:
+    """One layer's weights; with tensor parallelism the rank's shard (heads, intermediate: the local counts)."""
+
     qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
     qkv_bias: torch.Tensor
-    o: torch.Tensor
+    o: torch.Tensor  # [hidden, heads * head_dim]
     gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor
+    down: torch.Tensor  # [hidden, intermediate]
     input_norm: torch.Tensor  # float32
     post_attn_norm: torch.Tensor
 
@@ -88,7 +90,9 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 
 class Qwen2Thinker(CachedDecoder):
-    """Qwen2 decoder over a converted checkpoint directory (config.json + model.safetensors + tokenizer)."""
+    """Qwen2 decoder over a converted checkpoint directory (config.json + model.safetensors + tokenizer);
+    tensor-parallel with ``rank``/``world_size``/``group`` (``CachedDecoder``: sharded attention and MLP,
+    replicated embeddings, norms and lm_head)."""
 
     def _read_config(self, raw: dict[str, Any]) -> None:
         cfg = self.config = Qwen2Config.from_dict(raw)
@@ -97,45 +101,45 @@ class Qwen2Thinker(CachedDecoder):
         head_range = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim
         self._inv_freq = 1.0 / (cfg.rope_theta**head_range)
         self._scale = cfg.head_dim**-0.5
+        self._shard_attention(cfg.num_heads, cfg.num_kv_heads)
 
     def _load_weights(self, path: Path) -> None:
-        state = load_file(str(path))
         cfg = self.config
-
-        def take(name: str) -> torch.Tensor:
-            return state.pop(name).to(self.dtype).contiguous()
-
-        def norm(name: str) -> torch.Tensor:
-            return state.pop(name).float()
-
-        self._embed = take("model.embed_tokens.weight")
-        self._final_norm = norm("model.norm.weight")
-        if "lm_head.weight" in state:
-            self._lm_head = take("lm_head.weight")
-        elif cfg.tie_word_embeddings:
-            self._lm_head = self._embed
-        else:
-            raise ValueError(f"{path}: lm_head.weight is missing and the embeddings are not tied")
-        self._layers: list[_LayerWeights] = []
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            self._layers.append(
-                _LayerWeights(
-                    qkv=torch.cat([take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]),
-                    qkv_bias=torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]),
-                    o=take(p + "self_attn.o_proj.weight"),
-                    gate_up=torch.cat([take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]),
-                    down=take(p + "mlp.down_proj.weight"),
-                    input_norm=norm(p + "input_layernorm.weight"),
-                    post_attn_norm=norm(p + "post_attention_layernorm.weight"),
+        dim = cfg.head_dim
+        q_rows = (self._head_start * dim, (self._head_start + self._heads) * dim)
+        kv_rows = (self._kv_head_start * dim, (self._kv_head_start + self._kv_heads) * dim)
+        inner = self._shard(cfg.intermediate_size)
+        with ShardedCheckpoint(path, self.dtype) as weights:
+            self._embed = weights.full("model.embed_tokens.weight")
+            self._final_norm = weights.full("model.norm.weight", torch.float32)
+            if "lm_head.weight" in weights:
+                self._lm_head = weights.full("lm_head.weight")
+            elif cfg.tie_word_embeddings:
+                self._lm_head = self._embed
+            else:
+                raise ValueError(f"{path}: lm_head.weight is missing and the embeddings are not tied")
+            self._layers: list[_LayerWeights] = []
+            for i in range(cfg.num_layers):
+                p = f"model.layers.{i}."
+                attn = [(f"{p}self_attn.{n}_proj", rows) for n, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows))]
+                self._layers.append(
+                    _LayerWeights(
+                        qkv=torch.cat([weights.rows(name + ".weight", *rows) for name, rows in attn]),
+                        qkv_bias=torch.cat([weights.rows(name + ".bias", *rows) for name, rows in attn]),
+                        o=weights.columns(p + "self_attn.o_proj.weight", *q_rows),
+                        gate_up=torch.cat([weights.rows(p + "mlp.gate_proj.weight", *inner),
+                                           weights.rows(p + "mlp.up_proj.weight", *inner)]),
+                        down=weights.columns(p + "mlp.down_proj.weight", *inner),
+                        input_norm=weights.full(p + "input_layernorm.weight", torch.float32),
+                        post_attn_norm=weights.full(p + "post_attention_layernorm.weight", torch.float32),
+                    )
                 )
-            )
-        if state:
-            logger.warning("Ignoring unexpected tensors: %s", sorted(state)[:5])
+            if weights.unused():
+                logger.warning("Ignoring unexpected tensors: %s", weights.unused()[:5])
 
     def _new_caches(self) -> list[LayerCache]:
         cfg = self.config
-        return [LayerCache(cfg.num_kv_heads, cfg.head_dim, self.dtype, None) for _ in range(cfg.num_layers)]
+        return [LayerCache(self._kv_heads, cfg.head_dim, self.dtype, None) for _ in range(cfg.num_layers)]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = _rms_norm(hidden, self._final_norm, self.config.rms_norm_eps)
@@ -154,15 +158,16 @@ class Qwen2Thinker(CachedDecoder):
         batch, seq = ids.shape
         hidden = F.embedding(ids, self._embed)
         cos, sin = rope_angles(positions, self._inv_freq, self.dtype)
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        heads, kv_heads = self._heads, self._kv_heads  # this rank's
+        q_size, kv_size = heads * cfg.head_dim, kv_heads * cfg.head_dim
         causal = masks[1] if masks is not None else None
         for index, layer in enumerate(self._layers):
             residual = hidden
             x = _rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
             q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
-            q = q.view(batch, seq, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-            k = k.view(batch, seq, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-            v = v.view(batch, seq, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+            q = q.view(batch, seq, heads, cfg.head_dim).transpose(1, 2)
+            k = k.view(batch, seq, kv_heads, cfg.head_dim).transpose(1, 2)
+            v = v.view(batch, seq, kv_heads, cfg.head_dim).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
             if padded:
@@ -177,8 +182,8 @@ class Qwen2Thinker(CachedDecoder):
                     request_caches[index].append(k[b], v[b])
                 keys, values, mask = k, v, causal
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self._scale, enable_gqa=True)
-            hidden = residual + F.linear(attn.transpose(1, 2).reshape(batch, seq, q_size), layer.o)
+            hidden = residual + self._reduce(F.linear(attn.transpose(1, 2).reshape(batch, seq, q_size), layer.o))
             x = _rms_norm(hidden, layer.post_attn_norm, cfg.rms_norm_eps)
             gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + F.linear(F.silu(gate) * up, layer.down)
+            hidden = hidden + self._reduce(F.linear(F.silu(gate) * up, layer.down))
         return hidden
