@@ -168,12 +168,12 @@ def test_the_openai_client_asks_about_an_image_of_a_two_rank_server(tmp_path, si
 
     with running_server("default", _deploy(2), tmp_path, 600) as server:
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300)
-        url = f"data:image/png;base64,{base64.b64encode(RED_PNG).decode()}"
+        url = f"data:image/jpeg;base64,{base64.b64encode(BLUE_JPEG).decode()}"
         reply = client.chat.completions.create(
             model="default", max_tokens=PARAMS.max_tokens, temperature=0, modalities=["text"],
             messages=[{"role": "user", "content": [{"type": "text", "text": IMAGE_QUESTION},
                                                    {"type": "image_url", "image_url": {"url": url}}]}])
-        assert reply.choices[0].message.content.strip() == single_rank_answers[3].strip()
+        assert reply.choices[0].message.content.strip() == single_rank_answers[4].strip()
         with pytest.raises(openai.BadRequestError) as info:
             client.chat.completions.create(
                 model="default", max_tokens=8, modalities=["text"],

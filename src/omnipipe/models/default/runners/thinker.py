@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -178,11 +179,17 @@ class ThinkerRunner(StageRunner):
         images = None
         if request.runner_state is _PENDING_ATTACHMENTS:
             request.runner_state = None
+            waited = time.perf_counter()
             try:
                 images = self.attachments.take(request.request_id)["images"]
             except Exception as exc:  # noqa: BLE001 - an undecodable image fails its request alone
                 return RunnerOutput(request.request_id, error=f"the attached image could not be read: {exc}",
                                     error_field="prompt.multi_modal_data.image")
+            # what the images cost on rank 0: decoding, moving to the other ranks, and how long prefill waited
+            stats = self.attachments.stats(request.request_id) or {}
+            request.runner_metrics.update({"attachments_materialize_s": stats.get("materialize_s", 0.0),
+                                           "attachments_broadcast_s": stats.get("broadcast_s", 0.0),
+                                           "attachments_wait_s": time.perf_counter() - waited})
         ids = self.encode_prompt(question, history, images)
         if len(ids) > self.max_prompt_tokens:
             return RunnerOutput(request.request_id, error=f"is {len(ids)} tokens long, more than the limit of "
