@@ -61,6 +61,10 @@ def test_models_lists_the_pipelines() -> None:
     (["generate", "hi", "--pipeline", "toy", "--model", "x"], "--model: pipeline 'toy' has no stage whose model"),
     (["generate", "--pipeline", "toy_tts", "--audio-in", "/no/such.wav", "-o", "a.wav"],
      "--audio-in: pipeline 'toy_tts' takes text, not audio"),
+    (["generate", "what is it?", "--image", "/no/such.png"], "--image: file not found: /no/such.png"),
+    (["generate", "--image", __file__], "--image: ask a written question about the image"),
+    (["generate", "what is it?", "--image", __file__, "--pipeline", "toy"],
+     "--image: pipeline 'toy' takes text, not images"),
 ])
 def test_user_mistakes_get_one_line_and_exit_2(args, message) -> None:
     result = run(*args)

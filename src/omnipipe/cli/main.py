@@ -42,6 +42,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="answer one question (text and/or spoken) and write the spoken answer")
     p.add_argument("prompt", nargs="?", default="", help="the question as text")
     p.add_argument("--audio-in", type=Path, help="a spoken question (wav/flac/ogg/mp3)")
+    p.add_argument("--image", type=Path, action="append", default=[], metavar="FILE",
+                   help="an image attached to the written question (png/jpeg/webp; repeat for several)")
     p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV) or the image (PNG, "
                    "WebP, JPEG); without it the answer is text only")
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
@@ -95,9 +97,20 @@ async def _generate(args: argparse.Namespace) -> int:
             raise CLIError(f"--audio-in: file not found: {args.audio_in}")
         audio, rate = load_audio(args.audio_in)
         prompt = {"prompt": args.prompt, "multi_modal_data": {"audio": (audio, rate)}}
-    elif "text" not in takes:
+    if args.image:
+        if "image" not in takes:
+            raise CLIError(f"--image: pipeline {pipeline.name!r} takes {' and '.join(takes)}, not images")
+        if args.audio_in is not None:
+            raise CLIError("--image: an image goes with a written question, not with --audio-in")
+        missing = [str(path) for path in args.image if not path.is_file()]
+        if missing:
+            raise CLIError(f"--image: file not found: {missing[0]}")
+        if not args.prompt.strip():
+            raise CLIError("--image: ask a written question about the image")
+        prompt = {"prompt": args.prompt, "multi_modal_data": {"image": [str(path) for path in args.image]}}
+    elif args.audio_in is None and "text" not in takes:
         raise CLIError(f"pipeline {pipeline.name!r} takes {' and '.join(takes)}, not a text prompt: use --audio-in FILE")
-    elif not args.prompt.strip():
+    elif args.audio_in is None and not args.prompt.strip():
         raise CLIError("give a question as text, or --audio-in FILE")
     params = None
     overrides = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature),
