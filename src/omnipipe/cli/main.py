@@ -393,7 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")
-    b.add_argument("suite", choices=["engine", "offline", "quality", "serve", "gateway", "soak", "images"],
+    b.add_argument("suite", choices=["engine", "offline", "quality", "serve", "gateway", "soak", "images",
+                                        "broadcast"],
                    help="engine: "
                    "framework costs on test stages; offline: the default pipeline vs a sequential baseline; quality: "
                    "the default pipeline's thinkers side by side on 30 factual questions (right answers, decode "
@@ -401,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "running server; gateway: a worker directly vs through a gateway (recording and not), side by "
                    "side; soak: load with stage kills, a stopped stage, clients that leave and malformed requests, "
                    "and what was left behind; images: the image pipeline's images/s and latency with step-level, "
-                   "request-level and no batching")
+                   "request-level and no batching; broadcast: a two-rank thinker's requests/s and latency with images "
+                   "moved to its ranks blocking, async or as raw bytes")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (see --help of the suite)")
     return parser
 
@@ -440,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                 from omnipipe.bench.quality import main as bench_main
             elif args.suite == "images":
                 from omnipipe.bench.images import main as bench_main
+            elif args.suite == "broadcast":
+                from omnipipe.bench.broadcast import main as bench_main
             else:
                 from omnipipe.bench.offline import main as bench_main
             return bench_main(args.rest)
