@@ -55,7 +55,8 @@ def _model_dir(model: str) -> Path:
 
 def _scenario(decoder: Any, share: Callable[[list[int]], list[int]]) -> dict[str, Any]:
     """Greedy decoding of several requests together, then of a prompt extending a shared prefix. Rank 0 picks the
-    tokens (``share`` hands them to every rank); the other ranks ask for no logits and check they get none."""
+    tokens (``share`` hands them to every rank); every rank asks for logits (each scores its vocabulary slice),
+    only rank 0 gets them."""
     lead = decoder.rank == 0
     logits: list[torch.Tensor] = []  # per forward: [requests, vocab] (rank 0)
     tokens: list[list[int]] = []
@@ -75,10 +76,10 @@ def _scenario(decoder: Any, share: Callable[[list[int]], list[int]]) -> dict[str
     prompts = [decoder.tokenizer(text).input_ids for text in PROMPTS]
     assert len({len(p) for p in prompts}) == len(prompts)  # the batch decodes at different positions
     request_ids = [f"prompt-{i}" for i in range(len(prompts))]
-    first = [decoder.prefill(rid, ids, logits=lead) for rid, ids in zip(request_ids, prompts, strict=True)]
+    first = [decoder.prefill(rid, ids) for rid, ids in zip(request_ids, prompts, strict=True)]
     record(torch.stack(first) if lead else (None if all(f is None for f in first) else first[0]))
     for _ in range(DECODE_STEPS):
-        record(decoder.decode(request_ids, greedy(), logits=lead))
+        record(decoder.decode(request_ids, greedy()))
     kv_cache_bytes = decoder.kv_cache_bytes()
     for rid in request_ids:
         decoder.free(rid)
@@ -88,10 +89,10 @@ def _scenario(decoder: Any, share: Callable[[list[int]], list[int]]) -> dict[str
     decoder.set_shared_prefix(prefix)
     prefix_used = decoder._prefix_for(extended) is not None
     request_ids = ["extended"]
-    out = decoder.prefill("extended", extended, logits=lead)
+    out = decoder.prefill("extended", extended)
     record(out[None] if out is not None else None)
     for _ in range(PREFIX_DECODE_STEPS):
-        record(decoder.decode(request_ids, greedy(), logits=lead))
+        record(decoder.decode(request_ids, greedy()))
     decoder.free("extended")
     decoder.set_shared_prefix([])
     return {"logits": logits, "tokens": tokens, "skipped": skipped, "kv_cache_bytes": kv_cache_bytes,
@@ -114,6 +115,7 @@ def _rank_main(model: str, rank: int, world_size: int, port: int, out_dir: Path)
 
         result = _scenario(decoder, share)
         result["local_kv_heads"] = decoder._kv_heads
+        result["lm_head_rows"], result["vocab_size"] = decoder._lm_head.shape[0], decoder.vocab_size
         torch.save(result, out_dir / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -200,12 +202,13 @@ def test_two_ranks_pick_the_greedy_tokens_of_one_process(runs) -> None:
 
 
 @pytest.mark.models
-def test_followers_skip_the_logits_and_each_rank_caches_only_its_kv_heads(runs) -> None:
+def test_only_rank_0_gets_logits_and_each_rank_caches_only_its_kv_heads(runs) -> None:
     for rank in runs["ranks"][1:]:
         assert rank["skipped"] and all(rank["skipped"]) and rank["logits"] == []
     expected_kv_heads = max(1, runs["total_kv_heads"] // WORLD_SIZE)  # split, or one replicated
     for rank in runs["ranks"]:
         assert rank["local_kv_heads"] == expected_kv_heads
+        assert rank["lm_head_rows"] == rank["vocab_size"] // WORLD_SIZE  # its slice of the vocabulary
         assert rank["kv_cache_bytes"] * runs["total_kv_heads"] == runs["single"]["kv_cache_bytes"] * expected_kv_heads
 
 

@@ -11,7 +11,8 @@ latency, CPU use (CPU seconds of the engine and both rank processes over the wal
 prefill waited for it.
 
     omnipipe bench broadcast [--concurrency 1,8,32] [--requests-per-client 2] [--max-tokens 8]
-                             [--modes blocking,async,async_raw] [--format jpeg|png] [--json FILE]
+                             [--modes blocking,async,async_raw] [--format jpeg|png] [--images-per-request 1-4]
+                             [--model qwen2.5-0.5b-instruct|gemma3-270m] [--json FILE]
 
 ``python -m omnipipe.bench.mm_broadcast`` measures the same wire forms without the engine (two bare ranks).
 """
@@ -68,10 +69,10 @@ def _cpu_seconds(pids: Sequence[int]) -> float:
 
 
 async def _run_mode(mode: str, concurrency: Sequence[int], per_client: int, max_tokens: int, images: list[bytes],
-                    say: Any) -> list[Level]:
+                    per_request: int, model: str, say: Any) -> list[Level]:
     from omnipipe import AsyncOmni, SamplingParams
 
-    deploy = {"stages": {"thinker": {"tensor_parallel_size": 2, "input_broadcast": mode}}}
+    deploy = {"stages": {"thinker": {"tensor_parallel_size": 2, "input_broadcast": mode, "options": {"model": model}}}}
     params = SamplingParams(max_tokens=max_tokens)
     levels = []
     async with AsyncOmni("default", deploy) as engine:
@@ -80,7 +81,7 @@ async def _run_mode(mode: str, concurrency: Sequence[int], per_client: int, max_
 
         async def ask(index: int, level: Level | None) -> None:
             prompt = {"prompt": QUESTIONS[index % len(QUESTIONS)],
-                      "multi_modal_data": {"image": images[index % len(images)]}}
+                      "multi_modal_data": {"image": [images[(index + k) % len(images)] for k in range(per_request)]}}
             start = time.perf_counter()
             final = None
             async for out in engine.generate(prompt, sampling_params=params, output_modalities=["text"]):
@@ -111,7 +112,8 @@ async def _run_mode(mode: str, concurrency: Sequence[int], per_client: int, max_
     return levels
 
 
-def format_report(levels: list[Level], image_bytes: int, image_format: str, max_tokens: int) -> str:
+def format_report(levels: list[Level], image_bytes: int, image_format: str, max_tokens: int, per_request: int,
+                  model: str) -> str:
     base = {lv.concurrency: lv for lv in levels if lv.mode == "blocking"}
     rows = []
     for lv in sorted(levels, key=lambda x: (x.concurrency, MODES.index(x.mode))):
@@ -124,8 +126,9 @@ def format_report(levels: list[Level], image_bytes: int, image_format: str, max_
     return format_table(
         ["c", "mode", "req/s", "x blocking", "p50 ms", "p50 x blocking", "p99 ms", "CPU cores", "decode ms",
          "broadcast ms", "prefill waited ms"], rows,
-        title=f"TP=2 thinker (gloo, 1 thread a rank), a 1280x720 {image_format.upper()} ({image_bytes / 1024:.0f} kB) "
-              f"with each question, {max_tokens} tokens out, closed loop; per-request columns are medians on rank 0")
+        title=f"TP=2 {model} thinker (gloo, 1 thread a rank), {per_request} x 1280x720 {image_format.upper()} "
+              f"({image_bytes / 1024:.0f} kB each) with each question, {max_tokens} tokens out, closed loop; "
+              "per-request columns are medians on rank 0 (all of a request's images)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -135,6 +138,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens each answer may have")
     parser.add_argument("--modes", default=",".join(MODES), help="input-broadcast modes to compare")
     parser.add_argument("--format", choices=("jpeg", "png"), default="jpeg", help="how the images are encoded")
+    parser.add_argument("--images-per-request", type=int, default=1, choices=range(1, 5), metavar="1-4",
+                        help="images attached to each question")
+    parser.add_argument("--model", default="qwen2.5-0.5b-instruct", help="the thinker (qwen2.5-0.5b-instruct or "
+                        "gemma3-270m)")
     parser.add_argument("--json", help="also write the raw results here")
     args = parser.parse_args(argv)
     try:
@@ -150,13 +157,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     def say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    images = [photo_like(args.format, seed) for seed in range(4)]
+    images = [photo_like(args.format, seed) for seed in range(8)]
     levels: list[Level] = []
     for mode in modes:
-        levels += asyncio.run(_run_mode(mode, concurrency, args.requests_per_client, args.max_tokens, images, say))
-    print(format_report(levels, len(images[0]), args.format, args.max_tokens))
+        levels += asyncio.run(_run_mode(mode, concurrency, args.requests_per_client, args.max_tokens, images,
+                                        args.images_per_request, args.model, say))
+    print(format_report(levels, len(images[0]), args.format, args.max_tokens, args.images_per_request, args.model))
     if args.json:
-        write_json(args.json, {"machine": machine_info(), "image_bytes": len(images[0]), "levels": [
+        write_json(args.json, {"machine": machine_info(), "image_bytes": len(images[0]), "model": args.model,
+                               "images_per_request": args.images_per_request, "levels": [
             {"mode": lv.mode, "concurrency": lv.concurrency, "wall_s": lv.wall_s, "cpu_s": lv.cpu_s,
              "latencies_s": lv.latencies_s, "materialize_s": lv.materialize_s, "broadcast_s": lv.broadcast_s,
              "wait_s": lv.wait_s} for lv in levels]})

@@ -12,9 +12,10 @@ across ranks when ``num_kv_heads`` divides by ``world_size``, otherwise each ran
 queries share. The o projection is row-parallel (the input columns of the rank's heads), the MLP's gate/up are
 column-parallel (a slice of the intermediate dimension) and its down projection row-parallel; the partial outputs
 of o and down are summed with one all-reduce each, so every rank ends a layer with the same hidden states.
-Embeddings, norms and the lm_head are replicated. Each rank's KV caches hold only its own KV heads. Only rank 0
-needs logits: the others pass ``logits=False`` to ``prefill``/``decode``, which then skip the lm_head. With
-``world_size`` 1 there is no communication at all.
+Embeddings and norms are replicated; the lm_head is split by vocabulary (each rank scores its slice of the tokens)
+and rank 0 gathers the slices: only rank 0 gets logits, the others get None. Every rank must pass the same
+``logits`` to ``prefill``/``decode`` (``False`` skips the lm_head and the gather everywhere). Each rank's KV caches
+hold only its own KV heads. With ``world_size`` 1 there is no communication at all.
 """
 
 from __future__ import annotations
@@ -137,6 +138,7 @@ class CachedDecoder:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_token_ids: frozenset[int] = frozenset(eos)
         self._load_weights(model_dir / "model.safetensors")
+        self._shard_lm_head()
         self._requests: dict[str, _Request] = {}
         self._shared_prefix: tuple[tuple[int, ...], list[LayerCache]] | None = None
         logger.info("Loaded %s in %.1f s (%s, %d threads)", model_dir, time.perf_counter() - started_s,
@@ -162,7 +164,7 @@ class CachedDecoder:
         raise NotImplementedError
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """float32 logits of final hidden states (the lm_head is replicated: any rank may call it)."""
+        """float32 logits of final hidden states over this rank's lm_head rows (all of them at world_size 1)."""
         raise NotImplementedError
 
     # -- tensor-parallel sharding --------------------------------------------
@@ -190,7 +192,35 @@ class CachedDecoder:
 
     def _shard(self, size: int) -> tuple[int, int]:
         """This rank's contiguous [start, stop) of a dimension of ``size`` split across the ranks."""
-        return self.rank * size // self.world_size, (self.rank + 1) * size // self.world_size
+        return self._shard_of(self.rank, size)
+
+    def _shard_lm_head(self) -> None:
+        """Keep this rank's rows (its vocabulary slice) of the lm_head; a tied one stays a view of the embeddings."""
+        if self.world_size == 1:
+            return
+        start, stop = self._shard(self.vocab_size)
+        rows = self._lm_head[start:stop]
+        self._lm_head = rows if self._lm_head is self._embed else rows.clone()  # a copy frees the full matrix
+
+    def _final_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """float32 logits [..., vocab] on rank 0 (None on the others): each rank scores its vocabulary slice and
+        rank 0 gathers them (slices padded to one size, as gather needs)."""
+        part = self._logits(hidden)
+        if self.world_size == 1:
+            return part
+        import torch.distributed as dist
+
+        sizes = [stop - start for start, stop in (self._shard_of(r, self.vocab_size) for r in range(self.world_size))]
+        padded = part.new_zeros(*part.shape[:-1], max(sizes))
+        padded[..., : part.shape[-1]] = part
+        gathered = [torch.empty_like(padded) for _ in sizes] if self.rank == 0 else None
+        dist.gather(padded, gathered, group=self.group, group_dst=0)
+        if gathered is None:
+            return None
+        return torch.cat([g[..., :size] for g, size in zip(gathered, sizes, strict=True)], dim=-1)
+
+    def _shard_of(self, rank: int, size: int) -> tuple[int, int]:
+        return rank * size // self.world_size, (rank + 1) * size // self.world_size
 
     def _reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum the partial outputs of a row-parallel projection across ranks (in place; nothing at world_size 1)."""
@@ -276,7 +306,7 @@ class CachedDecoder:
         ids = torch.tensor([token_ids[start:]], dtype=torch.long)
         hidden = self._forward(ids, positions, [caches], masks, padded=False, extend=prefix is not None)
         self._requests[request_id] = _Request(caches=caches, num_tokens=num_tokens)
-        return self._logits(hidden[0, -1]) if logits else None
+        return self._final_logits(hidden[0, -1]) if logits else None
 
     @torch.inference_mode()
     def decode(self, request_ids: list[str], token_ids: list[int], *, logits: bool = True) -> torch.Tensor | None:
@@ -298,7 +328,7 @@ class CachedDecoder:
         hidden = self._forward(ids, positions, [r.caches for r in requests], None, padded=True)
         for request in requests:
             request.num_tokens += 1
-        return self._logits(hidden[:, 0]) if logits else None
+        return self._final_logits(hidden[:, 0]) if logits else None
 
     def _check_tokens(self, token_ids: list[int], context_tokens: int) -> None:
         if context_tokens > self.max_positions:

@@ -17,7 +17,8 @@ Tensor parallel (``tensor_parallel_size`` > 1): every rank holds a shard of the 
 the stage loop and sends each model call (prefill of a request, a batched decode, free, rewind) through the step
 channel before making it itself; the other ranks run :meth:`ThinkerRunner.follow`, which makes the same call on
 their shard. Every rank builds a request's prompt itself from the question and the decoded attachments (which the
-input broadcaster brings it), so the prompts agree token for token. Only rank 0 computes logits and samples.
+input broadcaster brings it), so the prompts agree token for token. Each rank scores its slice of the vocabulary;
+rank 0 gathers the logits and samples.
 """
 
 from __future__ import annotations
@@ -283,11 +284,11 @@ class ThinkerRunner(StageRunner):
             if len(ids) != message["tokens"]:
                 raise RuntimeError(f"request {message['id']}: this rank's prompt has {len(ids)} tokens, rank 0's "
                                    f"{message['tokens']}")
-            self.model.prefill(message["id"], ids, logits=False)
+            self.model.prefill(message["id"], ids)  # its vocabulary slice of the logits goes to rank 0
         elif op == "decode":
             if len(message["ids"]) > 1:  # what rank 0's stage snapshots before a batched step, to rewind to
                 self._marks = {rid: self.model.checkpoint(rid) for rid in message["ids"]}
-            self.model.decode(message["ids"], message["tokens"], logits=False)
+            self.model.decode(message["ids"], message["tokens"])
         elif op == "rewind":
             self.model.rewind(message["id"], self._marks[message["id"]])
         elif op == "free":
