@@ -104,3 +104,10 @@ def test_plan_covers_only_the_stages_a_request_needs() -> None:
     assert TOY.plan("thinker", ["audio"]) == ["thinker", "talker", "code2wav"]
     with pytest.raises(ValueError, match="output_modalities: pipeline 'toy' cannot produce 'image'"):
         TOY.plan("thinker", ["image"])
+
+
+def test_the_deploy_file_offers_every_input_broadcast_mode_the_stage_has() -> None:
+    from omnipipe.config.deploy_config import INPUT_BROADCAST_MODES
+    from omnipipe.stage.broadcast import MODES
+
+    assert INPUT_BROADCAST_MODES == MODES  # two homes (config must not import torch), one list
