@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from PIL import Image
 
 from tests.browser.conftest import ADMIN_TOKEN, Stack, expect, screenshot, silence, speech, write_wav
 
@@ -101,17 +102,27 @@ def test_chat_streams_the_answer_as_text_and_speech(default_stack: Stack, new_pa
     _made["chat"] = session_id
 
 
-def test_chat_offers_no_image_button_for_a_pipeline_without_image_input(default_stack: Stack,
-                                                                       new_page: Any) -> None:
+def test_chat_asks_about_an_attached_image(default_stack: Stack, new_page: Any, tmp_path: Path) -> None:
     models = httpx.get(f"{default_stack.url}/v1/models", timeout=30).json()["data"]
-    assert models[0]["id"] == "default" and models[0]["input_modalities"] == ["text", "audio"]
+    assert models[0]["id"] == "default" and models[0]["input_modalities"] == ["text", "audio", "image"]
+    picture = tmp_path / "red.png"
+    Image.new("RGB", (640, 360), (210, 30, 30)).save(picture)
     page = new_page()
     page.goto(default_stack.url + "/chat")
     page.wait_for_function("() => document.body.dataset.capabilities === 'known'")
-    expect(page.get_by_role("button", name="Image")).to_be_hidden()
+    expect(page.get_by_role("button", name="Image")).to_be_visible()
     expect(page.get_by_role("button", name="Record")).to_be_visible()
-    expect(page.get_by_role("button", name="Audio file")).to_be_visible()
-    expect(page.get_by_role("switch", name="Speak the answer")).to_be_visible()
+    page.locator("#image-file").set_input_files(str(picture))
+    page.get_by_label("Your message").fill("What colour is the attached image mostly? Answer in one word.")
+    with page.expect_request("**/v1/chat/completions") as sent:
+        page.get_by_role("button", name="Send").click()
+    parts = sent.value.post_data_json["messages"][-1]["content"]
+    assert [p["type"] for p in parts] == ["text", "image_url"]
+    assert parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
+    hooks = wait_turns(page, 1)
+    assert hooks["lastError"] is None
+    expect(page.locator(".msg.assistant").last.locator(".bubble")).to_contain_text("red", ignore_case=True)
+    screenshot(page, "chat-image")
 
 
 def test_chat_takes_a_spoken_question_from_a_file_or_the_microphone(default_stack: Stack, spoken_question: np.ndarray,

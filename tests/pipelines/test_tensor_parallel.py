@@ -146,7 +146,17 @@ def test_aborts_while_images_are_on_their_way_leave_nothing(tp2: EngineHarness) 
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
+    async def refused_after_decoding() -> str:
+        """A question too long in tokens is refused once its image is decoded (the other rank drops its copy)."""
+        try:
+            await collect(tp2.engine, {"prompt": "why " * 2100, "multi_modal_data": {"image": BLUE_JPEG}},
+                          sampling_params=PARAMS, output_modalities=["text"])
+        except ValueError as exc:
+            return str(exc)
+        return ""
+
     async def run() -> tuple[dict, str]:
+        assert "more than the limit of 2048" in await refused_after_decoding()
         await asyncio.gather(*(abort_early(i) for i in range(6)))
         state = await wait_until_idle(tp2.engine)
         outputs = await collect(tp2.engine, {"prompt": IMAGE_QUESTION, "multi_modal_data": {"image": BLUE_JPEG}},

@@ -123,6 +123,9 @@ class ThinkerRunner(StageRunner):
                                        group.inputs if group is not None else None, materialize,
                                        raw_threshold_bytes=self.context.input_broadcast_threshold_bytes)
         self._marks: dict[str, Any] = {}  # follower: each request's KV mark before the latest batched decode
+        # each request's decoded images once taken from the broadcaster, until it is freed (a prefill that fails in
+        # a batch is retried alone, and must read them again)
+        self._images: dict[str, list[Any]] = {}
 
     def close(self) -> None:
         attachments = getattr(self, "attachments", None)
@@ -177,12 +180,12 @@ class ThinkerRunner(StageRunner):
         if chars > self.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # too long to be worth tokenising
             return RunnerOutput(request.request_id, error=f"is {chars} characters long, more than the "
                                 f"{self.max_prompt_tokens} tokens the thinker takes", error_field="prompt")
-        images = None
+        images = self._images.get(request.request_id)  # taken already (a prefill retried alone)
         if request.runner_state is _PENDING_ATTACHMENTS:
             request.runner_state = None
             waited = time.perf_counter()
             try:
-                images = self.attachments.take(request.request_id)["images"]
+                images = self._images[request.request_id] = self.attachments.take(request.request_id)["images"]
             except Exception as exc:  # noqa: BLE001 - an undecodable image fails its request alone
                 return RunnerOutput(request.request_id, error=f"the attached image could not be read: {exc}",
                                     error_field="prompt.multi_modal_data.image")
@@ -205,14 +208,17 @@ class ThinkerRunner(StageRunner):
 
     def snapshot(self, request: StageRequest) -> Any:
         state: _Decoding | None = request.runner_state
-        if state is None or state is _PENDING_ATTACHMENTS:  # not prefilled yet: restore frees whatever a failed prefill built
+        if state is None or state is _PENDING_ATTACHMENTS:  # not prefilled: restore undoes what a failed prefill built
             return None
         rng = state.generator.get_state() if state.generator is not None else None
         return len(state.generated), state.emitted_chars, rng, self.model.checkpoint(request.request_id)
 
     def restore(self, request: StageRequest, snapshot: Any) -> None:
-        if snapshot is None:
-            self.free(request)
+        if snapshot is None:  # a prefill: drop its KV cache, keep its images for the retry
+            if request.runner_state is not _PENDING_ATTACHMENTS:
+                if self.model.free(request.request_id):
+                    self._drive({"op": "free", "id": request.request_id, "keep_inputs": True})
+                request.runner_state = None
             return
         state: _Decoding = request.runner_state
         generated, state.emitted_chars, rng, kv = snapshot
@@ -279,7 +285,9 @@ class ThinkerRunner(StageRunner):
 
     def _follow(self, op: str, message: dict[str, Any]) -> None:
         if op == "prefill":
-            images = self.attachments.take(message["id"])["images"] if message["attached"] else None
+            images = self._images.get(message["id"])
+            if message["attached"] and images is None:
+                images = self._images[message["id"]] = self.attachments.take(message["id"])["images"]
             ids = self.encode_prompt(message["question"], message["history"], images)
             if len(ids) != message["tokens"]:
                 raise RuntimeError(f"request {message['id']}: this rank's prompt has {len(ids)} tokens, rank 0's "
@@ -289,11 +297,16 @@ class ThinkerRunner(StageRunner):
             if len(message["ids"]) > 1:  # what rank 0's stage snapshots before a batched step, to rewind to
                 self._marks = {rid: self.model.checkpoint(rid) for rid in message["ids"]}
             self.model.decode(message["ids"], message["tokens"])
+        elif op == "discard":
+            if self._images.pop(message["id"], None) is None:
+                self.attachments.take(message["id"])  # rank 0 took it, so it is here or on its way
         elif op == "rewind":
             self.model.rewind(message["id"], self._marks[message["id"]])
         elif op == "free":
             self.model.free(message["id"])
             self._marks.pop(message["id"], None)
+            if not message.get("keep_inputs"):
+                self._images.pop(message["id"], None)
         else:
             raise RuntimeError(f"unknown step {op!r}")
 
@@ -322,10 +335,13 @@ class ThinkerRunner(StageRunner):
                             finish_reason=finish_reason)
 
     def free(self, request: StageRequest) -> None:
+        taken = self._images.pop(request.request_id, None) is not None
         if request.runner_state is _PENDING_ATTACHMENTS:  # still on their way: the broadcaster drops them
             self.attachments.cancel(request.request_id)
         elif self.model.free(request.request_id):
             self._drive({"op": "free", "id": request.request_id})
+        elif taken:  # taken here but never prefilled (its prompt was refused): the other ranks drop their copy
+            self._drive({"op": "discard", "id": request.request_id})
         request.runner_state = None
 
 
