@@ -166,3 +166,14 @@ def test_no_token_is_longer_than_the_prompt_length_precheck_assumes(thinker) -> 
 
     tokenizer = thinker.tokenizer
     assert max(len(tokenizer.convert_tokens_to_string([t])) for t in tokenizer.get_vocab()) <= MAX_CHARS_PER_TOKEN
+
+
+def test_a_thinker_that_failed_to_load_closes_cleanly() -> None:
+    """The stage closes its runner after a failed load: close must not raise over the load's own error."""
+    from omnipipe.models.default.runners.thinker import ThinkerRunner
+    from omnipipe.stage.runner import RunnerContext
+
+    runner = ThinkerRunner(RunnerContext("thinker", "cpu", 1, 8, {"model": "nope"}))
+    with pytest.raises(ValueError, match="unknown thinker 'nope'"):
+        runner.load()
+    runner.close()

@@ -92,9 +92,8 @@ class _Decoding:
     generator: torch.Generator | None
     generated: list[int] = field(default_factory=list)
     emitted_chars: int = 0  # of the answer text already sent
-    question: str = ""
+    question: str = ""  # what the other ranks of a tensor-parallel stage build the same prompt from
     history: list[dict[str, str]] = field(default_factory=list)
-    attached: bool = False  # the prompt reads attached images (a follower takes them from the broadcaster)
 
 
 _PENDING_ATTACHMENTS: Any = object()  # runner_state of a request whose attached images are on their way
@@ -118,7 +117,6 @@ class ThinkerRunner(StageRunner):
         self.preamble_ids = self.tokenizer.encode(self.prompt_format.preamble())
         if self.context.options.get("prefix_cache", True):
             self.model.set_shared_prefix(self.preamble_ids)
-        self.steps = self.context.steps  # rank 0 of a tensor-parallel stage drives the others through it
         self.attachments = Broadcaster(self.context.input_broadcast, self.context.rank, self.context.world_size,
                                        group.inputs if group is not None else None, materialize,
                                        raw_threshold_bytes=self.context.input_broadcast_threshold_bytes)
@@ -131,8 +129,8 @@ class ThinkerRunner(StageRunner):
         attachments = getattr(self, "attachments", None)
         if attachments is not None:
             attachments.close()
-        if self.steps is not None and self.context.rank == 0:
-            self.steps.send({"op": "stop"})
+        if self.context.steps is not None and self.context.rank == 0:
+            self.context.steps.send({"op": "stop"})
 
     def encode_prompt(self, question: str, history: list[dict[str, str]] | None = None,
                       images: list[Any] | None = None) -> list[int]:
@@ -204,7 +202,7 @@ class ThinkerRunner(StageRunner):
         generator = sampling.make_generator()
         stops = [*self.prompt_format.stop_strings(), *params.get("stop", [])]
         return _Decoding(sampling, int(params.get("max_tokens", 64)), stops, generator, question=question,
-                         history=history, attached=images is not None), ids
+                         history=history), ids
 
     def snapshot(self, request: StageRequest) -> Any:
         state: _Decoding | None = request.runner_state
@@ -240,7 +238,8 @@ class ThinkerRunner(StageRunner):
                 state, ids = started
                 request.runner_state, request.prefilled = state, True
                 self._drive({"op": "prefill", "id": request.request_id, "question": state.question,
-                             "history": state.history, "attached": state.attached, "tokens": len(ids)})
+                             "history": state.history, "attached": request.request_id in self._images,
+                             "tokens": len(ids)})
                 logits = self._model_call(self.model.prefill, request.request_id, ids)
                 outputs.append(self._advance(request, state, logits))
             return outputs
@@ -253,11 +252,11 @@ class ThinkerRunner(StageRunner):
     # ------------------------------------------------------------------ tensor parallel
     def _drive(self, message: dict[str, Any]) -> None:
         """Rank 0 of a tensor-parallel stage: have the other ranks make this model call on their shards too."""
-        if self.steps is not None:
-            self.steps.send(message)
+        if self.context.steps is not None:
+            self.context.steps.send(message)
 
     def _model_call(self, call: Callable[..., Any], *args: Any) -> Any:
-        if self.steps is None:
+        if self.context.steps is None:
             return call(*args)
         try:
             return call(*args)
@@ -269,9 +268,9 @@ class ThinkerRunner(StageRunner):
 
     def follow(self) -> None:
         """Ranks 1..N-1: make each model call rank 0 sends, on this rank's shard, until it says stop."""
-        assert self.steps is not None
+        assert self.context.steps is not None
         while True:
-            message = self.steps.recv()
+            message = self.context.steps.recv()
             op = message["op"]
             if op == "stop":
                 return
