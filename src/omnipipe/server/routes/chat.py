@@ -89,12 +89,13 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
 
 
 def _text_of(content: str | list[Any] | None, where: str, pipeline: PipelineSpec, earlier: bool) -> tuple[
-        list[str], list[tuple[int, InputAudioPart]], list[str]]:
-    """The text parts of a message's content, its audio parts (with their index) and its images (data URIs)."""
+        list[str], list[tuple[int, InputAudioPart]], list[bytes]]:
+    """The text parts of a message's content, its audio parts (with their index) and its images (decoded from their
+    data URIs, once: the prompt processor takes the bytes)."""
     parts = [TextPart(type="text", text=content)] if isinstance(content, str) else list(content or [])
     texts: list[str] = []
     audio: list[tuple[int, InputAudioPart]] = []
-    images: list[str] = []
+    images: list[bytes] = []
     for j, part in enumerate(parts):
         if isinstance(part, TextPart):
             texts.append(part.text)
@@ -118,11 +119,10 @@ def _text_of(content: str | list[Any] | None, where: str, pipeline: PipelineSpec
                 raise invalid(f"{param}.url: give the image inline as data:image/<type>;base64,<data> (this server "
                               "fetches nothing)", f"{param}.url", code="invalid_image_url")
             try:
-                base64.b64decode(body, validate=True)
+                images.append(base64.b64decode(body, validate=True))
             except (binascii.Error, ValueError):
                 raise invalid(f"{param}.url: the data is not valid base64", f"{param}.url",
                               code="invalid_base64") from None
-            images.append(url)
     return [t.strip() for t in texts if t.strip()], audio, images
 
 
