@@ -136,10 +136,10 @@ class AsyncOmni:
         plan = self.pipeline.plan(entry.stage, modalities)
         internal_id = self.engine.new_internal_id(request_id)
         state = _ClientRequest(request_id, internal_id)
+        clock = RequestClock()
         self.engine.add_request(AddRequest(internal_id, entry, plan, modalities, params, overrides))
         self._requests[internal_id] = state
         self._user_ids[request_id] = internal_id
-        clock = RequestClock()
         text, audio_parts, sample_rate, image = "", [], None, None
         finished = False
         try:
@@ -167,7 +167,7 @@ class AsyncOmni:
                     yield OmniRequestOutput(request_id, event.stage, "progress", text=text, details=event.details)
                 elif event.kind in ("done", "aborted"):
                     finished = True
-                    metrics = clock.finish(event.stage_metrics, event.edge_metrics)
+                    metrics = clock.finish(event.stage_metrics, event.edge_metrics, plan)
                     full_audio = np.concatenate(audio_parts) if audio_parts else None
                     reason = "abort" if event.kind == "aborted" else event.finish_reason
                     yield OmniRequestOutput(request_id, event.stage, "final", text=text, audio=full_audio,
