@@ -60,10 +60,15 @@ logger = logging.getLogger(__name__)
 
 
 RESTART_WINDOW_S = 600.0  # a stage that served this long after a restart has its max_restarts count start over
-# a non-streaming handoff whose upstream output is at most this big runs its input processor and relay writes on
-# this loop: a worker thread's round trip (two thread wake-ups, ~0.3 ms measured on a loaded machine) would cost
-# more than the work; a bigger one runs in a worker thread so that it holds up no other stage's outputs
+# A non-streaming handoff (input processor + relay writes) runs in a worker thread, so that a heavy one holds up
+# no other stage's outputs. A worker thread's round trip costs two thread wake-ups (~0.3 ms measured on a loaded
+# machine), more than a light handoff's work, so an edge whose last INLINE_AFTER_FAST handoffs each took under
+# INLINE_HANDOFF_S runs its handoffs of an output up to INLINE_HANDOFF_BYTES on the loop itself; one that takes
+# longer sends the edge back to the worker thread until it has been fast that many times in a row again. The cost
+# of a wrong guess is bounded: one slow handoff on the loop after a run of fast ones.
 INLINE_HANDOFF_BYTES = 64 << 10
+INLINE_HANDOFF_S = 0.001
+INLINE_AFTER_FAST = 8
 
 
 class EngineStartError(RuntimeError):
@@ -118,6 +123,7 @@ class Orchestrator:
         self.chunk_addresses: dict[str, str] = {}
         self._parked: dict[str, AddRequest] = {}  # requests waiting for a restarting stage of their plan
         self._forwards: set[asyncio.Task[None]] = set()
+        self._fast_handoffs: dict[str, int] = {}  # edge -> its handoffs in a row that took under INLINE_HANDOFF_S
         self._stopping = False
         self._recently_ended: collections.deque[str] = collections.deque(maxlen=1024)  # aborted or failed
         self.last_tick = time.monotonic()  # the watchdog's last run: this loop is alive
@@ -529,7 +535,7 @@ class Orchestrator:
         outputs = request.forward_data.pop(stage, []) if forward_edges else []
         small = request.forward_bytes.pop(stage, 0) <= INLINE_HANDOFF_BYTES
         for edge in forward_edges:
-            if small:  # cheaper here than a task and a worker thread
+            if small and self._fast_handoffs.get(edge.name, 0) >= INLINE_AFTER_FAST:  # cheaper than a thread
                 await self._forward(request, edge, outputs, inline=True)
                 continue
             # off this handler: a heavy handoff must not hold up this stage's other outputs
@@ -553,8 +559,12 @@ class Orchestrator:
         relay = self.send_relays[edge.name]
 
         def handoff() -> list[Payload]:
+            began = time.perf_counter()
             inputs = self._input_processors[edge.name](outputs)
-            return [write_payload(item, relay, request.request_id, threshold) for item in inputs]
+            payloads = [write_payload(item, relay, request.request_id, threshold) for item in inputs]
+            fast = time.perf_counter() - began < INLINE_HANDOFF_S
+            self._fast_handoffs[edge.name] = self._fast_handoffs.get(edge.name, 0) + 1 if fast else 0
+            return payloads
 
         try:
             payloads = handoff() if inline else await asyncio.to_thread(handoff)
