@@ -47,7 +47,7 @@ def test_quick_run_prints_every_table_and_writes_every_section(tmp_path, capsys)
     assert all(math.isfinite(n) for n in numbers(data))
 
     hops = data["latency"]["hops"]
-    assert len(hops) == 3
+    assert len(hops) == 4 and [h["framework"] for h in hops] == [False, True, True, False]
     assert all(positive(h["p50_ms"], h["p99_ms"], h["mean_ms"], h["frame_bytes"]) for h in hops)
     pipeline_hops = data["latency"]["pipeline_hops"]
     assert [r["hop"] for r in pipeline_hops["rows"]] == ["caller->thinker", "thinker->talker", "talker->code2wav",
@@ -58,6 +58,7 @@ def test_quick_run_prints_every_table_and_writes_every_section(tmp_path, capsys)
     for row in pipeline_hops["rows"]:
         assert f"| {row['hop']} " in printed
     assert "| raw ZMQ hop (zmq only: same bytes, no codec) " in printed
+    assert "| raw ZMQ hop (zmq only, both ends idle 3 ms before each) " in printed
     token = data["latency"]["token_overhead"]
     assert positive(token["itl_mean_ms"], token["itl_median_ms"], token["itl_p99_ms"],
                     token["thinker_compute_per_token_ms"])

@@ -47,6 +47,7 @@ HOP_TARGET_P50_MS = 0.3
 PIPELINE_HOP_TARGET_P50_MS = 0.15  # each hop of a request through the engine's stages
 PIPELINE_HOP_PROMPT = "a"  # one character: the least work each toy stage can do
 HOP_ROUNDS = 5
+IDLE_GAP_S = 0.003  # between the round trips of the idle raw ZMQ case
 SHM_TARGET_PCT_OF_MEMCPY = 40.0  # the whole transfer: two copies (into the slot, out of it) bound a copying one at 50%
 SHM_READ_TARGET_PCT_OF_MEMCPY = 60.0  # the copying receive alone (read_payload): one copy out of the slot
 SMALL_AUDIO_SAMPLES = 256  # one toy code2wav chunk of 8 frames: 1 KiB of float32
@@ -191,8 +192,8 @@ def _echo_peer(to_peer: str, from_peer: str) -> None:
 
 
 def _hop_round_trips(push: zmq.Socket, pull: zmq.Socket, phase: str, iterations: int,
-                     audio: np.ndarray | None) -> tuple[list[float], int]:
-    """Round trips of one phase; returns (one-hop times in seconds, bytes of one request frame)."""
+                     audio: np.ndarray | None, idle_s: float = 0.0) -> tuple[list[float], int]:
+    """Round trips of one phase, ``idle_s`` apart; returns (one-hop times in seconds, bytes of one request frame)."""
     warmup = max(20, iterations // 10)
     inline = InlineRelay()
     relays: dict[str, Relay] = {"inline": inline}
@@ -203,6 +204,8 @@ def _hop_round_trips(push: zmq.Socket, pull: zmq.Socket, phase: str, iterations:
     hops: list[float] = []
     frame_bytes = 0
     for i in range(warmup + iterations):
+        if idle_s:
+            time.sleep(idle_s)
         start = time.perf_counter()
         if phase == "raw":
             push.send(raw_frame, copy=False)
@@ -224,9 +227,11 @@ def _hop_round_trips(push: zmq.Socket, pull: zmq.Socket, phase: str, iterations:
 def bench_hop_latency(iterations: int) -> list[dict[str, Any]]:
     audio = np.linspace(-1, 1, SMALL_AUDIO_SAMPLES, dtype=np.float32)
     cases = [
-        ("zmq only: same bytes, no codec", "raw", audio),
-        ("StageOutput, text delta", "message", None),
-        (f"StageOutput + {SMALL_AUDIO_SAMPLES * 4 // 1024} KiB inline payload", "message", audio),
+        ("zmq only: same bytes, no codec", "raw", audio, 0.0),
+        ("StageOutput, text delta", "message", None, 0.0),
+        (f"StageOutput + {SMALL_AUDIO_SAMPLES * 4 // 1024} KiB inline payload", "message", audio, 0.0),
+        # as in a pipeline at c=1, where each process sleeps between its messages: the wake-ups cost more
+        (f"zmq only, both ends idle {IDLE_GAP_S * 1e3:g} ms before each", "raw", audio, IDLE_GAP_S),
     ]
     samples: list[list[float]] = [[] for _ in cases]
     sizes = [0] * len(cases)
@@ -234,11 +239,11 @@ def bench_hop_latency(iterations: int) -> list[dict[str, Any]]:
     with _peer(_echo_peer) as peer:
         for index in range(rounds):  # the cases take turns, so load drift hits them alike
             share = iterations // rounds + (1 if index < iterations % rounds else 0)
-            for case, (_, phase, data) in enumerate(cases):
-                hops, sizes[case] = _hop_round_trips(peer.push, peer.pull, phase, share, data)
+            for case, (_, phase, data, idle_s) in enumerate(cases):
+                hops, sizes[case] = _hop_round_trips(peer.push, peer.pull, phase, share, data, idle_s)
                 samples[case].extend(hops)
     rows = []
-    for (label, phase, _), hops, frame_bytes in zip(cases, samples, sizes, strict=True):
+    for (label, phase, _, _), hops, frame_bytes in zip(cases, samples, sizes, strict=True):
         stats = summarize(hops, 1e3)
         rows.append({"message": label, "framework": phase == "message", "frame_bytes": frame_bytes,
                      "iterations": len(hops), "p50_ms": stats["median"], "p99_ms": stats["p99"],
@@ -545,7 +550,7 @@ def _format_latency(data: dict[str, Any]) -> str:
         [[h["message"], h["frame_bytes"], h["iterations"], h["p50_ms"], h["p99_ms"], h["mean_ms"],
           ("yes" if h["p50_ms"] < target else "NO") if h["framework"] else "(baseline)"] for h in data["hops"]],
         digits=3, title="Control-plane hop latency (one hop = half a PUSH->PULL round trip, two processes, ipc://)")
-    pipeline = _format_pipeline_hops(data["pipeline_hops"], data["hops"][0])
+    pipeline = _format_pipeline_hops(data["pipeline_hops"], [h for h in data["hops"] if not h["framework"]])
     t = data["token_overhead"]
     token = format_table(
         ["requests", "tokens/request", "mean ITL ms", "median ITL ms", "p99 ITL ms", "thinker compute ms/token",
@@ -556,13 +561,14 @@ def _format_latency(data: dict[str, Any]) -> str:
     return f"{hops}\n\n{pipeline}\n\n{token}"
 
 
-def _format_pipeline_hops(data: dict[str, Any], raw: dict[str, Any]) -> str:
+def _format_pipeline_hops(data: dict[str, Any], raw_hops: list[dict[str, Any]]) -> str:
     target = data["target_p50_ms"]
     rows: list[list[Any]] = [[h["hop"], h["p50_ms"], h["p99_ms"], h["mean_ms"],
                               "yes" if h["p50_ms"] <= target else "NO"] for h in data["rows"]]
     rows.append(["all hops together", data["hops_total_p50_ms"], data["hops_total_p99_ms"], None, None])
     rows.append(["E2E (hops + the stages' own time)", data["e2e_p50_ms"], data["e2e_p99_ms"], None, None])
-    rows.append([f"raw ZMQ hop ({raw['message']})", raw["p50_ms"], raw["p99_ms"], raw["mean_ms"], "(baseline)"])
+    rows += [[f"raw ZMQ hop ({raw['message']})", raw["p50_ms"], raw["p99_ms"], raw["mean_ms"], "(baseline)"]
+             for raw in raw_hops]
     table = format_table(["hop", "p50 ms", "p99 ms", "mean ms", f"p50 <= {target} ms"], rows, digits=3,
                          title=f"Hops of a request through the toy stages (c=1, async chunk off, {data['requests']} "
                                f"requests of prompt {data['prompt']!r}, audio out)")
