@@ -586,14 +586,15 @@ def _format_relay(data: dict[str, Any]) -> str:
                      None, m["median_ms"], None, None, None, None, None])
         for r in (r for r in data["rows"] if r["size_bytes"] == size):
             p = r["phases_mean_ms"]
+            copies_out = r["backend"] in ("shm", "shm one-off")  # the others' read is a decode, not a copy
             rows.append([_human_bytes(size), r["backend"], r["gbps"], r["best_gbps"], r["pct_of_memcpy"],
-                         r["read_pct_of_memcpy"], r["median_ms"], r["mean_ms"], p["write"], p["send"], p["decode"], p["read"]])
+                         r["read_pct_of_memcpy"] if copies_out else None, r["median_ms"], r["mean_ms"], p["write"], p["send"], p["decode"], p["read"]])
     table = format_table(
         ["size", "path", "GB/s", "best GB/s", "% memcpy", "read % memcpy", "median ms", "mean ms", "write_payload", "encode+send+zmq",
          "decode msg", "read_payload"],
         rows, digits=3, title="Relay throughput (sender write_payload -> ZMQ -> receiver read_payload, two processes)")
     notes = [("GB/s and % memcpy from the median transfer; 'read % memcpy' is the receiver's read_payload alone (its "
-              "median) against memcpy; the four phase columns are means in ms that add up to the mean. A copying "
+              "median) against memcpy, for the copying shm paths; the four phase columns are means in ms that add up to the mean. A copying "
               "transfer copies twice (into the slot, out of it), so its % memcpy stays under 50."),
              (f"shm pool slot {_human_bytes(data['pool_slot_bytes'])}; 'shm one-off' uses a "
               f"{_human_bytes(data['one_off_slot_bytes'])} pool, so each payload gets a segment of its own; "
