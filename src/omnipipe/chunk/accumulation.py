@@ -17,11 +17,10 @@ context, so the concatenated audio matches the fixed-size stream.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import math
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
