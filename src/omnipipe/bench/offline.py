@@ -43,6 +43,10 @@ def _row(setting: str, concurrency: int, metrics: list[RequestMetrics], wall_s: 
                            "throughput_rps": len(metrics) / wall_s if wall_s else 0.0,
                            "audio_s_mean": mean([m.audio_duration_s for m in metrics]),
                            "output_tokens_mean": mean([float(m.num_output_tokens) for m in metrics])}
+    # frames the vocoder decoded (windows with their context) per frame of audio: 1.0 without overlap
+    decoded = sum(float(m.stages.get("talker", {}).get("window_frames", 0)) for m in metrics)
+    heard = sum(float(m.stages.get("code2wav", {}).get("units", 0)) for m in metrics)
+    row["vocoder_frames_per_audio_frame"] = decoded / heard if decoded and heard else None
     for name, series in values.items():
         scale = 1.0 if name == "rtf" else 1000.0
         row[name.removesuffix("_s")] = summarize(series, scale) if series else None
@@ -201,13 +205,15 @@ def format_report(rows: list[dict[str, Any]]) -> str:
                                               for s in ("median", "p99")]] for r in rows])
     lines = [main, "", detail]
     if any("floor_ms_mean" in r for r in rows):
-        floor_rows = [[r["setting"], r["concurrency"], r.get("output_tokens_mean"), m(r, "ttfp", "median"),
+        floor_rows = [[r["setting"], r["concurrency"], r.get("output_tokens_mean"),
+                       r.get("vocoder_frames_per_audio_frame"), m(r, "ttfp", "median"),
                        m(r, "ttfp"), r.get("floor_ms_mean"),
                        r["ttfp_over_floor"]["median"] if r.get("ttfp_over_floor") else None]
                       for r in rows if "prompts_asked" in r]
         lines += ["", "TTFP against the compute floor (prefill + thinker tokens to the first spoken piece + talker on "
                   "it + the first vocoder window, each timed alone; aim: TTFP <= 1.3x floor)",
-                  format_table(["Setting", "Conc.", "Out tokens", "TTFP p50 (ms)", "TTFP mean (ms)",
+                  format_table(["Setting", "Conc.", "Out tokens", "Vocoder frames/audio frame", "TTFP p50 (ms)",
+                                "TTFP mean (ms)",
                                 "Floor mean (ms)", "TTFP/floor p50"], floor_rows)]
     baseline = next((r for r in rows if r["setting"] == "sequential baseline"), None)
     on1 = next((r for r in rows if r["setting"] == "async chunk on" and r["concurrency"] == 1), None)
