@@ -11,7 +11,8 @@ from omnipipe.bench import offline
 def metrics(ttfp_s: float, windows: int, frames: int) -> RequestMetrics:
     return RequestMetrics(e2e_s=2 * ttfp_s, ttft_s=0.1, tpot_s=0.05, itl_s=[0.05], ttfp_s=ttfp_s,
                           audio_duration_s=1.0, rtf=2 * ttfp_s, num_output_tokens=10,
-                          stages={"talker": {"window_frames": windows}, "code2wav": {"units": frames}}, edges={})
+                          stages={"talker": {"window_frames": windows, "compute_s": 0.2},
+                                  "code2wav": {"units": frames, "compute_s": 0.1}}, edges={})
 
 
 def test_floor_ratio_pairs_each_request_with_its_own_prompt() -> None:
@@ -23,6 +24,7 @@ def test_floor_ratio_pairs_each_request_with_its_own_prompt() -> None:
     assert row["ttfp_over_floor"]["median"] == pytest.approx((1.5 + 2.0) / 2)
     assert row["vocoder_frames_per_audio_frame"] == pytest.approx(135 / 75)
     assert row["throughput_rps"] == pytest.approx(1.0)
+    assert row["stage_compute_ms_mean"] == pytest.approx({"code2wav": 100.0, "talker": 200.0})
     report = offline.format_report([row])
     assert "TTFP/floor p50" in report and "1.75" in report
 

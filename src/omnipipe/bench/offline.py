@@ -47,6 +47,10 @@ def _row(setting: str, concurrency: int, metrics: list[RequestMetrics], wall_s: 
     decoded = sum(float(m.stages.get("talker", {}).get("window_frames", 0)) for m in metrics)
     heard = sum(float(m.stages.get("code2wav", {}).get("units", 0)) for m in metrics)
     row["vocoder_frames_per_audio_frame"] = decoded / heard if decoded and heard else None
+    # where the CPU went: each stage's compute per request (steps it ran in, batch-shared time counted in full)
+    stage_names = sorted({name for m in metrics for name in m.stages})
+    row["stage_compute_ms_mean"] = {name: 1000 * mean([float(m.stages.get(name, {}).get("compute_s", 0.0))
+                                                       for m in metrics]) for name in stage_names}
     for name, series in values.items():
         scale = 1.0 if name == "rtf" else 1000.0
         row[name.removesuffix("_s")] = summarize(series, scale) if series else None
@@ -215,6 +219,13 @@ def format_report(rows: list[dict[str, Any]]) -> str:
                   format_table(["Setting", "Conc.", "Out tokens", "Vocoder frames/audio frame", "TTFP p50 (ms)",
                                 "TTFP mean (ms)",
                                 "Floor mean (ms)", "TTFP/floor p50"], floor_rows)]
+    stages = sorted({name for r in rows for name in r.get("stage_compute_ms_mean") or {}})
+    if stages:
+        lines += ["", "Stage compute per request, mean (ms; a batched step counts in full for each of its requests)",
+                  format_table(["Setting", "Conc.", *stages],
+                               [[r["setting"], r["concurrency"],
+                                 *[(r.get("stage_compute_ms_mean") or {}).get(n) for n in stages]]
+                                for r in rows if r.get("stage_compute_ms_mean")])]
     baseline = next((r for r in rows if r["setting"] == "sequential baseline"), None)
     on1 = next((r for r in rows if r["setting"] == "async chunk on" and r["concurrency"] == 1), None)
     off1 = next((r for r in rows if r["setting"] == "async chunk off" and r["concurrency"] == 1), None)
