@@ -36,7 +36,8 @@ def test_quick_run_prints_every_table_and_writes_every_section(tmp_path, capsys)
     before = {p.pid for p in child_processes()}  # servers other test modules keep running
     assert main(["--quick", "--json", str(path)]) == 0
     printed = capsys.readouterr().out
-    for title in ("Control-plane hop latency", "Engine per-token overhead", "Relay throughput",
+    for title in ("Control-plane hop latency", "Hops of a request through the toy stages", "Engine per-token overhead",
+                  "Relay throughput",
                   "TTFP, async chunk on vs off", "expected on/off"):
         assert title in printed
     assert "| async_chunk | concurrency | prompts | mean E2E ms | mean TTFT ms | mean TTFP ms |" in printed
@@ -46,8 +47,18 @@ def test_quick_run_prints_every_table_and_writes_every_section(tmp_path, capsys)
     assert all(math.isfinite(n) for n in numbers(data))
 
     hops = data["latency"]["hops"]
-    assert len(hops) == 3
+    assert len(hops) == 4 and [h["framework"] for h in hops] == [False, True, True, False]
     assert all(positive(h["p50_ms"], h["p99_ms"], h["mean_ms"], h["frame_bytes"]) for h in hops)
+    pipeline_hops = data["latency"]["pipeline_hops"]
+    assert [r["hop"] for r in pipeline_hops["rows"]] == ["caller->thinker", "thinker->talker", "talker->code2wav",
+                                                         "code2wav->caller"]
+    assert all(positive(r["p50_ms"], r["p99_ms"], r["mean_ms"]) and len(r["samples_ms"]) == pipeline_hops["requests"]
+               for r in pipeline_hops["rows"])
+    assert positive(pipeline_hops["hops_total_p50_ms"], pipeline_hops["e2e_p50_ms"])
+    for row in pipeline_hops["rows"]:
+        assert f"| {row['hop']} " in printed
+    assert "| raw ZMQ hop (zmq only: same bytes, no codec) " in printed
+    assert "| raw ZMQ hop (zmq only, both ends idle 3 ms before each) " in printed
     token = data["latency"]["token_overhead"]
     assert positive(token["itl_mean_ms"], token["itl_median_ms"], token["itl_p99_ms"],
                     token["thinker_compute_per_token_ms"])
@@ -59,6 +70,8 @@ def test_quick_run_prints_every_table_and_writes_every_section(tmp_path, capsys)
     for row in relay["rows"]:
         assert positive(row["gbps"], row["best_gbps"], row["pct_of_memcpy"], row["median_ms"], row["mean_ms"])
         assert row["phases_mean_ms"]["write"] > 0 and row["phases_mean_ms"]["read"] > 0
+        assert positive(row["read_pct_of_memcpy"])
+    assert "shm copying receive (read_payload) at 1 MiB" in printed
 
     ttfp = data["ttfp"]
     assert {(r["async_chunk"], r["concurrency"]) for r in ttfp["rows"]} == {(a, c) for a in (True, False)

@@ -136,3 +136,16 @@ def test_tcp_transport_carries_the_same_results(harness_factory) -> None:
     text, audio = assemble(outputs)
     assert text == "OVER TCP"
     np.testing.assert_allclose(audio, expected_audio(text), atol=1e-5)
+
+
+def test_a_sequential_request_reports_each_hop(harness_factory) -> None:
+    """Async chunk off: each stage starts when the one before has finished, so E2E splits into hops whose stamps
+    come from the caller, every stage and the caller again; together they are part of the E2E."""
+    harness = harness_factory("toy", {"async_chunk": False})
+    outputs = harness.run(collect(harness.engine, "hi"))
+    metrics = outputs[-1].metrics
+    assert list(metrics.hops_s) == ["caller->thinker", "thinker->talker", "talker->code2wav", "code2wav->caller"]
+    assert all(seconds > 0 for seconds in metrics.hops_s.values())
+    assert sum(metrics.hops_s.values()) < metrics.e2e_s
+    for stage in ("thinker", "talker", "code2wav"):
+        assert metrics.stages[stage]["arrived_at_s"] < metrics.stages[stage]["sent_at_s"]

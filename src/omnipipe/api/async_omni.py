@@ -4,7 +4,7 @@
         async for out in engine.generate("Hello?", output_modalities=["text", "audio"]):
             ...
 
-One background task reads the engine's output queue and fans events out to per-request queues; ``generate``
+The engine hands each event to this loop, which puts it in its request's queue (no task in between); ``generate``
 reads its own queue and yields ``OmniRequestOutput``s until the request finishes. Leaving the loop early (break,
 cancellation, a disconnected client) aborts the request in every stage.
 """
@@ -64,10 +64,10 @@ class AsyncOmni:
         stages..." when start-up is cancelled); without it those lines are logged at INFO."""
         self.pipeline = get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
         self.deploy = load_deploy(deploy, self.pipeline)
-        self.engine = AsyncOmniEngine(self.pipeline, self.deploy, log_level=log_level, progress=progress)
+        self.engine = AsyncOmniEngine(self.pipeline, self.deploy, log_level=log_level, progress=progress,
+                                      on_event=self._dispatch)
         self._requests: dict[str, _ClientRequest] = {}  # by internal id
         self._user_ids: dict[str, str] = {}  # user id -> internal id
-        self._router: asyncio.Task[None] | None = None
         self._start_lock = asyncio.Lock()
         self._started = False
         self._closed = False
@@ -79,7 +79,6 @@ class AsyncOmni:
                 raise EngineClosedError("this AsyncOmni has been shut down")
             if not self._started:
                 await self.engine.start()
-                self._router = asyncio.create_task(self._final_output_handler(), name="omnipipe-output-router")
                 self._started = True
         return self
 
@@ -94,9 +93,6 @@ class AsyncOmni:
             return
         self._closed = True
         await self.engine.shutdown()
-        if self._router is not None:
-            self._router.cancel()
-            await asyncio.gather(self._router, return_exceptions=True)
         for state in self._requests.values():
             state.queue.put_nowait(EngineEvent(state.internal_id, "error", "", error="engine shut down"))
 
@@ -136,10 +132,10 @@ class AsyncOmni:
         plan = self.pipeline.plan(entry.stage, modalities)
         internal_id = self.engine.new_internal_id(request_id)
         state = _ClientRequest(request_id, internal_id)
+        clock = RequestClock()
         self.engine.add_request(AddRequest(internal_id, entry, plan, modalities, params, overrides))
         self._requests[internal_id] = state
         self._user_ids[request_id] = internal_id
-        clock = RequestClock()
         text, audio_parts, sample_rate, image = "", [], None, None
         finished = False
         try:
@@ -167,7 +163,7 @@ class AsyncOmni:
                     yield OmniRequestOutput(request_id, event.stage, "progress", text=text, details=event.details)
                 elif event.kind in ("done", "aborted"):
                     finished = True
-                    metrics = clock.finish(event.stage_metrics, event.edge_metrics)
+                    metrics = clock.finish(event.stage_metrics, event.edge_metrics, plan)
                     full_audio = np.concatenate(audio_parts) if audio_parts else None
                     reason = "abort" if event.kind == "aborted" else event.finish_reason
                     yield OmniRequestOutput(request_id, event.stage, "final", text=text, audio=full_audio,
@@ -212,12 +208,11 @@ class AsyncOmni:
         return state
 
     # ------------------------------------------------------------------ internals
-    async def _final_output_handler(self) -> None:
-        while True:
-            event = await self.engine.get_output_async()
-            state = self._requests.get(event.request_id)
-            if state is not None:
-                state.queue.put_nowait(event)
+    def _dispatch(self, event: EngineEvent) -> None:
+        """An engine event, on this loop: to its request's queue (dropped if the request has ended)."""
+        state = self._requests.get(event.request_id)
+        if state is not None:
+            state.queue.put_nowait(event)
 
     def _edge_options(self, edge_options: Any) -> dict[str, dict[str, Any]]:
         """Per-request edge option overrides, each checked against the edge's options with the deploy's values."""

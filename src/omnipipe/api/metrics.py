@@ -29,8 +29,33 @@ class RequestClock:
         self.audio_samples += num_samples
         self.sample_rate_hz = sample_rate_hz or self.sample_rate_hz
 
-    def finish(self, stages: dict[str, dict[str, Any]], edges: dict[str, dict[str, Any]]) -> RequestMetrics:
-        e2e = time.perf_counter() - self.start_s
+    def hops(self, plan: list[str], stages: dict[str, dict[str, Any]], end_s: float) -> dict[str, float]:
+        """The request's path split into hops, for stages run one after another: caller -> first stage (this
+        clock's start to the stage taking the Submit off its socket), each stage -> the next (the finished output
+        about to be encoded to the next stage's Submit taken off its socket, via the orchestrator), last stage ->
+        caller (to ``end_s``, the done event in the caller's hands). Stamps are ``perf_counter`` values of
+        different processes: comparable on one machine only. Empty if a stage lacks its stamps or the stages
+        overlapped (a stage received its Submit before the previous one finished: async chunk)."""
+        points: list[tuple[str, float, float]] = []
+        for name in plan:
+            metrics = stages.get(name, {})
+            arrived, sent = metrics.get("arrived_at_s"), metrics.get("sent_at_s")
+            if not isinstance(arrived, float) or not isinstance(sent, float):
+                return {}
+            points.append((name, arrived, sent))
+        hops: dict[str, float] = {}
+        previous, left_at = "caller", self.start_s
+        for name, arrived, sent in [*points, ("caller", end_s, end_s)]:
+            if arrived < left_at:
+                return {}
+            hops[f"{previous}->{name}"] = arrived - left_at
+            previous, left_at = name, sent
+        return hops
+
+    def finish(self, stages: dict[str, dict[str, Any]], edges: dict[str, dict[str, Any]],
+               plan: list[str] | None = None) -> RequestMetrics:
+        end_s = time.perf_counter()
+        e2e = end_s - self.start_s
         times = self.text_times_s
         itl = [b - a for a, b in zip(times, times[1:])]
         tpot = (times[-1] - times[0]) / (self.num_tokens - 1) if len(times) > 1 and self.num_tokens > 1 else None
@@ -40,6 +65,7 @@ class RequestClock:
             audio_duration_s=duration, rtf=(e2e / duration) if duration > 0 else None,
             num_output_tokens=self.num_tokens, stages=stages, edges=edges,
             num_prompt_tokens=sum(int(m.get("prompt_tokens", 0)) for m in stages.values()),
+            hops_s=self.hops(plan, stages, end_s) if plan else {},
         )
 
 

@@ -24,6 +24,10 @@ class RequestMetrics:
     num_prompt_tokens: int = 0  # as the comprehension stage tokenised the prompt (0: it does not say)
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)  # queue/compute time, tokens/frames
     edges: dict[str, dict[str, Any]] = field(default_factory=dict)  # bytes, chunks, transfer time
+    # time between stages of a request that went through its stages one after another, e.g. {"caller->thinker":
+    # ..., "thinker->talker": ..., "code2wav->caller": ...}: from the sender's stamp to the receiver's (see
+    # RequestClock.hops); empty where the stages overlap (async chunk) or a stamp is missing
+    hops_s: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         itl_mean = float(np.mean(self.itl_s)) if self.itl_s else None

@@ -3,8 +3,10 @@
     python -m omnipipe.bench.engine [--quick] [--json PATH]
 
 1. latency: one control-plane hop (half a PUSH->PULL round trip between two processes over ipc://, with the real
-   msgspec codec and relay_io), and the per-token cost of the whole engine: the mean inter-token latency of a
-   text-only toy request, less the toy thinker's own measured compute per step.
+   msgspec codec and relay_io); each hop of a real request through the three toy stages one after another
+   (caller->thinker, thinker->talker, talker->code2wav, code2wav->caller: ``RequestMetrics.hops_s``) beside that
+   raw ZMQ hop; and the per-token cost of the whole engine: the mean inter-token latency of a text-only toy
+   request, less the toy thinker's own measured compute per step.
 2. relay: throughput of ``write_payload`` in one process + ``read_payload`` in another, per backend, next to an
    in-process ``np.copyto`` of the same size (the physical limit).
 3. ttfp: time to first audio packet with async chunk on vs off at several concurrencies, with per-call delays
@@ -42,8 +44,12 @@ from omnipipe.transport.relay_io import read_payload, write_payload
 
 SECTIONS = ("latency", "relay", "ttfp")
 HOP_TARGET_P50_MS = 0.3
+PIPELINE_HOP_TARGET_P50_MS = 0.15  # each hop of a request through the engine's stages
+PIPELINE_HOP_PROMPT = "a"  # one character: the least work each toy stage can do
 HOP_ROUNDS = 5
-SHM_TARGET_PCT_OF_MEMCPY = 40.0
+IDLE_GAP_S = 0.003  # between the round trips of the idle raw ZMQ case
+SHM_TARGET_PCT_OF_MEMCPY = 40.0  # the whole transfer: two copies (into the slot, out of it) bound a copying one at 50%
+SHM_READ_TARGET_PCT_OF_MEMCPY = 60.0  # the copying receive alone (read_payload): one copy out of the slot
 SMALL_AUDIO_SAMPLES = 256  # one toy code2wav chunk of 8 frames: 1 KiB of float32
 ONE_OFF_SLOT_BYTES = 4096  # a pool this small sends every measured payload through a one-off segment
 ITL_PROMPT = "the quick brown fox jumps over the lazy dog " * 3
@@ -58,6 +64,7 @@ _ack_decoder = msgspec.msgpack.Decoder()
 class BenchConfig:
     sections: tuple[str, ...] = SECTIONS
     hop_iterations: int = 5000
+    pipeline_hop_requests: int = 300
     itl_requests: int = 8
     relay_sizes: tuple[int, ...] = (1 << 20, 64 << 20)
     relay_iterations: tuple[int, ...] = (100, 20)  # per size
@@ -71,7 +78,7 @@ class BenchConfig:
 
     @classmethod
     def quick_config(cls, **overrides: Any) -> BenchConfig:
-        base = cls(hop_iterations=300, itl_requests=2, relay_sizes=(64 << 10, 1 << 20), relay_iterations=(5, 5),
+        base = cls(hop_iterations=300, pipeline_hop_requests=20, itl_requests=2, relay_sizes=(64 << 10, 1 << 20), relay_iterations=(5, 5),
                    concurrency=(1, 2), num_prompts=2, thinker_step_ms=2.0, talker_call_ms=2.0,
                    code2wav_call_ms=1.0, quick=True)
         for key, value in overrides.items():
@@ -185,8 +192,8 @@ def _echo_peer(to_peer: str, from_peer: str) -> None:
 
 
 def _hop_round_trips(push: zmq.Socket, pull: zmq.Socket, phase: str, iterations: int,
-                     audio: np.ndarray | None) -> tuple[list[float], int]:
-    """Round trips of one phase; returns (one-hop times in seconds, bytes of one request frame)."""
+                     audio: np.ndarray | None, idle_s: float = 0.0) -> tuple[list[float], int]:
+    """Round trips of one phase, ``idle_s`` apart; returns (one-hop times in seconds, bytes of one request frame)."""
     warmup = max(20, iterations // 10)
     inline = InlineRelay()
     relays: dict[str, Relay] = {"inline": inline}
@@ -197,6 +204,8 @@ def _hop_round_trips(push: zmq.Socket, pull: zmq.Socket, phase: str, iterations:
     hops: list[float] = []
     frame_bytes = 0
     for i in range(warmup + iterations):
+        if idle_s:
+            time.sleep(idle_s)
         start = time.perf_counter()
         if phase == "raw":
             push.send(raw_frame, copy=False)
@@ -218,9 +227,11 @@ def _hop_round_trips(push: zmq.Socket, pull: zmq.Socket, phase: str, iterations:
 def bench_hop_latency(iterations: int) -> list[dict[str, Any]]:
     audio = np.linspace(-1, 1, SMALL_AUDIO_SAMPLES, dtype=np.float32)
     cases = [
-        ("zmq only: same bytes, no codec", "raw", audio),
-        ("StageOutput, text delta", "message", None),
-        (f"StageOutput + {SMALL_AUDIO_SAMPLES * 4 // 1024} KiB inline payload", "message", audio),
+        ("zmq only: same bytes, no codec", "raw", audio, 0.0),
+        ("StageOutput, text delta", "message", None, 0.0),
+        (f"StageOutput + {SMALL_AUDIO_SAMPLES * 4 // 1024} KiB inline payload", "message", audio, 0.0),
+        # as in a pipeline at c=1, where each process sleeps between its messages: the wake-ups cost more
+        (f"zmq only, both ends idle {IDLE_GAP_S * 1e3:g} ms before each", "raw", audio, IDLE_GAP_S),
     ]
     samples: list[list[float]] = [[] for _ in cases]
     sizes = [0] * len(cases)
@@ -228,11 +239,11 @@ def bench_hop_latency(iterations: int) -> list[dict[str, Any]]:
     with _peer(_echo_peer) as peer:
         for index in range(rounds):  # the cases take turns, so load drift hits them alike
             share = iterations // rounds + (1 if index < iterations % rounds else 0)
-            for case, (_, phase, data) in enumerate(cases):
-                hops, sizes[case] = _hop_round_trips(peer.push, peer.pull, phase, share, data)
+            for case, (_, phase, data, idle_s) in enumerate(cases):
+                hops, sizes[case] = _hop_round_trips(peer.push, peer.pull, phase, share, data, idle_s)
                 samples[case].extend(hops)
     rows = []
-    for (label, phase, _), hops, frame_bytes in zip(cases, samples, sizes, strict=True):
+    for (label, phase, _, _), hops, frame_bytes in zip(cases, samples, sizes, strict=True):
         stats = summarize(hops, 1e3)
         rows.append({"message": label, "framework": phase == "message", "frame_bytes": frame_bytes,
                      "iterations": len(hops), "p50_ms": stats["median"], "p99_ms": stats["p99"],
@@ -240,7 +251,35 @@ def bench_hop_latency(iterations: int) -> list[dict[str, Any]]:
     return rows
 
 
-# ====================================================================== 1b. per-token engine overhead
+# ====================================================================== 1b. each hop of a request through the stages
+async def bench_pipeline_hops(requests: int) -> dict[str, Any]:
+    """Sequential one-character requests through the toy thinker -> talker -> code2wav with async chunk off (each
+    stage gets its input when the one before has finished), no delays; each request's ``hops_s`` split of E2E."""
+    hops: dict[str, list[float]] = {}
+    e2e: list[float] = []
+    async with AsyncOmni("toy", {"async_chunk": False}) as engine:
+        for _ in range(max(5, requests // 10)):  # warm-up
+            await _collect_final(engine, PIPELINE_HOP_PROMPT, output_modalities=["audio"])
+        for _ in range(requests):
+            metrics = await _collect_final(engine, PIPELINE_HOP_PROMPT, output_modalities=["audio"])
+            if not metrics.hops_s:
+                raise RuntimeError("a sequential toy request came back without its hop timings")
+            for name, seconds in metrics.hops_s.items():
+                hops.setdefault(name, []).append(seconds)
+            e2e.append(metrics.e2e_s)
+    rows = []
+    for name, samples in hops.items():
+        stats = summarize(samples, 1e3)
+        rows.append({"hop": name, "p50_ms": stats["median"], "p99_ms": stats["p99"], "mean_ms": stats["mean"],
+                     "samples_ms": [_ms(h) for h in samples]})
+    totals = [sum(h[i] for h in hops.values()) for i in range(requests)]
+    e2e_stats, total_stats = summarize(e2e, 1e3), summarize(totals, 1e3)
+    return {"requests": requests, "prompt": PIPELINE_HOP_PROMPT, "target_p50_ms": PIPELINE_HOP_TARGET_P50_MS,
+            "rows": rows, "hops_total_p50_ms": total_stats["median"], "hops_total_p99_ms": total_stats["p99"],
+            "e2e_p50_ms": e2e_stats["median"], "e2e_p99_ms": e2e_stats["p99"], "e2e_samples_ms": [_ms(x) for x in e2e]}
+
+
+# ====================================================================== 1c. per-token engine overhead
 async def _collect_final(engine: AsyncOmni, prompt: str, **kwargs: Any) -> RequestMetrics:
     final = None
     async for out in engine.generate(prompt, **kwargs):
@@ -376,6 +415,7 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int]) -> d
                     rows.append({
                         "size_bytes": nbytes, "backend": name, "iterations": count, "gbps": gbps,
                         "best_gbps": nbytes / min(total) / 1e9, "pct_of_memcpy": 100 * gbps / memcpy_gbps,
+                        "read_pct_of_memcpy": 100 * nbytes / median(phases["read"]) / 1e9 / memcpy_gbps,
                         "median_ms": _ms(median(total)), "mean_ms": _ms(mean(total)),
                         "p99_ms": _ms(percentile(total, 99)),
                         "phases_mean_ms": {k: _ms(mean(v)) for k, v in phases.items() if k != "total"},
@@ -384,7 +424,8 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int]) -> d
     finally:
         sweep_segments(segment_prefix(run_id))
     return {"pool_slot_bytes": slot_bytes, "one_off_slot_bytes": ONE_OFF_SLOT_BYTES, "memcpy": memcpy, "rows": rows,
-            "target_shm_pct_of_memcpy": SHM_TARGET_PCT_OF_MEMCPY}
+            "target_shm_pct_of_memcpy": SHM_TARGET_PCT_OF_MEMCPY,
+            "target_shm_read_pct_of_memcpy": SHM_READ_TARGET_PCT_OF_MEMCPY}
 
 
 # ====================================================================== 3. TTFP with async chunk on vs off
@@ -480,8 +521,10 @@ def run_engine_bench(config: BenchConfig | None = None,
 
     if "latency" in config.sections:
         hops = bench_hop_latency(config.hop_iterations)
+        pipeline_hops = asyncio.run(bench_pipeline_hops(config.pipeline_hop_requests))
         token = asyncio.run(bench_token_overhead(config.itl_requests))
-        done("latency", {"target_p50_ms": HOP_TARGET_P50_MS, "hops": hops, "token_overhead": token})
+        done("latency", {"target_p50_ms": HOP_TARGET_P50_MS, "hops": hops, "pipeline_hops": pipeline_hops,
+                         "token_overhead": token})
     if "relay" in config.sections:
         done("relay", bench_relay_throughput(config.relay_sizes, config.relay_iterations))
     if "ttfp" in config.sections:
@@ -507,6 +550,7 @@ def _format_latency(data: dict[str, Any]) -> str:
         [[h["message"], h["frame_bytes"], h["iterations"], h["p50_ms"], h["p99_ms"], h["mean_ms"],
           ("yes" if h["p50_ms"] < target else "NO") if h["framework"] else "(baseline)"] for h in data["hops"]],
         digits=3, title="Control-plane hop latency (one hop = half a PUSH->PULL round trip, two processes, ipc://)")
+    pipeline = _format_pipeline_hops(data["pipeline_hops"], [h for h in data["hops"] if not h["framework"]])
     t = data["token_overhead"]
     token = format_table(
         ["requests", "tokens/request", "mean ITL ms", "median ITL ms", "p99 ITL ms", "thinker compute ms/token",
@@ -514,7 +558,24 @@ def _format_latency(data: dict[str, Any]) -> str:
         [[t["requests"], t["tokens_per_request"], t["itl_mean_ms"], t["itl_median_ms"], t["itl_p99_ms"],
           t["thinker_compute_per_token_ms"], t["framework_per_token_ms"]]],
         digits=3, title="Engine per-token overhead (toy pipeline, text only, sequential requests, no delays)")
-    return f"{hops}\n\n{token}"
+    return f"{hops}\n\n{pipeline}\n\n{token}"
+
+
+def _format_pipeline_hops(data: dict[str, Any], raw_hops: list[dict[str, Any]]) -> str:
+    target = data["target_p50_ms"]
+    rows: list[list[Any]] = [[h["hop"], h["p50_ms"], h["p99_ms"], h["mean_ms"],
+                              "yes" if h["p50_ms"] <= target else "NO"] for h in data["rows"]]
+    rows.append(["all hops together", data["hops_total_p50_ms"], data["hops_total_p99_ms"], None, None])
+    rows.append(["E2E (hops + the stages' own time)", data["e2e_p50_ms"], data["e2e_p99_ms"], None, None])
+    rows += [[f"raw ZMQ hop ({raw['message']})", raw["p50_ms"], raw["p99_ms"], raw["mean_ms"], "(baseline)"]
+             for raw in raw_hops]
+    table = format_table(["hop", "p50 ms", "p99 ms", "mean ms", f"p50 <= {target} ms"], rows, digits=3,
+                         title=f"Hops of a request through the toy stages (c=1, async chunk off, {data['requests']} "
+                               f"requests of prompt {data['prompt']!r}, audio out)")
+    note = ("a hop runs from the sender's perf_counter stamp (the caller handing the request over, a stage's "
+            "finished output about to be encoded) to the receiver's (a stage taking its Submit off the socket, the "
+            "done event in the caller's hands); stage->stage goes through the orchestrator.")
+    return f"{table}\n{note}"
 
 
 def _format_relay(data: dict[str, Any]) -> str:
@@ -522,17 +583,19 @@ def _format_relay(data: dict[str, Any]) -> str:
     rows: list[list[Any]] = []
     for size, m in memcpy.items():
         rows.append([_human_bytes(size), "memcpy (np.copyto, one process)", m["gbps"], m["best_gbps"], 100.0,
-                     m["median_ms"], None, None, None, None, None])
+                     None, m["median_ms"], None, None, None, None, None])
         for r in (r for r in data["rows"] if r["size_bytes"] == size):
             p = r["phases_mean_ms"]
+            copies_out = r["backend"] in ("shm", "shm one-off")  # the others' read is a decode, not a copy
             rows.append([_human_bytes(size), r["backend"], r["gbps"], r["best_gbps"], r["pct_of_memcpy"],
-                         r["median_ms"], r["mean_ms"], p["write"], p["send"], p["decode"], p["read"]])
+                         r["read_pct_of_memcpy"] if copies_out else None, r["median_ms"], r["mean_ms"], p["write"], p["send"], p["decode"], p["read"]])
     table = format_table(
-        ["size", "path", "GB/s", "best GB/s", "% memcpy", "median ms", "mean ms", "write_payload", "encode+send+zmq",
+        ["size", "path", "GB/s", "best GB/s", "% memcpy", "read % memcpy", "median ms", "mean ms", "write_payload", "encode+send+zmq",
          "decode msg", "read_payload"],
         rows, digits=3, title="Relay throughput (sender write_payload -> ZMQ -> receiver read_payload, two processes)")
-    notes = [("GB/s and % memcpy from the median transfer; the four phase columns are means in ms that add up to "
-              "the mean."),
+    notes = [("GB/s and % memcpy from the median transfer; 'read % memcpy' is the receiver's read_payload alone (its "
+              "median) against memcpy, for the copying shm paths; the four phase columns are means in ms that add up to the mean. A copying "
+              "transfer copies twice (into the slot, out of it), so its % memcpy stays under 50."),
              (f"shm pool slot {_human_bytes(data['pool_slot_bytes'])}; 'shm one-off' uses a "
               f"{_human_bytes(data['one_off_slot_bytes'])} pool, so each payload gets a segment of its own; "
               "'shm zero-copy' is how stages read incoming chunks: in place, the slot freed when the data is dropped.")]
@@ -541,6 +604,11 @@ def _format_relay(data: dict[str, Any]) -> str:
         verdict = "meets" if r["pct_of_memcpy"] >= data["target_shm_pct_of_memcpy"] else "MISSES"
         notes.append(f"{r['backend']} at {_human_bytes(r['size_bytes'])}: {r['pct_of_memcpy']:.0f}% of memcpy ({verdict} the "
                      f"{data['target_shm_pct_of_memcpy']:.0f}% target).")
+        if r["backend"] == "shm":
+            read_target = data["target_shm_read_pct_of_memcpy"]
+            read_verdict = "meets" if r["read_pct_of_memcpy"] >= read_target else "MISSES"
+            notes.append(f"shm copying receive (read_payload) at {_human_bytes(r['size_bytes'])}: "
+                         f"{r['read_pct_of_memcpy']:.0f}% of memcpy ({read_verdict} the {read_target:.0f}% target).")
     return table + "\n" + "\n".join(notes)
 
 
@@ -576,6 +644,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--code2wav-call-ms", type=float, help="toy code2wav delay per call (default 10; quick 1)")
     parser.add_argument("--max-num-seqs", type=int, help="per-stage batch limit (default: the highest concurrency)")
     parser.add_argument("--hop-iterations", type=int, help="round trips per hop case (default 5000; quick 300)")
+    parser.add_argument("--pipeline-hop-requests", type=int,
+                        help="sequential toy requests timed hop by hop (default 300; quick 20)")
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -587,8 +657,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         "code2wav_call_ms": args.code2wav_call_ms,
         "max_num_seqs": args.max_num_seqs,
         "hop_iterations": args.hop_iterations,
+        "pipeline_hop_requests": args.pipeline_hop_requests,
     }.items() if value is not None}
-    for key in ("num_prompts", "max_num_seqs", "hop_iterations"):
+    for key in ("num_prompts", "max_num_seqs", "hop_iterations", "pipeline_hop_requests"):
         if key in overrides and overrides[key] < 1:
             raise ValueError(f"--{key.replace('_', '-')}: must be >= 1")
     if any(c < 1 for c in overrides.get("concurrency", ())):

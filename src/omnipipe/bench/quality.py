@@ -6,7 +6,10 @@ the listed variants: "4" or "four"), asked one at a time, text only, through ``A
 check: a name given in turn 1 and asked for in turn 3. Decode tok/s is the tokens after the first over the time
 they took, summed over the questions.
 
-    omnipipe bench quality [--models qwen2.5-0.5b-instruct,gemma3-270m] [--max-tokens 48] [--json FILE]
+    omnipipe bench quality [--models qwen2.5-0.5b-instruct,gemma3-270m] [--weights float32,int8] [--max-tokens 48]
+                           [--json FILE]
+
+Each model is run with each weight format (the deploy option ``stages.thinker.options.weights``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnipipe.bench.report import format_table, machine_info, write_json
+from omnipipe.models.default.modeling.quantized import WEIGHT_FORMATS
 from omnipipe.models.default.weights.thinker import THINKER_MODELS
 
 PIPELINE = "default"
@@ -107,12 +111,13 @@ async def _ask(engine: Any, question: str, history: list[dict[str, str]], max_to
     return text.strip(), metrics
 
 
-async def evaluate(model: str, max_tokens: int, say: Any = None) -> ModelResult:
-    """Ask the questions and run the recall check with ``model`` as the default pipeline's thinker."""
+async def evaluate(model: str, max_tokens: int, say: Any = None, weights: str = "float32") -> ModelResult:
+    """Ask the questions and run the recall check with ``model`` (its ``weights`` format) as the default
+    pipeline's thinker."""
     from omnipipe import AsyncOmni
 
-    deploy = {"stages": {"thinker": {"options": {"model": model}}}}
-    result = ModelResult(model, 0, len(QUESTIONS), False, "", 0, 0.0, [])
+    deploy = {"stages": {"thinker": {"options": {"model": model, "weights": weights}}}}
+    result = ModelResult(f"{model} {weights}", 0, len(QUESTIONS), False, "", 0, 0.0, [])
     async with AsyncOmni(PIPELINE, deploy) as engine:
         await _ask(engine, "Hello?", [], 4)  # warm-up
         for index, question in enumerate(QUESTIONS, start=1):
@@ -152,6 +157,7 @@ def format_report(results: list[ModelResult]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omnipipe bench quality", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated thinker models")
+    parser.add_argument("--weights", default="float32", help=f"comma-separated of: {', '.join(WEIGHT_FORMATS)}")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--verbose", "-v", action="store_true", help="print each answer as it comes")
@@ -160,6 +166,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     unknown = [m for m in models if m not in MODELS]
     if not models or unknown:
         parser.error(f"--models: choose from {', '.join(MODELS)}")
+    formats = [w.strip() for w in args.weights.split(",") if w.strip()]
+    if not formats or any(w not in WEIGHT_FORMATS for w in formats):
+        parser.error(f"--weights: choose from {', '.join(WEIGHT_FORMATS)}")
     if args.max_tokens < 1:
         parser.error("--max-tokens must be >= 1")
 
@@ -168,9 +177,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     results = []
     for model in models:
-        started = time.perf_counter()
-        results.append(asyncio.run(evaluate(model, args.max_tokens, say if args.verbose else None)))
-        say(f"{model}: done in {time.perf_counter() - started:.0f} s")
+        for weights in formats:
+            started = time.perf_counter()
+            results.append(asyncio.run(evaluate(model, args.max_tokens, say if args.verbose else None, weights)))
+            say(f"{model} {weights}: done in {time.perf_counter() - started:.0f} s")
     print(format_report(results))
     if args.json:
         write_json(args.json, {"machine": machine_info(), "results": [

@@ -394,7 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")
     b.add_argument("suite", choices=["engine", "offline", "quality", "serve", "gateway", "soak", "images",
-                                        "broadcast"],
+                                        "broadcast", "thinker"],
                    help="engine: "
                    "framework costs on test stages; offline: the default pipeline vs a sequential baseline; quality: "
                    "the default pipeline's thinkers side by side on 30 factual questions (right answers, decode "
@@ -403,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "side; soak: load with stage kills, a stopped stage, clients that leave and malformed requests, "
                    "and what was left behind; images: the image pipeline's images/s and latency with step-level, "
                    "request-level and no batching; broadcast: a two-rank thinker's requests/s and latency with images "
-                   "moved to its ranks blocking, async or as raw bytes")
+                   "moved to its ranks blocking, async or as raw bytes; thinker: the thinker decoder (float32 and int8) "
+                   "against llama.cpp and transformers on the same weights: prefill, decode tok/s at batch 1 and 8")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (see --help of the suite)")
     return parser
 
@@ -442,6 +443,8 @@ def main(argv: list[str] | None = None) -> int:
                 from omnipipe.bench.quality import main as bench_main
             elif args.suite == "images":
                 from omnipipe.bench.images import main as bench_main
+            elif args.suite == "thinker":
+                from omnipipe.bench.thinker import main as bench_main
             elif args.suite == "broadcast":
                 from omnipipe.bench.broadcast import main as bench_main
             else:

@@ -1,19 +1,19 @@
 """AsyncOmniEngine: the thin proxy between the API layer and the orchestrator thread.
 
-It owns the two janus queues (requests in, outputs out), runs input processing (the pipeline's prompt processor:
+Requests go to the orchestrator's loop and events come back to the caller's loop by one thread-safe call each
+(``call_soon_threadsafe``: a wake-up of the other loop, no queue object between the threads). It runs input processing (the pipeline's prompt processor:
 decoding media, choosing the entry stage) in the caller's process, and starts/stops the orchestrator.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
 import uuid
 from typing import Any, Callable
-
-import janus
 
 from omnipipe.config.deploy_config import DeployConfig
 from omnipipe.config.pipeline_spec import EntryInput, PipelineSpec
@@ -41,25 +41,34 @@ def check_stage_kinds(pipeline: PipelineSpec) -> None:
 
 class AsyncOmniEngine:
     def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, log_level: str = "WARNING",
-                 progress: Callable[[str], None] | None = None) -> None:
+                 progress: Callable[[str], None] | None = None,
+                 on_event: Callable[[EngineEvent], None] | None = None) -> None:
+        """``on_event`` takes each event on the caller's loop (the loop that called ``start``) as it arrives;
+        without it events wait in a queue for ``get_output_async``."""
         check_stage_kinds(pipeline)
         self.pipeline = pipeline
         self.deploy = deploy
         self.run_id = f"{os.getpid():x}{uuid.uuid4().hex[:6]}"
         self._prompt_processor = resolve(pipeline.prompt_processor)
         self._ids = itertools.count(1)
-        self.output_queue: janus.Queue[EngineEvent] | None = None
+        self.output_queue: asyncio.Queue[EngineEvent] | None = None
+        self.on_event = on_event
         self.orchestrator: Orchestrator | None = None
         self.log_level = log_level
         self.progress = progress
         self.in_flight = 0
 
     async def start(self) -> None:
-        """Create the output queue in the caller's loop and start the orchestrator (blocks until stages load)."""
-        self.output_queue = janus.Queue()
-        queue = self.output_queue
-        orchestrator = self.orchestrator = Orchestrator(self.pipeline, self.deploy, self.run_id,
-                                                        emit=lambda event: queue.sync_q.put(event),
+        """Start the orchestrator (blocks until stages load); its events reach this loop."""
+        loop = asyncio.get_running_loop()
+        self.output_queue = asyncio.Queue()
+        take = self.on_event or self.output_queue.put_nowait
+
+        def emit(event: EngineEvent) -> None:  # on the orchestrator's thread
+            with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody is left to tell
+                loop.call_soon_threadsafe(take, event)
+
+        orchestrator = self.orchestrator = Orchestrator(self.pipeline, self.deploy, self.run_id, emit=emit,
                                                         log_level=self.log_level, progress=self.progress)
         starting = asyncio.ensure_future(asyncio.to_thread(orchestrator.start))
         try:
@@ -128,6 +137,3 @@ class AsyncOmniEngine:
         if orchestrator.is_alive:
             orchestrator.submit(ShutdownEngine())
         await asyncio.to_thread(orchestrator.join)
-        if self.output_queue is not None:
-            self.output_queue.close()
-            await self.output_queue.wait_closed()

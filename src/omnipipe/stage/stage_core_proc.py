@@ -536,9 +536,14 @@ class StageCoreProc:
         self._abort(request_id)
 
     def _metrics(self, request: StageRequest) -> dict[str, Any]:
+        """A finished request's figures. ``arrived_at_s`` (its Submit taken off the socket) and ``sent_at_s`` (this
+        message about to be encoded) are raw ``perf_counter`` stamps, CLOCK_MONOTONIC: comparable with the other
+        processes' stamps on the same machine, which is how the caller splits its E2E into hops."""
         now = time.perf_counter()
         first_input = request.first_input_s or request.first_scheduled_s or now
         return {
+            "arrived_at_s": request.arrival_s,
+            "sent_at_s": now,
             "input_wait_s": first_input - request.arrival_s,  # waiting for the upstream stage's first chunk
             "queue_s": max(0.0, (request.first_scheduled_s or now) - first_input),  # input there, not yet scheduled
             "compute_s": request.compute_s,

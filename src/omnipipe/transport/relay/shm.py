@@ -2,7 +2,8 @@
 
 Layout of a pool segment: a header of ``num_slots`` records ``(state, generation)`` (two uint64 each), padded to a
 page, then the slots. The sender takes a free slot (a credit), copies the payload in, marks it FULL and sends the
-metadata over the control plane. The receiver copies the bytes out and marks the slot FREE again: that is its
+metadata over the control plane. The receiver copies the bytes out (into a reused, already-faulted buffer: ``recv_buffers.py``, which also states
+who owns it) and marks the slot FREE again: that is its
 acknowledgement, and the sender reuses the slot on its next put. A payload larger than a slot gets a one-off
 segment of its own with the same one-slot layout, unlinked by the sender once the receiver has freed it.
 
@@ -25,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from omnipipe.transport.relay.base import Relay, RelayError
+from omnipipe.transport.relay.recv_buffers import RecvBufferPool
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +130,8 @@ class ShmRelay(Relay):
         self._generation = 0
         self._one_off_count = 0
         self._mapped: dict[str, _Segment] = {}  # receiver side
+        # a copying receiver copies into these (recv_buffers.py: reused only once no caller holds one)
+        self._recv_buffers = RecvBufferPool()
         self._lock = threading.Lock()
         self._closed = False
 
@@ -258,7 +262,7 @@ class ShmRelay(Relay):
                 view.flags.writeable = False
                 weakref.finalize(view, _release_slot, segment, slot, generation, one_off)
                 return view
-            out = np.empty(nbytes, dtype=np.uint8)
+            out = self._recv_buffers.take(nbytes)  # reused only once nothing made from it is alive
             np.copyto(out, np.frombuffer(segment.mm, dtype=np.uint8, count=nbytes, offset=start))
             reused = segment.header[slot, 1] != generation
             _release_slot(segment, slot, generation, one_off)
@@ -284,6 +288,7 @@ class ShmRelay(Relay):
             for segment in self._mapped.values():
                 segment.close()
             self._mapped.clear()
+            self._recv_buffers.clear()
 
 
 def _release_slot(segment: _Segment, slot: int, generation: int, one_off: bool) -> None:

@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from omnipipe.models.default.modeling.quantized import Int8Linear, check_weight_format
+
 logger = logging.getLogger(__name__)
 
 _SHARED_PREFIX_ID = "\0shared-prefix"
@@ -112,11 +114,18 @@ class CachedDecoder:
     max_positions: int
     sliding_window: int | None = None
 
+    # the projections of a layer (field names of its weights, each with its bias field or None) that
+    # ``weights="int8"`` quantises; the embeddings (looked up, not multiplied) and norms stay float
+    _projections: tuple[tuple[str, str | None], ...] = ()
+
     def __init__(self, model_dir: Path, num_threads: int | None = None, dtype: torch.dtype = torch.float32, *,
-                 rank: int = 0, world_size: int = 1, group: Any = None) -> None:
+                 rank: int = 0, world_size: int = 1, group: Any = None, weights: str = "float32") -> None:
         from transformers import AutoTokenizer
 
         started_s = time.perf_counter()
+        self.weights = check_weight_format(weights)
+        if weights == "int8" and dtype != torch.float32:
+            raise ValueError(f"int8 weights take float32 activations, not {dtype}")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of size {world_size}")
         self.rank, self.world_size, self.group = rank, world_size, group
@@ -139,10 +148,12 @@ class CachedDecoder:
         self.eos_token_ids: frozenset[int] = frozenset(eos)
         self._load_weights(model_dir / "model.safetensors")
         self._shard_lm_head()
+        if weights == "int8":
+            self._quantize()
         self._requests: dict[str, _Request] = {}
         self._shared_prefix: tuple[tuple[int, ...], list[LayerCache]] | None = None
-        logger.info("Loaded %s in %.1f s (%s, %d threads)", model_dir, time.perf_counter() - started_s,
-                    dtype, torch.get_num_threads())
+        logger.info("Loaded %s in %.1f s (%s weights, %d threads)", model_dir, time.perf_counter() - started_s,
+                    weights if weights == "int8" else dtype, torch.get_num_threads())
 
     # -- what a model supplies -------------------------------------------------
 
@@ -218,6 +229,27 @@ class CachedDecoder:
         if gathered is None:
             return None
         return torch.cat([g[..., :size] for g, size in zip(gathered, sizes, strict=True)], dim=-1)
+
+    def _quantize(self) -> None:
+        """Replace every layer projection and the lm_head by its ``Int8Linear`` (the float matrices are freed, but
+        for a tied lm_head's embeddings, which the lookup still reads)."""
+        for layer in self._layers:
+            for name, bias_name in self._projections:
+                bias = getattr(layer, bias_name) if bias_name else None
+                setattr(layer, name, Int8Linear(getattr(layer, name), bias))
+                if bias_name:
+                    setattr(layer, bias_name, None)
+        self._lm_head = Int8Linear(self._lm_head)
+
+    def weight_bytes(self) -> int:
+        """Bytes of the weights a decode step reads (this rank's shard), the embedding table excluded."""
+        def size(weight: Any) -> int:
+            return weight.nbytes if isinstance(weight, Int8Linear) else weight.numel() * weight.element_size()
+
+        total = size(self._lm_head)
+        for layer in self._layers:
+            total += sum(size(getattr(layer, name)) for name, _ in self._projections)
+        return total
 
     def _shard_of(self, rank: int, size: int) -> tuple[int, int]:
         return rank * size // self.world_size, (rank + 1) * size // self.world_size

@@ -22,6 +22,7 @@ from omnipipe.models.default.modeling.decoder import (
     rope_angles,
     rotate_half,
 )
+from omnipipe.models.default.modeling.quantized import Weight, project
 
 logger = logging.getLogger(__name__)
 
@@ -87,10 +88,10 @@ class GemmaConfig:
 class _LayerWeights:
     """One layer's weights; with tensor parallelism the rank's shard (heads, intermediate: the local counts)."""
 
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
-    o: torch.Tensor  # [hidden, heads * head_dim]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    qkv: Weight  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    o: Weight  # [hidden, heads * head_dim]
+    gate_up: Weight  # [2 * intermediate, hidden]
+    down: Weight  # [hidden, intermediate]
     q_norm: torch.Tensor  # [head_dim], shared by all heads; norm weights are stored as (1 + w), float32
     k_norm: torch.Tensor
     input_norm: torch.Tensor
@@ -109,6 +110,8 @@ class GemmaThinker(CachedDecoder):
     """Gemma 3 decoder over a converted checkpoint directory (config.json + model.safetensors + tokenizer);
     tensor-parallel with ``rank``/``world_size``/``group`` (``CachedDecoder``: sharded attention and MLP,
     replicated embeddings, norms and lm_head; a single KV head is replicated on every rank)."""
+
+    _projections = (("qkv", None), ("o", None), ("gate_up", None), ("down", None))
 
     def _read_config(self, raw: dict[str, Any]) -> None:
         cfg = self.config = GemmaConfig.from_dict(raw)
@@ -164,7 +167,7 @@ class GemmaThinker(CachedDecoder):
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = _rms_norm(hidden, self._final_norm, self.config.rms_norm_eps)
-        logits = F.linear(hidden, self._lm_head).float()
+        logits = project(hidden, self._lm_head).float()
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -192,7 +195,7 @@ class GemmaThinker(CachedDecoder):
             cos, sin = rope[0] if sliding else rope[1]
             residual = hidden
             x = _rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = F.linear(x, layer.qkv).split([q_size, kv_size, kv_size], dim=-1)
+            q, k, v = project(x, layer.qkv).split([q_size, kv_size, kv_size], dim=-1)
             q = q.view(batch, seq, heads, cfg.head_dim).transpose(1, 2)
             k = k.view(batch, seq, kv_heads, cfg.head_dim).transpose(1, 2)
             v = v.view(batch, seq, kv_heads, cfg.head_dim).transpose(1, 2)
@@ -215,11 +218,11 @@ class GemmaThinker(CachedDecoder):
                 keys, values, mask = k, v, masks[0] if sliding else masks[1]  # type: ignore[index]
             attn = self._attention(q, keys, values, mask)
             attn = attn.transpose(1, 2).reshape(batch, seq, q_size)
-            x = self._reduce(F.linear(attn, layer.o))  # sum the ranks' heads before the norm
+            x = self._reduce(project(attn, layer.o))  # sum the ranks' heads before the norm
             hidden = residual + _rms_norm(x, layer.post_attn_norm, cfg.rms_norm_eps)
             x = _rms_norm(hidden, layer.pre_ffn_norm, cfg.rms_norm_eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            x = self._reduce(F.linear(F.gelu(gate, approximate="tanh") * up, layer.down))
+            gate, up = project(x, layer.gate_up).chunk(2, dim=-1)
+            x = self._reduce(project(F.gelu(gate, approximate="tanh") * up, layer.down))
             hidden = hidden + _rms_norm(x, layer.post_ffn_norm, cfg.rms_norm_eps)
         return hidden
 

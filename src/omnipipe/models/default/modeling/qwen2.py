@@ -23,6 +23,7 @@ from omnipipe.models.default.modeling.decoder import (
     rope_angles,
     rotate_half,
 )
+from omnipipe.models.default.modeling.quantized import Weight, project
 
 logger = logging.getLogger(__name__)
 
@@ -74,11 +75,11 @@ class Qwen2Config:
 class _LayerWeights:
     """One layer's weights; with tensor parallelism the rank's shard (heads, intermediate: the local counts)."""
 
-    qkv: torch.Tensor  # [(heads + 2 * kv_heads) * head_dim, hidden]
-    qkv_bias: torch.Tensor
-    o: torch.Tensor  # [hidden, heads * head_dim]
-    gate_up: torch.Tensor  # [2 * intermediate, hidden]
-    down: torch.Tensor  # [hidden, intermediate]
+    qkv: Weight  # [(heads + 2 * kv_heads) * head_dim, hidden]
+    qkv_bias: torch.Tensor | None  # None once folded into an int8 qkv
+    o: Weight  # [hidden, heads * head_dim]
+    gate_up: Weight  # [2 * intermediate, hidden]
+    down: Weight  # [hidden, intermediate]
     input_norm: torch.Tensor  # float32
     post_attn_norm: torch.Tensor
 
@@ -93,6 +94,8 @@ class Qwen2Thinker(CachedDecoder):
     """Qwen2 decoder over a converted checkpoint directory (config.json + model.safetensors + tokenizer);
     tensor-parallel with ``rank``/``world_size``/``group`` (``CachedDecoder``: sharded attention and MLP,
     replicated embeddings, norms and lm_head)."""
+
+    _projections = (("qkv", "qkv_bias"), ("o", None), ("gate_up", None), ("down", None))
 
     def _read_config(self, raw: dict[str, Any]) -> None:
         cfg = self.config = Qwen2Config.from_dict(raw)
@@ -143,7 +146,7 @@ class Qwen2Thinker(CachedDecoder):
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = _rms_norm(hidden, self._final_norm, self.config.rms_norm_eps)
-        return F.linear(hidden, self._lm_head).float()
+        return project(hidden, self._lm_head).float()
 
     def _forward(
         self,
@@ -164,7 +167,7 @@ class Qwen2Thinker(CachedDecoder):
         for index, layer in enumerate(self._layers):
             residual = hidden
             x = _rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
-            q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
+            q, k, v = project(x, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], dim=-1)
             q = q.view(batch, seq, heads, cfg.head_dim).transpose(1, 2)
             k = k.view(batch, seq, kv_heads, cfg.head_dim).transpose(1, 2)
             v = v.view(batch, seq, kv_heads, cfg.head_dim).transpose(1, 2)
@@ -182,8 +185,8 @@ class Qwen2Thinker(CachedDecoder):
                     request_caches[index].append(k[b], v[b])
                 keys, values, mask = k, v, causal
             attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self._scale, enable_gqa=True)
-            hidden = residual + self._reduce(F.linear(attn.transpose(1, 2).reshape(batch, seq, q_size), layer.o))
+            hidden = residual + self._reduce(project(attn.transpose(1, 2).reshape(batch, seq, q_size), layer.o))
             x = _rms_norm(hidden, layer.post_attn_norm, cfg.rms_norm_eps)
-            gate, up = F.linear(x, layer.gate_up).chunk(2, dim=-1)
-            hidden = hidden + self._reduce(F.linear(F.silu(gate) * up, layer.down))
+            gate, up = project(x, layer.gate_up).chunk(2, dim=-1)
+            hidden = hidden + self._reduce(project(F.silu(gate) * up, layer.down))
         return hidden

@@ -35,6 +35,7 @@ import torch
 from omnipipe.models.default.attachments import describe, materialize
 from omnipipe.models.default.modeling.decoder import CachedDecoder
 from omnipipe.models.default.modeling.gemma import GemmaThinker
+from omnipipe.models.default.modeling.quantized import check_weight_format
 from omnipipe.models.default.modeling.qwen2 import Qwen2Thinker
 from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sample_next_token
 from omnipipe.models.default.prompting import (
@@ -52,6 +53,9 @@ from omnipipe.stage.runner import RunnerOutput, StageRunner
 logger = logging.getLogger(__name__)
 
 MAX_PROMPT_TOKENS = 2048
+# the deploy option stages.thinker.options.weights: "float32" (the checkpoint as converted) or "int8" (per-row int8
+# projections, ``quantized.py``)
+DEFAULT_WEIGHTS = "float32"
 # no token of either thinker's vocabulary is longer than this (Qwen's longest: a run of 128 spaces): a question with
 # more characters than the limit allows is refused before tokenising it (a megabyte of text costs seconds of one
 # step, holding every request of the batch)
@@ -108,7 +112,8 @@ class ThinkerRunner(StageRunner):
         model_dir = prepare_thinker(self.model_name, progress=self.context.rank == 0)
         group = self.context.tensor_parallel
         shard = {} if group is None else {"rank": group.rank, "world_size": group.world_size, "group": group.model}
-        self.model = chosen.decoder(model_dir, num_threads=self.context.threads, **shard)
+        weights = check_weight_format(self.context.options.get("weights", DEFAULT_WEIGHTS))
+        self.model = chosen.decoder(model_dir, num_threads=self.context.threads, weights=weights, **shard)
         self.tokenizer = self.model.tokenizer
         self.prompt_format = chosen.prompt_format()
         self.max_prompt_tokens = int(self.context.options.get("max_prompt_tokens", MAX_PROMPT_TOKENS))

@@ -38,6 +38,7 @@ __all__ = [
     "ThinkerWeights",
     "prepare_thinker",
     "thinker_dir",
+    "thinker_gguf",
     "thinker_ready",
     "thinker_weights",
 ]
@@ -168,6 +169,16 @@ def prepare_thinker(model: str, progress: bool = True) -> Path:
         _remove_gguf(gguf_path)
         logger.info("Thinker weights ready in %.1f s: %s", time.perf_counter() - started_s, thinker_dir(model))
     return thinker_dir(model)
+
+
+def thinker_gguf(model: str, progress: bool = True) -> Path:
+    """The packaged GGUF file of ``model`` assembled in the cache and kept there (for llama.cpp, which reads it
+    as shipped; the converted checkpoint does not need it). Idempotent; the sha256 is checked."""
+    weights = thinker_weights(model)
+    root = cache_root()
+    with file_lock(root / f"{weights.name}.lock"):
+        _import_or_fail(weights.chunk_modules[0], weights.install)
+        return _assemble_gguf(weights, root / "gguf", progress)
 
 
 def _import_or_fail(module_name: str, install: str) -> ModuleType:

@@ -1,0 +1,153 @@
+"""Tests of the int8 projections: ``Int8Linear`` against float32 (error bound, bias, shapes, a row's result whatever
+rows share its call), the weight-format option's refusal, and the packaged Qwen thinker with int8 weights against
+its float32 self (a quarter of the bytes, the same choices where float32 is sure, batched == alone)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from omnipipe.models.default.modeling.quantized import Int8Linear, check_weight_format, project
+from omnipipe.models.default.prompting import ChatMLFormat
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+MODEL = "qwen2.5-0.5b-instruct"
+QUESTIONS = (
+    "What is the largest planet in our solar system?",
+    "What is the capital of Italy?",
+    "Write one short sentence about the sea and its waves.",
+    "How many legs does a spider have?",
+)
+STEPS = 12
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    return (actual - expected).norm(dim=-1) / expected.norm(dim=-1)
+
+
+def test_int8_linear_is_close_to_float32_with_its_bias() -> None:
+    torch.manual_seed(0)
+    weight, bias = torch.randn(384, 256), torch.randn(384)
+    x = torch.randn(6, 256)
+    x[2] *= 1000  # a row far larger than the others keeps its own scale
+    x[4, 17] = 300.0  # an outlier inside a row
+    error = _relative_error(Int8Linear(weight, bias)(x), x @ weight.T + bias)
+    assert float(error.max()) < 0.05, error
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it() -> None:
+    torch.manual_seed(1)
+    layer = Int8Linear(torch.randn(128, 64))
+    rows = torch.randn(5, 64) * torch.tensor([[1.0], [50.0], [0.01], [3.0], [1e4]])
+    together = layer(rows)
+    alone = torch.stack([layer(row) for row in rows])  # 1-D inputs too
+    assert torch.equal(together, alone)
+
+
+def test_leading_dimensions_are_kept_and_a_constant_row_is_finite() -> None:
+    layer = Int8Linear(torch.randn(32, 16))
+    x = torch.randn(2, 3, 16)
+    x[1, 2] = 0.0
+    out = layer(x)
+    assert out.shape == (2, 3, 32)
+    assert torch.isfinite(out).all()
+    assert float(out[1, 2].abs().max()) < 1e-3
+
+
+def test_project_applies_either_kind_and_refuses_a_second_bias() -> None:
+    weight, x = torch.randn(8, 4), torch.randn(3, 4)
+    assert torch.allclose(project(x, weight, torch.ones(8)), x @ weight.T + 1)
+    with pytest.raises(ValueError, match="carries its bias"):
+        project(x, Int8Linear(weight), torch.ones(8))
+
+
+def test_an_unknown_weight_format_names_the_option_and_the_choices() -> None:
+    assert check_weight_format("int8") == "int8"
+    with pytest.raises(ValueError, match=r"stages\.thinker\.options\.weights: 'int4' is not one of float32, int8"):
+        check_weight_format("int4")
+
+
+def test_int8_weights_need_float32_activations() -> None:
+    from omnipipe.models.default.modeling.qwen2 import Qwen2Thinker
+
+    with pytest.raises(ValueError, match="int8 weights take float32 activations"):
+        Qwen2Thinker(__file__, dtype=torch.bfloat16, weights="int8")
+
+
+# --- the packaged thinker -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def thinkers():
+    from omnipipe.models.default.modeling.qwen2 import Qwen2Thinker
+    from omnipipe.models.default.weights.thinker import prepare_thinker
+
+    directory = prepare_thinker(MODEL, progress=False)
+    return (Qwen2Thinker(directory, num_threads=2, weights="float32"),
+            Qwen2Thinker(directory, num_threads=2, weights="int8"))
+
+
+def _chat_ids(thinker, question: str) -> list[int]:
+    chat = ChatMLFormat()
+    return thinker.tokenizer.encode(chat.preamble()) + chat.encode_turns(thinker.tokenizer, question)
+
+
+@pytest.mark.models
+def test_int8_reads_a_quarter_of_the_bytes(thinkers) -> None:
+    full, int8 = thinkers
+    assert int8.weight_bytes() < 0.26 * full.weight_bytes()
+
+
+@pytest.mark.models
+def test_int8_picks_float32s_token_wherever_float32_is_sure(thinkers) -> None:
+    """Along float32's greedy path (both models fed the same tokens), int8's logits stay close and its top token is
+    float32's wherever float32's top two are clearly apart; over all the questions, most steps agree."""
+    full, int8 = thinkers
+    agree = steps = 0
+    for index, question in enumerate(QUESTIONS):
+        ids = _chat_ids(full, question)
+        rid = f"path-{index}"
+        expected, actual = full.prefill(rid, ids), int8.prefill(rid, ids)
+        for _ in range(STEPS):
+            top2 = expected.topk(2).values
+            sure = float(top2[0] - top2[1]) > 3.0
+            token = int(expected.argmax())
+            cosine = torch.nn.functional.cosine_similarity(expected, actual, dim=0)
+            assert float(cosine) > 0.98, (question, float(cosine))
+            if sure:
+                assert int(actual.argmax()) == token, question
+            agree += int(actual.argmax()) == token
+            steps += 1
+            expected, actual = full.decode([rid], [token])[0], int8.decode([rid], [token])[0]
+        full.free(rid)
+        int8.free(rid)
+    assert agree >= 0.85 * steps, f"{agree}/{steps} greedy steps agree"
+
+
+@pytest.mark.models
+def test_int8_batched_decode_equals_each_request_alone(thinkers) -> None:
+    _, int8 = thinkers
+    prompts = [_chat_ids(int8, q) for q in QUESTIONS[:3]]
+
+    def alone(prompt: list[int]) -> list[int]:
+        logits, tokens = int8.prefill("alone", prompt), []
+        for _ in range(6):
+            tokens.append(int(logits.argmax()))
+            logits = int8.decode(["alone"], [tokens[-1]])[0]
+        int8.free("alone")
+        return tokens
+
+    expected = [alone(p) for p in prompts]
+    ids = [f"batch-{i}" for i in range(len(prompts))]
+    last = [int(int8.prefill(rid, p).argmax()) for rid, p in zip(ids, prompts, strict=True)]
+    together: list[list[int]] = [[] for _ in prompts]
+    for _ in range(6):
+        for row, token in zip(together, last, strict=True):
+            row.append(token)
+        last = int8.decode(ids, last).argmax(dim=-1).tolist()
+    for rid in ids:
+        int8.free(rid)
+    assert together == expected
