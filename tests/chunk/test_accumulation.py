@@ -67,3 +67,39 @@ def test_auto_initial_chunk_grows_with_load(active: int, expected: int) -> None:
 def test_explicit_initial_chunk_wins_and_is_capped() -> None:
     assert choose_initial_chunk_frames(3, 25, 8, 8) == 3
     assert choose_initial_chunk_frames(100, 25, 1, 8) == 25
+
+
+ADAPTIVE = FrameChunkOptions(codec_chunk_frames=10, left_context_frames=4, right_context_frames=2,
+                             adaptive_chunk=True, max_codec_chunk_frames=40, target_lead_s=1.0, frame_rate_hz=10.0)
+
+
+def test_adaptive_chunks_grow_when_the_audio_falls_behind_playback() -> None:
+    acc = FrameAccumulator()
+    acc.add(frames(0, 5))
+    (first,) = acc.cut(ADAPTIVE, 3, is_last=False, now=100.0)  # playback starts here
+    assert len(new_frames(first)) == 3
+    acc.add(frames(5, 200))
+    # 0.3 s of audio cut, 5 s later: far behind -> the largest chunks
+    behind = acc.cut(ADAPTIVE, 3, is_last=False, now=105.0)
+    assert [len(new_frames(c)) for c in behind] == [40] * 5
+    assert [c["context_frames"] for c in behind] == [3, 4, 4, 4, 4]
+    assert all(c["lookahead_frames"] == 2 for c in behind)
+    # 20.3 s cut at 6 s: ahead by more than target_lead_s -> back to codec_chunk_frames
+    acc.add(frames(205, 60))
+    ahead = acc.cut(ADAPTIVE, 3, is_last=True, now=106.0)
+    assert [len(new_frames(c)) for c in ahead] == [10] * 6 + [2]
+    assert sum((new_frames(c) for c in [first, *behind, *ahead]), []) == list(range(265))
+
+
+def test_adaptive_size_is_linear_in_the_lead_and_off_by_default() -> None:
+    assert [ADAPTIVE.regular_chunk_frames(lead) for lead in (None, -3.0, 0.0, 0.5, 1.0, 4.0)] == [10, 40, 40, 25, 10, 10]
+    fixed = FrameChunkOptions(codec_chunk_frames=10, max_codec_chunk_frames=40, frame_rate_hz=10.0)
+    assert fixed.regular_chunk_frames(-3.0) == 10
+
+
+def test_window_frames_count_the_context_decoded_again() -> None:
+    ctx = (FrameChunkOptions(codec_chunk_frames=25, left_context_frames=10, right_context_frames=10), 25)
+    acc = FrameAccumulator()
+    acc.add(frames(0, 100))
+    chunks = acc.cut(*ctx, is_last=True)
+    assert acc.window_frames == sum(c["frames"].shape[1] for c in chunks) == 100 + 3 * 10 + 3 * 10

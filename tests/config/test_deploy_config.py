@@ -60,6 +60,24 @@ edges:
     ("stages: {thinker: {input_broadcast_threshold_bytes: -1}}",
      "stages.thinker.input_broadcast_threshold_bytes: must be an integer >= 0"),
     ("transport: udp", "transport: must be one of ipc, tcp"),
+    ("stages: {talker: {cpu: {nice: -1}}}", "stages.talker.cpu.nice: must be an integer in [0, 19]"),
+    ("stages: {talker: {cpu: {nice: 20}}}", "stages.talker.cpu.nice: must be an integer in [0, 19]"),
+    ("stages: {talker: {cpu: {affinity: []}}}", "stages.talker.cpu.affinity: must be a non-empty list"),
+    ("stages: {talker: {cpu: {affinity: 0}}}", "stages.talker.cpu.affinity: must be a non-empty list"),
+    ("stages: {talker: {cpu: {affinity: [0, 0]}}}", "stages.talker.cpu.affinity: lists a core twice"),
+    ("stages: {talker: {cpu: {affinity: [-1]}}}", "stages.talker.cpu.affinity: must list core numbers"),
+    ("stages: {talker: {cpu: {affinity: [100000]}}}", "stages.talker.cpu.affinity: core(s) [100000] are not usable"),
+    ("stages: {talker: {cpu: {threads: 1}}}", "stages.talker.cpu.threads: unknown key"),
+    ("stages: {talker: {threads: 2, cpu: {affinity: [0]}}}",
+     "stages.talker.threads: 2 threads on the 1 core(s) of cpu.affinity [0]"),
+    ("edges: {talker->code2wav: {options: {adaptive_chunk: yes please}}}",
+     "edges.talker->code2wav.options.adaptive_chunk: must be true or false"),
+    ("edges: {talker->code2wav: {options: {adaptive_chunk: true, codec_chunk_frames: 8, max_codec_chunk_frames: 4, "
+     "frame_rate_hz: 86}}}", "edges.talker->code2wav.options.max_codec_chunk_frames: must be at least codec_chunk_frames"),
+    ("edges: {talker->code2wav: {options: {adaptive_chunk: true}}}",
+     "edges.talker->code2wav.options.frame_rate_hz: must be > 0 with adaptive_chunk"),
+    ("edges: {talker->code2wav: {options: {target_lead_s: -1}}}",
+     "edges.talker->code2wav.options.target_lead_s: must be a number >= 0"),
     ("edges: {talker->code2wav: {options: {initial_codec_chunk_frames: 0}}}",
      'edges.talker->code2wav.options.initial_codec_chunk_frames: must be "auto" or an integer in [1, 4096]'),
     ("edges: {talker->code2wav: {options: {chunk_size: 3}}}", "edges.talker->code2wav.options.chunk_size: unknown option"),
@@ -75,6 +93,15 @@ def test_invalid_deploy_files_name_the_key(tmp_path: Path, text: str, message: s
         load_deploy(write(tmp_path, text), TOY)
     assert message in str(excinfo.value)
     assert str(tmp_path / "deploy.yaml") in str(excinfo.value)
+
+
+def test_cpu_placement_is_read_per_stage(tmp_path: Path) -> None:
+    import os
+
+    core = min(os.sched_getaffinity(0))
+    config = load_deploy(write(tmp_path, f"stages: {{code2wav: {{cpu: {{affinity: [{core}], nice: 5}}}}}}"), TOY)
+    assert config.stages["code2wav"].cpu.affinity == [core] and config.stages["code2wav"].cpu.nice == 5
+    assert config.stages["talker"].cpu.affinity is None and config.stages["talker"].cpu.nice == 0
 
 
 def test_missing_deploy_file(tmp_path: Path) -> None:

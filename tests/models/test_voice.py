@@ -370,3 +370,33 @@ def test_tts_is_intelligible(talker, decoder, asr) -> None:
 @pytest.mark.models
 def test_asr_of_empty_audio(asr) -> None:
     assert asr.transcribe(np.zeros(0, dtype=np.float32), 16_000) == ""
+
+
+@pytest.mark.models
+def test_adaptive_chunks_decode_to_the_fixed_chunk_audio(decoder, long_latents) -> None:
+    """The frame edge's RTF-aware sizes move only the cuts: the streamed audio is the fixed-size stream's."""
+    from omnipipe.chunk.accumulation import FrameAccumulator, FrameChunkOptions
+    from omnipipe.models.default.modeling.piper_decoder import DecoderWindow
+
+    def stream(options: FrameChunkOptions, clock: list[float]) -> tuple[np.ndarray, list[int]]:
+        acc, pieces, sizes = FrameAccumulator(), [], []
+        total = long_latents.shape[1]
+        for index, start in enumerate(range(0, total, 40)):
+            acc.add(long_latents[:, start : start + 40])
+            for chunk in acc.cut(options, 10, is_last=start + 40 >= total, now=clock[min(index, len(clock) - 1)]):
+                window = DecoderWindow(chunk["frames"], chunk["context_frames"], chunk["lookahead_frames"])
+                sizes.append(window.new_frames)
+                pieces.append(decoder.decode_window(*window))
+        return np.concatenate(pieces), sizes
+
+    fixed_options = FrameChunkOptions(codec_chunk_frames=25, left_context_frames=10, right_context_frames=10)
+    adaptive = FrameChunkOptions(codec_chunk_frames=25, left_context_frames=10, right_context_frames=10,
+                                 adaptive_chunk=True, max_codec_chunk_frames=100, target_lead_s=1.0,
+                                 frame_rate_hz=decoder.sample_rate_hz / decoder.hop_samples)
+    fixed, fixed_sizes = stream(fixed_options, [0.0])
+    behind, behind_sizes = stream(adaptive, [0.0, 30.0, 60.0, 90.0])  # the producer far behind playback
+    assert max(behind_sizes) > 25 and len(behind_sizes) < len(fixed_sizes)
+    whole = decoder.decode(long_latents)
+    assert behind.shape == fixed.shape == whole.shape
+    assert np.abs(behind - fixed).max() < 1e-2
+    assert np.abs(behind - whole).max() < 1e-2

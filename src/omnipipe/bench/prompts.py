@@ -9,3 +9,18 @@ QUESTIONS = [
     "What do plants need to grow?", "What is the fastest land animal?", "How many continents are there?",
     "What is ice made of?", "Where do penguins live?",
 ]
+
+# Requests for a long spoken answer (``bench offline --seed001``: about 100 output tokens each). The thinker's
+# system turn asks for brief answers; a question that names a length gets a paragraph from the instruct thinker.
+LONG_QUESTIONS = [
+    "Tell me a short story about a lighthouse keeper and a lost whale, in about eight sentences.",
+    "Explain in about eight sentences how a bill becomes a law in the United States.",
+    "Describe, in about eight sentences, how bread is made from wheat in the field to the loaf.",
+    "In about eight sentences, explain why the seasons change over the year.",
+    "Tell me, in about eight sentences, how the first people travelled to the moon and came back.",
+    "In about eight sentences, describe a walk through a busy market in the morning.",
+    "Explain in about eight sentences how bees make honey and why they need so many flowers.",
+    "Describe in about eight sentences how a volcano forms and what happens when it erupts.",
+    "Tell me in about eight sentences how to plan a good camping trip for a family.",
+    "In about eight sentences, explain how the heart pumps blood around the body.",
+]

@@ -34,4 +34,7 @@ def frames_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: b
             options.initial_codec_chunk_frames, options.codec_chunk_frames, ctx.active_requests, ctx.max_num_seqs)
     if "frames" in output and np.asarray(output["frames"]).shape[-1]:
         accumulator.add(np.asarray(output["frames"]))
-    return accumulator.cut(options, metrics["initial_chunk_frames"], is_last)
+    chunks = accumulator.cut(options, metrics["initial_chunk_frames"], is_last)
+    metrics["frame_chunks"] = accumulator.chunks_sent
+    metrics["window_frames"] = accumulator.window_frames  # frames the vocoder decodes, context included
+    return chunks

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,14 @@ class DeployConfigError(ValueError):
 
 
 @dataclass
+class CpuDeploy:
+    """Where a stage's process runs on the host's cores (applied in the stage process before its model loads)."""
+
+    affinity: list[int] | None = None  # the cores it may run on (os.sched_setaffinity); None: any
+    nice: int = 0  # added to its niceness (os.nice): higher yields the cores to the other stages; 0 to 19
+
+
+@dataclass
 class StageDeploy:
     device: str = "cpu"
     threads: int = 1
@@ -47,6 +56,7 @@ class StageDeploy:
     # thread and every rank materialises them; inputs under input_broadcast_threshold_bytes take the async path)
     input_broadcast: str = "async_raw"
     input_broadcast_threshold_bytes: int = 256 * 1024
+    cpu: CpuDeploy = field(default_factory=CpuDeploy)  # core placement and priority of the stage's processes
     options: dict[str, Any] = field(default_factory=dict)  # runner-specific
 
 
@@ -164,6 +174,15 @@ def _build(cls: type, raw: Any, origin: str, prefix: str) -> Any:
 def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
     if cls is DeployConfig and name == "relay":
         return _build(RelayDeploy, value, origin, f"{key}.")
+    if cls is StageDeploy and name == "cpu":
+        return _build(CpuDeploy, value if value is not None else {}, origin, f"{key}.")
+    if cls is CpuDeploy and name == "affinity":
+        return _affinity(value, origin, key)
+    if cls is CpuDeploy and name == "nice":
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 19:
+            raise _fail(origin, key, f"must be an integer in [0, 19] (a stage may only lower its priority), "
+                        f"got {value!r}")
+        return value
     if cls is DeployConfig and name in ("stages", "edges"):
         if not isinstance(value, dict):
             raise _fail(origin, key, f"must be a mapping of {name[:-1]} name -> settings")
@@ -222,6 +241,23 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
     return value
 
 
+def _affinity(value: Any, origin: str, key: str) -> list[int] | None:
+    """A list of distinct core numbers this process may use (checked against this host's usable cores)."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value:
+        raise _fail(origin, key, f"must be a non-empty list of core numbers, e.g. [0] or [0, 1], got {value!r}")
+    if any(isinstance(core, bool) or not isinstance(core, int) or core < 0 for core in value):
+        raise _fail(origin, key, f"must list core numbers (integers >= 0), got {value!r}")
+    if len(set(value)) != len(value):
+        raise _fail(origin, key, f"lists a core twice: {value!r}")
+    usable = sorted(os.sched_getaffinity(0))
+    missing = [core for core in value if core not in usable]
+    if missing:
+        raise _fail(origin, key, f"core(s) {missing} are not usable on this host (usable: {usable})")
+    return list(value)
+
+
 def _validate_against_pipeline(config: DeployConfig, pipeline: PipelineSpec, origin: str) -> None:
     for name in config.stages:
         if name not in pipeline.stage_names:
@@ -255,6 +291,10 @@ def _validate_against_pipeline(config: DeployConfig, pipeline: PipelineSpec, ori
         if settings.stall_restart_s is not None and settings.stall_restart_s <= settings.stall_report_s:
             raise _fail(origin, f"stages.{stage.name}.stall_restart_s", f"must be above stall_report_s "
                         f"({settings.stall_report_s:g} s) or null (never), got {settings.stall_restart_s:g}")
+        affinity = settings.cpu.affinity
+        if affinity is not None and settings.threads > len(affinity):
+            raise _fail(origin, f"stages.{stage.name}.threads", f"{settings.threads} threads on the "
+                        f"{len(affinity)} core(s) of cpu.affinity {affinity}: at most {len(affinity)}")
         merged = dict(stage.default_options)
         merged.update(config.stages[stage.name].options)
         config.stages[stage.name].options = merged

@@ -224,6 +224,7 @@ class Orchestrator:
                 heartbeat_interval_s=self.deploy.heartbeat_interval_s,
                 world_size=settings.tensor_parallel_size, input_broadcast=settings.input_broadcast,
                 input_broadcast_threshold_bytes=settings.input_broadcast_threshold_bytes,
+                cpu_affinity=list(settings.cpu.affinity or []), nice=settings.cpu.nice,
             )
         return launches
 

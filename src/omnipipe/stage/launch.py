@@ -42,6 +42,8 @@ class StageLaunch(msgspec.Struct, frozen=True):
     dist_init_address: str | None = None  # where the ranks meet to set up their process groups (tcp://host:port)
     input_broadcast: str = "async_raw"  # how multimodal inputs reach every rank (stage/broadcast.py)
     input_broadcast_threshold_bytes: int = 256 * 1024  # async_raw: smaller raw inputs take the async path
+    cpu_affinity: list[int] = []  # the cores this stage's processes may use (deploy stages.<name>.cpu); []: any
+    nice: int = 0  # added to the processes' niceness before the model loads
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

@@ -64,11 +64,21 @@ class _Snapshot:
     runner: Any  # the runner's own snapshot, or NOT_RESTORABLE
 
 
+def apply_cpu_placement(launch: StageLaunch) -> None:
+    """Deploy ``stages.<name>.cpu``: pin this process (and the threads it starts later) to its cores and lower its
+    priority, before any model or thread pool exists."""
+    if launch.cpu_affinity:
+        os.sched_setaffinity(0, launch.cpu_affinity)
+    if launch.nice:
+        os.nice(launch.nice)
+
+
 def run_stage_process(launch_bytes: bytes) -> None:
     """Entry point of a spawned stage process (one rank of it)."""
     launch = StageLaunch.decode(launch_bytes)
     die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the engine's to handle
+    apply_cpu_placement(launch)
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = str(launch.threads)
     # Stages share the machine's cores: an OpenMP thread that waits should sleep, not spin on a core another stage

@@ -11,6 +11,7 @@ from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, ServingTraits,
 
 _P = "omnipipe.models.default"
 VOICE_SAMPLE_RATE_HZ = 22_050  # the packaged "joe" voice; the code2wav runner checks it at load
+VOICE_HOP_SAMPLES = 256  # audio samples per latent frame of the Piper decoder
 
 # whisper decodes autoregressively, a segment per step (so a transcript streams and an abort stops it early)
 ENCODER = StageSpec("encoder", "ar", f"{_P}.runners.encoder:WhisperEncoderRunner",
@@ -36,7 +37,8 @@ TALKER_TO_CODE2WAV = EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_proces
 # under a soak made steps long enough for the watchdog to kill a working thinker. The decoder needs about 10 latent frames
 # of context on each side of a seam to match a whole decode (measured: max abs diff 1.3e-6 at 10/10).
 _FRAME_EDGE = {"options": {"codec_chunk_frames": 25, "left_context_frames": 10, "right_context_frames": 10,
-                          "initial_codec_chunk_frames": "auto"}}
+                          "initial_codec_chunk_frames": "auto",
+                          "frame_rate_hz": VOICE_SAMPLE_RATE_HZ / VOICE_HOP_SAMPLES}}
 # The encoder transcribes a whole clip and the talker speaks a whole piece in one step (seconds for a long one on a
 # busy CPU): their stall bounds are wider than the per-token stages'.
 _LONG_STEPS = {"stall_report_s": 15.0, "stall_restart_s": 120.0}
