@@ -41,7 +41,10 @@ BLUE_JPEG = _image((30, 60, 210), "JPEG", (640, 480))
 
 
 def _deploy(tp: int, mode: str = "async_raw") -> dict:
+    # float32 weights: int8 scales each rank's slice of a row-parallel projection on its own, so two ranks' int8
+    # answers are not one rank's; float32 ones are, up to summation order
     return {"stages": {"thinker": {"tensor_parallel_size": tp, "input_broadcast": mode,
+                                   "options": {"weights": "float32"},
                                    # the PNG's raw bytes are above it, the JPEG's below: both paths of async_raw
                                    "input_broadcast_threshold_bytes": 256 * 1024}}}
 

@@ -53,8 +53,8 @@ from omnipipe.stage.runner import RunnerOutput, StageRunner
 logger = logging.getLogger(__name__)
 
 MAX_PROMPT_TOKENS = 2048
-# the deploy option stages.thinker.options.weights: "float32" (the checkpoint as converted) or "int8" (per-row int8
-# projections, ``quantized.py``)
+# the deploy option stages.thinker.options.weights when a pipeline names none: "float32" (the checkpoint as converted)
+# or "int8" (per-row int8 projections, ``quantized.py``; the default pipeline's choice)
 DEFAULT_WEIGHTS = "float32"
 # no token of either thinker's vocabulary is longer than this (Qwen's longest: a run of 128 spaces): a question with
 # more characters than the limit allows is refused before tokenising it (a megabyte of text costs seconds of one
