@@ -45,7 +45,13 @@ def test_without_llama_cpp_there_is_no_ratio_and_the_row_says_why() -> None:
 
 @pytest.mark.models
 def test_a_run_of_the_int8_decoder_fills_its_row(capsys) -> None:
-    assert main(["--model", "gemma3-270m", "--backends", "omnipipe-int8", "--tokens", "3", "--batch", "2"]) == 0
+    import torch
+
+    threads = torch.get_num_threads()
+    try:  # the bench sets the process's torch threads (--threads); later tests must not inherit them
+        assert main(["--model", "gemma3-270m", "--backends", "omnipipe-int8", "--tokens", "3", "--batch", "2"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.startswith("| omnipipe int8"))
     cells = [c.strip() for c in row.strip("|").split("|")]

@@ -25,6 +25,17 @@ pytestmark = [pytest.mark.filterwarnings("ignore::DeprecationWarning:diffusers")
               pytest.mark.filterwarnings("ignore::FutureWarning:diffusers")]
 torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread for each test here, whatever an earlier module set: with two, a batched step's reductions
+    split differently from a lone request's, and batched vs alone drifts past TOL."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 TOL = 1e-4  # floats, batched against alone and against the diffusers pipelines
 
 
