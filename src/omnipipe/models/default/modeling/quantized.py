@@ -58,11 +58,6 @@ class Int8Linear:
             out += self._bias
         return out.reshape(*shape[:-1], self.out_features)
 
-    def dequantize(self) -> torch.Tensor:
-        """The float32 matrix the int8 one stands for (what the kernel multiplies by, up to activation rounding)."""
-        weight, _ = torch.ops.quantized.linear_unpack(self._packed)
-        return weight.dequantize()
-
 
 Weight = torch.Tensor | Int8Linear
 
