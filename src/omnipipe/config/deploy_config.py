@@ -17,11 +17,14 @@ import yaml
 
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.transport.relay import shm
-from omnipipe.transport.relay.registry import RELAY_BACKENDS
+from omnipipe.transport.relay.registry import LISTENING_BACKENDS, RELAY_BACKENDS
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
 
 TRANSPORTS = ("ipc", "tcp")
+PLACEMENTS = ("local", "ray")  # where stages run (placement/): this host's processes, or Ray actors on a cluster
+CONTROL_PLANE_AUTH = ("curve", "none")
+ORCHESTRATOR = "<orchestrator>"  # the API process's end of an entry or output edge (``DeployConfig.relay_between``)
 # how a tensor-parallel stage's multimodal inputs reach every rank (stage/broadcast.py)
 INPUT_BROADCAST_MODES = ("blocking", "async", "async_raw")
 
@@ -57,6 +60,12 @@ class StageDeploy:
     input_broadcast: str = "async_raw"
     input_broadcast_threshold_bytes: int = 256 * 1024
     cpu: CpuDeploy = field(default_factory=CpuDeploy)  # core placement and priority of the stage's processes
+    # placement ray: the node label it must run on (a custom resource the node offers; each rank asks for a
+    # sliver of it) and the Ray resources each rank asks for (CPU, GPU, custom); both ranks of a tensor-parallel
+    # stage land on one node
+    node: str | None = None
+    resources: dict[str, float] = field(default_factory=dict)
+    host: str | None = None  # the address its tcp sockets bind on; None: its node's address (Ray) or ``host``
     options: dict[str, Any] = field(default_factory=dict)  # runner-specific
 
 
@@ -76,10 +85,20 @@ class RelayDeploy:
 
 
 @dataclass
+class PlacementDeploy:
+    backend: str = "local"  # local: stage processes on this host; ray: Ray actors on a cluster (placement/)
+    address: str | None = None  # ray: the cluster to join (auto, HOST:PORT, ray://...); None: start one here
+    node: str | None = None  # ray: the node label of the host the API process runs on (for relay choice)
+    cross_host_relay: str = "mooncake"  # the relay of an edge whose two ends are not known to share a host
+
+
+@dataclass
 class DeployConfig:
     async_chunk: bool = True
-    transport: str = "ipc"
-    host: str = "127.0.0.1"
+    transport: str = "ipc"  # placement ray: tcp (the default there)
+    host: str = "127.0.0.1"  # the address the API process binds its tcp sockets on (never 0.0.0.0 unless asked)
+    control_plane_auth: str = "curve"  # tcp: CURVE keys made per run (transport/control_plane.py); none: plain
+    placement: PlacementDeploy = field(default_factory=PlacementDeploy)
     stage_start_timeout_s: float = 600.0
     max_pending_requests: int = 1024
     heartbeat_interval_s: float = 0.5  # how often every stage reports that it lives (stage/heartbeat.py)
@@ -92,14 +111,42 @@ class DeployConfig:
         return self.stages.setdefault(name, StageDeploy())
 
     def edge_relay(self, source: str, target: str) -> tuple[str, int]:
+        """The relay and inline threshold of edge ``source -> target``: the edge's own, else ``relay.backend``
+        where both ends share a host, else ``placement.cross_host_relay``."""
         edge = self.edges.get(f"{source}->{target}", EdgeDeploy())
-        backend = edge.relay or self.relay.backend
         threshold = edge.inline_threshold_bytes
-        return backend, self.relay.inline_threshold_bytes if threshold is None else threshold
+        return edge.relay or self.relay_between(source, target), (
+            self.relay.inline_threshold_bytes if threshold is None else threshold)
+
+    def handoff_relay(self, source: str, target: str) -> str:
+        """The relay of the engine's own handoff on a non-streaming edge (the API process writes the target's
+        input): the edge's own, else the one between the API process and ``target``."""
+        edge = self.edges.get(f"{source}->{target}", EdgeDeploy())
+        return edge.relay or self.relay_between(ORCHESTRATOR, target)
+
+    def node_of(self, stage: str) -> str | None:
+        """The node label of a stage (or of the API process: ``ORCHESTRATOR``); None where not pinned."""
+        return self.placement.node if stage == ORCHESTRATOR else self.stage(stage).node
+
+    def same_host(self, a: str, b: str) -> bool:
+        """Whether two stages (or a stage and ``ORCHESTRATOR``) are known to run on one host."""
+        if self.placement.backend == "local":
+            return True
+        node_a, node_b = self.node_of(a), self.node_of(b)
+        return node_a is not None and node_a == node_b
+
+    def relay_between(self, source: str, target: str) -> str:
+        """The relay for data from ``source`` to ``target`` when no edge names one."""
+        return self.relay.backend if self.same_host(source, target) else self.placement.cross_host_relay
 
     def relay_options(self) -> dict[str, dict[str, Any]]:
-        """Options per relay backend, read by that backend's factory."""
-        return {"shm": {"slot_bytes": self.relay.shm_slot_bytes, "num_slots": self.relay.shm_num_slots}}
+        """Options per relay backend, read by that backend's factory (``host``: where a listening one binds;
+        a stage on another host replaces it with its own)."""
+        options: dict[str, dict[str, Any]] = {
+            "shm": {"slot_bytes": self.relay.shm_slot_bytes, "num_slots": self.relay.shm_num_slots}}
+        for backend in LISTENING_BACKENDS:
+            options.setdefault(backend, {})["host"] = self.host
+        return options
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -141,6 +188,8 @@ def load_deploy(
     merged = _merge(pipeline.default_deploy, raw)
     config = _build(DeployConfig, merged, origin, "")
     config.source = origin
+    if config.placement.backend == "ray" and "transport" not in merged:
+        config.transport = "tcp"  # stages on other hosts are reached over tcp
     _validate_against_pipeline(config, pipeline, origin)
     return config
 
@@ -174,6 +223,22 @@ def _build(cls: type, raw: Any, origin: str, prefix: str) -> Any:
 def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
     if cls is DeployConfig and name == "relay":
         return _build(RelayDeploy, value, origin, f"{key}.")
+    if cls is DeployConfig and name == "placement":
+        return _build(PlacementDeploy, value if value is not None else {}, origin, f"{key}.")
+    if cls is PlacementDeploy and name in ("address", "node"):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise _fail(origin, key, f"must be a non-empty string or null, got {value!r}")
+        return value
+    if cls is PlacementDeploy and name == "backend":
+        if value not in PLACEMENTS:
+            raise _fail(origin, key, f"must be one of {', '.join(PLACEMENTS)}, got {value!r}")
+        return value
+    if cls is StageDeploy and name == "node":
+        if value is not None and (not isinstance(value, str) or not value):
+            raise _fail(origin, key, f"must be a node label (a custom resource of the Ray node), got {value!r}")
+        return value
+    if cls is StageDeploy and name == "resources":
+        return _resources(value, origin, key)
     if cls is StageDeploy and name == "cpu":
         return _build(CpuDeploy, value if value is not None else {}, origin, f"{key}.")
     if cls is CpuDeploy and name == "affinity":
@@ -198,6 +263,8 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
         "transport": TRANSPORTS,
         "backend": RELAY_BACKENDS,
         "relay": RELAY_BACKENDS + ("local",),
+        "cross_host_relay": RELAY_BACKENDS,
+        "control_plane_auth": CONTROL_PLANE_AUTH,
         "host": str,
         "device": str,
         "threads": (int, 1),
@@ -215,7 +282,7 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
         "input_broadcast": INPUT_BROADCAST_MODES,
         "input_broadcast_threshold_bytes": (int, 0),
     }
-    if name == "stall_restart_s" and value is None:
+    if name in ("stall_restart_s", "host") and value is None and cls is not DeployConfig:
         return None
     if name == "device":
         if not isinstance(value, str) or not (value == "cpu" or value.startswith("cuda")):
@@ -241,6 +308,23 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
     return value
 
 
+def _resources(value: Any, origin: str, key: str) -> dict[str, float]:
+    """Ray resources a rank asks for: name -> a number >= 0 (CPU, GPU or a custom resource of the cluster)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise _fail(origin, key, f"must be a mapping of resource name -> amount, e.g. {{CPU: 1, node_b: 1}}, "
+                    f"got {value!r}")
+    out = {}
+    for name, amount in value.items():
+        if not isinstance(name, str) or not name:
+            raise _fail(origin, key, f"resource names must be non-empty strings, got {name!r}")
+        if isinstance(amount, bool) or not isinstance(amount, (int, float)) or not math.isfinite(amount) or amount < 0:
+            raise _fail(origin, f"{key}.{name}", f"must be a number >= 0, got {amount!r}")
+        out[name] = float(amount)
+    return out
+
+
 def _affinity(value: Any, origin: str, key: str) -> list[int] | None:
     """A list of distinct core numbers this process may use (checked against this host's usable cores)."""
     if value is None:
@@ -258,7 +342,23 @@ def _affinity(value: Any, origin: str, key: str) -> list[int] | None:
     return list(value)
 
 
+def _validate_placement(config: DeployConfig, origin: str) -> None:
+    ray = config.placement.backend == "ray"
+    if ray and config.transport != "tcp":
+        raise _fail(origin, "transport", f"placement ray reaches stages on other hosts over tcp; "
+                    f"{config.transport} cannot (leave transport out, or set it to tcp)")
+    if not ray:
+        for key in ("address", "node"):
+            if getattr(config.placement, key) is not None:
+                raise _fail(origin, f"placement.{key}", "only means something with placement.backend: ray")
+        for name, stage in config.stages.items():
+            for key in ("node", "resources"):
+                if getattr(stage, key):
+                    raise _fail(origin, f"stages.{name}.{key}", "only means something with placement.backend: ray")
+
+
 def _validate_against_pipeline(config: DeployConfig, pipeline: PipelineSpec, origin: str) -> None:
+    _validate_placement(config, origin)
     for name in config.stages:
         if name not in pipeline.stage_names:
             raise _fail(origin, f"stages.{name}", f"no such stage in pipeline {pipeline.name!r} "

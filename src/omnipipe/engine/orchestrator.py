@@ -27,7 +27,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from omnipipe.config.deploy_config import DeployConfig, EdgeDeploy
+from omnipipe.config.deploy_config import ORCHESTRATOR, DeployConfig, EdgeDeploy
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
 from omnipipe.engine.liveness import LOOP_STALL_S, EngineHealth, StageHealth, StageLiveness
@@ -115,7 +115,10 @@ class Orchestrator:
         self._health_waiters: dict[int, tuple[asyncio.Future[list[HealthReply]], list[HealthReply], int]] = {}
         self._nonce = 0
         self._input_processors = {e.name: resolve(e.input_processor) for e in pipeline.edges}
-        self.launcher = launcher or launcher_for(DEFAULT_LAUNCHER)
+        self.launcher = launcher or launcher_for(deploy.placement.backend or DEFAULT_LAUNCHER, deploy)
+        # tcp: every socket of the run authenticates with keys made for this run (transport/control_plane.py)
+        self.control_keys = (control_plane.ControlKeys.generate()
+                             if deploy.transport == "tcp" and deploy.control_plane_auth == "curve" else None)
         self.route_plans = RoutePlans(pipeline, deploy.async_chunk)
         # consumer stage -> the producers that stream chunks into it, and its announced chunk socket address
         self._chunk_producers = {s.name: [e.source for e in pipeline.edges_into(s.name) if self._streams(e)]
@@ -219,26 +222,38 @@ class Orchestrator:
                 ctrl_address=client.ctrl_address, out_address=client.out_address,
                 abort_address=abort_address, chunk_listen_address=chunk_inputs.get(stage.name), chunk_links=links,
                 extra_params=stage.extra_params,
-                out_relay=self.deploy.relay.backend, out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
+                out_relay=self.deploy.relay_between(stage.name, ORCHESTRATOR),
+                out_inline_threshold_bytes=self.deploy.relay.inline_threshold_bytes,
                 relay_options=self.deploy.relay_options(), log_level=self.log_level,
                 heartbeat_interval_s=self.deploy.heartbeat_interval_s,
                 world_size=settings.tensor_parallel_size, input_broadcast=settings.input_broadcast,
                 input_broadcast_threshold_bytes=settings.input_broadcast_threshold_bytes,
                 cpu_affinity=list(settings.cpu.affinity or []), nice=settings.cpu.nice,
+                control_keys=self.control_keys, host=settings.host,
             )
         return launches
 
     async def _main(self) -> None:
         self.request_queue = asyncio.Queue()
         self.ctx = zmq.asyncio.Context()
+        if self.control_keys is not None:
+            control_plane.secure_context(self.ctx, self.control_keys)
         self.abort_pub = control_plane.make_socket(self.ctx, zmq.PUB, self._address("abort"), bind=True)
         abort_address = control_plane.bound_address(self.abort_pub)
         self.recv_relays = create_receivers(self.run_id, "orch-rx")
-        self.entry_relay = create_relay(self.deploy.relay.backend, run_id=self.run_id, owner="orch-entry",
-                                        options=self.deploy.relay_options())
-        self.send_relays: dict[str, Relay] = {"<entry>": self.entry_relay}
+        # what the API process writes: each stage's input where a request enters it (one relay per backend),
+        # and the input of each non-streaming edge's target
+        self.send_relays: dict[str, Relay] = {}
+        self.entry_relays: dict[str, Relay] = {}
+        for backend in sorted({self.deploy.relay_between(ORCHESTRATOR, s.name) for s in self.pipeline.stages}):
+            self.send_relays[f"<entry:{backend}>"] = create_relay(backend, run_id=self.run_id,
+                                                                  owner=f"orch-entry-{backend}",
+                                                                  options=self.deploy.relay_options())
+        for stage in self.pipeline.stages:
+            self.entry_relays[stage.name] = self.send_relays[
+                f"<entry:{self.deploy.relay_between(ORCHESTRATOR, stage.name)}>"]
         for edge in self.pipeline.edges:
-            backend, _ = self.deploy.edge_relay(edge.source, edge.target)
+            backend = self.deploy.handoff_relay(edge.source, edge.target)
             self.send_relays[edge.name] = create_relay(backend, run_id=self.run_id, owner=f"orch-{edge.source}",
                                                        options=self.deploy.relay_options())
         try:
@@ -339,6 +354,7 @@ class Orchestrator:
         for relay in [*self.recv_relays.values(), *self.send_relays.values()]:
             relay.close()
         self.abort_pub.close(0)
+        control_plane.release_context(self.ctx)
         self.ctx.destroy(linger=0)  # also closes the socket of a StageClient whose bind failed half-way
         sweep_segments(segment_prefix(self.run_id))
         shutil.rmtree(self.run_dir, ignore_errors=True)
@@ -394,7 +410,7 @@ class Orchestrator:
         self.requests[request.request_id] = request
         entry = command.entry.stage
         try:
-            payload = write_payload(command.entry.data, self.entry_relay, request.request_id,
+            payload = write_payload(command.entry.data, self.entry_relays[entry], request.request_id,
                                     self.deploy.relay.inline_threshold_bytes)
         except (RelayError, ValueError) as exc:
             self._fail(request, entry, f"input could not be sent: {exc}")
@@ -622,7 +638,9 @@ class Orchestrator:
         else:
             size = client.launch.world_size if client.launch is not None else 1
             which = f" rank {rank} (of {size})" if size > 1 else ""
-            death = f"stage {client.name!r}{which} died (exit code {code})"
+            node = client.handle.node if client.handle is not None else None
+            where = f" on node {node}" if node else ""
+            death = f"stage {client.name!r}{which}{where} died (exit code {code})"
         logger.error("%s", death)
         victims = [r for r in self.requests.values()
                    if client.name in r.route.stages and client.name not in r.done_stages]
@@ -731,6 +749,10 @@ class Orchestrator:
             "rank_pids": {name: list(c.handle.pids) for name, c in self.clients.items()
                           if c.alive and c.handle is not None},
             "restarts": {name: c.restarts for name, c in self.clients.items()},
+            # where each stage runs: a Ray node id under placement ray, None on this host
+            "nodes": {name: c.handle.node if c.handle is not None else None for name, c in self.clients.items()},
+            # tcp connections the control plane turned away (an unknown CURVE key)
+            "refused_connections": control_plane.refused_connections(self.ctx),
         }
         command.result.set_result(state)
 

@@ -18,7 +18,12 @@ class StageHandle(ABC):
     @property
     @abstractmethod
     def pids(self) -> list[int]:
-        """Process ids, rank order (where the processes are on this host; empty where they are not)."""
+        """Process ids, rank order, on the host where the processes run (what their heartbeats carry)."""
+
+    @property
+    def node(self) -> str | None:
+        """Where the ranks run, in words (a Ray node id), for messages; None: on this host."""
+        return None
 
     @property
     @abstractmethod

@@ -6,6 +6,8 @@ from typing import Any
 
 import msgspec
 
+from omnipipe.transport.control_plane import ControlKeys
+
 
 class ChunkLink(msgspec.Struct, frozen=True):
     address: str | None  # the consumer stage's chunk socket; None: announced later (ChunkRoutes, tcp)
@@ -44,6 +46,11 @@ class StageLaunch(msgspec.Struct, frozen=True):
     input_broadcast_threshold_bytes: int = 256 * 1024  # async_raw: smaller raw inputs take the async path
     cpu_affinity: list[int] = []  # the cores this stage's processes may use (deploy stages.<name>.cpu); []: any
     nice: int = 0  # added to the processes' niceness before the model loads
+    control_keys: ControlKeys | None = None  # tcp: the run's CURVE keys (transport/control_plane.py); None: plain
+    # the address this stage binds its tcp sockets on (its chunk socket, relay pools): its own host's address
+    # when it runs on another host (filled by the Ray launcher); None: the one in chunk_listen_address
+    host: str | None = None
+    node: str | None = None  # where it runs, in words (a Ray node id), for messages and /health
 
     def encode(self) -> bytes:
         return msgspec.msgpack.encode(self)

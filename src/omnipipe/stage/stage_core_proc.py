@@ -138,18 +138,32 @@ def run_follower(launch: StageLaunch) -> None:
         context.tensor_parallel.close()
 
 
+def _listen_address(launch: StageLaunch) -> str | None:
+    """The chunk socket's address: on this stage's own host where the launcher named one (tcp only)."""
+    address = launch.chunk_listen_address
+    if address is not None and launch.host is not None and address.startswith("tcp://"):
+        return f"tcp://{launch.host}:*"
+    return address
+
+
 class StageCoreProc:
     def __init__(self, launch: StageLaunch) -> None:
         self.launch = launch
         self.stage = launch.stage
         self.ctx = zmq.Context()
+        if launch.control_keys is not None:
+            control_plane.secure_context(self.ctx, launch.control_keys)
         self.ctrl = control_plane.make_socket(self.ctx, zmq.PULL, launch.ctrl_address, bind=False)
         self.out = control_plane.make_socket(self.ctx, zmq.PUSH, launch.out_address, bind=False)
         self.abort_sub = control_plane.make_socket(self.ctx, zmq.SUB, launch.abort_address, bind=False)
         wake_address = f"inproc://wake-{self.stage}"
         self.wake = control_plane.make_socket(self.ctx, zmq.PULL, wake_address, bind=True)
 
-        relay_options = dict(launch.relay_options)
+        relay_options = {backend: dict(options) for backend, options in launch.relay_options.items()}
+        if launch.host is not None:  # relays that listen (mooncake) do so on this stage's own host
+            for options in relay_options.values():
+                if "host" in options:
+                    options["host"] = launch.host
         self.out_relay: Relay = create_relay(launch.out_relay, run_id=launch.run_id, owner=f"{self.stage}-out",
                                              options=relay_options)
         self.send_relays: dict[str, Relay] = {
@@ -161,7 +175,7 @@ class StageCoreProc:
         # chunks are consumed by the runner and dropped: read them in place, the buffer frees when they go
         recv_relays_chunks = create_receivers(launch.run_id, f"{self.stage}-rxc", zero_copy=True)
         links = {t: EdgeLink(l.address, self.send_relays[t], l.inline_threshold_bytes) for t, l in launch.chunk_links.items()}
-        connector = ChunkConnector(self.ctx, self.stage, links, launch.chunk_listen_address, recv_relays_chunks)
+        connector = ChunkConnector(self.ctx, self.stage, links, _listen_address(launch), recv_relays_chunks)
         self._recv_relays_chunks = recv_relays_chunks
         self.adapter = ChunkTransferAdapter(self.ctx, connector, self.stage, wake_address)
         self.chunk_processors: dict[str, ChunkProcessor] = {
@@ -244,6 +258,7 @@ class StageCoreProc:
         self.out.close(linger=1000)  # let a last error or output leave
         for sock in (self.ctrl, self.abort_sub, self.wake):
             sock.close(0)
+        control_plane.release_context(self.ctx)
         self.ctx.term()
 
     def _send(self, message: Any) -> None:

@@ -20,10 +20,12 @@ class RelayBackend:
     make_sender: Callable[[str, str, dict[str, Any]], Relay]
     make_receiver: Callable[[str, str, bool], Relay]
     crosses_processes: bool = True  # may carry data between stage processes (a deploy file may choose it)
+    # its sender listens on an address (options["host"]: the sending process's own host, filled by the engine)
+    listens: bool = False
 
 
-def _backend(name: str, module: ModuleType, crosses_processes: bool = True) -> RelayBackend:
-    return RelayBackend(name, module.make_sender, module.make_receiver, crosses_processes)
+def _backend(name: str, module: ModuleType, crosses_processes: bool = True, listens: bool = False) -> RelayBackend:
+    return RelayBackend(name, module.make_sender, module.make_receiver, crosses_processes, listens)
 
 
 BACKENDS: dict[str, RelayBackend] = {
@@ -31,6 +33,7 @@ BACKENDS: dict[str, RelayBackend] = {
     for backend in (_backend("inline", inline), _backend("shm", shm), _backend("local", local, crosses_processes=False))
 }
 RELAY_BACKENDS = tuple(name for name, backend in BACKENDS.items() if backend.crosses_processes)
+LISTENING_BACKENDS = tuple(name for name, backend in BACKENDS.items() if backend.listens)
 
 
 def _lookup(backend: str) -> RelayBackend:
