@@ -49,6 +49,7 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
     p.add_argument("--model", help=_MODEL_HELP)
+    p.add_argument("--ray-address", metavar="ADDRESS", help=_RAY_HELP)
     p.add_argument("--no-async-chunk", action="store_true", help="hand whole outputs between stages")
     p.add_argument("--text-only", action="store_true", help="produce text only (even with --output)")
     p.add_argument("--max-tokens", type=int, default=None, help="most tokens the thinker writes")
@@ -63,14 +64,27 @@ _MODEL_HELP = ("the model of the pipeline's main stage (its deploy option 'model
                "directory")
 
 
+_RAY_HELP = ("run the stages as Ray actors on this cluster (auto, HOST:PORT or ray://HOST:PORT): the deploy file's "
+             "placement.backend ray with this address; stages.<name>.node pins a stage to a node")
+
+
+def _ray_address(args: argparse.Namespace) -> str | None:
+    address = getattr(args, "ray_address", None)
+    if address is not None and not address.strip():
+        raise CLIError("--ray-address: give auto, HOST:PORT or ray://HOST:PORT")
+    return address
+
+
 def _deploy_source(args: argparse.Namespace) -> Any:
     from omnipipe.config.deploy_config import DeployConfigError, load_deploy
 
     pipeline = get_pipeline(args.pipeline)
     if args.deploy is not None and not args.deploy.is_file():
         raise CLIError(f"--deploy: file not found: {args.deploy}")
+    address = _ray_address(args)
+    overrides = {"placement": {"backend": "ray", "address": address}} if address is not None else None
     try:
-        config = load_deploy(args.deploy, pipeline)
+        config = load_deploy(args.deploy, pipeline, overrides)
     except DeployConfigError as exc:
         raise CLIError(str(exc)) from exc
     if getattr(args, "no_async_chunk", False):
@@ -197,6 +211,7 @@ def _add_server_options(p: argparse.ArgumentParser, port: int) -> None:
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
     p.add_argument("--deploy", type=Path, help="deploy YAML (threads, batch sizes, chunk sizes, relays)")
     p.add_argument("--model", help=_MODEL_HELP)
+    p.add_argument("--ray-address", metavar="ADDRESS", help=_RAY_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
     p.add_argument("--port", type=int, default=port, help="port to listen on")
     p.add_argument("--api-key", default=os.environ.get("OMNIPIPE_API_KEY") or None,
@@ -250,12 +265,14 @@ def _serve(args: argparse.Namespace, **options: Any) -> int:
         raise CLIError("--allow-credentials: browsers refuse credentials with origin '*'; name the origins")
     names = args.served_model_name or []
     deploy: Any = args.deploy
-    if args.no_async_chunk or args.model is not None:  # the deploy file's settings, with the flags' changes
-        import yaml
+    if args.no_async_chunk or args.model is not None or args.ray_address is not None:
+        import yaml  # the deploy file's settings, with the flags' changes
 
         deploy = (yaml.safe_load(args.deploy.read_text()) if args.deploy is not None else None) or {}
         if args.no_async_chunk:
             deploy["async_chunk"] = False
+        if args.ray_address is not None:
+            deploy.setdefault("placement", {}).update(backend="ray", address=args.ray_address)
         if args.model is not None:
             stage = get_pipeline(args.pipeline).model_stage
             deploy.setdefault("stages", {}).setdefault(stage, {}).setdefault("options", {})["model"] = args.model

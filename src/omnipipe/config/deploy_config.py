@@ -160,9 +160,11 @@ def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_deploy(
-    source: str | Path | dict[str, Any] | DeployConfig | None, pipeline: PipelineSpec
+    source: str | Path | dict[str, Any] | DeployConfig | None, pipeline: PipelineSpec,
+    overrides: dict[str, Any] | None = None,
 ) -> DeployConfig:
-    """Read a deploy YAML (path), a dict or None (pipeline defaults) and validate it against ``pipeline``."""
+    """Read a deploy YAML (path), a dict or None (pipeline defaults) and validate it against ``pipeline``.
+    ``overrides`` (command-line flags) are merged over the file's keys before validation."""
     if isinstance(source, DeployConfig):
         raw: dict[str, Any] = {}
         config = copy.deepcopy(source)
@@ -185,7 +187,7 @@ def load_deploy(
             raise DeployConfigError(f"{origin}: not valid YAML: {exc}") from exc
         if not isinstance(raw, dict):
             raise DeployConfigError(f"{origin}: the top level must be a mapping of keys, got {type(raw).__name__}")
-    merged = _merge(pipeline.default_deploy, raw)
+    merged = _merge(_merge(pipeline.default_deploy, raw), overrides or {})
     config = _build(DeployConfig, merged, origin, "")
     config.source = origin
     if config.placement.backend == "ray" and "transport" not in merged:

@@ -35,6 +35,7 @@ logger = logging.getLogger(__name__)
 NODE_SLIVER = 0.001  # how much of a node's label resource one rank asks for (a node label is a custom resource)
 ACTOR_DIED_EXIT_CODE = -9  # what a rank whose actor died (killed, crashed, node gone) reports as its exit code
 SCHEDULE_TIMEOUT_S = 120.0  # a stage Ray cannot place in this long fails its start with the resources it asked for
+CLOSE_WAIT_S = 5.0  # how long closing a handle waits for Ray to report its actors gone
 _PR_SET_PDEATHSIG = 1
 
 
@@ -208,8 +209,11 @@ class RayStageHandle(StageHandle):
         return self.exit_code()
 
     def close(self) -> None:
-        """Release the actors (their stage processes have ended, or end with them) and the placement group."""
+        """Release the actors (their stage processes have ended, or end with them) and the placement group.
+        Waits (briefly) until Ray reports the actors gone: ``ray.kill`` only sends the request, and a process
+        about to exit would otherwise leave its actors to be reaped when Ray notices the driver is gone."""
         self.kill()
+        self._ready(CLOSE_WAIT_S, all_of_them=True)
         if self._placement_group is not None:
             try:
                 self._ray.util.remove_placement_group(self._placement_group)

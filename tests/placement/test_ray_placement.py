@@ -1,0 +1,229 @@
+"""Stages on two Ray nodes: a real two-node Ray cluster on loopback (custom resources node_a / node_b), the
+thinker on node A and the talker + vocoder on node B, edges between the nodes through the cross-host relay.
+
+What a user sees is checked: the same answers as on one host, a request through the OpenAI server started with
+``--ray-address``, a killed stage actor handled as a stage death (detected fast, in-flight requests fail naming
+the stage and its node, the stage back on a node that fits), forged control messages refused, and nothing left
+behind (actors, stage processes, run directory) after shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import zmq
+
+from omnipipe import RequestFailedError, SamplingParams
+from omnipipe.api.async_omni import StageLostError
+from omnipipe.transport import control_plane
+from omnipipe.transport.messages import StageOutput
+from tests.conftest import EngineHarness, collect, state_is_idle, wait_until_idle
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is imported: loopback cluster
+ray = pytest.importorskip("ray", reason="placement ray needs the ray package (pip install -e '.[ray]')")
+
+SPLIT = {"thinker": {"node": "node_a"}, "talker": {"node": "node_b"}, "code2wav": {"node": "node_b"}}
+
+
+def running(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (stage processes run under Ray's workers, not under this process)."""
+    alive = set()
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.add(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "resources": {"node_a": 1}})
+    cluster.add_node(num_cpus=2, resources={"node_b": 1})
+    ray.init(address=cluster.address)  # this process's view of the cluster (the engines here share it)
+    yield cluster
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.shutdown()
+
+
+def ray_deploy(cluster: Any, **extra: Any) -> dict[str, Any]:
+    stages = {name: dict(settings) for name, settings in SPLIT.items()}
+    for name, settings in extra.pop("stages", {}).items():
+        stages.setdefault(name, {}).update(settings)
+    return {"placement": {"backend": "ray", "address": cluster.address, "node": "node_a", "cross_host_relay": "inline"}, "stages": stages, **extra}
+
+
+def held_node_resources() -> dict[str, float]:
+    """How much of each node label is held by actors now (every stage actor holds a sliver of its node's)."""
+    total, free = ray.cluster_resources(), ray.available_resources()
+    return {label: total[label] - free.get(label, 0.0) for label in ("node_a", "node_b")
+            if total[label] - free.get(label, 0.0) > 1e-9}
+
+
+def settles(check: Any, timeout_s: float = 10.0) -> Any:
+    """``check()`` once it is falsy (Ray's resource view is eventually consistent), else its last value."""
+    deadline = time.monotonic() + timeout_s
+    while (value := check()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
+def node_labels() -> dict[str, str]:
+    """Ray node id -> the label resource it offers (node_a / node_b)."""
+    return {node["NodeID"]: next(r for r in node["Resources"] if r.startswith("node_"))
+            for node in ray.nodes() if node["Alive"]}
+
+
+# ---------------------------------------------------------------------------------------------- toy pipeline
+@pytest.fixture(scope="module")
+def toy_split(cluster: Any) -> Any:
+    # the thinker writes slowly enough that a request is still in flight when a stage is killed
+    harness = EngineHarness("toy", ray_deploy(cluster, stages={"thinker": {"options": {"step_delay_ms": 5}}}))
+    yield harness
+    run_dir = harness.engine.engine.orchestrator.run_dir
+    pids = set(harness.run(harness.engine.debug_state())["pids"].values())
+    harness.close()
+    assert not settles(held_node_resources), "stage actors outlived the engine"
+    assert not settles(lambda: running(pids)), "stage processes outlived the engine"
+    assert not os.path.exists(run_dir)
+
+
+def test_stages_run_where_the_deploy_file_puts_them(toy_split: EngineHarness) -> None:
+    state = toy_split.run(toy_split.engine.debug_state())
+    labels = node_labels()
+    assert {stage: labels[node] for stage, node in state["nodes"].items()} == {
+        "thinker": "node_a", "talker": "node_b", "code2wav": "node_b"}
+
+
+def test_split_over_two_nodes_answers_like_one_host(toy_split: EngineHarness, toy: EngineHarness) -> None:
+    prompts = ["hello over two hosts", "a second question", "and a third"]
+    for prompt in prompts:
+        here = toy.run(collect(toy.engine, prompt))[-1]
+        split = toy_split.run(collect(toy_split.engine, prompt))[-1]
+        assert split.error is None and split.finished
+        assert split.text == here.text
+        np.testing.assert_array_equal(split.audio, here.audio)
+    # the thinker -> talker chunks crossed hosts, through the cross-host relay
+    assert split.metrics.edges["thinker->talker"]["chunks"] > 1
+    assert state_is_idle(toy_split.run(wait_until_idle(toy_split.engine)))
+
+
+def test_a_killed_stage_actor_is_a_stage_death(toy_split: EngineHarness) -> None:
+    engine = toy_split.engine
+    client = engine.engine.orchestrator.clients["talker"]
+    actor, old_pids = client.handle.actors[0], client.handle.pids
+
+    async def kill_during_a_request() -> tuple[BaseException | None, float]:
+        killed_at = None
+        try:
+            async for out in engine.generate("a long answer " * 8, sampling_params=SamplingParams(max_tokens=200)):
+                if out.modality == "audio" and killed_at is None:  # the talker is at work on it
+                    killed_at = time.monotonic()
+                    ray.kill(actor, no_restart=True)
+        except RequestFailedError as exc:
+            assert killed_at is not None
+            return exc, time.monotonic() - killed_at
+        return None, 0.0
+
+    error, failed_after_s = toy_split.run(kill_during_a_request())
+    assert isinstance(error, StageLostError), "the request on the killed stage must fail"
+    assert "talker" in str(error) and "on node" in str(error), str(error)
+    assert failed_after_s < 2.0, f"the death took {failed_after_s:.2f} s to reach the request"
+
+    async def back() -> dict[str, Any]:
+        for _ in range(300):
+            state = await engine.debug_state()
+            health = engine.health()
+            if state["restarts"]["talker"] == 1 and "talker" in state["pids"] and health is not None \
+                    and health.stages["talker"].state == "ok":
+                return state
+            await asyncio.sleep(0.1)
+        raise AssertionError("the talker did not come back")
+
+    state = toy_split.run(back())
+    assert node_labels()[state["nodes"]["talker"]] == "node_b"  # restarted on a node that fits
+    assert state["pids"]["talker"] != old_pids[0]
+    assert not settles(lambda: running(set(old_pids))), "the killed actor's stage process lives on"
+    after = toy_split.run(collect(engine, "after the restart"))[-1]
+    assert after.error is None and after.text == "AFTER THE RESTART"
+
+
+def test_forged_control_messages_are_refused(toy_split: EngineHarness) -> None:
+    engine = toy_split.engine
+    orchestrator = engine.engine.orchestrator
+    out_address = orchestrator.clients["thinker"].out_address
+    assert out_address.startswith("tcp://127.0.0.1:")
+    refused_before = toy_split.run(engine.debug_state())["refused_connections"]
+
+    async def forge_during_a_request() -> list[Any]:
+        stream = engine.generate("a real question", sampling_params=SamplingParams(max_tokens=60))
+        outputs = [await stream.__anext__()]
+        request_id = orchestrator_request_ids(orchestrator)[0]
+        forged = control_plane.encode(StageOutput(request_id, "thinker", True, text_delta="FORGED"))
+        ctx = zmq.Context()
+        try:
+            plain = ctx.socket(zmq.PUSH)  # no keys at all
+            wrong = ctx.socket(zmq.PUSH)  # CURVE with the server's public key but its own client keys
+            public, secret = zmq.curve_keypair()
+            wrong.curve_serverkey = orchestrator.control_keys.server_public.encode()
+            wrong.curve_publickey, wrong.curve_secretkey = public, secret
+            for sock in (plain, wrong):
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(out_address)
+                if sock.poll(500, zmq.POLLOUT):
+                    sock.send(forged, zmq.NOBLOCK)
+            async for out in stream:
+                outputs.append(out)
+            plain.close(0)
+            wrong.close(0)
+        finally:
+            ctx.term()
+        return outputs
+
+    outputs = toy_split.run(forge_during_a_request())
+    final = outputs[-1]
+    assert final.error is None and final.text == "A REAL QUESTION"
+    assert all("FORGED" not in (out.text or "") for out in outputs)
+    state = toy_split.run(engine.debug_state())
+    assert state["refused_connections"] > refused_before
+
+
+def orchestrator_request_ids(orchestrator: Any) -> list[str]:
+    return list(orchestrator.requests)
+
+
+def test_the_server_serves_on_the_cluster(cluster: Any, tmp_path: Any) -> None:
+    import openai
+
+    from tests.server.conftest import API_KEY, TOY_DEPLOY, running_server
+
+    deploy = {**TOY_DEPLOY, "placement": {"node": "node_a", "cross_host_relay": "inline"}, "stages": {
+        name: {**TOY_DEPLOY["stages"].get(name, {}), **settings} for name, settings in SPLIT.items()}}
+    held_before = held_node_resources()  # by the module's other engine
+    with running_server("toy", deploy, tmp_path, 180, extra_args=["--ray-address", cluster.address]) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY)
+        completion = client.chat.completions.create(
+            model="toy", messages=[{"role": "user", "content": "served across two nodes"}],
+            modalities=["text", "audio"], audio={"voice": "default", "format": "wav"})
+        message = completion.choices[0].message
+        assert message.audio is not None and message.audio.data and message.audio.transcript
+        state = server.debug_state()
+        nodes = next(info["state"]["nodes"] for info in state["engines"].values() if info["state"])
+        labels = node_labels()
+        assert {stage: labels[node] for stage, node in nodes.items()} == {
+            "thinker": "node_a", "talker": "node_b", "code2wav": "node_b"}
+        pids = {pid for info in state["engines"].values() if info["state"] for pid in info["state"]["pids"].values()}
+    assert server.process.returncode == 0, server.log_text()
+    settles(lambda: held_node_resources() != pytest.approx(held_before))
+    assert held_node_resources() == pytest.approx(held_before), "stage actors outlived the server"
+    assert not settles(lambda: running(pids)), "stage processes outlived the server"
