@@ -227,3 +227,34 @@ def test_the_server_serves_on_the_cluster(cluster: Any, tmp_path: Any) -> None:
     settles(lambda: held_node_resources() != pytest.approx(held_before))
     assert held_node_resources() == pytest.approx(held_before), "stage actors outlived the server"
     assert not settles(lambda: running(pids)), "stage processes outlived the server"
+
+
+# ---------------------------------------------------------------------------------------------- default pipeline
+DETERMINISTIC = {"stages": {"talker": {"options": {"noise_scale": 0.0, "noise_w": 0.0}}}}
+QUESTIONS = ["What is the capital of France?", "How many legs does a dog have?"]
+
+
+@pytest.mark.models
+def test_the_default_pipeline_split_over_two_nodes_answers_like_one_host(cluster: Any) -> None:
+    params = SamplingParams(max_tokens=30)
+    here = EngineHarness("default", DETERMINISTIC)
+    try:
+        expected = [here.run(collect(here.engine, q, sampling_params=params), 300)[-1] for q in QUESTIONS]
+    finally:
+        here.close()
+    deploy = ray_deploy(cluster, stages={"encoder": {"node": "node_a"}, **DETERMINISTIC["stages"]})
+    split = EngineHarness("default", deploy)
+    try:
+        labels = node_labels()
+        state = split.run(split.engine.debug_state())
+        assert {stage: labels[node] for stage, node in state["nodes"].items()} == {
+            "encoder": "node_a", "thinker": "node_a", "talker": "node_b", "code2wav": "node_b"}
+        for question, want in zip(QUESTIONS, expected):
+            got = split.run(collect(split.engine, question, sampling_params=params), 300)[-1]
+            assert got.error is None and got.text == want.text
+            assert got.sample_rate_hz == want.sample_rate_hz and got.audio.shape == want.audio.shape
+            np.testing.assert_allclose(got.audio, want.audio, atol=1e-4)
+            assert got.metrics.edges["thinker->talker"]["chunks"] > 1  # async chunk streamed across the hosts
+        assert state_is_idle(split.run(wait_until_idle(split.engine)))
+    finally:
+        split.close()
