@@ -26,6 +26,7 @@ from typing import Any, Callable
 import msgspec
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
 
 from omnipipe.config.deploy_config import ORCHESTRATOR, DeployConfig, EdgeDeploy
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec
@@ -277,6 +278,8 @@ class Orchestrator:
             raise
         tasks = [asyncio.create_task(self._output_handler(c), name=f"out-{c.name}") for c in self.clients.values()]
         tasks.append(asyncio.create_task(self._watchdog(), name="watchdog"))
+        tasks += [asyncio.create_task(self._connection_watch(c), name=f"conn-{c.name}")
+                  for c in self.clients.values() if c.monitor is not None]
         for client in self.clients.values():
             self._watch(client)
         self._started.set()
@@ -455,7 +458,9 @@ class Orchestrator:
 
     def _restartable(self, stage: str) -> bool:
         settings = self.deploy.stage(stage)
-        return settings.restart_on_failure and self.clients[stage].restarts_in_a_row < settings.max_restarts
+        client = self.clients[stage]
+        return (settings.restart_on_failure and client.restarts_in_a_row < settings.max_restarts
+                and client.start_error is None)
 
     async def _send(self, stage: str, message: Submit, request: _Request) -> None:
         request.submitted.add(stage)
@@ -640,7 +645,10 @@ class Orchestrator:
             which = f" rank {rank} (of {size})" if size > 1 else ""
             node = client.handle.node if client.handle is not None else None
             where = f" on node {node}" if node else ""
-            death = f"stage {client.name!r}{which}{where} died (exit code {code})"
+            if getattr(client.handle, "lost_connection", False):
+                death = f"stage {client.name!r}{where} dropped its connection to the engine (taken as its death)"
+            else:
+                death = f"stage {client.name!r}{which}{where} died (exit code {code})"
         logger.error("%s", death)
         victims = [r for r in self.requests.values()
                    if client.name in r.route.stages and client.name not in r.done_stages]
@@ -657,8 +665,41 @@ class Orchestrator:
             logger.warning("restarting stage %s (restart %d, %d in a row)", client.name, client.restarts,
                            client.restarts_in_a_row)
             client.launch = msgspec.structs.replace(client.launch, aborted_request_ids=list(self._recently_ended))
-            client.spawn()
-            self._watch(client)
+            if self.launcher.quick:
+                client.spawn()
+                self._watch(client)
+            else:  # a cluster scheduler may take a while to place it: this loop serves the others meanwhile
+                task = asyncio.create_task(self._respawn(client), name=f"respawn-{client.name}")
+                self._forwards.add(task)
+                task.add_done_callback(self._forwards.discard)
+
+    async def _respawn(self, client: StageClient) -> None:
+        try:
+            await asyncio.to_thread(client.spawn)
+        except Exception as exc:
+            client.alive = False
+            client.start_error = f"stage {client.name!r} could not be started again: {exc}"
+            logger.error("%s", client.start_error)
+            self._fail_parked(client.name, client.start_error)
+            return
+        if self._stopping:
+            return  # the teardown stops it with the others
+        self._watch(client)
+
+    async def _connection_watch(self, client: StageClient) -> None:
+        """Connections to ``client``'s output socket: one dropped by the running start of the stage (its
+        process ended, on whatever host) is handed to the stage's handle, which may take it as the end at once."""
+        assert client.monitor is not None
+        while True:
+            event = parse_monitor_message(await client.monitor.recv_multipart())
+            fd = int(event["value"])
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # a socket with the run's keys (never a forged one)
+                client.connections[fd] = client.generation
+            elif event["event"] == zmq.EVENT_DISCONNECTED:
+                start = client.connections.pop(fd, None)
+                if (start == client.generation and client.alive and not self._stopping and client.handle is not None
+                        and client.handle.connection_lost()):
+                    logger.warning("stage %s dropped its connection to the engine", client.name)
 
     # ================================================================== liveness
     async def _watchdog(self) -> None:

@@ -82,6 +82,11 @@ class StageClient:
         self.out = control_plane.make_socket(ctx, zmq.PULL, out_bind, bind=True)
         self.ctrl_address = control_plane.bound_address(self.ctrl)
         self.out_address = control_plane.bound_address(self.out)
+        # tcp: connections to ``out`` that passed the handshake (the run's keys), and their drops
+        self.monitor = (self.out.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+                        if self.out_address.startswith("tcp://") else None)
+        self.generation = 0  # bumped by each spawn: which start of the stage a connection belongs to
+        self.connections: dict[int, int] = {}  # accepted connection (fd) -> generation
         self._reader = _Reader(self.out)
         self._ctrl_now = zmq.Socket.shadow(self.ctrl.underlying)  # the same socket, plain calls
         self._sends_waiting = 0  # sends waiting for room on ``ctrl``; later ones queue behind them, in order
@@ -93,6 +98,7 @@ class StageClient:
         self.restarts_in_a_row = 0  # since the stage last ran for RESTART_WINDOW_S (what max_restarts limits)
         self.ready_since: float | None = None  # monotonic time it last became ready
         self.load_error: str | None = None
+        self.start_error: str | None = None  # a restart that failed (no node fits): the stage is down for good
         self.liveness = liveness  # heartbeats and stall record (engine/liveness.py)
 
     def spawn(self) -> None:
@@ -104,6 +110,8 @@ class StageClient:
             self.launch = msgspec.structs.replace(self.launch, dist_init_address=free_tcp_address(self.dist_host))
         if self.handle is not None:
             self.handle.close()
+            self.handle = None
+        self.generation += 1
         self.handle = self.launcher.launch(self.launch)
         self.alive = True
 
@@ -158,6 +166,10 @@ class StageClient:
 
     def close_sockets(self) -> None:
         self._reader.close()
+        if self.monitor is not None:
+            with contextlib.suppress(zmq.ZMQError):
+                self.out.disable_monitor()
+            self.monitor.close(0)
         for sock, address in ((self.ctrl, self.ctrl_address), (self.out, self.out_address)):
             sock.close(0)
             path = control_plane.ipc_path(address)

@@ -50,6 +50,12 @@ class StageHandle(ABC):
     def wait(self, timeout_s: float | None) -> int | None:
         """Wait until every rank has exited; return ``exit_code()``, or None if ``timeout_s`` passed first."""
 
+    def connection_lost(self) -> bool:
+        """The stage's tcp connection to the engine dropped while it should be running. A handle that cannot see
+        its processes end directly and at once (they run on another host) takes that as the stage's end, makes
+        its ``sentinel`` readable and returns True; one that can (a local pidfd) returns False and waits for it."""
+        return False
+
     @abstractmethod
     def close(self) -> None:
         """Release the handle's own resources (file descriptors); the processes are not touched."""
@@ -57,6 +63,7 @@ class StageHandle(ABC):
 
 class Launcher(ABC):
     name: str = ""
+    quick: bool = True  # launch() returns at once (a fork + exec); False: it may wait (on a cluster scheduler)
 
     @abstractmethod
     def launch(self, launch: StageLaunch) -> StageHandle:

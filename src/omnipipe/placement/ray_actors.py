@@ -141,6 +141,7 @@ class RayStageHandle(StageHandle):
         self._placement_group = placement_group
         self._refs = [actor.wait.remote() for actor in actors]
         self._first: tuple[int, int] | None = None
+        self.lost_connection = False  # the end was a dropped connection (connection_lost), not a reported exit
         self._lock = threading.Lock()
         self._read_fd, self._write_fd = os.pipe()
         self._ray = ray
@@ -162,10 +163,26 @@ class RayStageHandle(StageHandle):
     def _watch(self) -> None:
         ready, _ = self._ray.wait(self._refs, num_returns=1, timeout=None)
         self._note_ended(ready)
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             os.write(self._write_fd, b"x")
         except OSError:  # closed: nobody listens any more
             pass
+
+    def connection_lost(self) -> bool:
+        """Ray hears of a dead node only after its health checks fail (seconds); a stage process that ended drops
+        its tcp connections at once. Taken as the stage's end: the actors are killed (in case it still runs
+        unreachable) and the sentinel fires."""
+        with self._lock:
+            if self._first is not None:
+                return True
+            self._first = (0, ACTOR_DIED_EXIT_CODE)
+            self.lost_connection = True
+        self.kill()
+        self._wake()
+        return True
 
     @property
     def pids(self) -> list[int]:
@@ -233,6 +250,7 @@ class RayLauncher(Launcher):
     node label a stage must run on, ``hosts`` the address a stage binds on (default: its node's address)."""
 
     name = "ray"
+    quick = False  # waits for Ray to place the actors (seconds; up to schedule_timeout_s when no node fits)
 
     def __init__(self, address: str | None = None, resources: dict[str, dict[str, float]] | None = None,
                  nodes: dict[str, str | None] | None = None, hosts: dict[str, str | None] | None = None,
