@@ -132,63 +132,70 @@ def _memcpy_seconds(nbytes: int, iterations: int) -> list[float]:
     return times[2:]
 
 
-def _relay_transfers(peer: Peer, relay: Relay, nbytes: int, iterations: int,
-                     id_prefix: str = "r") -> dict[str, list[float]]:
-    """Send ``iterations`` payloads of ``nbytes`` one at a time (each waits for the receiver's answer).
+class _RelayPath:
+    """One relay's transfers: ``write_payload`` here, the control message, ``read_payload`` in the peer.
 
     Phases per transfer, in seconds, adding up to ``total``: ``write`` (sender write_payload), ``send`` (encode,
     ZMQ send and delivery until the receiver's recv returns), ``decode`` (receiver msgspec decode), ``read``
     (receiver read_payload). perf_counter is CLOCK_MONOTONIC, so the two processes' stamps compare.
     """
-    array = np.random.default_rng(1).random(nbytes // 4, dtype=np.float32)
-    phases: dict[str, list[float]] = {k: [] for k in ("total", "write", "send", "decode", "read")}
-    warmup = 2
-    for i in range(warmup + iterations):
+
+    def __init__(self, relay: Relay, array: np.ndarray, id_prefix: str) -> None:
+        self.relay, self.array, self.id_prefix = relay, array, id_prefix
+        self.phases: dict[str, list[float]] = {k: [] for k in ("total", "write", "send", "decode", "read")}
+
+    def transfer(self, peer: Peer, i: int, timed: bool) -> None:
+        array, request_id = self.array, f"{self.id_prefix}{i}"
         array[0], array[-1] = i, -i
         start = time.perf_counter()
-        payload = write_payload({"x": array}, relay, f"{id_prefix}{i}", inline_threshold_bytes=0)
+        payload = write_payload({"x": array}, self.relay, request_id, inline_threshold_bytes=0)
         written = time.perf_counter()
-        peer.push.send(control_plane.encode(StageOutput(f"{id_prefix}{i}", "bench", False, payload=payload)),
-                       copy=False)
+        peer.push.send(control_plane.encode(StageOutput(request_id, "bench", False, payload=payload)), copy=False)
         ack = _ack_decoder.decode(peer.recv())
         if ack["first"] != i or ack["last"] != -i or ack["size"] != array.size:
-            raise RuntimeError(f"relay {relay.name}: the receiver read the wrong bytes (iteration {i})")
-        if i < warmup:
-            continue
-        phases["total"].append(ack["read"] - start)
-        phases["write"].append(written - start)
-        phases["send"].append(ack["received"] - written)
-        phases["decode"].append(ack["decoded"] - ack["received"])
-        phases["read"].append(ack["read"] - ack["decoded"])
-    return phases
+            raise RuntimeError(f"relay {self.relay.name}: the receiver read the wrong bytes (iteration {i})")
+        if timed:
+            self.phases["total"].append(ack["read"] - start)
+            self.phases["write"].append(written - start)
+            self.phases["send"].append(ack["received"] - written)
+            self.phases["decode"].append(ack["decoded"] - ack["received"])
+            self.phases["read"].append(ack["read"] - ack["decoded"])
+
+    def close(self) -> None:
+        self.relay.close()
 
 
-def _raw_mooncake_reads(peer: Peer, nbytes: int, iterations: int) -> dict[str, list[float]]:
+class _RawMooncakePath:
     """The peer reads ``nbytes`` from a buffer this process registered, with one ``transfer_sync_read`` each,
     timed around that call alone."""
-    engine, session = mooncake.new_engine("127.0.0.1", "tcp")
-    source = np.random.default_rng(1).random(nbytes // 4, dtype=np.float32)
-    if engine.register_memory(source.ctypes.data, source.nbytes) != 0:
-        raise RuntimeError("raw mooncake: could not register the source buffer")
-    times: list[float] = []
-    try:
-        warmup = 2
-        for i in range(warmup + iterations):
-            source[0], source[-1] = i, -i
-            peer.push.send(_RAW + _ack.encode({"session": session, "addr": source.ctypes.data, "nbytes": nbytes}))
-            ack = _ack_decoder.decode(peer.recv())
-            if ack["first"] != i or ack["last"] != -i:
-                raise RuntimeError(f"raw mooncake: the peer read the wrong bytes (iteration {i})")
-            if i >= warmup:
-                times.append(ack["seconds"])
-    finally:
-        engine.unregister_memory(source.ctypes.data)
-    return {"total": times}
+
+    def __init__(self, nbytes: int) -> None:
+        self.engine, self.session = mooncake.new_engine("127.0.0.1", "tcp")
+        self.source = np.random.default_rng(1).random(nbytes // 4, dtype=np.float32)
+        if self.engine.register_memory(self.source.ctypes.data, self.source.nbytes) != 0:
+            raise RuntimeError("raw mooncake: could not register the source buffer")
+        self.phases: dict[str, list[float]] = {"total": []}
+
+    def transfer(self, peer: Peer, i: int, timed: bool) -> None:
+        source = self.source
+        source[0], source[-1] = i, -i
+        peer.push.send(_RAW + _ack.encode({"session": self.session, "addr": source.ctypes.data,
+                                           "nbytes": source.nbytes}))
+        ack = _ack_decoder.decode(peer.recv())
+        if ack["first"] != i or ack["last"] != -i:
+            raise RuntimeError(f"raw mooncake: the peer read the wrong bytes (iteration {i})")
+        if timed:
+            self.phases["total"].append(ack["seconds"])
+
+    def close(self) -> None:
+        self.engine.unregister_memory(self.source.ctypes.data)
+        self.engine = None
 
 
 def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int],
                            paths: Sequence[str] = ENGINE_PATHS) -> dict[str, Any]:
-    """Every path in ``paths`` (see ``BACKEND_PATHS``) at every size, one peer process for all of them."""
+    """Every path in ``paths`` (see ``BACKEND_PATHS``) at every size, one peer process for all of them. At each
+    size the paths take turns, one transfer each, so a change in the machine's load falls on all of them alike."""
     run_id = f"bench{uuid.uuid4().hex[:8]}"
     slot_bytes = max(sizes)
     # each sender relay gets its own owner name: a receiver keeps its mapping of a pool by segment name
@@ -204,6 +211,7 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int],
         raise ValueError(f"unknown relay paths {unknown}")
     memcpy: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
+    warmup = 2
     try:
         with run_peer(relay_receiver_peer, run_id) as peer:
             for nbytes, count in zip(sizes, iterations, strict=True):
@@ -211,16 +219,21 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int],
                 memcpy_gbps = nbytes / median(copies) / 1e9
                 memcpy.append({"size_bytes": nbytes, "median_ms": ms(median(copies)), "gbps": memcpy_gbps,
                                "best_gbps": nbytes / min(copies) / 1e9})
-                for name in paths:
-                    if name == "mooncake raw":
-                        phases = _raw_mooncake_reads(peer, nbytes, count)
-                    else:
-                        relay = makers[name](f"tx{len(rows)}")
-                        try:
-                            phases = _relay_transfers(peer, relay, nbytes, count,
-                                                      "zc" if "zero-copy" in name else "r")
-                        finally:
-                            relay.close()
+                array = np.random.default_rng(1).random(nbytes // 4, dtype=np.float32)
+                runs: dict[str, _RelayPath | _RawMooncakePath] = {}
+                try:
+                    for name in paths:
+                        runs[name] = (_RawMooncakePath(nbytes) if name == "mooncake raw" else
+                                      _RelayPath(makers[name](f"tx{nbytes}-{len(runs)}"), array,
+                                                 "zc" if "zero-copy" in name else "r"))
+                    for i in range(warmup + count):
+                        for run in runs.values():
+                            run.transfer(peer, i, timed=i >= warmup)
+                finally:
+                    for run in runs.values():
+                        run.close()
+                for name, run in runs.items():
+                    phases = run.phases
                     total = phases["total"]
                     gbps = nbytes / median(total) / 1e9
                     rows.append({
