@@ -72,12 +72,13 @@ def new_engine(host: str, protocol: str, device_name: str = "") -> tuple[Any, st
 class _Buffer:
     """Registered memory: a header page of slot records, then the slots."""
 
-    def __init__(self, engine: Any, num_slots: int, slot_bytes: int) -> None:
+    def __init__(self, engine: Any, num_slots: int, slot_bytes: int, prefault: bool) -> None:
         self.num_slots = num_slots
         self.slot_bytes = slot_bytes
         self.data_offset = _PAGE_BYTES * ((num_slots * _RECORD_WORDS * 8 + _PAGE_BYTES - 1) // _PAGE_BYTES)
-        self.array = np.empty(self.data_offset + num_slots * slot_bytes, dtype=np.uint8)
-        self.array.fill(0)  # fault every page in now, not during a put
+        self.array = np.zeros(self.data_offset + num_slots * slot_bytes, dtype=np.uint8)
+        if prefault:  # a reused pool: fault every page in now, not during a put (a one-off buffer is written once)
+            self.array.fill(0)
         self.header = self.array[: num_slots * _RECORD_WORDS * 8].view(np.uint64).reshape(num_slots, _RECORD_WORDS)
         self.addr = self.array.ctypes.data
         self.engine = engine
@@ -177,7 +178,7 @@ class MooncakeRelay(Relay):
             engine = self._ensure_engine()
             self._reap()
             if nbytes > self.slot_bytes:
-                buffer, slot, one_off = _Buffer(engine, 1, nbytes), 0, True
+                buffer, slot, one_off = _Buffer(engine, 1, nbytes, prefault=False), 0, True
             else:
                 (buffer, slot), one_off = self._acquire_slot(engine), False
             self._generation += 1
@@ -193,7 +194,7 @@ class MooncakeRelay(Relay):
 
     def _acquire_slot(self, engine: Any) -> tuple[_Buffer, int]:
         if self._pool is None:
-            self._pool = _Buffer(engine, self.num_slots, self.slot_bytes)
+            self._pool = _Buffer(engine, self.num_slots, self.slot_bytes, prefault=True)
             self._free = list(range(self.num_slots))
         if not self._free:
             # back-pressure: every credit is out; wait for a receiver to acknowledge one
