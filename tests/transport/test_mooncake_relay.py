@@ -6,6 +6,7 @@ The sender lives in the test process, the receiver in a spawned one; payloads tr
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import multiprocessing
 import threading
@@ -197,3 +198,26 @@ def test_malformed_metadata_is_a_relay_error_not_a_crash(peer: _Peer) -> None:
         np.testing.assert_array_equal(peer.read(_frame_of(good, "g"))["x"], np.arange(1000, dtype=np.float32))
     finally:
         sender.close()
+
+
+def test_the_toy_pipeline_runs_with_every_payload_through_mooncake() -> None:
+    from omnipipe import AsyncOmni
+    from tests.conftest import collect, state_is_idle, wait_until_idle
+    from tests.engine.expected import expected_audio
+
+    async def run() -> tuple[list[Any], dict[str, Any]]:
+        engine = AsyncOmni("toy", {"relay": {"backend": "mooncake", "inline_threshold_bytes": 0,
+                                             "mooncake_slot_bytes": 1 << 16, "mooncake_num_slots": 2}})
+        await engine.start()
+        try:
+            outputs = await collect(engine, "through mooncake")
+            # the stages stream their chunks to each other through mooncake pools, as the orchestrator would
+            assert {r.name for r in engine.engine.orchestrator.send_relays.values()} == {"mooncake"}
+            return outputs, await wait_until_idle(engine)
+        finally:
+            await engine.shutdown()
+
+    outputs, state = asyncio.run(run())
+    assert outputs[-1].text == "THROUGH MOONCAKE"
+    np.testing.assert_allclose(outputs[-1].audio, expected_audio("THROUGH MOONCAKE"), atol=1e-5)
+    assert state_is_idle(state), repr(state["stages"])
