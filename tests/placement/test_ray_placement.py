@@ -60,7 +60,7 @@ def ray_deploy(cluster: Any, **extra: Any) -> dict[str, Any]:
     stages = {name: dict(settings) for name, settings in SPLIT.items()}
     for name, settings in extra.pop("stages", {}).items():
         stages.setdefault(name, {}).update(settings)
-    return {"placement": {"backend": "ray", "address": cluster.address, "node": "node_a", "cross_host_relay": "inline"}, "stages": stages, **extra}
+    return {"placement": {"backend": "ray", "address": cluster.address, "node": "node_a"}, "stages": stages, **extra}
 
 
 def held_node_resources() -> dict[str, float]:
@@ -248,7 +248,7 @@ def test_the_server_serves_on_the_cluster(cluster: Any, tmp_path: Any) -> None:
 
     from tests.server.conftest import API_KEY, TOY_DEPLOY, running_server
 
-    deploy = {**TOY_DEPLOY, "placement": {"node": "node_a", "cross_host_relay": "inline"}, "stages": {
+    deploy = {**TOY_DEPLOY, "placement": {"node": "node_a"}, "stages": {
         name: {**TOY_DEPLOY["stages"].get(name, {}), **settings} for name, settings in SPLIT.items()}}
     held_before = held_node_resources()  # by the module's other engine
     with running_server("toy", deploy, tmp_path, 180, extra_args=["--ray-address", cluster.address]) as server:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
 
 from omnipipe.config.deploy_config import DeployConfig
-from omnipipe.transport.relay import shm
+from omnipipe.transport.relay import mooncake, shm
 from omnipipe.transport.relay.registry import BACKENDS, RELAY_BACKENDS, create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
 from tests.conftest import shm_segments
@@ -15,6 +17,8 @@ from tests.conftest import shm_segments
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_registry_builds_both_ends_and_they_talk(backend: str) -> None:
+    if backend == "mooncake" and importlib.util.find_spec("mooncake") is None:
+        pytest.skip("the mooncake relay needs the Mooncake transfer engine: pip install 'omnipipe[mooncake]'")
     run_id = f"reg{backend}"
     sender = create_relay(backend, run_id=run_id, owner="tx", options={"shm": {"slot_bytes": 1 << 16}})
     receivers = create_receivers(run_id, "rx")
@@ -36,7 +40,9 @@ def test_registry_builds_both_ends_and_they_talk(backend: str) -> None:
 
 def test_relay_options_are_keyed_by_backend_and_read_by_its_factory() -> None:
     options = DeployConfig().relay_options()
-    assert options == {"shm": {"slot_bytes": shm.DEFAULT_SLOT_BYTES, "num_slots": shm.DEFAULT_NUM_SLOTS}}
+    assert options == {"shm": {"slot_bytes": shm.DEFAULT_SLOT_BYTES, "num_slots": shm.DEFAULT_NUM_SLOTS},
+                       "mooncake": {"slot_bytes": mooncake.DEFAULT_SLOT_BYTES,
+                                    "num_slots": mooncake.DEFAULT_NUM_SLOTS, "protocol": "tcp"}}
     relay = create_relay("shm", run_id="opts", owner="tx", options={"shm": {"slot_bytes": 8192, "num_slots": 3}})
     try:
         assert (relay.slot_bytes, relay.num_slots) == (8192, 3)

@@ -8,7 +8,8 @@
    raw ZMQ hop; and the per-token cost of the whole engine: the mean inter-token latency of a text-only toy
    request, less the toy thinker's own measured compute per step.
 2. relay: throughput of ``write_payload`` in one process + ``read_payload`` in another, per backend, next to an
-   in-process ``np.copyto`` of the same size (the physical limit).
+   in-process ``np.copyto`` of the same size (the physical limit): ``bench/relay.py``, which ``omnipipe bench
+   relay`` runs alone (and with the mooncake relay beside raw Mooncake transfers).
 3. ttfp: time to first audio packet with async chunk on vs off at several concurrencies, with per-call delays
    standing in for model compute, and the ratio that pure compute would give.
 """
@@ -17,14 +18,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -34,12 +29,13 @@ import zmq
 
 from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.api.outputs import RequestMetrics
-from omnipipe.bench.report import format_table, machine_info, mean, median, percentile, summarize, write_json
+from omnipipe.bench.peer import STOP, connect_peer, ms, run_peer
+from omnipipe.bench.relay import bench_relay_throughput, format_relay
+from omnipipe.bench.report import format_table, machine_info, mean, summarize, write_json
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import StageOutput
 from omnipipe.transport.relay.base import Relay
 from omnipipe.transport.relay.inline import InlineRelay
-from omnipipe.transport.relay.shm import ShmRelay, segment_prefix, sweep_segments
 from omnipipe.transport.relay_io import read_payload, write_payload
 
 SECTIONS = ("latency", "relay", "ttfp")
@@ -48,14 +44,8 @@ PIPELINE_HOP_TARGET_P50_MS = 0.15  # each hop of a request through the engine's 
 PIPELINE_HOP_PROMPT = "a"  # one character: the least work each toy stage can do
 HOP_ROUNDS = 5
 IDLE_GAP_S = 0.003  # between the round trips of the idle raw ZMQ case
-SHM_TARGET_PCT_OF_MEMCPY = 40.0  # the whole transfer: two copies (into the slot, out of it) bound a copying one at 50%
-SHM_READ_TARGET_PCT_OF_MEMCPY = 60.0  # the copying receive alone (read_payload): one copy out of the slot
 SMALL_AUDIO_SAMPLES = 256  # one toy code2wav chunk of 8 frames: 1 KiB of float32
-ONE_OFF_SLOT_BYTES = 4096  # a pool this small sends every measured payload through a one-off segment
 ITL_PROMPT = "the quick brown fox jumps over the lazy dog " * 3
-_STOP = b"stop"
-_RECV_TIMEOUT_MS = 60_000
-_PEER_IDLE_TIMEOUT_MS = 300_000  # a peer whose benchmark process is gone exits after this long
 _ack = msgspec.msgpack.Encoder()
 _ack_decoder = msgspec.msgpack.Decoder()
 
@@ -86,89 +76,18 @@ class BenchConfig:
         return base
 
 
-# ====================================================================== helpers
-def _ms(seconds: float) -> float:
-    return seconds * 1e3
-
-
-def _human_bytes(nbytes: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift} {unit}"
-    return f"{nbytes} B"
-
-
-@dataclass
-class _Peer:
-    push: zmq.Socket  # to the peer
-    pull: zmq.Socket  # from the peer
-    process: subprocess.Popen[bytes]
-
-    def recv(self) -> bytes:
-        """Receive one frame, failing at once if the peer process has died."""
-        deadline = time.monotonic() + _RECV_TIMEOUT_MS / 1e3
-        while not self.pull.poll(200):
-            if self.process.poll() is not None:
-                raise RuntimeError(f"benchmark peer exited with code {self.process.returncode}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"benchmark peer sent nothing for {_RECV_TIMEOUT_MS / 1e3:.0f} s")
-        return self.pull.recv()
-
-
-@contextlib.contextmanager
-def _peer(target: Callable[..., None], *args: str) -> Iterator[_Peer]:
-    """Run ``target(to_peer, from_peer, *args)`` in a fresh interpreter and yield the sockets to talk to it.
-
-    This end binds and the peer connects, as the orchestrator and the stages do. The peer says b"ready" first
-    and stops on b"stop".
-    """
-    run_dir = tempfile.mkdtemp(prefix="omnipipe-bench-")
-    to_peer, from_peer = f"ipc://{run_dir}/to-peer", f"ipc://{run_dir}/from-peer"
-    ctx = zmq.Context()
-    push = control_plane.make_socket(ctx, zmq.PUSH, to_peer, bind=True)
-    pull = control_plane.make_socket(ctx, zmq.PULL, from_peer, bind=True)
-    pull.setsockopt(zmq.RCVTIMEO, _RECV_TIMEOUT_MS)
-    push.setsockopt(zmq.SNDTIMEO, _RECV_TIMEOUT_MS)
-    code = f"import sys; from omnipipe.bench.engine import {target.__name__} as peer; peer(*sys.argv[1:])"
-    process = subprocess.Popen([sys.executable, "-c", code, to_peer, from_peer, *args], stdin=subprocess.DEVNULL)
-    peer = _Peer(push, pull, process)
-    try:
-        if peer.recv() != b"ready":
-            raise RuntimeError("benchmark peer did not start")
-        yield peer
-        push.send(_STOP)
-        process.wait(30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait(5)
-        push.close(0)
-        pull.close(0)
-        ctx.term()
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _connect_peer(to_peer: str, from_peer: str) -> tuple[zmq.Context, zmq.Socket, zmq.Socket]:
-    ctx = zmq.Context()
-    pull = control_plane.make_socket(ctx, zmq.PULL, to_peer, bind=False)
-    pull.setsockopt(zmq.RCVTIMEO, _PEER_IDLE_TIMEOUT_MS)
-    push = control_plane.make_socket(ctx, zmq.PUSH, from_peer, bind=False)
-    push.send(b"ready")
-    return ctx, pull, push
-
-
 # ====================================================================== 1. control-plane hop latency
 def _echo_peer(to_peer: str, from_peer: str) -> None:
     """Answer each frame: phase ``raw`` sends the bytes back; phase ``message`` decodes the StageOutput, reads its
     payload and answers with a new StageOutput that writes the payload again. A phase header b"raw:N" or
     b"message:N" precedes its N frames."""
-    ctx, pull, push = _connect_peer(to_peer, from_peer)
+    ctx, pull, push = connect_peer(to_peer, from_peer)
     relays: dict[str, Relay] = {"inline": InlineRelay()}
     inline = InlineRelay()
     try:
         while True:
             header = pull.recv()
-            if header == _STOP:
+            if header == STOP:
                 return
             phase, count = header.decode().split(":")
             for _ in range(int(count)):
@@ -236,7 +155,7 @@ def bench_hop_latency(iterations: int) -> list[dict[str, Any]]:
     samples: list[list[float]] = [[] for _ in cases]
     sizes = [0] * len(cases)
     rounds = min(HOP_ROUNDS, iterations)
-    with _peer(_echo_peer) as peer:
+    with run_peer(_echo_peer) as peer:
         for index in range(rounds):  # the cases take turns, so load drift hits them alike
             share = iterations // rounds + (1 if index < iterations % rounds else 0)
             for case, (_, phase, data, idle_s) in enumerate(cases):
@@ -247,7 +166,7 @@ def bench_hop_latency(iterations: int) -> list[dict[str, Any]]:
         stats = summarize(hops, 1e3)
         rows.append({"message": label, "framework": phase == "message", "frame_bytes": frame_bytes,
                      "iterations": len(hops), "p50_ms": stats["median"], "p99_ms": stats["p99"],
-                     "mean_ms": stats["mean"], "samples_ms": [_ms(h) for h in hops]})
+                     "mean_ms": stats["mean"], "samples_ms": [ms(h) for h in hops]})
     return rows
 
 
@@ -271,12 +190,12 @@ async def bench_pipeline_hops(requests: int) -> dict[str, Any]:
     for name, samples in hops.items():
         stats = summarize(samples, 1e3)
         rows.append({"hop": name, "p50_ms": stats["median"], "p99_ms": stats["p99"], "mean_ms": stats["mean"],
-                     "samples_ms": [_ms(h) for h in samples]})
+                     "samples_ms": [ms(h) for h in samples]})
     totals = [sum(h[i] for h in hops.values()) for i in range(requests)]
     e2e_stats, total_stats = summarize(e2e, 1e3), summarize(totals, 1e3)
     return {"requests": requests, "prompt": PIPELINE_HOP_PROMPT, "target_p50_ms": PIPELINE_HOP_TARGET_P50_MS,
             "rows": rows, "hops_total_p50_ms": total_stats["median"], "hops_total_p99_ms": total_stats["p99"],
-            "e2e_p50_ms": e2e_stats["median"], "e2e_p99_ms": e2e_stats["p99"], "e2e_samples_ms": [_ms(x) for x in e2e]}
+            "e2e_p50_ms": e2e_stats["median"], "e2e_p99_ms": e2e_stats["p99"], "e2e_samples_ms": [ms(x) for x in e2e]}
 
 
 # ====================================================================== 1c. per-token engine overhead
@@ -303,129 +222,11 @@ async def bench_token_overhead(requests: int) -> dict[str, Any]:
             steps = int(thinker["units"]) + (1 if thinker.get("finish_reason") == "stop" else 0)  # + the EOS step
             compute_per_step.append(float(thinker["compute_s"]) / max(1, steps))
     itl = summarize(gaps, 1e3)
-    compute_ms = _ms(mean(compute_per_step))
+    compute_ms = ms(mean(compute_per_step))
     return {"requests": requests, "tokens_per_request": len(ITL_PROMPT), "gaps": len(gaps),
             "itl_mean_ms": itl["mean"], "itl_median_ms": itl["median"], "itl_p99_ms": itl["p99"],
             "thinker_compute_per_token_ms": compute_ms, "framework_per_token_ms": itl["mean"] - compute_ms,
-            "itl_samples_ms": [_ms(g) for g in gaps]}
-
-
-# ====================================================================== 2. relay throughput
-def _relay_receiver_peer(to_peer: str, from_peer: str, run_id: str) -> None:
-    """Receive StageOutputs, read their payloads, and answer with the timestamps and a content check."""
-    ctx, pull, push = _connect_peer(to_peer, from_peer)
-    relays: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(run_id, "bench-rx")}
-    # what stages use for incoming chunks: read in place, the slot is freed when the data is dropped
-    zero_copy: dict[str, Relay] = {"shm": ShmRelay(run_id, "bench-rxz", zero_copy=True)}
-    try:
-        while True:
-            frame = pull.recv()
-            received = time.perf_counter()
-            if frame == _STOP:
-                return
-            msg = control_plane.decode(control_plane.FROM_STAGE, frame, "bench relay")
-            decoded = time.perf_counter()
-            if not isinstance(msg, StageOutput) or msg.payload is None:
-                raise RuntimeError("benchmark relay peer got something other than a StageOutput with a payload")
-            body = read_payload(msg.payload, zero_copy if msg.request_id.startswith("zc") else relays,
-                                msg.request_id)
-            read = time.perf_counter()
-            array = body["x"]
-            push.send(_ack.encode({"received": received, "decoded": decoded, "read": read,
-                                   "first": float(array[0]), "last": float(array[-1]), "size": int(array.size)}))
-            del body, array, msg, frame
-    finally:
-        for relay in [*relays.values(), *zero_copy.values()]:
-            relay.close()
-        pull.close(0)
-        push.close(0)
-        ctx.term()
-
-
-def _memcpy_seconds(nbytes: int, iterations: int) -> list[float]:
-    src = np.random.default_rng(0).random(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    np.copyto(dst, src)  # fault every page in before timing
-    times = []
-    for _ in range(iterations + 2):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    return times[2:]
-
-
-def _relay_transfers(peer: _Peer, relay: Relay, nbytes: int, iterations: int,
-                     id_prefix: str = "r") -> dict[str, list[float]]:
-    """Send ``iterations`` payloads of ``nbytes`` one at a time (each waits for the receiver's answer).
-
-    Phases per transfer, in seconds, adding up to ``total``: ``write`` (sender write_payload), ``send`` (encode,
-    ZMQ send and delivery until the receiver's recv returns), ``decode`` (receiver msgspec decode), ``read``
-    (receiver read_payload). perf_counter is CLOCK_MONOTONIC, so the two processes' stamps compare.
-    """
-    array = np.random.default_rng(1).random(nbytes // 4, dtype=np.float32)
-    phases: dict[str, list[float]] = {k: [] for k in ("total", "write", "send", "decode", "read")}
-    warmup = 2
-    for i in range(warmup + iterations):
-        array[0], array[-1] = i, -i
-        start = time.perf_counter()
-        payload = write_payload({"x": array}, relay, f"{id_prefix}{i}", inline_threshold_bytes=0)
-        written = time.perf_counter()
-        peer.push.send(control_plane.encode(StageOutput(f"{id_prefix}{i}", "bench", False, payload=payload)),
-                       copy=False)
-        ack = _ack_decoder.decode(peer.recv())
-        if ack["first"] != i or ack["last"] != -i or ack["size"] != array.size:
-            raise RuntimeError(f"relay {relay.name}: the receiver read the wrong bytes (iteration {i})")
-        if i < warmup:
-            continue
-        phases["total"].append(ack["read"] - start)
-        phases["write"].append(written - start)
-        phases["send"].append(ack["received"] - written)
-        phases["decode"].append(ack["decoded"] - ack["received"])
-        phases["read"].append(ack["read"] - ack["decoded"])
-    return phases
-
-
-def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int]) -> dict[str, Any]:
-    run_id = f"bench{uuid.uuid4().hex[:8]}"
-    slot_bytes = max(sizes)
-    # each sender relay gets its own owner name: a receiver keeps its mapping of a pool by segment name
-    backends: list[tuple[str, Callable[[str], Relay]]] = [
-        ("inline", lambda owner: InlineRelay()),
-        ("shm", lambda owner: ShmRelay(run_id, owner, slot_bytes=slot_bytes, num_slots=2)),
-        ("shm one-off", lambda owner: ShmRelay(run_id, owner, slot_bytes=ONE_OFF_SLOT_BYTES, num_slots=1)),
-        ("shm zero-copy", lambda owner: ShmRelay(run_id, owner, slot_bytes=slot_bytes, num_slots=2)),
-    ]
-    memcpy: list[dict[str, Any]] = []
-    rows: list[dict[str, Any]] = []
-    try:
-        with _peer(_relay_receiver_peer, run_id) as peer:
-            for nbytes, count in zip(sizes, iterations, strict=True):
-                copies = _memcpy_seconds(nbytes, count)
-                memcpy_gbps = nbytes / median(copies) / 1e9
-                memcpy.append({"size_bytes": nbytes, "median_ms": _ms(median(copies)), "gbps": memcpy_gbps,
-                               "best_gbps": nbytes / min(copies) / 1e9})
-                for name, make in backends:
-                    relay = make(f"tx{len(rows)}")
-                    try:
-                        phases = _relay_transfers(peer, relay, nbytes, count, "zc" if "zero-copy" in name else "r")
-                    finally:
-                        relay.close()
-                    total = phases["total"]
-                    gbps = nbytes / median(total) / 1e9
-                    rows.append({
-                        "size_bytes": nbytes, "backend": name, "iterations": count, "gbps": gbps,
-                        "best_gbps": nbytes / min(total) / 1e9, "pct_of_memcpy": 100 * gbps / memcpy_gbps,
-                        "read_pct_of_memcpy": 100 * nbytes / median(phases["read"]) / 1e9 / memcpy_gbps,
-                        "median_ms": _ms(median(total)), "mean_ms": _ms(mean(total)),
-                        "p99_ms": _ms(percentile(total, 99)),
-                        "phases_mean_ms": {k: _ms(mean(v)) for k, v in phases.items() if k != "total"},
-                        "samples_ms": [_ms(t) for t in total],
-                    })
-    finally:
-        sweep_segments(segment_prefix(run_id))
-    return {"pool_slot_bytes": slot_bytes, "one_off_slot_bytes": ONE_OFF_SLOT_BYTES, "memcpy": memcpy, "rows": rows,
-            "target_shm_pct_of_memcpy": SHM_TARGET_PCT_OF_MEMCPY,
-            "target_shm_read_pct_of_memcpy": SHM_READ_TARGET_PCT_OF_MEMCPY}
+            "itl_samples_ms": [ms(g) for g in gaps]}
 
 
 # ====================================================================== 3. TTFP with async chunk on vs off
@@ -470,7 +271,7 @@ def _ttfp_row(async_chunk: bool, concurrency: int, metrics: list[RequestMetrics]
             raise RuntimeError(f"a request finished without {name}")
         stats = summarize(values, 1e3)
         row |= {f"{name}_mean_ms": stats["mean"], f"{name}_median_ms": stats["median"],
-                f"{name}_p99_ms": stats["p99"], f"{name}_samples_ms": [_ms(v) for v in values]}
+                f"{name}_p99_ms": stats["p99"], f"{name}_samples_ms": [ms(v) for v in values]}
     return row
 
 
@@ -537,7 +338,7 @@ def format_section(name: str, data: dict[str, Any]) -> str:
     if name == "latency":
         return _format_latency(data)
     if name == "relay":
-        return _format_relay(data)
+        return format_relay(data)
     if name == "ttfp":
         return _format_ttfp(data)
     raise ValueError(f"unknown section {name!r}")
@@ -576,40 +377,6 @@ def _format_pipeline_hops(data: dict[str, Any], raw_hops: list[dict[str, Any]]) 
             "finished output about to be encoded) to the receiver's (a stage taking its Submit off the socket, the "
             "done event in the caller's hands); stage->stage goes through the orchestrator.")
     return f"{table}\n{note}"
-
-
-def _format_relay(data: dict[str, Any]) -> str:
-    memcpy = {m["size_bytes"]: m for m in data["memcpy"]}
-    rows: list[list[Any]] = []
-    for size, m in memcpy.items():
-        rows.append([_human_bytes(size), "memcpy (np.copyto, one process)", m["gbps"], m["best_gbps"], 100.0,
-                     None, m["median_ms"], None, None, None, None, None])
-        for r in (r for r in data["rows"] if r["size_bytes"] == size):
-            p = r["phases_mean_ms"]
-            copies_out = r["backend"] in ("shm", "shm one-off")  # the others' read is a decode, not a copy
-            rows.append([_human_bytes(size), r["backend"], r["gbps"], r["best_gbps"], r["pct_of_memcpy"],
-                         r["read_pct_of_memcpy"] if copies_out else None, r["median_ms"], r["mean_ms"], p["write"], p["send"], p["decode"], p["read"]])
-    table = format_table(
-        ["size", "path", "GB/s", "best GB/s", "% memcpy", "read % memcpy", "median ms", "mean ms", "write_payload", "encode+send+zmq",
-         "decode msg", "read_payload"],
-        rows, digits=3, title="Relay throughput (sender write_payload -> ZMQ -> receiver read_payload, two processes)")
-    notes = [("GB/s and % memcpy from the median transfer; 'read % memcpy' is the receiver's read_payload alone (its "
-              "median) against memcpy, for the copying shm paths; the four phase columns are means in ms that add up to the mean. A copying "
-              "transfer copies twice (into the slot, out of it), so its % memcpy stays under 50."),
-             (f"shm pool slot {_human_bytes(data['pool_slot_bytes'])}; 'shm one-off' uses a "
-              f"{_human_bytes(data['one_off_slot_bytes'])} pool, so each payload gets a segment of its own; "
-              "'shm zero-copy' is how stages read incoming chunks: in place, the slot freed when the data is dropped.")]
-    for r in (r for r in data["rows"] if r["backend"].startswith("shm") and r["size_bytes"] == max(memcpy)
-              and "one-off" not in r["backend"]):
-        verdict = "meets" if r["pct_of_memcpy"] >= data["target_shm_pct_of_memcpy"] else "MISSES"
-        notes.append(f"{r['backend']} at {_human_bytes(r['size_bytes'])}: {r['pct_of_memcpy']:.0f}% of memcpy ({verdict} the "
-                     f"{data['target_shm_pct_of_memcpy']:.0f}% target).")
-        if r["backend"] == "shm":
-            read_target = data["target_shm_read_pct_of_memcpy"]
-            read_verdict = "meets" if r["read_pct_of_memcpy"] >= read_target else "MISSES"
-            notes.append(f"shm copying receive (read_payload) at {_human_bytes(r['size_bytes'])}: "
-                         f"{r['read_pct_of_memcpy']:.0f}% of memcpy ({read_verdict} the {read_target:.0f}% target).")
-    return table + "\n" + "\n".join(notes)
 
 
 def _format_ttfp(data: dict[str, Any]) -> str:

@@ -3,7 +3,7 @@
     omnipipe generate "What is the capital of France?" --output answer.wav [--stats]
     omnipipe serve --pipeline default --port 8091
     omnipipe worker --pipeline default --port 22400 --capacity 2
-    omnipipe models | download | bench engine | bench quality
+    omnipipe models | download | bench engine | bench relay | bench quality
 """
 
 from __future__ import annotations
@@ -410,10 +410,11 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")
-    b.add_argument("suite", choices=["engine", "offline", "quality", "serve", "gateway", "soak", "images",
+    b.add_argument("suite", choices=["engine", "relay", "offline", "quality", "serve", "gateway", "soak", "images",
                                         "broadcast", "thinker"],
                    help="engine: "
-                   "framework costs on test stages; offline: the default pipeline vs a sequential baseline; quality: "
+                   "framework costs on test stages; relay: relay throughput between two processes per backend "
+                   "(mooncake beside raw Mooncake reads and shm); offline: the default pipeline vs a sequential baseline; quality: "
                    "the default pipeline's thinkers side by side on 30 factual questions (right answers, decode "
                    "tok/s) and a multi-turn recall; serve: load on a "
                    "running server; gateway: a worker directly vs through a gateway (recording and not), side by "
@@ -450,6 +451,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "bench":
             if args.suite == "engine":
                 from omnipipe.bench.engine import main as bench_main
+            elif args.suite == "relay":
+                from omnipipe.bench.relay import main as bench_main
             elif args.suite == "serve":
                 from omnipipe.bench.serve import main as bench_main
             elif args.suite == "gateway":

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from omnipipe.config.pipeline_spec import PipelineSpec
-from omnipipe.transport.relay import shm
+from omnipipe.transport.relay import mooncake, shm
 from omnipipe.transport.relay.registry import LISTENING_BACKENDS, RELAY_BACKENDS
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
@@ -82,6 +82,10 @@ class RelayDeploy:
     inline_threshold_bytes: int = 64 * 1024
     shm_slot_bytes: int = shm.DEFAULT_SLOT_BYTES
     shm_num_slots: int = shm.DEFAULT_NUM_SLOTS
+    # mooncake (edges between hosts): each sender's pool of registered slots, and the transfer protocol
+    mooncake_slot_bytes: int = mooncake.DEFAULT_SLOT_BYTES
+    mooncake_num_slots: int = mooncake.DEFAULT_NUM_SLOTS
+    mooncake_protocol: str = mooncake.DEFAULT_PROTOCOL
 
 
 @dataclass
@@ -143,7 +147,9 @@ class DeployConfig:
         """Options per relay backend, read by that backend's factory (``host``: where a listening one binds;
         a stage on another host replaces it with its own)."""
         options: dict[str, dict[str, Any]] = {
-            "shm": {"slot_bytes": self.relay.shm_slot_bytes, "num_slots": self.relay.shm_num_slots}}
+            "shm": {"slot_bytes": self.relay.shm_slot_bytes, "num_slots": self.relay.shm_num_slots},
+            "mooncake": {"slot_bytes": self.relay.mooncake_slot_bytes, "num_slots": self.relay.mooncake_num_slots,
+                         "protocol": self.relay.mooncake_protocol}}
         for backend in LISTENING_BACKENDS:
             options.setdefault(backend, {})["host"] = self.host
         return options
@@ -275,6 +281,9 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
         "inline_threshold_bytes": (int, 0),
         "shm_slot_bytes": (int, 4096),
         "shm_num_slots": (int, 1),
+        "mooncake_slot_bytes": (int, 4096),
+        "mooncake_num_slots": (int, 1),
+        "mooncake_protocol": mooncake.PROTOCOLS,
         "max_pending_requests": (int, 1),
         "stage_start_timeout_s": (float, 1),
         "heartbeat_interval_s": (float, 0.05),

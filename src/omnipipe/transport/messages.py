@@ -29,7 +29,7 @@ class Payload(msgspec.Struct, frozen=True):
     skeleton: bytes
     tensors: list[TensorInfo]
     nbytes: int
-    backend: str  # "inline" | "shm" | "local"
+    backend: str  # "inline" | "shm" | "mooncake" | "local"
     data: bytes | None = None  # inline bytes
     relay: dict[str, Any] | None = None  # backend metadata to fetch the buffer
 

@@ -8,7 +8,8 @@ Ownership rule: a buffer handed out belongs to whoever holds anything made from 
 it, slices of those: each keeps a reference to the buffer). The pool reuses a buffer only when it holds the last
 reference to it itself, so nothing a caller can still reach is ever overwritten; a caller that keeps its data just
 keeps the buffer out of the pool, and the next receive of that size gets another one (or a fresh array once
-``max_bytes`` is pooled). Only memory reached without a Python reference (a raw pointer taken from the array and
+``max_bytes`` is pooled). ``on_new`` is called with each buffer the pool creates, before it is handed out (the
+mooncake relay registers it with its transfer engine there, once). Only memory reached without a Python reference (a raw pointer taken from the array and
 kept after the array is dropped) could see a later payload: don't.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,9 +27,11 @@ _POOL_REFS = 3  # sys.getrefcount of a pooled buffer no caller holds: the pool's
 
 
 class RecvBufferPool:
-    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    def __init__(self, min_bytes: int = DEFAULT_MIN_BYTES, max_bytes: int = DEFAULT_MAX_BYTES,
+                 on_new: Callable[[np.ndarray], None] | None = None) -> None:
         self.min_bytes = min_bytes
         self.max_bytes = max_bytes
+        self.on_new = on_new
         self._classes: dict[int, list[np.ndarray]] = {}  # class size -> its buffers
         self._pooled_bytes = 0
         self._lock = threading.Lock()
@@ -46,6 +50,8 @@ class RecvBufferPool:
             if self._pooled_bytes + size > self.max_bytes:
                 return np.empty(nbytes, dtype=np.uint8)
             buffer = np.empty(size, dtype=np.uint8)
+            if self.on_new is not None:
+                self.on_new(buffer)
             buffers.append(buffer)
             self._pooled_bytes += size
             return buffer[:nbytes]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
 
-from omnipipe.transport.relay import inline, local, shm
+from omnipipe.transport.relay import inline, local, mooncake, shm
 from omnipipe.transport.relay.base import Relay
 
 
@@ -30,7 +30,8 @@ def _backend(name: str, module: ModuleType, crosses_processes: bool = True, list
 
 BACKENDS: dict[str, RelayBackend] = {
     backend.name: backend
-    for backend in (_backend("inline", inline), _backend("shm", shm), _backend("local", local, crosses_processes=False))
+    for backend in (_backend("inline", inline), _backend("shm", shm), _backend("mooncake", mooncake, listens=True),
+                    _backend("local", local, crosses_processes=False))
 }
 RELAY_BACKENDS = tuple(name for name, backend in BACKENDS.items() if backend.crosses_processes)
 LISTENING_BACKENDS = tuple(name for name, backend in BACKENDS.items() if backend.listens)
