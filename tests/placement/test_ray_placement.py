@@ -223,7 +223,9 @@ def test_a_node_that_dies_takes_its_stages_down_and_they_come_back_on_another(cl
     assert isinstance(error, StageLostError), "the request on the lost node must fail"
     assert "talker" in str(error) or "code2wav" in str(error), str(error)
     assert doomed_id in str(error), str(error)
-    assert failed_after_s < 2.0, f"the lost node took {failed_after_s:.2f} s to reach the request"
+    # Ray's workers on the lost node notice their raylet is gone within about two seconds, and the stage
+    # processes die with them (their dropped connections are then checked with the actors at once)
+    assert failed_after_s < 5.0, f"the lost node took {failed_after_s:.2f} s to reach the request"
 
     async def back() -> dict[str, Any]:
         for _ in range(300):

@@ -687,13 +687,14 @@ class Orchestrator:
         self._watch(client)
 
     async def _connection_watch(self, client: StageClient) -> None:
-        """Connections to ``client``'s output socket: one dropped by the running start of the stage (its
-        process ended, on whatever host) is handed to the stage's handle, which may take it as the end at once."""
+        """Connections to ``client``'s output socket: a drop of one accepted since the stage last started (its
+        process may have ended, on whatever host) is handed to the stage's handle, which checks and may take it
+        as the end at once."""
         assert client.monitor is not None
         while True:
             event = parse_monitor_message(await client.monitor.recv_multipart())
             fd = int(event["value"])
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:  # a socket with the run's keys (never a forged one)
+            if event["event"] == zmq.EVENT_ACCEPTED:  # the value is the connection's fd (any peer: the handle checks)
                 client.connections[fd] = client.generation
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 start = client.connections.pop(fd, None)
@@ -769,7 +770,13 @@ class Orchestrator:
         future: asyncio.Future[list[HealthReply]] = asyncio.get_running_loop().create_future()
         self._health_waiters[nonce] = (future, [], len(alive))
         for client in alive:
-            await client.send(HealthCheck(nonce))
+            try:  # a stage whose death is not yet known takes nothing: do not wait for it to come back
+                await asyncio.wait_for(client.send(HealthCheck(nonce)), timeout=1.0)
+            except asyncio.TimeoutError:
+                _, replies_so_far, expected = self._health_waiters[nonce]
+                self._health_waiters[nonce] = (future, replies_so_far, expected - 1)
+                if len(replies_so_far) >= expected - 1 and not future.done():
+                    future.set_result(replies_so_far)
         try:
             replies = await asyncio.wait_for(future, timeout=10) if alive else []
         except asyncio.TimeoutError:

@@ -82,8 +82,8 @@ class StageClient:
         self.out = control_plane.make_socket(ctx, zmq.PULL, out_bind, bind=True)
         self.ctrl_address = control_plane.bound_address(self.ctrl)
         self.out_address = control_plane.bound_address(self.out)
-        # tcp: connections to ``out`` that passed the handshake (the run's keys), and their drops
-        self.monitor = (self.out.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED)
+        # tcp: connections accepted on ``out`` and dropped (a stage process that ended, on whatever host)
+        self.monitor = (self.out.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
                         if self.out_address.startswith("tcp://") else None)
         self.generation = 0  # bumped by each spawn: which start of the stage a connection belongs to
         self.connections: dict[int, int] = {}  # accepted connection (fd) -> generation

@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any
 
 import msgspec
@@ -35,8 +36,14 @@ logger = logging.getLogger(__name__)
 NODE_SLIVER = 0.001  # how much of a node's label resource one rank asks for (a node label is a custom resource)
 ACTOR_DIED_EXIT_CODE = -9  # what a rank whose actor died (killed, crashed, node gone) reports as its exit code
 SCHEDULE_TIMEOUT_S = 120.0  # a stage Ray cannot place in this long fails its start with the resources it asked for
+CHECK_TIMEOUT_S = 1.0  # how long a dropped connection's check waits for the stage's actor to answer
 CLOSE_WAIT_S = 5.0  # how long closing a handle waits for Ray to report its actors gone
+RETRY_PAUSE_S = 1.0  # between placing a stage again after its actor died while starting
 _PR_SET_PDEATHSIG = 1
+
+
+class _ActorLost(RuntimeError):
+    """An actor of a stage died while the stage was being started."""
 
 
 def _ray() -> Any:
@@ -112,6 +119,10 @@ class _StageActorImpl:
             raise result[0]
         return int(result[0])
 
+    def running(self) -> bool:
+        """Whether the stage process still runs."""
+        return self._process is not None and self._process.poll() is None
+
     def wait(self) -> int:
         """Block until the stage process exits; its exit code."""
         assert self._process is not None, "start() the stage first"
@@ -154,15 +165,14 @@ class RayStageHandle(StageHandle):
         except Exception:  # the actor died (killed, crashed, its node gone): no exit code of its own
             return ACTOR_DIED_EXIT_CODE
 
-    def _note_ended(self, ready: list[Any]) -> None:
-        with self._lock:
-            if self._first is None and ready:
-                ref = ready[0]
-                self._first = (self._refs.index(ref), self._code(ref))
-
     def _watch(self) -> None:
+        """On its own thread: wait for the first rank to end, note which and how, then wake the sentinel. The
+        engine's loop only ever reads what this noted (no Ray call there can hold it up)."""
         ready, _ = self._ray.wait(self._refs, num_returns=1, timeout=None)
-        self._note_ended(ready)
+        ended = (self._refs.index(ready[0]), self._code(ready[0]))
+        with self._lock:
+            if self._first is None:
+                self._first = ended
         self._wake()
 
     def _wake(self) -> None:
@@ -172,17 +182,29 @@ class RayStageHandle(StageHandle):
             pass
 
     def connection_lost(self) -> bool:
-        """Ray hears of a dead node only after its health checks fail (seconds); a stage process that ended drops
-        its tcp connections at once. Taken as the stage's end: the actors are killed (in case it still runs
-        unreachable) and the sentinel fires."""
+        """Ray hears of a dead node only after its health checks fail (seconds), while a stage process that ended
+        drops its tcp connections at once. Ask rank 0's actor (bounded by CHECK_TIMEOUT_S, on a thread) whether
+        the process still runs; if it does not, or the actor does not answer, that is the stage's end: the
+        actors are killed (in case it runs on, unreachable) and the sentinel fires. A dropped connection that was
+        not the stage's (a peer that failed the handshake) changes nothing."""
+        threading.Thread(target=self._check_after_drop, name=f"omnipipe-ray-check-{self.stage}", daemon=True).start()
+        return True
+
+    def _check_after_drop(self) -> None:
+        try:
+            if self._ray.get(self.actors[0].running.remote(), timeout=CHECK_TIMEOUT_S):
+                return
+        except Exception:  # the actor is gone or unreachable
+            pass
         with self._lock:
             if self._first is not None:
-                return True
+                return
             self._first = (0, ACTOR_DIED_EXIT_CODE)
             self.lost_connection = True
+        logger.warning("stage %s: its connection dropped and its actor says it is gone (or does not answer)",
+                       self.stage)
         self.kill()
         self._wake()
-        return True
 
     @property
     def pids(self) -> list[int]:
@@ -202,16 +224,15 @@ class RayStageHandle(StageHandle):
         return ready
 
     def alive(self) -> bool:
-        return self._first is None and not self._ready(0, all_of_them=False)
+        return self._first is None
 
     def exit_code(self) -> int | None:
-        if self._first is None:
-            self._note_ended(self._ready(0, all_of_them=False))
-        return None if self._first is None else self._first[1]
+        first = self._first
+        return None if first is None else first[1]
 
     def ended_rank(self) -> int | None:
-        self.exit_code()
-        return None if self._first is None else self._first[0]
+        first = self._first
+        return None if first is None else first[0]
 
     def kill(self) -> None:
         for actor in self.actors:
@@ -223,6 +244,7 @@ class RayStageHandle(StageHandle):
     def wait(self, timeout_s: float | None) -> int | None:
         if len(self._ready(timeout_s, all_of_them=True)) < len(self._refs):
             return None
+        self._watcher.join(timeout=10)  # it notes the first end (at once: every rank has ended)
         return self.exit_code()
 
     def close(self) -> None:
@@ -286,8 +308,23 @@ class RayLauncher(Launcher):
         return ", ".join(f"{k}: {v:g}" for k, v in asks.items() if v) or "nothing"
 
     def launch(self, launch: StageLaunch) -> StageHandle:
+        """Place and start the stage's ranks. An actor that dies while it starts (Ray placed it on a node that was
+        going away and does not know yet) is placed again, until ``schedule_timeout_s``."""
         connect(self.address)
+        deadline = time.monotonic() + self.schedule_timeout_s
+        while True:
+            try:
+                return self._launch_once(launch)
+            except _ActorLost as lost:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"stage {launch.stage!r}: its actors kept dying while they started "
+                                       f"(last: {lost}); the cluster offers {_ray().cluster_resources()}") from None
+                logger.warning("stage %s: an actor died while it started (%s); placing it again", launch.stage, lost)
+                time.sleep(RETRY_PAUSE_S)
+
+    def _launch_once(self, launch: StageLaunch) -> StageHandle:
         ray = _ray()
+        from ray.exceptions import RayActorError
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cpus, gpus, custom = self._asks(launch)
@@ -315,17 +352,27 @@ class RayLauncher(Launcher):
                 spec = msgspec.structs.replace(spec, dist_init_address=f"tcp://{host}:{port}")
             pids = ray.get([actor.start.remote(msgspec.structs.replace(spec, rank=rank).encode())
                             for rank, actor in enumerate(actors)])
+        except RayActorError as exc:
+            self._release(ray, actors, group)
+            raise _ActorLost(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from exc
         except BaseException:
-            for actor in actors:
-                try:
-                    ray.kill(actor, no_restart=True)
-                except Exception:
-                    pass
-            if group is not None:
-                ray.util.remove_placement_group(group)
+            self._release(ray, actors, group)
             raise
         logger.info("stage %s started on Ray node %s (%s), pids %s", launch.stage, node_id, host, pids)
         return RayStageHandle(launch.stage, actors, pids, node_id, group)
+
+    @staticmethod
+    def _release(ray: Any, actors: list[Any], group: Any) -> None:
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        if group is not None:
+            try:
+                ray.util.remove_placement_group(group)
+            except Exception:
+                pass
 
     def _ready_in_time(self, ray: Any, ref: Any, launch: StageLaunch) -> bool:
         ready, _ = ray.wait([ref], timeout=self.schedule_timeout_s)
