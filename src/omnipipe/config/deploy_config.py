@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from omnipipe.config.pipeline_spec import PipelineSpec
-from omnipipe.transport.relay import shm
+from omnipipe.transport.relay import shm, torch_dist
 from omnipipe.transport.relay.registry import RELAY_BACKENDS
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
@@ -73,6 +73,11 @@ class RelayDeploy:
     inline_threshold_bytes: int = 64 * 1024
     shm_slot_bytes: int = shm.DEFAULT_SLOT_BYTES
     shm_num_slots: int = shm.DEFAULT_NUM_SLOTS
+    # gloo / nccl (transport/relay/torch_dist.py): where a sender hosts its rendezvous store, how long any wait
+    # of a transfer may take, and how many unread transfers a sender holds before a put waits
+    torch_dist_host: str = torch_dist.DEFAULT_HOST
+    torch_dist_timeout_s: float = torch_dist.DEFAULT_TIMEOUT_S
+    torch_dist_max_pending: int = torch_dist.DEFAULT_MAX_PENDING
 
 
 @dataclass
@@ -99,7 +104,10 @@ class DeployConfig:
 
     def relay_options(self) -> dict[str, dict[str, Any]]:
         """Options per relay backend, read by that backend's factory."""
-        return {"shm": {"slot_bytes": self.relay.shm_slot_bytes, "num_slots": self.relay.shm_num_slots}}
+        torch_dist_options = {"host": self.relay.torch_dist_host, "timeout_s": self.relay.torch_dist_timeout_s,
+                              "max_pending": self.relay.torch_dist_max_pending}
+        return {"shm": {"slot_bytes": self.relay.shm_slot_bytes, "num_slots": self.relay.shm_num_slots},
+                "gloo": dict(torch_dist_options), "nccl": dict(torch_dist_options)}
 
 
 def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -206,6 +214,9 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
         "inline_threshold_bytes": (int, 0),
         "shm_slot_bytes": (int, 4096),
         "shm_num_slots": (int, 1),
+        "torch_dist_host": str,
+        "torch_dist_timeout_s": (float, 0.1),
+        "torch_dist_max_pending": (int, 1),
         "max_pending_requests": (int, 1),
         "stage_start_timeout_s": (float, 1),
         "heartbeat_interval_s": (float, 0.05),
