@@ -14,6 +14,7 @@ import torch
 
 from omnipipe.config.deploy_config import DeployConfigError, load_deploy
 from omnipipe.models.registry import get_pipeline
+from omnipipe.transport.relay import torch_dist
 from omnipipe.transport.relay.base import RelayError
 from omnipipe.transport.relay.registry import create_relay
 from omnipipe.transport.relay.torch_dist import TorchDistRelay
@@ -36,13 +37,18 @@ def _describe(value: Any) -> Any:
     return value
 
 
-def _reader(conn: Any, device: str | None) -> None:
+def _reader(conn: Any, device: str | None, default_group: bool) -> None:
     """The reading process: reads the payloads it is sent, in the order given, and answers what it saw."""
+    import torch.distributed as dist
+
+    from omnipipe.transport.relay import torch_dist
     from omnipipe.transport.relay.registry import create_receivers
     from omnipipe.transport.relay_io import read_payload
 
+    if default_group:  # like a tensor-parallel stage: the relay's groups must not touch or need this one
+        dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     if device is not None:
-        torch.cuda.set_device(device)
+        torch_dist.set_reader_device(device)
     receivers = create_receivers("td", "rx")
     while True:
         command, argument = conn.recv()
@@ -62,9 +68,9 @@ def _reader(conn: Any, device: str | None) -> None:
 
 
 class Reader:
-    def __init__(self, device: str | None = None) -> None:
+    def __init__(self, device: str | None = None, default_group: bool = False) -> None:
         self.conn, child = _SPAWN.Pipe()
-        self.process = _SPAWN.Process(target=_reader, args=(child, device), daemon=True)
+        self.process = _SPAWN.Process(target=_reader, args=(child, device, default_group), daemon=True)
         self.process.start()
 
     def read(self, items: list[tuple[str, Any]], timeout_s: float = 30) -> list[tuple[str, Any]]:
@@ -82,7 +88,7 @@ class Reader:
 
 @pytest.fixture(scope="module")
 def reader() -> Any:
-    r = Reader()
+    r = Reader(default_group=True)
     yield r
     if r.process.is_alive():
         r.close()
@@ -224,6 +230,16 @@ def test_close_leaves_no_thread_or_process() -> None:
     assert len(os.listdir("/proc/self/task")) <= native_before
     with pytest.raises(RelayError, match="closed"):
         write_payload({"x": torch.ones(1)}, sender, "late", 0)
+
+
+def test_the_nccl_reader_device_is_a_cuda_device_named_without_importing_anything() -> None:
+    try:
+        torch_dist.set_reader_device("cuda:1")
+        assert torch_dist._reader_device == "cuda:1"
+        with pytest.raises(ValueError, match="must be cuda"):
+            torch_dist.set_reader_device("cpu")
+    finally:
+        torch_dist.set_reader_device(None)
 
 
 def test_a_reader_builds_nothing_until_its_first_get() -> None:

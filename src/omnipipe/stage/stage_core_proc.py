@@ -39,6 +39,7 @@ from omnipipe.transport.messages import (
     StageReady,
     Submit,
 )
+from omnipipe.transport.relay import torch_dist
 from omnipipe.transport.relay.base import Relay, RelayError
 from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
@@ -149,6 +150,8 @@ class StageCoreProc:
         wake_address = f"inproc://wake-{self.stage}"
         self.wake = control_plane.make_socket(self.ctx, zmq.PULL, wake_address, bind=True)
 
+        if launch.device.startswith("cuda"):  # nccl reads land on this stage's GPU, whichever thread reads them
+            torch_dist.set_reader_device(rank_device(launch.device, launch.rank))
         relay_options = dict(launch.relay_options)
         self.out_relay: Relay = create_relay(launch.out_relay, run_id=launch.run_id, owner=f"{self.stage}-out",
                                              options=relay_options)

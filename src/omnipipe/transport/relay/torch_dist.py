@@ -1,10 +1,13 @@
 """torch.distributed relays, "gloo" and "nccl": tensors go point to point from a sender's process to a reader's.
 
 Both are ``keeps_device`` relays: the payload codec hands tensors over as objects. On ``nccl`` a CUDA tensor goes
-GPU to GPU and lands on the reader's device (``cuda:<current device>`` of the reading thread); CPU tensors and
-numpy arrays in the same payload are staged through the sender's GPU and land on the CPU again. ``gloo`` is the
-CPU equivalent: everything travels over TCP and lands on the CPU (a CUDA tensor put into a gloo relay is copied to
-host memory first). NCCL needs one GPU per end: two processes on the same GPU cannot form an NCCL group.
+GPU to GPU and lands on the reader's device: the one ``set_reader_device`` named for this process (a stage on
+``cuda:N`` names its device), else ``cuda:<current device>`` of the reading thread (per thread in CUDA: a chunk
+thread's current device is 0 unless set). CPU tensors and numpy arrays in the same payload are staged through the
+sender's GPU and land on the CPU again. ``gloo`` is the CPU equivalent: everything travels over TCP and lands on the
+CPU (a CUDA tensor put into a gloo relay is copied to host memory first). NCCL needs one GPU per end: two processes
+on the same GPU cannot form an NCCL group. The engine process reads stage outputs and makes edge handoffs through
+the same backends, so with ``nccl`` there it needs a GPU other than its stages' too; ``gloo`` has no such limit.
 
 Groups. Every (sender, reader process) pair gets a 2-rank process group of its own, built directly over the
 sender's ``TCPStore`` (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` objects, never the process's default group, so
@@ -64,6 +67,16 @@ _ALIGN_BYTES = 64
 _IDLE_WAIT = datetime.timedelta(days=365)  # a sender thread waits this long for a reader; close() wakes it
 _STOP = b"stop"
 _instances = itertools.count()
+_reader_device: str | None = None  # where nccl reads land in this process (set_reader_device); None: current device
+
+
+def set_reader_device(device: str | None) -> None:
+    """Name the CUDA device this process's nccl reads land on (``"cuda:1"``); None: the reading thread's current
+    device. A plain string, so a process that never reads from nccl never imports torch for it."""
+    global _reader_device
+    if device is not None and not device.startswith("cuda"):
+        raise ValueError(f"an nccl reader device must be cuda[:N], got {device!r}")
+    _reader_device = device
 
 
 def _torch() -> Any:
@@ -395,7 +408,7 @@ class TorchDistRelay(Relay):
             if answer != b"ok":
                 raise RelayError(f"{self.name} relay: tag {tag} is gone from its sender (released by cleanup, "
                                  "e.g. its request was aborted, or already read)")
-            device = torch.device("cpu") if self.name == "gloo" else torch.device("cuda", torch.cuda.current_device())
+            device = torch.device("cpu") if self.name == "gloo" else _nccl_reader_device(torch)
             wire = torch.empty(nbytes, dtype=torch.uint8, device=device)
             try:
                 work = peer.group.recv([wire], 0, tag)
@@ -461,6 +474,13 @@ class TorchDistRelay(Relay):
         for peer in peers:
             _shutdown_group(peer.group)
         self._store = None
+
+
+def _nccl_reader_device(torch: Any) -> Any:
+    if _reader_device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    device = torch.device(_reader_device)
+    return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def _options(backend: str, options: dict[str, Any]) -> TorchDistRelay:
