@@ -212,6 +212,32 @@ def test_a_reader_whose_sender_is_gone_fails_within_the_timeout(reader: Reader) 
     assert time.monotonic() - start < 10
 
 
+def test_a_reader_of_a_sender_that_exited_before_it_joined_fails_fast(reader: Reader) -> None:
+    sender = _gloo(timeout_s=30)
+    payload = write_payload({"x": torch.ones(4), "y": np.ones(3, np.int8)[::-1]}, sender, "r1", 0)  # y: a view
+    sender.close()
+    start = time.monotonic()
+    (status, message), = reader.read([("r1", payload)])
+    assert status == "error" and "cannot join the sender" in message, message
+    assert time.monotonic() - start < 10  # the connect gives up after 2 s, not the 30 s transfer timeout
+
+
+def test_a_read_only_array_is_sent_without_a_warning(reader: Reader) -> None:
+    sender = _gloo()
+    array = np.arange(10, dtype=np.float32)
+    array.flags.writeable = False
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            payload = write_payload({"a": array}, sender, "r1", 0)
+        (status, seen), = reader.read([("r1", payload)])
+        assert status == "ok" and seen["a"][4] == array.tobytes()
+    finally:
+        sender.close()
+
+
 def test_close_leaves_no_thread_or_process() -> None:
     before = set(threading.enumerate())
     native_before = len(os.listdir("/proc/self/task"))

@@ -51,6 +51,7 @@ import itertools
 import logging
 import threading
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_PENDING = 256
 _ALIGN_BYTES = 64
+_CONNECT_TIMEOUT_S = 2.0  # a reader gives up connecting to a sender's store this soon (no listener: it exited)
 _IDLE_WAIT = datetime.timedelta(days=365)  # a sender thread waits this long for a reader; close() wakes it
 _STOP = b"stop"
 _instances = itertools.count()
@@ -109,6 +111,16 @@ def _new_group(backend: str, store: Any, rank: int, host: str, timeout_s: float)
     options = c10d.ProcessGroupNCCL.Options()
     options._timeout = _seconds(timeout_s)
     return c10d.ProcessGroupNCCL(store, rank, 2, options)
+
+
+def _from_numpy(torch: Any, array: np.ndarray) -> Any:
+    """A tensor over ``array``'s memory; a read-only array (a zero-copy read) is only ever read here, so torch's
+    warning about non-writable arrays does not apply."""
+    if array.flags.writeable:
+        return torch.from_numpy(array)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(array)
 
 
 def _shutdown_group(group: Any) -> None:
@@ -173,7 +185,7 @@ class TorchDistRelay(Relay):
                 if obj.dtype.hasobject:
                     raise RelayError(f"relay {self.name!r} cannot send an object array")
                 array = np.ascontiguousarray(obj)
-                raw = torch.from_numpy(array.reshape(-1).view(np.uint8)) if array.nbytes else None
+                raw = _from_numpy(torch, array.reshape(-1).view(np.uint8)) if array.nbytes else None
                 items.append(["numpy", array.dtype.str, list(array.shape), offset, array.nbytes, "cpu"])
                 nbytes = array.nbytes
             elif isinstance(obj, torch.Tensor):
@@ -429,7 +441,8 @@ class TorchDistRelay(Relay):
             host, port, sender = key
             c10d = _c10d()
             try:
-                store = c10d.TCPStore(host, port, None, False, timeout=_seconds(timeout_s))
+                store = c10d.TCPStore(host, port, None, False, timeout=_seconds(min(timeout_s, _CONNECT_TIMEOUT_S)))
+                store.set_timeout(_seconds(timeout_s))
                 if store.get("sender").decode() != sender:
                     raise RelayError("another sender now listens on that port")
                 index = store.add("peers", 1)
