@@ -40,6 +40,7 @@ from omnipipe.transport.messages import StageOutput
 from omnipipe.transport.relay.base import Relay
 from omnipipe.transport.relay.inline import InlineRelay
 from omnipipe.transport.relay.shm import ShmRelay, segment_prefix, sweep_segments
+from omnipipe.transport.relay.torch_dist import TorchDistRelay
 from omnipipe.transport.relay_io import read_payload, write_payload
 
 SECTIONS = ("latency", "relay", "ttfp")
@@ -314,7 +315,8 @@ async def bench_token_overhead(requests: int) -> dict[str, Any]:
 def _relay_receiver_peer(to_peer: str, from_peer: str, run_id: str) -> None:
     """Receive StageOutputs, read their payloads, and answer with the timestamps and a content check."""
     ctx, pull, push = _connect_peer(to_peer, from_peer)
-    relays: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(run_id, "bench-rx")}
+    relays: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(run_id, "bench-rx"),
+                                "gloo": TorchDistRelay("gloo")}
     # what stages use for incoming chunks: read in place, the slot is freed when the data is dropped
     zero_copy: dict[str, Relay] = {"shm": ShmRelay(run_id, "bench-rxz", zero_copy=True)}
     try:
@@ -394,6 +396,7 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int]) -> d
         ("shm", lambda owner: ShmRelay(run_id, owner, slot_bytes=slot_bytes, num_slots=2)),
         ("shm one-off", lambda owner: ShmRelay(run_id, owner, slot_bytes=ONE_OFF_SLOT_BYTES, num_slots=1)),
         ("shm zero-copy", lambda owner: ShmRelay(run_id, owner, slot_bytes=slot_bytes, num_slots=2)),
+        ("gloo", lambda owner: TorchDistRelay("gloo")),  # the reader's first get joins the group (a warm-up one)
     ]
     memcpy: list[dict[str, Any]] = []
     rows: list[dict[str, Any]] = []
@@ -598,7 +601,9 @@ def _format_relay(data: dict[str, Any]) -> str:
               "transfer copies twice (into the slot, out of it), so its % memcpy stays under 50."),
              (f"shm pool slot {_human_bytes(data['pool_slot_bytes'])}; 'shm one-off' uses a "
               f"{_human_bytes(data['one_off_slot_bytes'])} pool, so each payload gets a segment of its own; "
-              "'shm zero-copy' is how stages read incoming chunks: in place, the slot freed when the data is dropped.")]
+              "'shm zero-copy' is how stages read incoming chunks: in place, the slot freed when the data is dropped; "
+              "'gloo' keeps the array an object and its read_payload is the pull over a 2-process gloo group "
+              "(transport/relay/torch_dist.py).")]
     for r in (r for r in data["rows"] if r["backend"].startswith("shm") and r["size_bytes"] == max(memcpy)
               and "one-off" not in r["backend"]):
         verdict = "meets" if r["pct_of_memcpy"] >= data["target_shm_pct_of_memcpy"] else "MISSES"
