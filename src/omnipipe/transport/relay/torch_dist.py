@@ -22,7 +22,13 @@ returns metadata with the store address, the tag and each tensor's kind / dtype 
 only). A reader's get writes ``p<k>/want/<n> = tag`` into the store; the sender's thread for that reader answers
 ``p<k>/ans/<n>`` with ``ok`` and sends the buffer (tagged) over the group, or with ``gone`` when it no longer
 holds that tag. Gets may come in any order, from any number of readers. The sender runs one thread per reader
-(plus one waiting for the next reader); the caller of ``put_objects`` never blocks on the network.
+(plus one waiting for the next reader); the caller of ``put_objects`` never blocks on the network. A get costs a
+few store round trips before the data moves (well under a millisecond on an idle machine), which is why small
+payloads are cheaper over ``shm``/``inline``: a keeps_device relay takes every payload whatever its size.
+Contract, as for ``local``: a payload that is one contiguous tensor (or array) on the wire device is held by
+reference, so the sender must not modify it until it is read; otherwise the tensors are packed into a new buffer
+at put time. A reader gets tensors that are views into one received buffer (``put``/``get`` of plain bytes give a
+uint8 buffer).
 
 Aborts and unread transfers (the rule):
 
