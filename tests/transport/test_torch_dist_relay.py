@@ -238,6 +238,26 @@ def test_a_read_only_array_is_sent_without_a_warning(reader: Reader) -> None:
         sender.close()
 
 
+def test_a_restarted_reader_joins_afresh_and_the_sender_still_closes_promptly() -> None:
+    sender = _gloo()
+    first = Reader()
+    try:
+        (status, _), = first.read([("r1", write_payload({"x": torch.ones(8)}, sender, "r1", 0))])
+        assert status == "ok"
+        first.process.kill()  # a stage killed mid-run: its group with the sender is dead
+        first.process.join(10)
+        second = Reader()
+        payload = write_payload({"x": torch.arange(8)}, sender, "r2", 0)
+        (status, seen), = second.read([("r2", payload)])
+        assert status == "ok" and seen["x"][4] == torch.arange(8).numpy().tobytes()
+        assert second.close() == []
+    finally:
+        start = time.monotonic()
+        sender.close()  # wakes the thread still waiting for the killed reader's next get
+        assert time.monotonic() - start < 5
+    assert not [t for t in threading.enumerate() if t.name.startswith("gloo-relay")]
+
+
 def test_close_leaves_no_thread_or_process() -> None:
     before = set(threading.enumerate())
     native_before = len(os.listdir("/proc/self/task"))
