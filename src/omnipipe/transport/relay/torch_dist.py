@@ -20,8 +20,7 @@ Transfers are pulled, not pushed. ``put_objects`` packs the tensors into one byt
 is one contiguous tensor already on the wire device), keeps it under a per-sender sequence number (the tag) and
 returns metadata with the store address, the tag and each tensor's kind / dtype / shape / offset (ints and strs
 only). A reader's get writes ``p<k>/want/<n> = tag`` into the store; the sender's thread for that reader answers
-``p<k>/ans/<n>`` with ``ok`` and sends the buffer (tagged) over the group, or with ``gone`` when it no longer
-holds that tag. Gets may come in any order, from any number of readers. The sender runs one thread per reader
+over the group with ``(tag, nbytes)`` and the buffer (tagged), or ``(tag, -1)`` when it no longer holds that tag. Gets may come in any order, from any number of readers. The sender runs one thread per reader
 (plus one waiting for the next reader); the caller of ``put_objects`` never blocks on the network. A get costs a
 few store round trips before the data moves (well under a millisecond on an idle machine), which is why small
 payloads are cheaper over ``shm``/``inline``: a keeps_device relay takes every payload whatever its size.
@@ -74,6 +73,7 @@ _ALIGN_BYTES = 64
 _CONNECT_TIMEOUT_S = 2.0  # a reader gives up connecting to a sender's store this soon (no listener: it exited)
 _IDLE_WAIT = datetime.timedelta(days=365)  # a sender thread waits this long for a reader; close() wakes it
 _STOP = b"stop"
+_HEADER_TAG = 0  # a sender's answer to a get; transfers are tagged 1, 2, ...
 _instances = itertools.count()
 _reader_device: str | None = None  # where nccl reads land in this process (set_reader_device); None: current device
 
@@ -169,6 +169,7 @@ class TorchDistRelay(Relay):
         self._store: Any = None  # the TCPStore server, made on the first put
         self._port = 0
         self._held: dict[int, _Held] = {}
+        self._header_device: Any = "cpu"  # nccl: the GPU of the first transfer (answers go where the data goes)
         self._tags = itertools.count(1)
         self._threads: list[threading.Thread] = []
         self._groups: list[Any] = []
@@ -239,6 +240,8 @@ class TorchDistRelay(Relay):
             for offset, raw in sources:
                 wire[offset : offset + raw.numel()].copy_(raw)
         event = None
+        if self.name == "nccl" and self._header_device == "cpu":
+            self._header_device = device
         if device.type == "cuda":
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(device))
@@ -290,7 +293,6 @@ class TorchDistRelay(Relay):
             with self._cond:
                 self._waiting_for.remove(key)
         value = store.get(key)
-        store.delete_key(key)
         return None if value == _STOP else value
 
     def _serve(self, index: int) -> None:
@@ -300,6 +302,7 @@ class TorchDistRelay(Relay):
             store = self._client()
             if self._wait(store, f"hello/{index}") is None:
                 return
+            store.delete_key(f"hello/{index}")
             with self._cond:
                 if self._closed:
                     return
@@ -315,11 +318,11 @@ class TorchDistRelay(Relay):
                 with self._cond:
                     held = self._held.pop(tag, None)
                     self._cond.notify_all()
-                if held is None:
-                    store.set(f"p{index}/ans/{request}", b"gone")
-                    continue
-                store.set(f"p{index}/ans/{request}", b"ok")
-                self._send(group, held, tag)
+                # the answer goes over the group: (tag, nbytes) then the bytes, or (tag, -1) for a dropped tag
+                self._send_header(group, tag, -1 if held is None else held.wire.numel())
+                if held is not None:
+                    self._send(group, held, tag)
+                store.delete_key(f"p{index}/want/{request}")  # off the reader's path: it has its answer
         except Exception:
             if not self._closed:
                 logger.exception("relay %s: serving reader %d failed; its group is dropped", self.name, index)
@@ -329,6 +332,15 @@ class TorchDistRelay(Relay):
                     if group in self._groups:
                         self._groups.remove(group)
                 _shutdown_group(group)
+
+    def _send_header(self, group: Any, tag: int, nbytes: int) -> None:
+        torch = _torch()
+        header = torch.tensor([tag, nbytes], dtype=torch.int64).to(self._header_device)
+        work = group.send([header], 1, _HEADER_TAG)
+        if not work.wait(_seconds(self.timeout_s)):
+            raise RelayError(f"relay {self.name!r}: answering for tag {tag} did not finish in {self.timeout_s:g} s")
+        if header.device.type == "cuda":
+            torch.cuda.current_stream(header.device).synchronize()
 
     def _send(self, group: Any, held: _Held, tag: int) -> None:
         torch = _torch()
@@ -413,20 +425,27 @@ class TorchDistRelay(Relay):
         with peer.lock:
             request = peer.next_request
             peer.next_request += 1
+            device = torch.device("cpu") if self.name == "gloo" else _nccl_reader_device(torch)
+            header = torch.empty(2, dtype=torch.int64, device=device)
             try:
                 peer.store.set(f"p{peer.index}/want/{request}", str(tag))
-                answer_key = f"p{peer.index}/ans/{request}"
-                peer.store.wait([answer_key], _seconds(timeout_s))
-                answer = peer.store.get(answer_key)
-                peer.store.delete_key(answer_key)
+                work = peer.group.recv([header], 0, _HEADER_TAG)
+                if not work.wait(_seconds(timeout_s)):
+                    raise RelayError("the answer did not arrive")
+                answer_tag, answer_bytes = header.tolist()
             except Exception as exc:
                 self._forget(peer)
                 raise RelayError(f"{self.name} relay: the sender at {key[0]}:{key[1]} did not answer for tag {tag} "
                                  f"within {timeout_s:g} s ({exc})") from exc
-            if answer != b"ok":
+            if answer_tag != tag:
+                self._forget(peer)
+                raise RelayError(f"{self.name} relay: the sender answered for tag {answer_tag}, not {tag}")
+            if answer_bytes < 0:
                 raise RelayError(f"{self.name} relay: tag {tag} is gone from its sender (released by cleanup, "
                                  "e.g. its request was aborted, or already read)")
-            device = torch.device("cpu") if self.name == "gloo" else _nccl_reader_device(torch)
+            if answer_bytes != nbytes:
+                self._forget(peer)
+                raise RelayError(f"{self.name} relay: tag {tag} holds {answer_bytes} bytes, its metadata says {nbytes}")
             wire = torch.empty(nbytes, dtype=torch.uint8, device=device)
             try:
                 work = peer.group.recv([wire], 0, tag)
