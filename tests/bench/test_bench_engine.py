@@ -64,7 +64,7 @@ def test_quick_run_prints_every_table_and_writes_every_section(tmp_path, capsys)
                     token["thinker_compute_per_token_ms"])
 
     relay = data["relay"]
-    assert {r["backend"] for r in relay["rows"]} == {"inline", "shm", "shm one-off", "shm zero-copy"}
+    assert {r["backend"] for r in relay["rows"]} == {"inline", "shm", "shm one-off", "shm zero-copy", "gloo"}
     assert {r["size_bytes"] for r in relay["rows"]} == {m["size_bytes"] for m in relay["memcpy"]}
     assert all(positive(m["gbps"], m["best_gbps"], m["median_ms"]) for m in relay["memcpy"])
     for row in relay["rows"]:

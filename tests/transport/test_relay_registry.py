@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from omnipipe.config.deploy_config import DeployConfig
-from omnipipe.transport.relay import mooncake, shm
+from omnipipe.transport.relay import mooncake, shm, torch_dist
 from omnipipe.transport.relay.registry import BACKENDS, RELAY_BACKENDS, create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
 from tests.conftest import shm_segments
@@ -19,6 +19,8 @@ from tests.conftest import shm_segments
 def test_registry_builds_both_ends_and_they_talk(backend: str) -> None:
     if backend == "mooncake" and importlib.util.find_spec("mooncake") is None:
         pytest.skip("the mooncake relay needs the Mooncake transfer engine: pip install 'omnipipe[mooncake]'")
+    if backend == "nccl":  # both ends in one process would be two NCCL ranks on one GPU, which NCCL refuses
+        pytest.skip("nccl needs its two ends on two GPUs: tests/transport/test_torch_dist_relay.py covers it")
     run_id = f"reg{backend}"
     sender = create_relay(backend, run_id=run_id, owner="tx", options={"shm": {"slot_bytes": 1 << 16}})
     receivers = create_receivers(run_id, "rx")
@@ -40,9 +42,12 @@ def test_registry_builds_both_ends_and_they_talk(backend: str) -> None:
 
 def test_relay_options_are_keyed_by_backend_and_read_by_its_factory() -> None:
     options = DeployConfig().relay_options()
+    torch_dist_options = {"host": torch_dist.DEFAULT_HOST, "timeout_s": torch_dist.DEFAULT_TIMEOUT_S,
+                          "max_pending": torch_dist.DEFAULT_MAX_PENDING}
     assert options == {"shm": {"slot_bytes": shm.DEFAULT_SLOT_BYTES, "num_slots": shm.DEFAULT_NUM_SLOTS},
-                       "mooncake": {"slot_bytes": mooncake.DEFAULT_SLOT_BYTES,
-                                    "num_slots": mooncake.DEFAULT_NUM_SLOTS, "protocol": "tcp"}}
+                       "mooncake": {"slot_bytes": mooncake.DEFAULT_SLOT_BYTES, "num_slots": mooncake.DEFAULT_NUM_SLOTS,
+                                    "protocol": "tcp", "host": "127.0.0.1"},
+                       "gloo": torch_dist_options, "nccl": torch_dist_options}
     relay = create_relay("shm", run_id="opts", owner="tx", options={"shm": {"slot_bytes": 8192, "num_slots": 3}})
     try:
         assert (relay.slot_bytes, relay.num_slots) == (8192, 3)

@@ -25,7 +25,7 @@ from omnipipe.bench.peer import STOP, Peer, connect_peer, human_bytes, ms, run_p
 from omnipipe.bench.report import format_table, machine_info, mean, median, percentile, write_json
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import StageOutput
-from omnipipe.transport.relay import mooncake
+from omnipipe.transport.relay import mooncake, torch_dist
 from omnipipe.transport.relay.base import Relay
 from omnipipe.transport.relay.inline import InlineRelay
 from omnipipe.transport.relay.shm import ShmRelay, segment_prefix, sweep_segments
@@ -35,10 +35,10 @@ SHM_TARGET_PCT_OF_MEMCPY = 40.0  # the whole transfer: two copies (into the slot
 SHM_READ_TARGET_PCT_OF_MEMCPY = 60.0  # the copying receive alone (read_payload): one copy out of the slot
 MOONCAKE_TARGET_PCT_OF_RAW = 85.0  # the mooncake relay end to end against raw Mooncake reads, at the largest size
 ONE_OFF_SLOT_BYTES = 4096  # a pool this small sends every measured payload through a one-off segment
-ENGINE_PATHS = ("inline", "shm", "shm one-off", "shm zero-copy")  # what the engine benchmark's relay section runs
+ENGINE_PATHS = ("inline", "shm", "shm one-off", "shm zero-copy", "gloo")  # what the engine benchmark's relay section runs
 # what each --backend adds to the run, in order
 BACKEND_PATHS = {"inline": ("inline",), "shm": ("shm", "shm one-off", "shm zero-copy"),
-                 "mooncake": ("mooncake raw", "mooncake", "shm")}
+                 "mooncake": ("mooncake raw", "mooncake", "shm"), "gloo": ("gloo", "shm")}
 _RAW = b"raw"  # a peer frame starting with this is a raw Mooncake read request, not a control message
 _ack = msgspec.msgpack.Encoder()
 _ack_decoder = msgspec.msgpack.Decoder()
@@ -85,7 +85,8 @@ def relay_receiver_peer(to_peer: str, from_peer: str, run_id: str) -> None:
     Mooncake read requests)."""
     ctx, pull, push = connect_peer(to_peer, from_peer)
     relays: dict[str, Relay] = {"inline": InlineRelay(), "shm": ShmRelay(run_id, "bench-rx"),
-                                "mooncake": mooncake.make_receiver(run_id, "bench-rx", False)}
+                                "mooncake": mooncake.make_receiver(run_id, "bench-rx", False),
+                                "gloo": torch_dist.make_gloo_receiver(run_id, "bench-rx", False)}
     # what stages use for incoming chunks: read in place, the slot is freed when the data is dropped
     zero_copy: dict[str, Relay] = {"shm": ShmRelay(run_id, "bench-rxz", zero_copy=True)}
     raw = _RawReader()
@@ -205,6 +206,8 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int],
         "shm one-off": lambda owner: ShmRelay(run_id, owner, slot_bytes=ONE_OFF_SLOT_BYTES, num_slots=1),
         "shm zero-copy": lambda owner: ShmRelay(run_id, owner, slot_bytes=slot_bytes, num_slots=2),
         "mooncake": lambda owner: mooncake.MooncakeRelay(run_id, owner, slot_bytes=slot_bytes, num_slots=2),
+        # keeps the array an object: its read is a pull over a 2-process gloo group (the first joins the group)
+        "gloo": lambda owner: torch_dist.make_gloo_sender(run_id, owner, {}),
     }
     unknown = [p for p in paths if p not in makers and p != "mooncake raw"]
     if unknown:

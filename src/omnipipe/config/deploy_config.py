@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from omnipipe.config.pipeline_spec import PipelineSpec
-from omnipipe.transport.relay import mooncake, shm
+from omnipipe.transport.relay import mooncake, shm, torch_dist
 from omnipipe.transport.relay.registry import LISTENING_BACKENDS, RELAY_BACKENDS
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
@@ -87,6 +87,12 @@ class RelayDeploy:
     mooncake_num_slots: int = mooncake.DEFAULT_NUM_SLOTS
     mooncake_protocol: str = mooncake.DEFAULT_PROTOCOL
 
+    # gloo / nccl (transport/relay/torch_dist.py): where a sender hosts its rendezvous store, how long any wait
+    # of a transfer may take, and how many unread transfers a sender holds before a put waits
+    torch_dist_host: str = torch_dist.DEFAULT_HOST
+    torch_dist_timeout_s: float = torch_dist.DEFAULT_TIMEOUT_S
+    torch_dist_max_pending: int = torch_dist.DEFAULT_MAX_PENDING
+
 
 @dataclass
 class PlacementDeploy:
@@ -144,14 +150,17 @@ class DeployConfig:
         return self.relay.backend if self.same_host(source, target) else self.placement.cross_host_relay
 
     def relay_options(self) -> dict[str, dict[str, Any]]:
-        """Options per relay backend, read by that backend's factory (``host``: where a listening one binds;
-        a stage on another host replaces it with its own)."""
+        """Options per relay backend, read by that backend's factory (``host``: where a listening one binds, unless
+        the backend names its own; a stage on another host replaces it with its own address)."""
+        torch_dist_options = {"host": self.relay.torch_dist_host, "timeout_s": self.relay.torch_dist_timeout_s,
+                              "max_pending": self.relay.torch_dist_max_pending}
         options: dict[str, dict[str, Any]] = {
             "shm": {"slot_bytes": self.relay.shm_slot_bytes, "num_slots": self.relay.shm_num_slots},
             "mooncake": {"slot_bytes": self.relay.mooncake_slot_bytes, "num_slots": self.relay.mooncake_num_slots,
-                         "protocol": self.relay.mooncake_protocol}}
+                         "protocol": self.relay.mooncake_protocol},
+            "gloo": dict(torch_dist_options), "nccl": dict(torch_dist_options)}
         for backend in LISTENING_BACKENDS:
-            options.setdefault(backend, {})["host"] = self.host
+            options.setdefault(backend, {}).setdefault("host", self.host)
         return options
 
 
@@ -284,6 +293,9 @@ def _convert(cls: type, name: str, value: Any, origin: str, key: str) -> Any:
         "mooncake_slot_bytes": (int, 4096),
         "mooncake_num_slots": (int, 1),
         "mooncake_protocol": mooncake.PROTOCOLS,
+        "torch_dist_host": str,
+        "torch_dist_timeout_s": (float, 0.1),
+        "torch_dist_max_pending": (int, 1),
         "max_pending_requests": (int, 1),
         "stage_start_timeout_s": (float, 1),
         "heartbeat_interval_s": (float, 0.05),

@@ -39,6 +39,7 @@ from omnipipe.transport.messages import (
     StageReady,
     Submit,
 )
+from omnipipe.transport.relay import torch_dist
 from omnipipe.transport.relay.base import Relay, RelayError
 from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
@@ -159,6 +160,8 @@ class StageCoreProc:
         wake_address = f"inproc://wake-{self.stage}"
         self.wake = control_plane.make_socket(self.ctx, zmq.PULL, wake_address, bind=True)
 
+        if launch.device.startswith("cuda"):  # nccl reads land on this stage's GPU, whichever thread reads them
+            torch_dist.set_reader_device(rank_device(launch.device, launch.rank))
         relay_options = {backend: dict(options) for backend, options in launch.relay_options.items()}
         if launch.host is not None:  # relays that listen (mooncake) do so on this stage's own host
             for options in relay_options.values():

@@ -1,7 +1,9 @@
 """Relay backends by name: one registry builds both ends. A new backend is one module and one line here.
 
 A backend module offers ``make_sender(run_id, owner, options) -> Relay`` (``options``: that backend's own dict
-from the deploy config) and ``make_receiver(run_id, owner, zero_copy) -> Relay``.
+from the deploy config) and ``make_receiver(run_id, owner, zero_copy) -> Relay``; a module serving several backends
+(``torch_dist``: gloo and nccl) offers one pair per backend. Every process builds a receiver of every backend, so
+a receiver costs nothing until its first get.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable
 
-from omnipipe.transport.relay import inline, local, mooncake, shm
+from omnipipe.transport.relay import inline, local, mooncake, shm, torch_dist
 from omnipipe.transport.relay.base import Relay
 
 
@@ -30,8 +32,14 @@ def _backend(name: str, module: ModuleType, crosses_processes: bool = True, list
 
 BACKENDS: dict[str, RelayBackend] = {
     backend.name: backend
-    for backend in (_backend("inline", inline), _backend("shm", shm), _backend("mooncake", mooncake, listens=True),
-                    _backend("local", local, crosses_processes=False))
+    for backend in (
+        _backend("inline", inline),
+        _backend("shm", shm),
+        _backend("mooncake", mooncake, listens=True),
+        _backend("local", local, crosses_processes=False),
+        RelayBackend("gloo", torch_dist.make_gloo_sender, torch_dist.make_gloo_receiver, listens=True),
+        RelayBackend("nccl", torch_dist.make_nccl_sender, torch_dist.make_nccl_receiver, listens=True),
+    )
 }
 RELAY_BACKENDS = tuple(name for name, backend in BACKENDS.items() if backend.crosses_processes)
 LISTENING_BACKENDS = tuple(name for name, backend in BACKENDS.items() if backend.listens)
