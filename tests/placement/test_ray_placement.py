@@ -272,6 +272,27 @@ def test_the_server_serves_on_the_cluster(cluster: Any, tmp_path: Any) -> None:
     assert not settles(lambda: running(pids)), "stage processes outlived the server"
 
 
+def test_the_command_line_generates_on_the_cluster(cluster: Any, tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    import yaml
+
+    deploy = tmp_path / "split.yaml"
+    deploy.write_text(yaml.safe_dump({"placement": {"node": "node_a"}, "stages": SPLIT}))
+    wav = tmp_path / "answer.wav"
+    done = subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "generate", "spoken across two nodes",
+                           "--pipeline", "toy", "--deploy", str(deploy), "--ray-address", cluster.address,
+                           "--output", str(wav)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "SPOKEN ACROSS TWO NODES" in done.stdout
+    assert wav.stat().st_size > 1000
+    # a node label without --ray-address (or placement ray) is refused, naming the key
+    local = subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "generate", "hi", "--pipeline", "toy",
+                            "--deploy", str(deploy)], capture_output=True, text=True, timeout=120)
+    assert local.returncode == 2 and "placement.node: only means something with placement.backend: ray" in local.stderr
+
+
 # ---------------------------------------------------------------------------------------------- default pipeline
 DETERMINISTIC = {"stages": {"talker": {"options": {"noise_scale": 0.0, "noise_w": 0.0}}}}
 QUESTIONS = ["What is the capital of France?", "How many legs does a dog have?"]
