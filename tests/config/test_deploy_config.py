@@ -141,3 +141,44 @@ def test_the_deploy_file_offers_every_input_broadcast_mode_the_stage_has() -> No
     from omnipipe.stage.broadcast import MODES
 
     assert INPUT_BROADCAST_MODES == MODES  # two homes (config must not import torch), one list
+
+
+# ---------------------------------------------------------------------------------------------- placement
+@pytest.mark.parametrize("text, message", [
+    ("placement: {backend: slurm}", "placement.backend: must be one of local, ray, got 'slurm'"),
+    ("stages: {talker: {node: node_b}}", "stages.talker.node: only means something with placement.backend: ray"),
+    ("placement: {node: node_a}", "placement.node: only means something with placement.backend: ray"),
+    ("placement: {backend: ray}\nstages: {talker: {resources: {CPU: -1}}}",
+     "stages.talker.resources.CPU: must be a number >= 0, got -1"),
+    ("placement: {backend: ray}\nstages: {talker: {resources: [1]}}", "stages.talker.resources: must be a mapping"),
+    ("placement: {backend: ray}\ntransport: ipc", "transport: placement ray reaches stages on other hosts over tcp"),
+    ("placement: {backend: ray, cross_host_relay: carrier-pigeon}", "placement.cross_host_relay: must be one of"),
+    ("control_plane_auth: maybe", "control_plane_auth: must be one of curve, none, got 'maybe'"),
+])
+def test_invalid_placement_names_the_key(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(DeployConfigError, match="deploy.yaml: ") as excinfo:
+        load_deploy(write(tmp_path, text), TOY)
+    assert message in str(excinfo.value)
+
+
+def test_ray_placement_chooses_relays_by_host(tmp_path: Path) -> None:
+    config = load_deploy(write(tmp_path, """
+placement: {backend: ray, node: node_a}
+stages:
+  thinker: {node: node_a}
+  talker: {node: node_b, resources: {CPU: 1, node_b: 0.5}}
+  code2wav: {node: node_b}
+edges:
+  thinker->talker: {relay: inline}
+"""), TOY)
+    assert config.transport == "tcp"  # the default under Ray: other hosts are reached over tcp
+    assert config.stages["talker"].resources == {"CPU": 1.0, "node_b": 0.5}
+    assert config.edge_relay("talker", "code2wav")[0] == "shm"  # same node
+    assert config.edge_relay("thinker", "talker")[0] == "inline"  # the edge names its own
+    from omnipipe.config.deploy_config import ORCHESTRATOR
+    assert config.relay_between(ORCHESTRATOR, "thinker") == "shm"  # the API process shares node A
+    assert config.relay_between("code2wav", ORCHESTRATOR) == "mooncake"
+    # a stage with no node may land anywhere: the cross-host relay, both ways
+    unpinned = load_deploy({"placement": {"backend": "ray"}, "stages": {"talker": {"node": "node_b"}}}, TOY)
+    assert unpinned.relay_between("thinker", "talker") == "mooncake"
+    assert load_deploy(None, TOY).relay_between("thinker", "talker") == "shm"  # local placement: one host
