@@ -402,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             (NO_RECORD, ["--data-dir", str(workdir / "unused"), "--no-record"])):
             port = free_port()
             gateways[name] = Child(name, ["gateway", "--workers", f"127.0.0.1:{worker_port}", "--host", "127.0.0.1",
-                                          "--port", str(port), "--admin-token", admin_token, *extra], workdir, port)
+                                          "--port", str(port), f"--admin-token={admin_token}", *extra], workdir, port)
             children.insert(0, gateways[name])  # stopped before the worker
         print(f"omnipipe bench gateway: starting a {args.pipeline!r} worker (capacity {capacity}) and two gateways "
               f"(logs in {workdir})", file=sys.stderr, flush=True)

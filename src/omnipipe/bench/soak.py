@@ -1072,7 +1072,7 @@ def spawn_target(args: argparse.Namespace, workdir: Path, children: list[Child])
     if not args.gateway:
         api_key = args.api_key or secrets.token_urlsafe(12)
         server = Child("server", ["serve", "--pipeline", args.pipeline, "--host", "127.0.0.1", "--port", str(port),
-                                  "--deploy", str(deploy_path), "--api-key", api_key,
+                                  "--deploy", str(deploy_path), f"--api-key={api_key}",
                                   "--max-body-bytes", str(SPAWN_MAX_BODY_BYTES)], workdir, port)
         children.append(server)
         print(f"omnipipe bench soak: starting omnipipe serve --pipeline {args.pipeline} on port {port} "
@@ -1087,7 +1087,7 @@ def spawn_target(args: argparse.Namespace, workdir: Path, children: list[Child])
     capacity = max(1, math.ceil(args.concurrency / GATEWAY_WORKERS))
     up = Child("up", ["up", "--workers", str(GATEWAY_WORKERS), "--pipeline", args.pipeline, "--deploy",
                       str(deploy_path), "--capacity", str(capacity), "--worker-port", str(worker_ports[0]), "--port",
-                      str(port), "--admin-token", secrets.token_urlsafe(12), "--data-dir", str(workdir / "data")],
+                      str(port), f"--admin-token={secrets.token_urlsafe(12)}", "--data-dir", str(workdir / "data")],
                workdir, port)
     children.append(up)
     print(f"omnipipe bench soak: starting omnipipe up --workers {GATEWAY_WORKERS} --pipeline {args.pipeline} "
