@@ -698,9 +698,8 @@ class Orchestrator:
                 client.connections[fd] = client.generation
             elif event["event"] == zmq.EVENT_DISCONNECTED:
                 start = client.connections.pop(fd, None)
-                if (start == client.generation and client.alive and not self._stopping and client.handle is not None
-                        and client.handle.connection_lost()):
-                    logger.warning("stage %s dropped its connection to the engine", client.name)
+                if start == client.generation and client.alive and not self._stopping and client.handle is not None:
+                    client.handle.connection_lost()
 
     # ================================================================== liveness
     async def _watchdog(self) -> None:

@@ -50,11 +50,10 @@ class StageHandle(ABC):
     def wait(self, timeout_s: float | None) -> int | None:
         """Wait until every rank has exited; return ``exit_code()``, or None if ``timeout_s`` passed first."""
 
-    def connection_lost(self) -> bool:
-        """The stage's tcp connection to the engine dropped while it should be running. A handle that cannot see
-        its processes end directly and at once (they run on another host) takes that as the stage's end, makes
-        its ``sentinel`` readable and returns True; one that can (a local pidfd) returns False and waits for it."""
-        return False
+    def connection_lost(self) -> None:
+        """A tcp connection to the engine's socket for this stage dropped (the stage's, or any peer's). A handle
+        that cannot see its processes end directly and at once (they run on another host) checks whether they
+        still run and, if not, makes its ``sentinel`` readable; one that can (a local pidfd) ignores it."""
 
     @abstractmethod
     def close(self) -> None:

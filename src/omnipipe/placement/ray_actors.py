@@ -19,17 +19,19 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
+import queue
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import msgspec
 
 from omnipipe.placement.launcher import Launcher, StageHandle
 from omnipipe.stage.launch import StageLaunch
+from omnipipe.stage.tensor_parallel import free_tcp_address
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +74,7 @@ class _StageActorImpl:
     """One rank of a stage on a Ray node: starts the stage process and reports how it ends."""
 
     def __init__(self) -> None:
-        self._requests: list[tuple[bytes, threading.Event, list[Any]]] = []
-        self._cond = threading.Condition()
+        self._starts: queue.Queue[tuple[bytes, Future[int]]] = queue.Queue()
         self._process: subprocess.Popen[bytes] | None = None
         # the child's parent thread must live as long as the actor (PR_SET_PDEATHSIG fires when it exits)
         self._keeper = threading.Thread(target=self._keep, name="omnipipe-stage-keeper", daemon=True)
@@ -81,10 +82,7 @@ class _StageActorImpl:
 
     def _keep(self) -> None:
         while True:
-            with self._cond:
-                while not self._requests:
-                    self._cond.wait()
-                raw, done, result = self._requests.pop(0)
+            raw, result = self._starts.get()
             try:
                 process = subprocess.Popen([sys.executable, "-m", "omnipipe.stage.stage_core_proc"],
                                            stdin=subprocess.PIPE, close_fds=True, preexec_fn=_die_with_parent)
@@ -92,32 +90,24 @@ class _StageActorImpl:
                 process.stdin.write(raw)
                 process.stdin.close()
                 self._process = process
-                result.append(process.pid)
+                result.set_result(process.pid)
             except BaseException as exc:  # reported to the caller of start()
-                result.append(exc)
-            done.set()
+                result.set_exception(exc)
 
     def where(self) -> tuple[str, str]:
         """(Ray node id, this node's address)."""
         ray = _ray()
         return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
 
-    def free_port(self, host: str) -> int:
-        """A tcp port free on this node now (where a tensor-parallel stage's ranks meet)."""
-        with socket.socket() as sock:
-            sock.bind((host, 0))
-            return int(sock.getsockname()[1])
+    def free_tcp_address(self, host: str) -> str:
+        """``tcp://host:port`` free on this node now (where a tensor-parallel stage's ranks meet)."""
+        return free_tcp_address(host)
 
     def start(self, raw_launch: bytes) -> int:
         """Start the stage process with this launch spec; return its pid (on this node)."""
-        done, result = threading.Event(), []
-        with self._cond:
-            self._requests.append((raw_launch, done, result))
-            self._cond.notify()
-        done.wait()
-        if isinstance(result[0], BaseException):
-            raise result[0]
-        return int(result[0])
+        result: Future[int] = Future()
+        self._starts.put((raw_launch, result))
+        return result.result()
 
     def running(self) -> bool:
         """Whether the stage process still runs."""
@@ -181,14 +171,13 @@ class RayStageHandle(StageHandle):
         except OSError:  # closed: nobody listens any more
             pass
 
-    def connection_lost(self) -> bool:
+    def connection_lost(self) -> None:
         """Ray hears of a dead node only after its health checks fail (seconds), while a stage process that ended
         drops its tcp connections at once. Ask rank 0's actor (bounded by CHECK_TIMEOUT_S, on a thread) whether
         the process still runs; if it does not, or the actor does not answer, that is the stage's end: the
         actors are killed (in case it runs on, unreachable) and the sentinel fires. A dropped connection that was
         not the stage's (a peer that failed the handshake) changes nothing."""
         threading.Thread(target=self._check_after_drop, name=f"omnipipe-ray-check-{self.stage}", daemon=True).start()
-        return True
 
     def _check_after_drop(self) -> None:
         try:
@@ -348,8 +337,7 @@ class RayLauncher(Launcher):
             host = self.hosts.get(launch.stage) or node_address
             spec = msgspec.structs.replace(launch, host=host, node=node_id)
             if launch.world_size > 1:
-                port = ray.get(actors[0].free_port.remote(host))
-                spec = msgspec.structs.replace(spec, dist_init_address=f"tcp://{host}:{port}")
+                spec = msgspec.structs.replace(spec, dist_init_address=ray.get(actors[0].free_tcp_address.remote(host)))
             pids = ray.get([actor.start.remote(msgspec.structs.replace(spec, rank=rank).encode())
                             for rank, actor in enumerate(actors)])
         except RayActorError as exc:
