@@ -13,6 +13,7 @@ PIPELINES: dict[str, str] = {
     "asr": "omnipipe.models.default.pipeline:ASR",
     "image": "omnipipe.models.image.pipeline:IMAGE",
     "think-and-draw": "omnipipe.models.image.pipeline:THINK_AND_DRAW",
+    "qwen3_omni": "omnipipe.models.qwen3_omni.pipeline:PIPELINE",
     "toy": "omnipipe.models.toy.pipeline:PIPELINE",
     "toy_tts": "omnipipe.models.toy.pipeline:TTS_PIPELINE",
 }

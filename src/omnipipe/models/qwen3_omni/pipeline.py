@@ -1,0 +1,30 @@
+"""The ``qwen3_omni`` pipeline: thinker -> talker -> code2wav on a Qwen3-Omni checkpoint (the deploy file's
+``stages.<name>.options.model``, or ``--model DIR``)."""
+
+from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, StageSpec
+from omnipipe.models.qwen3_omni.runners.code2wav import SAMPLE_RATE_HZ
+
+_P = "omnipipe.models.qwen3_omni"
+_FRAMES = "omnipipe.chunk.frame_processors"
+
+PIPELINE = PipelineSpec(
+    name="qwen3_omni",
+    description="Qwen3-Omni: MoE thinker (text, image, audio, video in) -> talker with code predictor -> code2wav",
+    stages=(
+        StageSpec("thinker", "ar", f"{_P}.runners.thinker:QwenOmniThinkerRunner", final_output="text"),
+        StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner"),
+        StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:QwenOmniCode2WavRunner", final_output="audio",
+                  sample_rate_hz=SAMPLE_RATE_HZ),
+    ),
+    edges=(
+        EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker", f"{_P}.processors.thinker2talker_async_chunk"),
+        EdgeSpec("talker", "code2wav", f"{_FRAMES}.frames_whole", f"{_FRAMES}.frames_async_chunk",
+                 options="omnipipe.chunk.accumulation:FrameChunkOptions"),
+    ),
+    prompt_processor=f"{_P}.processors.prompt",
+    input_modalities=("text", "image", "audio", "video"),
+    comprehension_stage="thinker",
+    takes_history=True,
+    default_deploy={"edges": {"talker->code2wav": {"options": {"codec_chunk_frames": 25,
+                                                                "left_context_frames": 25}}}},
+)

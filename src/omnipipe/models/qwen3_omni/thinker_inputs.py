@@ -1,0 +1,110 @@
+"""The thinker's inputs from a request: the chat text with one placeholder run per image, video and audio clip,
+tokenised, beside the tensors the thinker's encoders read (image and video patches with their grids, log-mel
+features with their masks). It uses the checkpoint's own tokenizer, image processor and feature extractor.
+
+Videos are patchified here from their sampled frames (consecutive frames paired into temporal patches, the last
+repeated to fill a pair), so no video-processing backend is needed; each frame is resized and normalised by the
+image processor exactly as an image is."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnipipe.util.field_error import FieldError
+
+IMAGE_PART = "<|vision_start|>{}<|vision_end|>"
+AUDIO_PART = "<|audio_start|>{}<|audio_end|>"
+
+
+def audio_token_count(feature_frames: int, n_window: int) -> int:
+    """How many thinker tokens an audio clip of ``feature_frames`` log-mel frames becomes."""
+    from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import _get_feat_extract_output_lengths
+
+    return int(_get_feat_extract_output_lengths(torch.tensor(feature_frames), n_window))
+
+
+class ThinkerInputBuilder:
+    """Turns a thinker request item (``text``, ``history``, ``images``, ``audios``, ``videos``, ``video_fps``) into
+    the keyword arguments of the thinker's forward."""
+
+    def __init__(self, directory: Path, config: Any) -> None:
+        from transformers import AutoTokenizer, Qwen2VLImageProcessorPil, WhisperFeatureExtractor
+
+        self.tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+        self.image_processor = Qwen2VLImageProcessorPil.from_pretrained(directory, local_files_only=True)
+        self.feature_extractor = WhisperFeatureExtractor.from_pretrained(directory, local_files_only=True)
+        self.n_window = int(config.thinker_config.audio_config.n_window)
+        self.merge = int(self.image_processor.merge_size)
+
+    def chat_text(self, item: dict[str, Any], placeholders: list[str]) -> str:
+        turns = [f"<|im_start|>{turn['role']}\n{turn['content']}<|im_end|>\n" for turn in item.get("history", [])]
+        turns.append(f"<|im_start|>user\n{''.join(placeholders)}{item.get('text', '')}<|im_end|>\n")
+        return "".join(turns) + "<|im_start|>assistant\n"
+
+    def images(self, images: list[np.ndarray]) -> dict[str, torch.Tensor]:
+        from PIL import Image
+
+        out = self.image_processor(images=[Image.fromarray(np.asarray(i, dtype=np.uint8)) for i in images],
+                                   return_tensors="pt")
+        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+
+    def video(self, frames: np.ndarray, fps: float) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """[T, H, W, 3] uint8 frames sampled at ``fps`` -> (patches, grid [1, 3], seconds per temporal patch)."""
+        from PIL import Image
+
+        temporal = int(self.image_processor.temporal_patch_size)
+        frames = list(np.asarray(frames, dtype=np.uint8))
+        while len(frames) % temporal:
+            frames.append(frames[-1])
+        per_frame = self.image_processor(images=[Image.fromarray(f) for f in frames], return_tensors="np")
+        grid = per_frame["image_grid_thw"]
+        patches_per_frame = int(grid[0, 1] * grid[0, 2])
+        channels = 3
+        patch = int(self.image_processor.patch_size)
+        # every frame's patches carry the frame ``temporal`` times; keep one copy and pair frames instead
+        single = per_frame["pixel_values"].reshape(len(frames), patches_per_frame, channels, temporal, patch, patch)
+        single = single[:, :, :, 0]
+        grid_t = len(frames) // temporal
+        paired = single.reshape(grid_t, temporal, patches_per_frame, channels, patch, patch)
+        paired = paired.transpose(0, 2, 3, 1, 4, 5).reshape(grid_t * patches_per_frame,
+                                                              channels * temporal * patch * patch)
+        thw = torch.tensor([[grid_t, int(grid[0, 1]), int(grid[0, 2])]])
+        return torch.from_numpy(np.ascontiguousarray(paired)), thw, temporal / fps
+
+    def __call__(self, item: dict[str, Any]) -> dict[str, torch.Tensor]:
+        placeholders: list[str] = []
+        kwargs: dict[str, Any] = {}
+        images = item.get("images") or []
+        if images:
+            kwargs.update(self.images(images))
+            for thw in kwargs["image_grid_thw"]:
+                placeholders.append(IMAGE_PART.format("<|image_pad|>" * (int(thw.prod()) // self.merge ** 2)))
+        videos = item.get("videos") or []
+        if videos:
+            fps = float(item.get("video_fps", 2.0))
+            patches, grids, seconds = zip(*(self.video(v, fps) for v in videos))
+            kwargs["pixel_values_videos"] = torch.cat(patches)
+            kwargs["video_grid_thw"] = torch.cat(grids)
+            kwargs["video_second_per_grid"] = torch.tensor(seconds)
+            for thw in kwargs["video_grid_thw"]:
+                placeholders.append(IMAGE_PART.format("<|video_pad|>" * (int(thw.prod()) // self.merge ** 2)))
+        audios = item.get("audios") or []
+        if audios:
+            features = self.feature_extractor([np.asarray(a, dtype=np.float32) for a in audios], sampling_rate=16000,
+                                              padding=True, truncation=False, return_attention_mask=True,
+                                              return_tensors="pt")
+            kwargs["input_features"] = features["input_features"]
+            kwargs["feature_attention_mask"] = features["attention_mask"]
+            for frames in features["attention_mask"].sum(-1).tolist():
+                if frames < 1:
+                    raise FieldError("prompt.multi_modal_data.audio", "an audio clip is empty")
+                placeholders.append(AUDIO_PART.format("<|audio_pad|>" * audio_token_count(frames, self.n_window)))
+        text = self.chat_text(item, placeholders)
+        ids = self.tokenizer(text, return_tensors="pt")
+        kwargs["input_ids"] = ids["input_ids"]
+        kwargs["attention_mask"] = ids["attention_mask"]
+        return kwargs

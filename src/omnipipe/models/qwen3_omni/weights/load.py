@@ -1,0 +1,117 @@
+"""Load one stage's part of a Qwen3-Omni checkpoint (``thinker``, ``talker`` or ``code2wav``) without building the
+others: the part's class is built from its sub-config with empty parameters, then only the tensors under its prefix
+are read from the safetensors files and assigned, on the stage's device and dtype."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from omnipipe.util.field_error import FieldError
+
+PARTS = ("thinker", "talker", "code2wav")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_checkpoint(value: Any, field: str) -> Path:
+    """The checkpoint directory a deploy names (stage option ``model``), or a FieldError saying what is missing."""
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise FieldError(field, "must name a Qwen3-Omni checkpoint directory (config.json + *.safetensors); "
+                         "`omnipipe tiny-checkpoint qwen3_omni DIR` writes a tiny one")
+    path = Path(value).expanduser()
+    if not (path / "config.json").is_file():
+        raise FieldError(field, f"{str(path)!r} is not a checkpoint directory: it has no config.json")
+    if not any(path.glob("*.safetensors")):
+        raise FieldError(field, f"{str(path)!r} has no *.safetensors weights")
+    return path
+
+
+def resolve_dtype(value: Any, device: str, field: str) -> torch.dtype:
+    """``auto``: bfloat16 on CUDA, float32 elsewhere."""
+    if value in (None, "auto"):
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if value not in DTYPES:
+        raise FieldError(field, f"must be auto or one of {', '.join(DTYPES)}, got {value!r}")
+    return DTYPES[value]
+
+
+def load_config(directory: Path):
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(directory, local_files_only=True)
+
+
+def weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / name for name in names]
+    return sorted(directory.glob("*.safetensors"))
+
+
+def read_tensors(directory: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """The named tensors of the checkpoint (only those are read)."""
+    from safetensors import safe_open
+
+    wanted, found = set(names), {}
+    for file in weight_files(directory):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            for key in wanted.intersection(handle.keys()):
+                found[key] = handle.get_tensor(key)
+    return found
+
+
+def _fuse_experts(module: torch.nn.Module, directory: Path, prefix: str, missing: list[str]) -> list[str]:
+    """The checkpoint stores MoE experts one by one; the module keeps them fused ([experts, 2 x inner, hidden] for
+    gate+up, [experts, hidden, inner] for down). Fill the fused tensors ``missing`` lists; return what is still
+    missing."""
+    params = dict(module.named_parameters())
+    left = []
+    for name in missing:
+        layer, _, kind = name.rpartition(".experts.")
+        if kind not in ("gate_up_proj", "down_proj") or name not in params:
+            left.append(name)
+            continue
+        count = params[name].shape[0]
+        base = f"{prefix}{layer}.experts"
+        keys = [f"{base}.{e}.{p}_proj.weight" for e in range(count)
+                for p in (("gate", "up") if kind == "gate_up_proj" else ("down",))]
+        tensors = read_tensors(directory, keys)
+        if len(tensors) != len(keys):
+            left.append(name)
+            continue
+        if kind == "gate_up_proj":
+            fused = torch.stack([torch.cat([tensors[f"{base}.{e}.gate_proj.weight"], tensors[f"{base}.{e}.up_proj.weight"]])
+                                 for e in range(count)])
+        else:
+            fused = torch.stack([tensors[f"{base}.{e}.down_proj.weight"] for e in range(count)])
+        with torch.no_grad():
+            params[name].copy_(fused.to(params[name].dtype))
+    return left
+
+
+def load_part(directory: Path, part: str, device: str, dtype: torch.dtype) -> torch.nn.Module:
+    """Build ``part`` of the checkpoint in ``directory`` with only its own weights, in eval mode."""
+    from transformers import (
+        Qwen3OmniMoeCode2Wav,
+        Qwen3OmniMoeTalkerForConditionalGeneration,
+        Qwen3OmniMoeThinkerForConditionalGeneration,
+    )
+
+    config = load_config(directory)
+    classes = {"thinker": (Qwen3OmniMoeThinkerForConditionalGeneration, config.thinker_config),
+               "talker": (Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),
+               "code2wav": (Qwen3OmniMoeCode2Wav, config.code2wav_config)}
+    cls, sub_config = classes[part]
+    # the thinker's class maps the checkpoint's ``thinker.`` names itself; the others are told their prefix
+    mapping = None if part == "thinker" else {rf"^{part}\.": ""}
+    module, info = cls.from_pretrained(directory, config=sub_config, dtype=dtype, key_mapping=mapping,
+                                       local_files_only=True, output_loading_info=True)
+    missing = _fuse_experts(module, directory, f"{part}.", sorted(info["missing_keys"]))
+    if missing:
+        raise ValueError(f"{directory}: the checkpoint lacks {len(missing)} tensors of the {part} "
+                         f"(first: {missing[0]})")
+    return module.to(device).eval()

@@ -1,0 +1,119 @@
+"""A tiny, randomly initialised Qwen3-Omni checkpoint written offline: the real architecture (MoE thinker with audio
+and vision encoders, talker with its code predictor, code2wav) at toy sizes, a byte-level BPE tokenizer with the
+family's special tokens, and the image processor and feature extractor configs. It exercises every code path of the
+family on a CPU in seconds; its outputs are noise (random weights), so tests compare it with the model's own
+``generate`` rather than judge what it says."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+# The corpus the tiny tokenizer's merges are learnt from; the vocabulary stays small so the embedding tables do.
+_CORPUS = (
+    "hello world, what do you see in this picture? describe the sound you hear. the quick brown fox jumps over "
+    "the lazy dog. one two three four five six seven eight nine ten. please answer in a short sentence."
+)
+_BPE_VOCAB = 320
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|audio_start|>", "<|audio_end|>",
+                  "<|audio_pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>",
+                  "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>")
+ROLE_TOKENS = ("system", "user", "assistant")  # single tokens: the talker finds turns by them
+MEDIA_TOKENS = {"image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>", "video_token": "<|video_pad|>",
+                "vision_bos_token": "<|vision_start|>", "vision_eos_token": "<|vision_end|>",
+                "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
+CODEBOOK = 64
+CODE_GROUPS = 4
+SPEAKER = "ethan"
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=_BPE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator([_CORPUS] * 4, trainer)
+    tokenizer = Qwen2Tokenizer(tokenizer_object=bpe, extra_special_tokens=dict(MEDIA_TOKENS),
+                               eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tokenizer.add_tokens(list(SPECIAL_TOKENS), special_tokens=True)
+    tokenizer.add_tokens(list(ROLE_TOKENS))
+    return tokenizer
+
+
+def _config(tokenizer):
+    from transformers import Qwen3OmniMoeConfig
+
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in (*SPECIAL_TOKENS, *ROLE_TOKENS)}
+    vocab = len(tokenizer)
+    hidden = 64
+    text = {"vocab_size": vocab, "hidden_size": hidden, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "moe_intermediate_size": 32,
+            "num_experts": 4, "num_experts_per_tok": 2, "max_position_embeddings": 4096,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [2, 3, 3],
+                                "interleaved": True}}
+    audio = {"num_mel_bins": 128, "encoder_layers": 1, "encoder_attention_heads": 2, "encoder_ffn_dim": 32,
+             "d_model": 16, "output_dim": hidden, "downsample_hidden_size": 8, "n_window": 50,
+             "n_window_infer": 400, "max_source_positions": 1500}
+    vision = {"depth": 2, "hidden_size": 16, "intermediate_size": 32, "num_heads": 2, "patch_size": 16,
+              "spatial_merge_size": 2, "temporal_patch_size": 2, "out_hidden_size": hidden,
+              "num_position_embeddings": 64, "deepstack_visual_indexes": [0]}
+    media = {"audio_token_id": ids["<|audio_pad|>"], "image_token_id": ids["<|image_pad|>"],
+             "video_token_id": ids["<|video_pad|>"]}
+    thinker = {"text_config": text, "audio_config": audio, "vision_config": vision, "user_token_id": ids["user"],
+               "audio_start_token_id": ids["<|audio_start|>"], "vision_start_token_id": ids["<|vision_start|>"],
+               **media}
+    talker_vocab = CODEBOOK + 1024  # codec ids, then 1024 ids generate suppresses except codec EOS
+    codec = {"codec_pad_id": CODEBOOK, "codec_bos_id": CODEBOOK + 1, "codec_eos_token_id": CODEBOOK + 2,
+             "codec_nothink_id": CODEBOOK + 3, "codec_think_bos_id": CODEBOOK + 4, "codec_think_eos_id": CODEBOOK + 5}
+    talker = {
+        "text_config": {"vocab_size": talker_vocab, "hidden_size": 32, "intermediate_size": 64,
+                        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+                        "moe_intermediate_size": 16, "num_experts": 4, "num_experts_per_tok": 2,
+                        "shared_expert_intermediate_size": 32, "max_position_embeddings": 4096,
+                        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0,
+                                            "mrope_section": [2, 3, 3], "interleaved": True}},
+        "code_predictor_config": {"vocab_size": CODEBOOK, "hidden_size": 32, "intermediate_size": 64,
+                                  "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+                                  "head_dim": 16, "num_code_groups": CODE_GROUPS},
+        "num_code_groups": CODE_GROUPS, "thinker_hidden_size": hidden, "accept_hidden_layer": 1,
+        "speaker_id": {SPEAKER: CODEBOOK + 6}, "spatial_merge_size": 2, "audio_config": audio,
+        "vision_start_token_id": ids["<|vision_start|>"], "audio_start_token_id": ids["<|audio_start|>"],
+        **media, **codec,
+    }
+    code2wav = {"codebook_size": CODEBOOK, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
+                "intermediate_size": 64, "num_hidden_layers": 2, "num_quantizers": CODE_GROUPS, "decoder_dim": 32,
+                "sliding_window": 72}
+    return Qwen3OmniMoeConfig(
+        thinker_config=thinker, talker_config=talker, code2wav_config=code2wav, enable_audio_output=True,
+        im_start_token_id=ids["<|im_start|>"], im_end_token_id=ids["<|im_end|>"], tts_pad_token_id=ids["<tts_pad>"],
+        tts_bos_token_id=ids["<tts_text_bos>"], tts_eos_token_id=ids["<tts_text_eod>"],
+        system_token_id=ids["system"], user_token_id=ids["user"], assistant_token_id=ids["assistant"])
+
+
+def write_tiny_checkpoint(directory: str | Path, seed: int = 0) -> Path:
+    """Write the tiny checkpoint into ``directory`` (created; files in it are replaced) and return its path. The
+    same seed writes the same weights."""
+    from transformers import Qwen2VLImageProcessorPil, Qwen3OmniMoeForConditionalGeneration, WhisperFeatureExtractor
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = _tokenizer()
+    config = _config(tokenizer)
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    image_processor = Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2,
+                                               size={"shortest_edge": 32 * 32, "longest_edge": 128 * 128})
+    image_processor.save_pretrained(directory)
+    features = WhisperFeatureExtractor(feature_size=128, sampling_rate=16000)
+    # one preprocessor file holds both, as in the released checkpoints
+    merged = {**json.loads(features.to_json_string()), **json.loads(image_processor.to_json_string())}
+    (directory / "preprocessor_config.json").write_text(json.dumps(merged, indent=2))
+    return directory
