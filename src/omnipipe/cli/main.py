@@ -37,6 +37,23 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (*USER_ERRORS, CLIError, gateway_cli.GatewayCLIError, UnknownPipelineError, RequestFailedError, EngineStartError, ModelPreparationError)
 
 
+# pipeline -> dotted path of ``write_tiny_checkpoint(directory, seed) -> Path``
+TINY_CHECKPOINTS = {
+    "qwen3_omni": "omnipipe.models.qwen3_omni.weights.tiny:write_tiny_checkpoint",
+}
+
+
+def _tiny_checkpoint(args: argparse.Namespace) -> int:
+    from omnipipe.util.dotted import resolve
+
+    if args.directory.exists() and not args.directory.is_dir():
+        raise CLIError(f"directory: {args.directory} exists and is not a directory")
+    path = resolve(TINY_CHECKPOINTS[args.family])(args.directory, seed=args.seed)
+    print(f"wrote a tiny random {args.family} checkpoint to {path}")
+    print(f"run it: omnipipe generate --pipeline {args.family} --model {path} \"hello\" -o answer.wav")
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------- generate
 def _add_generate(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("generate", help="answer one question (text and/or spoken) and write the spoken answer")
@@ -90,9 +107,10 @@ def _deploy_source(args: argparse.Namespace) -> Any:
     if getattr(args, "no_async_chunk", False):
         config.async_chunk = False
     if getattr(args, "model", None) is not None:
-        if pipeline.model_stage is None:
+        if not pipeline.model_stages:
             raise CLIError(f"--model: pipeline {pipeline.name!r} has no stage whose model can be chosen")
-        config.stage(pipeline.model_stage).options["model"] = args.model
+        for stage in pipeline.model_stages:
+            config.stage(stage).options["model"] = args.model
     return pipeline, config
 
 
@@ -274,8 +292,10 @@ def _serve(args: argparse.Namespace, **options: Any) -> int:
         if args.ray_address is not None:
             deploy.setdefault("placement", {}).update(backend="ray", address=args.ray_address)
         if args.model is not None:
-            stage = get_pipeline(args.pipeline).model_stage
-            deploy.setdefault("stages", {}).setdefault(stage, {}).setdefault("options", {})["model"] = args.model
+            if not get_pipeline(args.pipeline).model_stages:
+                raise CLIError(f"--model: pipeline {args.pipeline!r} has no stage whose model can be chosen")
+            for stage in get_pipeline(args.pipeline).model_stages:
+                deploy.setdefault("stages", {}).setdefault(stage, {}).setdefault("options", {})["model"] = args.model
     config = ServerConfig(pipeline=args.pipeline, deploy=deploy, host=args.host, port=args.port,
                           api_key=args.api_key, max_body_bytes=args.max_body_bytes, voice_aliases=aliases,
                           served_model_name=names[0] if names else None, model_aliases=tuple(names[1:]),
@@ -407,6 +427,11 @@ def build_parser() -> argparse.ArgumentParser:
     gateway_cli.add_up(sub)
     gateway_cli.add_sessions(sub)
     sub.add_parser("models", help="list pipelines and whether their weights are ready")
+    t = sub.add_parser("tiny-checkpoint", help="write a tiny random checkpoint of a model family (offline), to run "
+                       "its pipeline on a CPU without a download")
+    t.add_argument("family", choices=sorted(TINY_CHECKPOINTS), help="the pipeline whose checkpoint to write")
+    t.add_argument("directory", type=Path, help="where to write it (created)")
+    t.add_argument("--seed", type=int, default=0, help="weights seed (the same seed writes the same weights)")
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")
@@ -447,6 +472,8 @@ def main(argv: list[str] | None = None) -> int:
             return gateway_cli.run_sessions(args)
         if args.command == "models":
             return _models(args)
+        if args.command == "tiny-checkpoint":
+            return _tiny_checkpoint(args)
         if args.command == "download":
             return _download(args)
         if args.command == "bench":

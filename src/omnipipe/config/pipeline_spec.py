@@ -88,7 +88,7 @@ class PipelineSpec:
     input_modalities: tuple[str, ...]
     default_deploy: dict[str, Any] = field(default_factory=dict)
     comprehension_stage: str | None = None  # receives SamplingParams given without a stage name
-    model_stage: str | None = None  # the stage whose deploy option ``model`` the CLI's ``--model`` sets
+    model_stages: tuple[str, ...] = ()  # the stages whose deploy option ``model`` the CLI's ``--model`` sets
     takes_history: bool = False  # the prompt processor reads a prompt's "history" (earlier turns, instructions)
     prepare_weights: str | None = None  # dotted path: (progress: bool) -> None, idempotent
     weights_status: str | None = None  # dotted path: () -> (ready: bool, detail: str)
@@ -114,8 +114,9 @@ class PipelineSpec:
             raise PipelineSpecError(f"pipeline {self.name}: speed stage {self.serving.speed_stage!r} unknown")
         if self.comprehension_stage is not None and self.comprehension_stage not in names:
             raise PipelineSpecError(f"pipeline {self.name}: comprehension stage {self.comprehension_stage!r} unknown")
-        if self.model_stage is not None and self.model_stage not in names:
-            raise PipelineSpecError(f"pipeline {self.name}: model stage {self.model_stage!r} unknown")
+        for stage in self.model_stages:
+            if stage not in names:
+                raise PipelineSpecError(f"pipeline {self.name}: model stage {stage!r} unknown")
         self._check_acyclic()
 
     def _check_acyclic(self) -> None:

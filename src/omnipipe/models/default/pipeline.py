@@ -68,7 +68,7 @@ DEFAULT = PipelineSpec(
     prompt_processor=f"{_P}.processors.default_prompt",
     input_modalities=("text", "audio", "image"),
     comprehension_stage="thinker",
-    model_stage="thinker",
+    model_stages=("thinker",),
     takes_history=True,
     default_deploy=_DEPLOY,
     serving=ServingTraits(speech_pipeline="tts", transcription_pipeline="asr", voices=_VOICES, speed_stage="talker"),

@@ -25,6 +25,7 @@ PIPELINE = PipelineSpec(
     input_modalities=("text", "image", "audio", "video"),
     comprehension_stage="thinker",
     takes_history=True,
+    model_stages=("thinker", "talker", "code2wav"),
     default_deploy={"edges": {"talker->code2wav": {"options": {"codec_chunk_frames": 25,
                                                                 "left_context_frames": 25}}}},
 )
