@@ -225,6 +225,9 @@ def test_frames_given_as_images_or_an_array() -> None:
     assert listed.shape == (5, 4, 6, 3) and [index_of(f) for f in listed] == [0, 1, 2, 3, 4]
     capped = load_video(np.stack(images), "v", max_frames=3)
     assert [index_of(f) for f in capped] == [0, 2, 4]
+    # of a list, only the frames kept are decoded: a bad frame between them is never looked at
+    skipping = load_video([images[0], b"not an image", images[2], b"nor this", images[4]], "v", max_frames=3)
+    assert [index_of(f) for f in skipping] == [0, 2, 4]
 
 
 @pytest.mark.parametrize("value, field, rule", [

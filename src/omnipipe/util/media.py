@@ -201,13 +201,13 @@ def nearest_frames(times: list[float], fps: float) -> list[int]:
         step += 1
 
 
-def _frames_of_list(value: list[Any] | tuple[Any, ...], field: str) -> np.ndarray:
+def _frames_of_list(value: list[Any] | tuple[Any, ...], field: str, max_frames: int) -> np.ndarray:
+    """The frames kept (``max_frames`` spread evenly), each decoded; the others are not looked at."""
     if not value:
         raise FieldError(field, "the video has no frames")
-    if len(value) > MAX_VIDEO_DECODED_FRAMES:
-        raise FieldError(field, f"has {len(value)} frames, more than the {MAX_VIDEO_DECODED_FRAMES} taken")
-    frames = [np.asarray(load_image(v, f"{field}[{i}]")) for i, v in enumerate(value)]
-    for i, frame in enumerate(frames):
+    kept = spread(len(value), max_frames)
+    frames = [np.asarray(load_image(value[i], f"{field}[{i}]")) for i in kept]
+    for i, frame in zip(kept, frames):
         if frame.shape != frames[0].shape:
             raise FieldError(f"{field}[{i}]", f"is {frame.shape[1]}x{frame.shape[0]} pixels; every frame must be "
                              f"the size of the first ({frames[0].shape[1]}x{frames[0].shape[0]})")
@@ -314,11 +314,12 @@ def load_video(value: Any, field: str, fps: float = 2.0, max_frames: int = 64) -
     a local path; any container and codec FFmpeg reads) is sampled at ``fps``: for each instant ``0, 1/fps,
     2/fps, ...`` up to the last frame, the frame nearest to it. A list of images (each anything ``load_image``
     takes) or a ``[T, H, W, 3]`` uint8 array is taken as the frames already sampled. More than ``max_frames``
-    frames are cut to ``max_frames`` spread evenly (the first and the last kept)."""
+    frames are cut to ``max_frames`` spread evenly (the first and the last kept; of a list, only those are
+    decoded)."""
     fps, max_frames = _check_sampling(fps, max_frames)
     if isinstance(value, (list, tuple)):
-        frames = _frames_of_list(value, field)
-    elif isinstance(value, np.ndarray):
+        return _frames_of_list(value, field, max_frames)
+    if isinstance(value, np.ndarray):
         frames = _frames_of_array(value, field)
     else:
         raw = _encoded(value, "video", field)
