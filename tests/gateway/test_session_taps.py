@@ -164,6 +164,30 @@ def test_chat_stream(store: SessionStore, writer: RecordingWriter, clock: FakeCl
     assert (directory / "merged_replay.wav").is_file()
 
 
+def test_chat_audio_url_and_video_url_parts(store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:
+    recorder = recorder_for(store, writer, clock, "chat")
+    tap = ChatTap(recorder)
+    clock.at(1.0)
+    wav = b64(encode_wav(tone(0.5, 16_000), 16_000))
+    tap.on_request({"model": "qwen", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is heard and seen?"},
+        {"type": "audio_url", "audio_url": {"url": f"data:audio/wav;base64,{wav}"}},
+        {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{b64(b'0123456789')}"}},
+        {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}},
+    ]}]})
+    tap.on_json_response({"id": "chatcmpl-1", "object": "chat.completion", "choices": [{
+        "index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "A tone."}}]})
+    tap.end("completed")
+    directory, recording = finished(recorder, writer)
+    (turn,) = recording["turns"]
+    assert turn["user_text"] == "What is heard and seen?"
+    assert turn["user_audio"]["path"] == "user_audio/turn001.wav" and turn["user_audio"]["duration_s"] == 0.5
+    assert duration(directory / "user_audio/turn001.wav") == pytest.approx(0.5)
+    videos = [e for e in recording["events"] if e["kind"] == "video_url"]
+    assert [(v.get("mime"), v.get("size_bytes"), v.get("url")) for v in videos] == [
+        ("video/mp4", 10, None), (None, None, "https://example.com/v.mp4")]
+
+
 @pytest.mark.parametrize("audio_format", ["wav", "pcm16", "flac"])
 def test_chat_json_response(store: SessionStore, writer: RecordingWriter, clock: FakeClock,
                             audio_format: str) -> None:

@@ -88,3 +88,16 @@ def test_each_image_is_read_as_its_size_and_main_colour() -> None:
         "[Attached image 2: 64x48 pixels, mostly blue.]",
         "[Attached image 3: 64x48 pixels, mostly white.]",
     ]
+
+
+def test_the_spoken_question_comes_alone_or_as_a_list_of_one() -> None:
+    import soundfile
+
+    buffer = io.BytesIO()
+    soundfile.write(buffer, np.zeros(1600, np.float32), 16_000, format="WAV")
+    for audio in (buffer.getvalue(), [buffer.getvalue()]):
+        entry = default_prompt({"prompt": "", "multi_modal_data": {"audio": audio}, "history": []})
+        assert entry.stage == "encoder" and entry.data["audio"].shape == (1600,)
+    with pytest.raises(FieldError, match="takes one spoken question, got 2") as info:
+        default_prompt({"prompt": "", "multi_modal_data": {"audio": [buffer.getvalue()] * 2}, "history": []})
+    assert info.value.field == "prompt.multi_modal_data.audio"

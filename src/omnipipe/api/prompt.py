@@ -6,7 +6,7 @@ from typing import Any
 
 from omnipipe.util.field_error import FieldError
 
-MM_KEYS = ("audio", "image")
+MM_KEYS = ("audio", "image", "video")
 HISTORY_ROLES = ("system", "user", "assistant")  # "system" also carries OpenAI's "developer" messages
 
 

@@ -63,7 +63,7 @@ class InputAudioPart(BaseModel):
 
 class ImageUrl(BaseModel):
     model_config = _STRICT
-    url: str
+    url: str = Field(description="data:image/<type>;base64,<data> (nothing is fetched)")
     detail: str | None = None
 
 
@@ -73,7 +73,30 @@ class ImageUrlPart(BaseModel):
     image_url: ImageUrl
 
 
-ContentPart = Annotated[TextPart | InputAudioPart | ImageUrlPart, Field(discriminator="type")]
+class AudioUrl(BaseModel):
+    model_config = _STRICT
+    url: str = Field(description="data:audio/<type>;base64,<data> (nothing is fetched)")
+
+
+class AudioUrlPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["audio_url"]
+    audio_url: AudioUrl
+
+
+class VideoUrl(BaseModel):
+    model_config = _STRICT
+    url: str = Field(description="data:video/<type>;base64,<data> (nothing is fetched)")
+
+
+class VideoUrlPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["video_url"]
+    video_url: VideoUrl
+
+
+ContentPart = Annotated[TextPart | InputAudioPart | ImageUrlPart | AudioUrlPart | VideoUrlPart,
+                        Field(discriminator="type")]
 
 
 class AssistantAudioRef(BaseModel):

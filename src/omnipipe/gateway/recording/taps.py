@@ -171,7 +171,8 @@ class ChatTap(_HttpTap):
 
     @_never_raises
     def on_request(self, body: dict[str, Any]) -> None:
-        """Open a turn with the request's last user message: text parts, one ``input_audio``, images."""
+        """Open a turn with the request's last user message: text parts, audio (``input_audio``, ``audio_url``),
+        images, videos (an event each)."""
         self._open_turn()
         audio_options = body.get("audio") if isinstance(body.get("audio"), dict) else {}
         self._audio_format = str(audio_options.get("format") or "wav")
@@ -193,6 +194,10 @@ class ChatTap(_HttpTap):
                 self._input_audio(part.get("input_audio"))
             elif part.get("type") == "image_url":
                 self._image(part.get("image_url"))
+            elif part.get("type") == "audio_url":
+                self._audio_url(part.get("audio_url"))
+            elif part.get("type") == "video_url":
+                self._video_url(part.get("video_url"))
         text = " ".join(t.strip() for t in texts if t.strip())
         if text:
             self.recorder.user_text(text)
@@ -214,6 +219,34 @@ class ChatTap(_HttpTap):
             self.recorder.event("image_url", url=_clipped(url))
             return
         self.recorder.user_image(_b64decode(payload), header[len("data:"):].split(";", 1)[0])
+
+    @_never_raises
+    def _audio_url(self, audio: Any) -> None:
+        """An ``audio_url`` part: a base64 data URL is saved like ``input_audio`` (its type names the format);
+        another URL is recorded as an event."""
+        url = audio.get("url") if isinstance(audio, dict) else None
+        if not isinstance(url, str):
+            raise TypeError("audio_url.url: expected a string")
+        header, comma, payload = url.partition(",")
+        if not (url.startswith("data:") and comma and header.endswith(";base64")):
+            self.recorder.event("audio_url", url=_clipped(url))
+            return
+        mime = header[len("data:"):].split(";", 1)[0]
+        self.recorder.user_audio_encoded(_b64decode(payload), mime.rpartition("/")[2] or "bin",
+                                         t_start=self._response_started_at)
+
+    @_never_raises
+    def _video_url(self, video: Any) -> None:
+        """A ``video_url`` part: recorded as an event (its type and size; the video itself is not kept)."""
+        url = video.get("url") if isinstance(video, dict) else None
+        if not isinstance(url, str):
+            raise TypeError("video_url.url: expected a string")
+        header, comma, payload = url.partition(",")
+        if not (url.startswith("data:") and comma and header.endswith(";base64")):
+            self.recorder.event("video_url", url=_clipped(url))
+            return
+        self.recorder.event("video_url", mime=header[len("data:"):].split(";", 1)[0],
+                            size_bytes=len(_b64decode(payload)))
 
     @_never_raises
     def _answer_image(self, image: Any) -> None:

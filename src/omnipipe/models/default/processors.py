@@ -93,6 +93,16 @@ def _decode_audio(value: Any) -> np.ndarray:
     return np.ascontiguousarray(audio, dtype=np.float32)
 
 
+def _one_audio(value: Any) -> Any:
+    """The spoken question: one audio, given alone or as a list of one (the chat route gives lists)."""
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise FieldError("prompt.multi_modal_data.audio", f"this pipeline takes one spoken question, got "
+                             f"{len(value)} audio inputs")
+        return value[0]
+    return value
+
+
 def _attached_images(value: Any) -> list[bytes]:
     field = "prompt.multi_modal_data.image"
     values = value if isinstance(value, list) else [value]
@@ -102,7 +112,7 @@ def _attached_images(value: Any) -> list[bytes]:
 
 
 def default_prompt(prompt: dict[str, Any]) -> EntryInput:
-    audio = prompt["multi_modal_data"].get("audio")
+    audio = _one_audio(prompt["multi_modal_data"].get("audio"))
     image = prompt["multi_modal_data"].get("image")
     history = prompt.get("history") or []
     if image is not None:
@@ -124,7 +134,7 @@ def tts_prompt(prompt: dict[str, Any]) -> EntryInput:
 
 
 def asr_prompt(prompt: dict[str, Any]) -> EntryInput:
-    return EntryInput("encoder", {"audio": _decode_audio(prompt["multi_modal_data"]["audio"]),
+    return EntryInput("encoder", {"audio": _decode_audio(_one_audio(prompt["multi_modal_data"]["audio"])),
                                   "sample_rate_hz": WHISPER_RATE_HZ, "instruction": ""})
 
 

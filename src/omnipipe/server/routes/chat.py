@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``: the last message (the user's text and/or one spoken part) as the question, the
+"""``POST /v1/chat/completions``: the last message (the user's text and/or media parts) as the question, the
 messages before it as the conversation (for a pipeline that takes history), text and optionally speech as the
 answer, whole or streamed as server-sent events."""
 
@@ -9,7 +9,7 @@ import binascii
 import time
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +21,7 @@ from omnipipe.api.outputs import OmniRequestOutput, RequestMetrics
 from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.openai import (
+    AudioUrlPart,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -38,6 +39,7 @@ from omnipipe.protocol.openai import (
     ResponseMessage,
     TextPart,
     Usage,
+    VideoUrlPart,
 )
 from omnipipe.protocol.worker import CHAT_PATH
 from omnipipe.server.audio_stream import Pcm16Stream, encode_whole
@@ -88,42 +90,79 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
                           "logit bias)", name, code="unsupported_parameter")
 
 
-def _text_of(content: str | list[Any] | None, where: str, pipeline: PipelineSpec, earlier: bool) -> tuple[
-        list[str], list[tuple[int, InputAudioPart]], list[bytes]]:
-    """The text parts of a message's content, its audio parts (with their index) and its images (decoded from their
-    data URIs, once: the prompt processor takes the bytes)."""
+_URL_PARTS = {"image_url": "image", "audio_url": "audio", "video_url": "video"}  # part type -> modality
+
+
+@dataclass
+class MessageContent:
+    """A message's content parts sorted out: its text, and the media files it attaches by modality (``image``,
+    ``audio``, ``video``: each file's bytes, in the order given) with the API field each came from."""
+
+    texts: list[str] = field(default_factory=list)
+    media: dict[str, list[bytes]] = field(default_factory=dict)
+    params: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, modality: str, data: bytes, param: str) -> None:
+        self.media.setdefault(modality, []).append(data)
+        self.params.setdefault(modality, []).append(param)
+
+
+def _base64(data: str, param: str) -> bytes:
+    try:
+        decoded = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise invalid(f"{param}: the data is not valid base64", param, code="invalid_base64") from None
+    if not decoded:
+        raise invalid(f"{param}: the data is empty", param)
+    return decoded
+
+
+def _refuse_modality(pipeline: PipelineSpec, modality: str, param: str) -> None:
+    if modality not in pipeline.input_modalities:
+        raise invalid(f"{param}: pipeline {pipeline.name!r} does not take {modality} input (it takes "
+                      f"{', '.join(pipeline.input_modalities)})", param, code="unsupported_modality")
+
+
+def _url_part(part: ImageUrlPart | AudioUrlPart | VideoUrlPart, param: str, pipeline: PipelineSpec,
+              earlier: bool) -> tuple[str, bytes]:
+    """A media part given by URL: its modality and its file's bytes, from an inline base64 data URL."""
+    modality = _URL_PARTS[part.type]
+    _refuse_modality(pipeline, modality, param)
+    if earlier:
+        raise invalid(f"{param}: {modality} is taken in the last user message only", param,
+                      code="unsupported_content")
+    url = getattr(part, part.type).url
+    header, _, body = url.partition(",")
+    if not (header.startswith(f"data:{modality}/") and header.endswith(";base64")):
+        raise invalid(f"{param}.url: give the {modality} inline as data:{modality}/<type>;base64,<data> (this "
+                      "server fetches nothing)", f"{param}.url", code=f"invalid_{part.type}")
+    return modality, _base64(body, f"{param}.url")
+
+
+def message_content(content: str | list[Any] | None, where: str, pipeline: PipelineSpec,
+                    earlier: bool = False) -> MessageContent:
+    """The parts of a message's ``content`` (``where``: its API field, ``messages[i].content``) sorted out; a part of
+    a modality ``pipeline`` does not take, or media in an ``earlier`` message, is a 400 naming the part. Media
+    parts: ``image_url``, ``audio_url`` and ``video_url`` (inline ``data:<modality>/...;base64,`` URLs) and
+    ``input_audio`` (base64 ``data``); each is decoded from base64 once (the prompt processor takes the bytes)."""
     parts = [TextPart(type="text", text=content)] if isinstance(content, str) else list(content or [])
-    texts: list[str] = []
-    audio: list[tuple[int, InputAudioPart]] = []
-    images: list[bytes] = []
+    out = MessageContent()
     for j, part in enumerate(parts):
+        param = f"{where}[{j}].{part.type}"
         if isinstance(part, TextPart):
-            texts.append(part.text)
+            if part.text.strip():
+                out.texts.append(part.text.strip())
         elif isinstance(part, InputAudioPart):
             if earlier:
-                param = f"{where}[{j}].input_audio"
                 raise invalid(f"{param}: audio is taken in the last user message only; give an earlier spoken "
                               "question as its transcript (text)", param, code="unsupported_content")
-            audio.append((j, part))
-        elif isinstance(part, ImageUrlPart):
-            param = f"{where}[{j}].image_url"
-            if "image" not in pipeline.input_modalities:
-                raise invalid(f"{param}: pipeline {pipeline.name!r} does not take image input (it takes "
-                              f"{', '.join(pipeline.input_modalities)})", param, code="unsupported_modality")
-            if earlier:
-                raise invalid(f"{param}: images are taken in the last user message only", param,
-                              code="unsupported_content")
-            url = part.image_url.url
-            header, _, body = url.partition(",")
-            if not (header.startswith("data:image/") and header.endswith(";base64")):
-                raise invalid(f"{param}.url: give the image inline as data:image/<type>;base64,<data> (this server "
-                              "fetches nothing)", f"{param}.url", code="invalid_image_url")
-            try:
-                images.append(base64.b64decode(body, validate=True))
-            except (binascii.Error, ValueError):
-                raise invalid(f"{param}.url: the data is not valid base64", f"{param}.url",
-                              code="invalid_base64") from None
-    return [t.strip() for t in texts if t.strip()], audio, images
+            data = _base64(part.input_audio.data, f"{param}.data")
+            _refuse_modality(pipeline, "audio", param)
+            out.add("audio", data, f"{param}.data")
+        else:
+            modality, data = _url_part(part, param, pipeline, earlier)
+            out.add(modality, data, f"{param}.url")
+    return out
 
 
 def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: SpokenAnswers) -> list[dict[str, str]]:
@@ -138,7 +177,7 @@ def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spoke
         if message.audio is not None and message.role != "assistant":
             raise invalid(f"{where}.audio: only an assistant message refers to an earlier spoken answer",
                           f"{where}.audio")
-        texts, _, _ = _text_of(message.content, f"{where}.content", pipeline, earlier=True)
+        texts = message_content(message.content, f"{where}.content", pipeline, earlier=True).texts
         if message.role == "assistant" and message.audio is not None and not texts:
             words = answers.words(message.audio.id)
             if words is None:
@@ -156,49 +195,34 @@ def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spoke
 
 
 def _question(messages: list[ChatMessage], pipeline: PipelineSpec, answers: SpokenAnswers) -> tuple[
-        dict[str, Any], str | None]:
-    """The last message is the question (a user's, with text and/or one spoken part); the ones before are the
-    conversation it belongs to."""
+        dict[str, Any], str | None, dict[str, str]]:
+    """The last message is the question (a user's: text and/or media); the ones before are the conversation it
+    belongs to. Returns the prompt, the API field of its audio when it has one audio file, and the API field of each
+    of its ``multi_modal_data`` entries (for naming what a stage finds wrong with them)."""
     index = len(messages) - 1
     if messages[index].role != "user":
         raise invalid(f"messages[{index}].role: the last message must be the user's question, got "
                       f"{messages[index].role!r}", f"messages[{index}].role")
     where = f"messages[{index}].content"
-    texts, audio_parts, images = _text_of(messages[index].content, where, pipeline, earlier=False)
-    audio: bytes | None = None
-    audio_param: str | None = None
-    for j, part in audio_parts:
-        param = f"{where}[{j}].input_audio"
-        audio_param = f"{param}.data"
-        try:
-            decoded = base64.b64decode(part.input_audio.data, validate=True)
-        except (binascii.Error, ValueError):
-            raise invalid(f"{audio_param}: not valid base64", audio_param, code="invalid_base64") from None
-        if "audio" not in pipeline.input_modalities:
-            raise invalid(f"{param}: pipeline {pipeline.name!r} does not take audio input", param,
-                          code="unsupported_modality")
-        if audio is not None:
-            raise invalid(f"{param}: only one input_audio part per message is supported", param)
-        if not decoded:
-            raise invalid(f"{audio_param}: the audio is empty", audio_param)
-        audio = decoded
+    content = message_content(messages[index].content, where, pipeline)
     if messages[index].audio is not None:
         raise invalid(f"messages[{index}].audio: only an assistant message refers to an earlier spoken answer",
                       f"messages[{index}].audio")
-    text = " ".join(texts)
-    if audio is None and not text:
-        raise invalid(f"{where}: the last user message has no text or audio", where)
+    text = " ".join(content.texts)
+    if not content.media and not text:
+        raise invalid(f"{where}: the last user message has no text or media", where)
     if text and "text" not in pipeline.input_modalities:
         raise invalid(f"{where}: pipeline {pipeline.name!r} does not take text input", where)
     prompt: dict[str, Any] = {"prompt": text, "history": _history(messages[:index], pipeline, answers)}
-    media: dict[str, Any] = {}
-    if audio is not None:
-        media["audio"] = audio
-    if images:
-        media["image"] = images
-    if media:
-        prompt["multi_modal_data"] = media
-    return prompt, audio_param
+    if content.media:
+        prompt["multi_modal_data"] = content.media
+    media_fields: dict[str, str] = {}
+    for modality, params in content.params.items():
+        media_fields[f"prompt.multi_modal_data.{modality}"] = params[0] if len(params) == 1 else where
+        for n, param in enumerate(params):
+            media_fields[f"prompt.multi_modal_data.{modality}[{n}]"] = param
+    audio_params = content.params.get("audio", [])
+    return prompt, audio_params[0] if len(audio_params) == 1 else None, media_fields
 
 
 def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tuple[dict[str, SamplingParams],
@@ -243,7 +267,7 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tup
 def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineSpec,
               answers: SpokenAnswers) -> ChatPlan:
     _refuse_unsupported(body)
-    prompt, audio_param = _question(body.messages, pipeline, answers)
+    prompt, audio_param, media_fields = _question(body.messages, pipeline, answers)
     try:  # audio brings the transcript of the spoken answer
         modalities = pipeline.check_output_modalities(body.modalities or ["text"], "modalities", with_transcript=True)
     except FieldError as exc:
@@ -260,8 +284,8 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options: only allowed when stream is true", "stream_options")
     params, field_map = _sampling_params(body, pipeline)
+    field_map.update(media_fields)
     if audio_param is not None:
-        field_map["prompt.multi_modal_data.audio"] = audio_param
         if not prompt["prompt"]:  # a spoken question alone: what a stage finds wrong with the prompt is in its audio
             field_map["prompt"] = audio_param
     edge_options: dict[str, dict[str, Any]] = {}
@@ -403,4 +427,4 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-__all__ = ["APIError", "plan_chat", "router"]
+__all__ = ["APIError", "MessageContent", "message_content", "plan_chat", "router"]
