@@ -40,7 +40,7 @@ def _video(value: Any, field: str) -> Any:
             raise FieldError(field, f"no such video file: {str(path)!r}")
         return path.read_bytes()
     if isinstance(value, str):
-        return value.encode()  # a data: URL, decoded by the thinker
+        return value  # a data: URL, decoded by the thinker
     return load_video(value, field)
 
 

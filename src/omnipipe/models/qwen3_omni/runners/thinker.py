@@ -6,7 +6,8 @@ token, the prompt's ids, its layer-0 embeddings and its multimodal positions' hi
 ``accept_hidden_layer`` (and the grids its rope index needs); with every token, that token's embedding.
 
 Stage options: ``model`` (checkpoint directory, required), ``device`` (cpu), ``dtype`` (auto: bf16 on CUDA),
-``max_new_tokens`` (when a request gives no ``max_tokens``).
+``max_new_tokens`` (when a request gives no ``max_tokens``), ``video_fps`` (2: frames per second sampled from a
+video file, and the rate frames given as frames are taken to have), ``video_max_frames`` (64).
 """
 
 from __future__ import annotations
@@ -43,6 +44,20 @@ class QwenOmniThinkerRunner(StageRunner):
         if tokenizer.pad_token_id is not None:
             self.eos_ids.add(int(tokenizer.pad_token_id))  # <|endoftext|>
         self.max_new_tokens = int(options.get("max_new_tokens", 1024))
+        self.video_fps = float(options.get("video_fps", 2.0))
+        self.video_max_frames = int(options.get("video_max_frames", 64))
+
+    def _sample_videos(self, item: dict[str, Any]) -> dict[str, Any]:
+        """Video files (bytes or a data: URL) sampled at the stage's ``video_fps``; frames given as frames stay."""
+        from omnipipe.util.media import load_video
+
+        videos = item.get("videos")
+        if not videos:
+            return item
+        sampled = [load_video(v, f"prompt.multi_modal_data.video[{i}]", fps=self.video_fps,
+                              max_frames=self.video_max_frames) if isinstance(v, (bytes, str)) else v
+                   for i, v in enumerate(videos)]
+        return {**item, "videos": sampled, "video_fps": self.video_fps}
 
     def snapshot(self, request: StageRequest) -> Any:
         state = request.runner_state
@@ -73,7 +88,7 @@ class QwenOmniThinkerRunner(StageRunner):
         items = request.take_all_inputs()
         item = items[0] if items else {}
         try:
-            kwargs = self.inputs(item)
+            kwargs = self.inputs(self._sample_videos(item))
         except FieldError:
             raise
         except (ValueError, RuntimeError) as exc:
