@@ -182,3 +182,11 @@ def test_the_bench_prints_the_seam_table(capsys: pytest.CaptureFixture[str]) -> 
     rows = [line for line in out.splitlines() if line.startswith("| omnipipe") or line.startswith("| transformers")]
     assert len(rows) == 6
     assert "needs 578 frames of left context" in out
+
+
+def test_codes_outside_the_codebook_name_the_field(model: torch.nn.Module, codes: torch.Tensor) -> None:
+    bad = codes[0, :, :9].clone()
+    bad[1, 4] = model.config.codebook_size  # would read the next quantizer's embedding
+    with pytest.raises(FieldError, match="codebook_size") as error:
+        decode_windows(model, [CodeWindow(bad, 0, 0)])
+    assert error.value.field == "frames"

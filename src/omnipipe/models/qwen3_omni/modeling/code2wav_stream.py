@@ -151,6 +151,8 @@ class CodeWindow:
         if not isinstance(frames, torch.Tensor) or frames.ndim != 2:
             raise FieldError("frames", f"must be a [Q, T] array of codes, got {getattr(frames, 'shape', frames)!r}")
         lookahead = _whole_number("lookahead_frames", chunk.get("lookahead_frames", 0))
+        if lookahead > frames.shape[1]:
+            raise FieldError("lookahead_frames", f"{lookahead} is more than the chunk's {frames.shape[1]} frames")
         if lookahead:
             frames = frames[:, : frames.shape[1] - lookahead]
         return cls(frames, _whole_number("context_frames", chunk["context_frames"]),
@@ -163,13 +165,16 @@ def _whole_number(field: str, value: Any) -> int:
     return int(value)
 
 
-def _check_window(window: CodeWindow, geometry: Code2WavGeometry, num_quantizers: int, where: str) -> None:
+def _check_window(window: CodeWindow, geometry: Code2WavGeometry, config: Any, where: str) -> None:
     frames = window.frames
-    if frames.ndim != 2 or frames.shape[0] != num_quantizers:
-        raise FieldError(f"{where}frames", f"must be [num_quantizers={num_quantizers}, T], got "
+    if frames.ndim != 2 or frames.shape[0] != config.num_quantizers:
+        raise FieldError(f"{where}frames", f"must be [num_quantizers={config.num_quantizers}, T], got "
                          f"{tuple(frames.shape)}")
     if frames.dtype.is_floating_point or frames.dtype.is_complex or frames.dtype == torch.bool:
         raise FieldError(f"{where}frames", f"must hold integer codes, got {frames.dtype}")
+    if frames.numel() and not 0 <= int(frames.min()) <= int(frames.max()) < config.codebook_size:
+        raise FieldError(f"{where}frames", f"codes must lie in [0, codebook_size={config.codebook_size}), got "
+                         f"[{int(frames.min())}, {int(frames.max())}]")
     context, start = window.context_frames, window.start_frame
     if context > frames.shape[1]:
         raise FieldError(f"{where}context_frames", f"{context} is more than the window's {frames.shape[1]} frames")
@@ -178,7 +183,7 @@ def _check_window(window: CodeWindow, geometry: Code2WavGeometry, num_quantizers
     if start > 0 and context * geometry.samples_per_frame < geometry.tail_samples:
         raise FieldError(f"{where}context_frames", f"a window after the first needs at least "
                          f"{math.ceil(geometry.tail_samples / geometry.samples_per_frame)} context frame(s) to "
-                         f"make the {geometry.tail_samples} samples the previous window could not, got 0")
+                         f"make the {geometry.tail_samples} samples the previous window could not, got {context}")
 
 
 def _emitted_range(window: CodeWindow, geometry: Code2WavGeometry) -> tuple[int, int]:
@@ -186,8 +191,7 @@ def _emitted_range(window: CodeWindow, geometry: Code2WavGeometry) -> tuple[int,
     window_start = window.start_frame - window.context_frames
     window_end = window_start + window.frames.shape[1]
     offset = window_start * geometry.samples_per_frame  # the stream position of the window decode's sample 0
-    return (geometry.stream_position(window.start_frame) - offset,
-            max(geometry.stream_position(window_end) - offset, geometry.stream_position(window.start_frame) - offset))
+    return geometry.stream_position(window.start_frame) - offset, geometry.stream_position(window_end) - offset
 
 
 def _decode_at_positions(code2wav: Qwen3OmniMoeCode2Wav, codes: torch.Tensor,
@@ -211,7 +215,9 @@ def decode_windows(code2wav: Qwen3OmniMoeCode2Wav, windows: Sequence[CodeWindow]
     """Decode several requests' windows in one call; return, per window, the 1-D samples its new frames add to
     that request's stream (float, the module's dtype).
 
-    A stage runner calls it per step with one window per chunk (``CodeWindow.from_chunk(chunk)``). Concatenating
+    A stage runner calls it per step with one window per chunk (``CodeWindow.from_chunk(chunk)``: the chunk's
+    ``frames`` [Q, T] codes, ``context_frames`` and ``start_frame`` are all it needs), the frame edge set to
+    ``left_context_frames = exact_left_context_frames(code2wav)`` and no right context. Concatenating
     a request's outputs in order equals ``code2wav(all its codes)`` once every window carries at least
     ``exact_left_context_frames(code2wav)`` context frames (or all frames before it); fewer make an approximation.
     The last window needs no flag: its output ends where the whole decode does. Windows of different lengths are
@@ -223,7 +229,7 @@ def decode_windows(code2wav: Qwen3OmniMoeCode2Wav, windows: Sequence[CodeWindow]
     geometry = code2wav_geometry(code2wav)
     quantizers = code2wav.config.num_quantizers
     for i, window in enumerate(windows):
-        _check_window(window, geometry, quantizers, f"windows[{i}]." if len(windows) > 1 else "")
+        _check_window(window, geometry, code2wav.config, f"windows[{i}]." if len(windows) > 1 else "")
     longest = max(window.frames.shape[1] for window in windows)
     device = code2wav.code_offset.device
     codes = torch.zeros((len(windows), quantizers, longest), dtype=torch.long, device=device)
