@@ -436,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")
     b.add_argument("suite", choices=["engine", "relay", "offline", "quality", "serve", "gateway", "soak", "images",
-                                        "broadcast", "thinker", "placement"],
+                                        "broadcast", "thinker", "placement", "vocoder-seams"],
                    help="engine: "
                    "framework costs on test stages; relay: relay throughput between two processes per backend "
                    "(mooncake beside raw Mooncake reads and shm); offline: the default pipeline vs a sequential baseline; quality: "
@@ -448,7 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "request-level and no batching; broadcast: a two-rank thinker's requests/s and latency with images "
                    "moved to its ranks blocking, async or as raw bytes; thinker: the thinker decoder (float32 and int8) "
                    "against llama.cpp and transformers on the same weights: prefill, decode tok/s at batch 1 and 8; "
-                   "placement: TTFP with every stage on one host vs split over two Ray nodes (a loopback cluster)")
+                   "placement: TTFP with every stage on one host vs split over two Ray nodes (a loopback cluster); "
+                   "vocoder-seams: a streamed vocoder decode (omnipipe's exact windows, transformers' chunked_decode) "
+                   "against one whole decode: difference over absmax and samples missing")
     b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (see --help of the suite)")
     return parser
 
@@ -497,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
                 from omnipipe.bench.broadcast import main as bench_main
             elif args.suite == "placement":
                 from omnipipe.bench.placement import main as bench_main
+            elif args.suite == "vocoder-seams":
+                from omnipipe.bench.vocoder_seams import main as bench_main
             else:
                 from omnipipe.bench.offline import main as bench_main
             return bench_main(args.rest)
