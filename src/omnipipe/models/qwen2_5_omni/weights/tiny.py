@@ -119,6 +119,18 @@ def _config(ids: dict[str, int]):
                              enable_audio_output=True)
 
 
+def _scale_vocoder(bigvgan: torch.nn.Module) -> None:
+    """Give the random vocoder's convolutions unit-gain weights, so its waveform has a real amplitude (at the
+    default initialisation it is ~1e-7, which would make every relative error meaningless)."""
+    with torch.no_grad():
+        for module in bigvgan.modules():
+            if isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
+                fan_in = module.weight.shape[1] * module.weight.shape[2]
+                if isinstance(module, torch.nn.ConvTranspose1d):
+                    fan_in = module.weight.shape[0] * module.weight.shape[2] // module.stride[0]
+                module.weight.normal_(0.0, 0.5 / fan_in**0.5)
+
+
 def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     """Write a tiny random Qwen2.5-Omni checkpoint into ``directory`` (created if missing) and return it. The same
     ``seed`` writes the same weights; it reloads with ``local_files_only=True``."""
@@ -136,6 +148,7 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     config = _config(ids)
     torch.manual_seed(seed)
     model = Qwen2_5OmniForConditionalGeneration(config).eval()
+    _scale_vocoder(model.token2wav.code2wav_bigvgan_model)
     eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     model.generation_config.eos_token_id = eos
     model.generation_config.pad_token_id = ids["<|endoftext|>"]
