@@ -15,6 +15,7 @@ PIPELINES: dict[str, str] = {
     "think-and-draw": "omnipipe.models.image.pipeline:THINK_AND_DRAW",
     "toy": "omnipipe.models.toy.pipeline:PIPELINE",
     "toy_tts": "omnipipe.models.toy.pipeline:TTS_PIPELINE",
+    "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.pipeline:PIPELINE",
 }
 
 
