@@ -29,8 +29,8 @@ PIPELINE = PipelineSpec(
     comprehension_stage="thinker",
     model_stage="thinker",
     takes_history=True,
-    # windows start on the DiT's 24-mel-frame blocks (12 codes); 24 context codes each side keep a chunked stream
-    # within 4e-4 of absmax of the whole decode on the tiny checkpoint (bench: token2wav_seam_rows)
+    # windows start on the DiT's 24-mel-frame blocks (12 codes); 24 left and 12 right context codes keep a chunked
+    # stream within 6e-7 of absmax of the whole decode on the tiny checkpoint (token2wav_seam_rows, 96 codes)
     default_deploy={
         "edges": {"talker->token2wav": {"options": {
             "codec_chunk_frames": 24, "initial_codec_chunk_frames": 12, "left_context_frames": 24,
