@@ -16,6 +16,7 @@ PIPELINES: dict[str, str] = {
     "qwen3_omni": "omnipipe.models.qwen3_omni.pipeline:PIPELINE",
     "toy": "omnipipe.models.toy.pipeline:PIPELINE",
     "toy_tts": "omnipipe.models.toy.pipeline:TTS_PIPELINE",
+    "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.pipeline:PIPELINE",
 }
 
 

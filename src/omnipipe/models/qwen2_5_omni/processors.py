@@ -1,0 +1,198 @@
+"""Stage handoff for Qwen2.5-Omni: the prompt processor (prompt -> the thinker's chat and media), the thinker ->
+talker edge (the hidden states the talker reads), the talker -> token2wav edge (codec frames with context), and
+the knobs the stages read from ``SamplingParams.extra``.
+
+The checkpoint's processor (tokenizer, image processor, feature extractor) runs inside the thinker stage, which
+knows the checkpoint; the prompt processor only decodes media into arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from omnipipe.chunk.accumulation import FrameChunkOptions
+from omnipipe.chunk.context import ChunkContext
+from omnipipe.chunk.frame_processors import frames_async_chunk, frames_whole
+from omnipipe.config.pipeline_spec import EntryInput
+from omnipipe.util.field_error import FieldError
+
+try:  # the shared media loaders
+    from omnipipe.util.media import load_audio, load_image, load_video
+except ImportError:  # pragma: no cover - before util/media.py exists: arrays and PIL images only
+    def load_image(value: Any, field: str) -> Any:
+        from PIL import Image
+
+        if isinstance(value, Image.Image):
+            return value.convert("RGB")
+        array = np.asarray(value) if isinstance(value, np.ndarray) else None
+        if array is None or array.dtype != np.uint8 or array.ndim not in (2, 3):
+            raise FieldError(field, "must be a PIL image or an HxWx3 uint8 array")
+        return Image.fromarray(array).convert("RGB")
+
+    def load_audio(value: Any, field: str, sample_rate: int = 16000) -> np.ndarray:
+        if not isinstance(value, np.ndarray) or value.ndim != 1 or not np.issubdtype(value.dtype, np.floating):
+            raise FieldError(field, f"must be a 1-D float array at {sample_rate} Hz")
+        return value.astype(np.float32)
+
+    def load_video(value: Any, field: str, fps: float = 2.0, max_frames: int = 64) -> np.ndarray:
+        if isinstance(value, list):
+            return np.stack([np.asarray(load_image(v, f"{field}[{i}]")) for i, v in enumerate(value)])
+        if not isinstance(value, np.ndarray) or value.ndim != 4 or value.dtype != np.uint8:
+            raise FieldError(field, "must be a [T, H, W, 3] uint8 array or a list of images")
+        return value
+
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
+    "visual inputs, as well as generating text and speech."
+)
+AUDIO_RATE_HZ = 16_000
+MAX_ITEMS = 8  # media items of one kind in a prompt
+
+
+@dataclass(frozen=True)
+class TalkerParams:
+    """The talker's ``SamplingParams.extra``: ``speaker`` is the voice (a name in the checkpoint's spk_dict.pt)."""
+
+    speaker: str = "Chelsie"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.speaker, str) or not self.speaker:
+            raise FieldError("speaker", f"must be a voice name, got {self.speaker!r}")
+
+
+def _items(mm: dict[str, Any], key: str) -> list[Any]:
+    """The items of one modality: a single value or a list of them (for ``video``, a list of frames is one
+    video)."""
+    value = mm.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or (key == "video" and value and _is_frame(value[0])):
+        values = [value]
+    else:
+        values = value
+    if len(values) > MAX_ITEMS:
+        raise FieldError(f"prompt.multi_modal_data.{key}", f"give at most {MAX_ITEMS}, got {len(values)}")
+    return values
+
+
+def _is_frame(value: Any) -> bool:
+    from PIL import Image
+
+    return isinstance(value, Image.Image) or (isinstance(value, np.ndarray) and value.ndim in (2, 3))
+
+
+def omni_prompt(prompt: dict[str, Any]) -> EntryInput:
+    """A prompt -> the thinker's chat (history, then the user turn: media first, then the text) and its media as
+    arrays: images as HxWx3 uint8, audio as float32 mono at 16 kHz, videos as [T, H, W, 3] uint8."""
+    mm = prompt.get("multi_modal_data") or {}
+    field = "prompt.multi_modal_data"
+
+    def named(key: str, i: int, count: int) -> str:
+        return f"{field}.{key}[{i}]" if count > 1 or isinstance(mm.get(key), list) else f"{field}.{key}"
+
+    images = _items(mm, "image")
+    audios = _items(mm, "audio")
+    videos = _items(mm, "video")
+    data = {
+        "text": prompt.get("prompt", ""),
+        "history": list(prompt.get("history") or []),
+        "images": [np.asarray(load_image(v, named("image", i, len(images)))) for i, v in enumerate(images)],
+        "audios": [np.asarray(load_audio(v, named("audio", i, len(audios)), AUDIO_RATE_HZ), dtype=np.float32)
+                   for i, v in enumerate(audios)],
+        "videos": [np.asarray(load_video(v, named("video", i, len(videos)))) for i, v in enumerate(videos)],
+    }
+    for i, audio in enumerate(data["audios"]):
+        if audio.size == 0:
+            raise FieldError(named("audio", i, len(audios)), "the audio is empty")
+    return EntryInput("thinker", data)
+
+
+def chat_messages(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The thinker input's conversation in the processor's chat format (the family's system prompt unless the
+    history starts with one)."""
+    history = list(data.get("history") or [])
+    messages: list[dict[str, Any]] = []
+    if not history or history[0]["role"] != "system":
+        messages.append({"role": "system", "content": [{"type": "text", "text": DEFAULT_SYSTEM_PROMPT}]})
+    for turn in history:
+        messages.append({"role": turn["role"], "content": [{"type": "text", "text": turn["content"]}]})
+    content = ([{"type": "image"} for _ in data.get("images", [])] + [{"type": "audio"} for _ in data.get("audios", [])]
+               + [{"type": "video"} for _ in data.get("videos", [])])
+    if data.get("text"):
+        content.append({"type": "text", "text": data["text"]})
+    messages.append({"role": "user", "content": content})
+    return messages
+
+
+# ---------------------------------------------------------------- thinker -> talker
+# The thinker's step data: its prefill step carries the talker's prompt part ({"prompt": {...}}) and the first
+# token; every later step the layer-0 embedding and last-layer hidden state of the token it just read
+# ({"reply": [D] x 2}). The talker's prefill needs the prompt part and the first reply item together.
+
+
+def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The whole thinker output as one talker input."""
+    state: dict[str, Any] = {}
+    chunks: list[dict[str, Any]] = []
+    for index, output in enumerate(outputs):
+        chunks += thinker2talker_async_chunk(state, output, index == len(outputs) - 1, None)
+    if not outputs:
+        return []
+    merged: dict[str, Any] = {"reply_embeds": [], "reply_hidden": [], "thinker_done": False}
+    for chunk in chunks:
+        if "prompt" in chunk:
+            merged["prompt"] = chunk["prompt"]
+        merged["reply_embeds"] += list(chunk.get("reply_embeds", []))
+        merged["reply_hidden"] += list(chunk.get("reply_hidden", []))
+        merged["thinker_done"] = merged["thinker_done"] or chunk.get("thinker_done", False)
+    return [merged]
+
+
+def thinker2talker_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: bool,
+                               ctx: ChunkContext | None) -> list[dict[str, Any]]:
+    """Per thinker step: the prompt part waits for the first reply item, then each reply item goes at once; the
+    last chunk says the thinker is done (the talker then reads the text-end and pad embeddings)."""
+    if "prompt" in output:
+        state["prompt"] = output["prompt"]
+    has_reply = "reply_embed" in output
+    if not has_reply and not is_last:
+        return []
+    chunk: dict[str, Any] = {
+        "reply_embeds": [np.asarray(output["reply_embed"])] if has_reply else [],
+        "reply_hidden": [np.asarray(output["reply_hidden"])] if has_reply else [],
+        "thinker_done": is_last,
+    }
+    if "prompt" in state:
+        chunk["prompt"] = state.pop("prompt")
+    return [chunk]
+
+
+# ---------------------------------------------------------------- talker -> token2wav
+# The talker's step data: {"frames": [1, 1] int64 codec code, "speaker": name}; the vocoder needs the voice too.
+
+
+def _with_speaker(chunks: list[dict[str, Any]], speaker: str | None) -> list[dict[str, Any]]:
+    for chunk in chunks:
+        chunk["speaker"] = speaker
+    return chunks
+
+
+def talker2token2wav(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every code of the request in one window, with the voice."""
+    speaker = next((o["speaker"] for o in outputs if "speaker" in o), None)
+    return _with_speaker(frames_whole(outputs), speaker)
+
+
+def talker2token2wav_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: bool,
+                                 ctx: ChunkContext) -> list[dict[str, Any]]:
+    """Codes accumulated to ``codec_chunk_frames`` (a smaller first chunk), each window with left and right context
+    codes (``FrameChunkOptions``), with the voice."""
+    if "speaker" in output:
+        state["speaker"] = output["speaker"]
+    if not isinstance(ctx.options, FrameChunkOptions):
+        raise TypeError("the talker->token2wav edge takes FrameChunkOptions")
+    return _with_speaker(frames_async_chunk(state, output, is_last, ctx), state.get("speaker"))

@@ -1,0 +1,166 @@
+"""The Qwen2.5-Omni thinker stage: the checkpoint's processor turns a prompt's chat and media into inputs, then
+``Qwen2_5OmniThinkerForConditionalGeneration`` decodes with a per-request DynamicCache and per-request 3D rope
+deltas; each step emits its text delta and the hidden states the talker reads (see ``processors.py``).
+
+Requests of a batch run one after another (each its own cache length and positions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
+from omnipipe.models.qwen2_5_omni.processors import chat_messages
+from omnipipe.models.qwen2_5_omni.runners.common import next_token, request_generator
+from omnipipe.models.qwen2_5_omni.weights.load import (
+    checkpoint_dir,
+    load_config,
+    load_part,
+    load_speakers,
+    stage_device,
+    stage_dtype,
+)
+from omnipipe.stage.request import StageRequest
+from omnipipe.stage.runner import RunnerOutput, StageRunner
+
+_MEDIA_KEYS = ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask",
+               "pixel_values_videos", "video_grid_thw", "video_second_per_grid")
+
+
+@dataclass
+class ThinkerState:
+    cache: DynamicCache
+    rope_deltas: torch.Tensor
+    length: int  # tokens in the cache
+    next_input: int  # the token to read next
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    generator: torch.Generator | None = None
+
+
+class QwenOmniThinkerRunner(StageRunner):
+    def load(self) -> None:
+        options = self.context.options
+        self.directory = checkpoint_dir(options, self.context.stage)
+        self.device = stage_device(options, self.context.device)
+        self.dtype = stage_dtype(options, self.device, self.context.stage)
+        torch.set_num_threads(max(1, self.context.threads))
+        self.model = load_part(self.directory, "thinker", self.device, self.dtype)
+        self.processor = OmniProcessor.from_pretrained(self.directory, local_files_only=True)
+        self.tokenizer = self.processor.tokenizer
+        config = load_config(self.directory)
+        self.talker_config = config.talker_config
+        eos = self.model.generation_config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        embed = self.model.get_input_embeddings()
+        speakers = load_speakers(self.directory)
+        with torch.no_grad():
+            def vector(token: int) -> np.ndarray:
+                return embed(torch.tensor([token], device=self.device))[0].float().cpu().numpy()
+
+            self.special_embeds = {
+                "text_eos": vector(self.talker_config.tts_text_end_token_id),
+                "text_pad": vector(self.talker_config.tts_text_pad_token_id),
+                "bos": {name: vector(int(s["bos_token"])) for name, s in speakers.items()},
+            }
+
+    # ------------------------------------------------------------------ steps
+    def process(self, data: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """A thinker input (chat and media arrays) -> the processor's tensors."""
+        text = self.processor.apply_chat_template(chat_messages(data), add_generation_prompt=True, tokenize=False)
+        inputs = self.processor(text=[text], images=data.get("images") or None, audio=data.get("audios") or None,
+                                videos=data.get("videos") or None, return_tensors="pt")
+        return {k: torch.as_tensor(v) for k, v in inputs.items() if k in ("input_ids", "attention_mask") + _MEDIA_KEYS}
+
+    def _prefill(self, request: StageRequest) -> RunnerOutput:
+        data: dict[str, Any] = {}
+        for item in request.take_all_inputs():
+            data.update(item)
+        inputs = self.process(data)
+        input_ids = inputs["input_ids"].to(self.device)
+        attention_mask = inputs["attention_mask"].to(self.device)
+        media = {k: (v.to(self.device, self.dtype) if v.is_floating_point() and k != "video_second_per_grid"
+                     else v.to(self.device)) for k, v in inputs.items() if k in _MEDIA_KEYS}
+        feature_mask = media.get("feature_attention_mask")
+        audio_lengths = feature_mask.sum(-1) if feature_mask is not None else None
+        vision_positions, rope_deltas = self.model.get_rope_index(
+            input_ids, media.get("image_grid_thw"), media.get("video_grid_thw"), attention_mask, False,
+            audio_lengths, media.get("video_second_per_grid"))
+        text_positions = torch.arange(input_ids.shape[1], device=self.device).view(1, 1, -1)
+        cache = DynamicCache()
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
+                         position_ids=torch.cat([text_positions, vision_positions]), output_hidden_states=True,
+                         use_audio_in_video=False, **media)
+        request.num_prompt_tokens = int(input_ids.shape[1])
+        params = request.params
+        state = ThinkerState(cache, rope_deltas, int(input_ids.shape[1]), -1,
+                             generator=request_generator(params))
+        request.runner_state = state
+        request.prefilled = True
+        embeds = out.hidden_states[0][0].clone()
+        for key, token in (("input_features", self.model.config.audio_token_index),
+                           ("pixel_values", self.model.config.image_token_index),
+                           ("pixel_values_videos", self.model.config.video_token_index)):
+            if key in media:  # the talker does not read the multimodal positions' embeddings
+                embeds[input_ids[0] == token] = 0
+        prompt = {
+            "input_ids": input_ids[0].cpu().numpy(),
+            "attention_mask": attention_mask[0].cpu().numpy(),
+            "embeds": embeds.float().cpu().numpy(),
+            "hidden": out.hidden_states[-1][0].float().cpu().numpy(),
+            "special_embeds": self.special_embeds,
+        }
+        for key in ("image_grid_thw", "video_grid_thw", "video_second_per_grid"):
+            if key in media:
+                prompt[key] = media[key].float().cpu().numpy() if key == "video_second_per_grid" else \
+                    media[key].cpu().numpy()
+        if audio_lengths is not None:
+            prompt["audio_feature_lengths"] = audio_lengths.cpu().numpy()
+        output = self._emit(request, state, out.logits[:, -1], input_ids)
+        prompt["first_token"] = state.generated[0]
+        output.data = {**(output.data or {}), "prompt": prompt}
+        output.details = {"inputs": {k: list(v.shape) for k, v in inputs.items()}}
+        return output
+
+    def _decode(self, request: StageRequest) -> RunnerOutput:
+        state: ThinkerState = request.runner_state
+        token = torch.tensor([[state.next_input]], device=self.device)
+        position = torch.full((3, 1, 1), state.length, device=self.device) + state.rope_deltas.view(1, -1, 1)
+        text_position = torch.full((1, 1, 1), state.length, device=self.device)
+        mask = torch.ones(1, state.length + 1, dtype=torch.long, device=self.device)
+        out = self.model(input_ids=token, attention_mask=mask, past_key_values=state.cache, use_cache=True,
+                         position_ids=torch.cat([text_position, position]), output_hidden_states=True)
+        state.length += 1
+        reply = {"reply_embed": out.hidden_states[0][0, -1].float().cpu().numpy(),
+                 "reply_hidden": out.hidden_states[-1][0, -1].float().cpu().numpy()}
+        history = torch.tensor([state.generated], device=self.device)
+        output = self._emit(request, state, out.logits[:, -1], history)
+        output.data = {**(output.data or {}), **reply}
+        return output
+
+    def _emit(self, request: StageRequest, state: ThinkerState, logits: torch.Tensor,
+              history: torch.Tensor) -> RunnerOutput:
+        token = next_token(logits, history, request.params, state.generator)
+        state.generated.append(token)
+        state.next_input = token
+        max_tokens = int(request.params.get("max_tokens", 1 << 30))
+        if token in self.eos_ids:
+            return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
+        text = self.tokenizer.decode(state.generated, skip_special_tokens=True)
+        delta = ""
+        if not text.endswith("\ufffd"):  # a character still incomplete waits for its next bytes
+            delta, state.text = text[len(state.text):], text
+        done = len(state.generated) >= max_tokens
+        return RunnerOutput(request.request_id, text_delta=delta, num_units=1, finished=done,
+                            finish_reason="length" if done else None, data={"token": token})
+
+    @torch.inference_mode()
+    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+        return [self._prefill(r) if is_prefill else self._decode(r) for r in batch]
+
+    def free(self, request: StageRequest) -> None:
+        request.runner_state = None

@@ -1,0 +1,56 @@
+"""The Qwen2.5-Omni token2wav stage: codec code windows -> waveform at 24 kHz through
+``Qwen2_5OmniToken2WavModel`` (DiT + BigVGAN), streamed per request with fixed noise and context
+(``modeling/token2wav_stream.py``). Always float32 (as transformers runs it). The noise seed is the token2wav
+stage's ``SamplingParams.seed`` (0 without one)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from omnipipe.models.qwen2_5_omni.modeling.token2wav_stream import Token2WavStream, utterance_noise
+from omnipipe.models.qwen2_5_omni.weights.load import checkpoint_dir, load_part, load_speakers, stage_device
+from omnipipe.stage.request import StageRequest
+from omnipipe.stage.runner import RunnerOutput, StageRunner
+
+SAMPLE_RATE_HZ = 24_000
+DEFAULT_SPEAKER = "Chelsie"
+
+
+class QwenOmniToken2WavRunner(StageRunner):
+    def load(self) -> None:
+        options = self.context.options
+        directory = checkpoint_dir(options, self.context.stage)
+        self.device = stage_device(options, self.context.device)
+        torch.set_num_threads(max(1, self.context.threads))
+        self.model = load_part(directory, "token2wav", self.device, torch.float32)
+        self.speakers = {name: (s["cond"].float().to(self.device), s["ref_mel"].float().to(self.device))
+                         for name, s in load_speakers(directory).items()}
+        self.vocoder_left_mel = int(options.get("vocoder_left_mel", 48))
+
+    def _stream(self, request: StageRequest, speaker: str | None) -> Token2WavStream:
+        if request.runner_state is None:
+            conditioning, reference_mel = self.speakers[speaker or DEFAULT_SPEAKER]
+            seed = request.params.get("seed")
+            noise = utterance_noise(self.model, 0 if seed is None else int(seed), self.device)
+            request.runner_state = Token2WavStream(self.model, conditioning, reference_mel, noise,
+                                                   vocoder_left_mel=self.vocoder_left_mel)
+        return request.runner_state
+
+    @torch.inference_mode()
+    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+        outputs = []
+        for request in batch:
+            chunk = request.take_input() or {}
+            frames = np.asarray(chunk.get("frames", np.zeros((1, 0), np.int64)))
+            context = int(chunk.get("context_frames", 0))
+            lookahead = int(chunk.get("lookahead_frames", 0))
+            new = frames.shape[-1] - context - lookahead
+            if new <= 0:
+                outputs.append(RunnerOutput(request.request_id))
+                continue
+            stream = self._stream(request, chunk.get("speaker"))
+            codes = torch.as_tensor(frames.reshape(1, -1), device=self.device)
+            audio = stream.decode(codes, int(chunk.get("start_frame", 0)), context, lookahead)
+            outputs.append(RunnerOutput(request.request_id, audio=audio.float().cpu().numpy(), num_units=new))
+        return outputs

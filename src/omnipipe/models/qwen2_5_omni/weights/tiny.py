@@ -1,0 +1,176 @@
+"""A tiny, randomly initialised Qwen2.5-Omni checkpoint written offline: the architecture of the real one at toy
+sizes (config + safetensors, speakers, a byte-level BPE tokenizer with the family's special tokens and chat template,
+and the processor), for tests and benchmarks on a CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+TINY_MARKER = "omnipipe_tiny_checkpoint.json"
+
+# the family's special tokens, in the order the real tokenizer lists them
+SPECIAL_TOKENS = (
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|AUDIO|>", "<|audio_bos|>", "<|audio_eos|>", "<|box_end|>",
+    "<|quad_start|>", "<|quad_end|>", "<|vision_bos|>", "<|vision_eos|>", "<|vision_pad|>", "<|IMAGE|>",
+    "<|VIDEO|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>", "<tts_text_bos_single>",
+)
+EXTRA_SPECIAL_TOKENS = {
+    "image_token": "<|IMAGE|>", "audio_token": "<|AUDIO|>", "video_token": "<|VIDEO|>",
+    "vision_bos_token": "<|vision_bos|>", "vision_eos_token": "<|vision_eos|>",
+    "audio_bos_token": "<|audio_bos|>", "audio_eos_token": "<|audio_eos|>",
+}
+BASE_VOCAB = 400  # byte-level BPE pieces before the special tokens
+THINKER_VOCAB = 448  # BASE_VOCAB + the special tokens, rounded up
+# the talker's codec vocabulary: codes 0..CODEC_CODES-1 plus its control tokens
+CODEC_CODES = 96
+CODEC_PAD, CODEC_START, CODEC_END, CODEC_MASK = 96, 97, 98, 100
+TALKER_VOCAB = 104
+SPEAKERS = ("Chelsie", "Ethan")
+REFERENCE_MEL_FRAMES = 30
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part %}{{ '<|vision_bos|><|IMAGE|><|vision_eos|>' }}"
+    "{% elif part['type'] == 'video' or 'video' in part %}{{ '<|vision_bos|><|VIDEO|><|vision_eos|>' }}"
+    "{% elif part['type'] == 'audio' or 'audio' in part %}{{ '<|audio_bos|><|AUDIO|><|audio_eos|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_TRAINING_TEXT = (
+    "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
+    "visual inputs, as well as generating text and speech. Hello! How are you today? Describe the picture and the "
+    "sound. What is in this image? What do you hear? The quick brown fox jumps over the lazy dog. system user "
+    "assistant 0123456789 .,;:!?'\"()[]{}<>-_/\\ "
+)
+
+
+def _train_tokenizer(directory: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import Qwen2Tokenizer
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BASE_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator([_TRAINING_TEXT] * 4, trainer=trainer)
+    vocab = tokenizer.get_vocab()
+    merges = [tuple(pair) for pair in json.loads(tokenizer.to_str())["model"]["merges"]]
+    wrapped = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, bos_token=None,
+                             eos_token="<|im_end|>", pad_token="<|endoftext|>", errors="replace",
+                             extra_special_tokens=EXTRA_SPECIAL_TOKENS)
+    wrapped.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
+    wrapped.chat_template = CHAT_TEMPLATE
+    wrapped.save_pretrained(directory)
+
+
+def _config(ids: dict[str, int]):
+    from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniConfig
+
+    hidden = 64
+    token_ids = {
+        "audio_token_index": ids["<|AUDIO|>"], "image_token_index": ids["<|IMAGE|>"],
+        "video_token_index": ids["<|VIDEO|>"], "audio_start_token_id": ids["<|audio_bos|>"],
+        "audio_end_token_id": ids["<|audio_eos|>"], "vision_start_token_id": ids["<|vision_bos|>"],
+        "vision_end_token_id": ids["<|vision_eos|>"],
+    }
+    text = {"vocab_size": THINKER_VOCAB, "hidden_size": hidden, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 3, 3]}}
+    thinker = {
+        **token_ids, "user_token_id": ids["user"] if "user" in ids else ids["<|im_start|>"],
+        "text_config": text,
+        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+                          "out_hidden_size": hidden, "fullatt_block_indexes": [1], "window_size": 56},
+        "audio_config": {"encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
+                         "output_dim": hidden, "num_mel_bins": 128, "n_window": 50, "max_source_positions": 1500},
+    }
+    talker = {
+        **token_ids, "vocab_size": TALKER_VOCAB, "embedding_size": hidden, "hidden_size": 48, "intermediate_size": 96,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 2, 2]},
+        "tts_text_start_token_id": ids["<tts_text_bos>"], "tts_text_end_token_id": ids["<tts_text_eod>"],
+        "tts_text_pad_token_id": ids["<tts_pad>"], "tts_codec_start_token_id": CODEC_START,
+        "tts_codec_end_token_id": CODEC_END, "tts_codec_pad_token_id": CODEC_PAD,
+        "tts_codec_mask_token_id": CODEC_MASK,
+    }
+    token2wav = {
+        "dit_config": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 16,
+                       "ff_mult": 2, "emb_dim": 32, "num_embeds": TALKER_VOCAB, "mel_dim": 80, "repeats": 2,
+                       "block_size": 24, "look_ahead_layers": [2], "look_backward_layers": [0, 3], "dropout": 0.0,
+                       "max_position_embeddings": 8192, "enc_emb_dim": 32, "enc_dim": 32,
+                       "enc_channels": [32, 32, 32, 32, 96], "enc_attention_channels": 16, "enc_se_channels": 16},
+        "bigvgan_config": {"mel_dim": 80, "upsample_initial_channel": 128, "resblock_kernel_sizes": [3, 7],
+                           "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5]], "upsample_rates": [5, 3, 2, 2, 2, 2],
+                           "upsample_kernel_sizes": [11, 7, 4, 4, 4, 4]},
+    }
+    return Qwen2_5OmniConfig(thinker_config=thinker, talker_config=talker, token2wav_config=token2wav,
+                             enable_audio_output=True)
+
+
+def _scale_vocoder(bigvgan: torch.nn.Module) -> None:
+    """Give the random vocoder's convolutions unit-gain weights, so its waveform has a real amplitude (at the
+    default initialisation it is ~1e-7, which would make every relative error meaningless)."""
+    with torch.no_grad():
+        for module in bigvgan.modules():
+            if isinstance(module, (torch.nn.Conv1d, torch.nn.ConvTranspose1d)):
+                fan_in = module.weight.shape[1] * module.weight.shape[2]
+                if isinstance(module, torch.nn.ConvTranspose1d):
+                    fan_in = module.weight.shape[0] * module.weight.shape[2] // module.stride[0]
+                module.weight.normal_(0.0, 0.5 / fan_in**0.5)
+
+
+def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
+    """Write a tiny random Qwen2.5-Omni checkpoint into ``directory`` (created if missing) and return it. The same
+    ``seed`` writes the same weights; it reloads with ``local_files_only=True``."""
+    from transformers import AutoTokenizer, WhisperFeatureExtractor
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    _train_tokenizer(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    config = _config(ids)
+    torch.manual_seed(seed)
+    model = Qwen2_5OmniForConditionalGeneration(config).eval()
+    _scale_vocoder(model.token2wav.code2wav_bigvgan_model)
+    eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    model.generation_config.eos_token_id = eos
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.thinker.generation_config.eos_token_id = eos
+    model.thinker.generation_config.pad_token_id = ids["<|endoftext|>"]
+    model.save_pretrained(directory)
+    generator = torch.Generator().manual_seed(seed + 1)
+    speakers = {
+        name: {"bos_token": ids["<tts_text_bos_single>"] if index == 0 else ids["<tts_text_bos>"],
+               "cond": torch.randn(1, 32, generator=generator),
+               "ref_mel": torch.randn(1, REFERENCE_MEL_FRAMES, 80, generator=generator)}
+        for index, name in enumerate(SPEAKERS)
+    }
+    torch.save(speakers, directory / "spk_dict.pt")
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56)
+    feature_extractor = WhisperFeatureExtractor(feature_size=128)
+    processor = OmniProcessor(image_processor=image_processor, feature_extractor=feature_extractor,
+                                     tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
+    processor.save_pretrained(directory)
+    (directory / TINY_MARKER).write_text(json.dumps({"family": "qwen2_5_omni", "seed": seed}))
+    return directory
+
+
+def is_tiny_checkpoint(directory: Path) -> bool:
+    return (Path(directory) / TINY_MARKER).is_file()
