@@ -39,6 +39,7 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 # pipeline -> dotted path of ``write_tiny_checkpoint(directory, seed) -> Path``
 TINY_CHECKPOINTS = {
+    "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.weights.tiny:write_tiny_checkpoint",
     "qwen3_omni": "omnipipe.models.qwen3_omni.weights.tiny:write_tiny_checkpoint",
 }
 

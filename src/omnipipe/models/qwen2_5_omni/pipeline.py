@@ -27,7 +27,7 @@ PIPELINE = PipelineSpec(
     prompt_processor=f"{_P}.processors.omni_prompt",
     input_modalities=("text", "image", "audio", "video"),
     comprehension_stage="thinker",
-    model_stage="thinker",
+    model_stages=("thinker", "talker", "token2wav"),
     takes_history=True,
     # windows start on the DiT's 24-mel-frame blocks (12 codes); 24 left and 12 right context codes keep a chunked
     # stream within 6e-7 of absmax of the whole decode on the tiny checkpoint (token2wav_seam_rows, 96 codes)

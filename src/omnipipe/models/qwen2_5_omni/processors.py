@@ -18,32 +18,7 @@ from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.frame_processors import frames_async_chunk, frames_whole
 from omnipipe.config.pipeline_spec import EntryInput
 from omnipipe.util.field_error import FieldError
-
-try:  # the shared media loaders
-    from omnipipe.util.media import load_audio, load_image, load_video
-except ImportError:  # pragma: no cover - before util/media.py exists: arrays and PIL images only
-    def load_image(value: Any, field: str) -> Any:
-        from PIL import Image
-
-        if isinstance(value, Image.Image):
-            return value.convert("RGB")
-        array = np.asarray(value) if isinstance(value, np.ndarray) else None
-        if array is None or array.dtype != np.uint8 or array.ndim not in (2, 3):
-            raise FieldError(field, "must be a PIL image or an HxWx3 uint8 array")
-        return Image.fromarray(array).convert("RGB")
-
-    def load_audio(value: Any, field: str, sample_rate: int = 16000) -> np.ndarray:
-        if not isinstance(value, np.ndarray) or value.ndim != 1 or not np.issubdtype(value.dtype, np.floating):
-            raise FieldError(field, f"must be a 1-D float array at {sample_rate} Hz")
-        return value.astype(np.float32)
-
-    def load_video(value: Any, field: str, fps: float = 2.0, max_frames: int = 64) -> np.ndarray:
-        if isinstance(value, list):
-            return np.stack([np.asarray(load_image(v, f"{field}[{i}]")) for i, v in enumerate(value)])
-        if not isinstance(value, np.ndarray) or value.ndim != 4 or value.dtype != np.uint8:
-            raise FieldError(field, "must be a [T, H, W, 3] uint8 array or a list of images")
-        return value
-
+from omnipipe.util.media import load_audio, load_image, load_video
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "

@@ -6,14 +6,22 @@ Stage options: ``model`` (checkpoint directory, required), ``device``, ``dtype``
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
+from omnipipe.models.qwen3_omni.modeling.code2wav_stream import (
+    CodeWindow,
+    decode_windows,
+    exact_left_context_frames,
+)
 from omnipipe.models.qwen3_omni.weights.load import check_checkpoint, load_part, resolve_dtype
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
 SAMPLE_RATE_HZ = 24000
+logger = logging.getLogger(__name__)
 
 
 class QwenOmniCode2WavRunner(StageRunner):
@@ -24,17 +32,15 @@ class QwenOmniCode2WavRunner(StageRunner):
         self.device = str(options.get("device", self.context.device or "cpu"))
         dtype = resolve_dtype(options.get("dtype"), self.device, f"stages.{stage}.options.dtype")
         self.model = load_part(directory, "code2wav", self.device, dtype)
-        self.upsample = int(self.model.total_upsample)
+        exact = exact_left_context_frames(self.model)
+        logger.info("code2wav: a left context of %d frames makes a streamed decode equal the whole decode "
+                    "(edge option left_context_frames)", exact)
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        outputs = []
-        for request in batch:
-            chunk = request.take_input()
-            codes = torch.as_tensor(np.asarray(chunk["frames"]), dtype=torch.long, device=self.device)
-            context = int(chunk.get("context_frames", 0))
-            new = codes.shape[-1] - context - int(chunk.get("lookahead_frames", 0))
-            wave = self.model(codes[None])[0, 0].float().cpu().numpy()
-            audio = np.ascontiguousarray(wave[context * self.upsample: (context + new) * self.upsample])
-            outputs.append(RunnerOutput(request.request_id, audio=audio.astype(np.float32), num_units=new))
-        return outputs
+        requests = [(request, request.take_input()) for request in batch]
+        windows = [CodeWindow.from_chunk(chunk) for _, chunk in requests]
+        waves = decode_windows(self.model, windows)
+        return [RunnerOutput(request.request_id, audio=np.ascontiguousarray(wave.float().cpu().numpy(), np.float32),
+                             num_units=window.frames.shape[-1] - window.context_frames)
+                for (request, _), window, wave in zip(requests, windows, waves)]

@@ -106,6 +106,8 @@ def load_part(directory: Path, part: str, device: str, dtype: torch.dtype) -> to
                "talker": (Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),
                "code2wav": (Qwen3OmniMoeCode2Wav, config.code2wav_config)}
     cls, sub_config = classes[part]
+    if part == "talker":  # its rope index reads the audio encoder's window, kept in the thinker's config
+        sub_config.audio_config = config.thinker_config.audio_config
     # the thinker's class maps the checkpoint's ``thinker.`` names itself; the others are told their prefix
     mapping = None if part == "thinker" else {rf"^{part}\.": ""}
     module, info = cls.from_pretrained(directory, config=sub_config, dtype=dtype, key_mapping=mapping,
