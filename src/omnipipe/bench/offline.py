@@ -4,6 +4,8 @@ piper/onnxruntime code, as a user would write it without omnipipe).
 
     omnipipe bench offline --pipeline default --num-prompts 20 --concurrency 1,4
     omnipipe bench offline --seed001            # seed 001's conditions: ~100-token answers, 50 prompts, c=1/4/10
+    omnipipe bench offline --seed001 --pipeline qwen3_omni --model DIR   # a Qwen3-Omni checkpoint (a tiny one on
+                                                # a CPU shows only the framework's share)
 
 Each row also shows the compute floor of time to first audio (``bench/floor.py``: the first packet's stage pieces
 timed one request at a time in this process, before the engine rows) and TTFP over that floor.
@@ -264,6 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--floor", action="store_true", help="measure the TTFP compute floor (on with --seed001)")
     parser.add_argument("--settings", default="on,off", help="which async chunk settings to run: on, off or on,off")
     parser.add_argument("--deploy", help="a deploy YAML for the engine rows (async_chunk is set by the bench)")
+    parser.add_argument("--model", help="the checkpoint directory of a pipeline whose stages load one (qwen3_omni, "
+                        "qwen2_5_omni; `omnipipe tiny-checkpoint` writes a tiny one)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the sequential baseline")
     parser.add_argument("--json", help="also write the raw figures here")
     args = parser.parse_args(argv)
@@ -280,6 +284,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             deploy = yaml.safe_load(handle) or {}
         if not isinstance(deploy, dict):
             parser.error(f"--deploy: {args.deploy} must hold a mapping")
+    if args.model is not None:
+        from omnipipe.models.registry import get_pipeline
+
+        stages = get_pipeline(args.pipeline).model_stages
+        if not stages:
+            parser.error(f"--model: pipeline {args.pipeline!r} has no stage whose model can be chosen")
+        deploy = deploy or {}
+        for stage in stages:
+            deploy.setdefault("stages", {}).setdefault(stage, {}).setdefault("options", {})["model"] = args.model
     try:
         concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:
