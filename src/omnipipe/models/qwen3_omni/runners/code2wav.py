@@ -2,7 +2,7 @@
 24 kHz audio out. Each window's samples are the ones its new frames add to the stream, so the concatenated stream
 equals one decode of all the frames (``modeling/code2wav_stream.py``).
 
-Stage options: ``model`` (checkpoint directory, required), ``device``, ``dtype``."""
+Stage options: ``model`` (checkpoint directory, required), ``dtype``, ``gpu_memory_fraction``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from omnipipe.models.qwen3_omni.modeling.code2wav_stream import (
     decode_windows,
     exact_left_context_frames,
 )
-from omnipipe.models.qwen3_omni.weights.load import check_checkpoint, load_part, resolve_dtype
+from omnipipe.models.qwen3_omni.weights.load import check_checkpoint, load_part, prepare_device, resolve_dtype
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
@@ -29,8 +29,9 @@ class QwenOmniCode2WavRunner(StageRunner):
         options = self.context.options
         stage = self.context.stage
         directory = check_checkpoint(options.get("model"), f"stages.{stage}.options.model")
-        self.device = str(options.get("device", self.context.device or "cpu"))
+        self.device = self.context.device
         dtype = resolve_dtype(options.get("dtype"), self.device, f"stages.{stage}.options.dtype")
+        prepare_device(options, self.device, stage)
         self.model = load_part(directory, "code2wav", self.device, dtype)
         exact = exact_left_context_frames(self.model)
         logger.info("code2wav: a left context of %d frames makes a streamed decode equal the whole decode "

@@ -7,7 +7,8 @@ states), then the assistant's opening with the codec's think/speaker/bos ids. Ea
 last frame's code embeddings plus the next text embedding (``tts_eos`` once the text is done, ``tts_pad`` after). A
 step whose text embedding has not arrived yet waits for the thinker (``needs_input``).
 
-Stage options: ``model`` (checkpoint directory, required), ``device``, ``dtype``, ``speaker`` (default: the
+Stage options: ``model`` (checkpoint directory, required), ``dtype``, ``gpu_memory_fraction``, ``torch_compile``
+(``weights/load.py``), ``speaker`` (default: the
 checkpoint's first), ``max_new_tokens`` (frames, when a request gives no ``max_tokens``; default 4096). Decoding
 defaults are the model's (sampling at temperature 0.9, top-k 50, repetition penalty 1.05); ``temperature: 0`` in the
 talker's SamplingParams is greedy.
@@ -24,6 +25,8 @@ from omnipipe.models.qwen3_omni.weights.load import (
     check_checkpoint,
     load_config,
     load_part,
+    maybe_compile,
+    prepare_device,
     read_tensors,
     resolve_dtype,
 )
@@ -39,10 +42,12 @@ class QwenOmniTalkerRunner(StageRunner):
         options = self.context.options
         stage = self.context.stage
         self.directory = check_checkpoint(options.get("model"), f"stages.{stage}.options.model")
-        self.device = str(options.get("device", self.context.device or "cpu"))
+        self.device = self.context.device
         self.dtype = resolve_dtype(options.get("dtype"), self.device, f"stages.{stage}.options.dtype")
         self.config = load_config(self.directory)
+        prepare_device(options, self.device, stage)
         self.model = load_part(self.directory, "talker", self.device, self.dtype)
+        maybe_compile(self.model.model, options, stage)
         talker = self.config.talker_config
         speakers = dict(talker.speaker_id or {})
         speaker = str(options.get("speaker", next(iter(speakers), ""))).lower()

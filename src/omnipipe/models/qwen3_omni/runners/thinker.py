@@ -5,7 +5,8 @@ Each request keeps its own transformers cache and rope deltas; a step runs the t
 token, the prompt's ids, its layer-0 embeddings and its multimodal positions' hidden states at the talker's
 ``accept_hidden_layer`` (and the grids its rope index needs); with every token, that token's embedding.
 
-Stage options: ``model`` (checkpoint directory, required), ``device`` (cpu), ``dtype`` (auto: bf16 on CUDA),
+Stage options: ``model`` (checkpoint directory, required), ``dtype`` (auto: bf16 on CUDA), ``gpu_memory_fraction``,
+``torch_compile`` (the text decoder; ``weights/load.py``),
 ``max_new_tokens`` (when a request gives no ``max_tokens``), ``video_fps`` (2: frames per second sampled from a
 video file, and the rate frames given as frames are taken to have), ``video_max_frames`` (64).
 """
@@ -18,7 +19,14 @@ import torch
 
 from omnipipe.models.qwen3_omni.sampling import Decoding, next_token
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
-from omnipipe.models.qwen3_omni.weights.load import check_checkpoint, load_config, load_part, resolve_dtype
+from omnipipe.models.qwen3_omni.weights.load import (
+    check_checkpoint,
+    load_config,
+    load_part,
+    maybe_compile,
+    prepare_device,
+    resolve_dtype,
+)
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
@@ -31,10 +39,12 @@ class QwenOmniThinkerRunner(StageRunner):
     def load(self) -> None:
         options = self.context.options
         self.directory = check_checkpoint(options.get("model"), f"stages.{self.context.stage}.options.model")
-        self.device = str(options.get("device", self.context.device or "cpu"))
+        self.device = self.context.device
         dtype = resolve_dtype(options.get("dtype"), self.device, f"stages.{self.context.stage}.options.dtype")
         self.config = load_config(self.directory)
+        prepare_device(options, self.device, self.context.stage)
         self.model = load_part(self.directory, "thinker", self.device, dtype)
+        maybe_compile(self.model.model.language_model, options, self.context.stage)
         self.inputs = ThinkerInputBuilder(self.directory, self.config)
         self.accept_layer = int(self.config.talker_config.accept_hidden_layer)
         thinker = self.config.thinker_config

@@ -38,6 +38,31 @@ def resolve_dtype(value: Any, device: str, field: str) -> torch.dtype:
     return DTYPES[value]
 
 
+def prepare_device(options: dict[str, Any], device: str, stage: str) -> None:
+    """The stage option ``gpu_memory_fraction`` (0 < f <= 1): the share of its CUDA device's memory this stage's
+    process may allocate (several stages on one GPU); only on a CUDA device."""
+    value = options.get("gpu_memory_fraction")
+    if value is None:
+        return
+    field = f"stages.{stage}.options.gpu_memory_fraction"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise FieldError(field, f"must be a number in (0, 1], got {value!r}")
+    if not device.startswith("cuda"):
+        raise FieldError(field, f"limits a CUDA device's memory; this stage runs on {device!r}")
+    torch.cuda.set_per_process_memory_fraction(float(value), torch.device(device))
+
+
+def maybe_compile(module: torch.nn.Module, options: dict[str, Any], stage: str) -> torch.nn.Module:
+    """The stage option ``torch_compile: true`` compiles ``module``'s forward with torch.compile (dynamic shapes);
+    off by default (on a CPU the compile costs more than it saves for these step sizes)."""
+    value = options.get("torch_compile", False)
+    if not isinstance(value, bool):
+        raise FieldError(f"stages.{stage}.options.torch_compile", f"must be true or false, got {value!r}")
+    if value:
+        module.forward = torch.compile(module.forward, dynamic=True)
+    return module
+
+
 def load_config(directory: Path):
     from transformers import AutoConfig
 
