@@ -98,18 +98,44 @@ def test_stage_by_stage_equals_the_models_generate(checkpoint: Path, reference: 
         assert pieces >= (3 if async_chunk else 1)  # streamed in windows, or whole
 
 
-def test_abort_mid_stream_and_a_killed_talker_recovers(checkpoint: Path, reference: dict) -> None:
+async def nothing_held(engine: AsyncOmni) -> dict[str, Any]:
+    """Wait (up to 30 s) until no stage holds a request or a relay slot; return the last state seen."""
+    deadline = time.monotonic() + 30
+    while True:
+        state = await engine.debug_state()
+        stages = state["stages"]
+        held = state["orchestrator_requests"] or state["orchestrator_relay_slots"] or any(
+            s["requests"] or s["relay_slots"] or s["pending_chunks"] for s in stages.values())
+        if (set(stages) == set(STAGES) and not held) or time.monotonic() > deadline:
+            return state
+        await asyncio.sleep(0.2)
+
+
+def test_abort_at_every_stage_and_a_killed_talker_recovers(checkpoint: Path, reference: dict) -> None:
+    async def cut(engine: AsyncOmni, request_id: str, at: str) -> None:
+        """Leave the stream at its first ``at`` event: "text" while the thinker writes (a long answer asked for),
+        "audio" while the talker and code2wav stream."""
+        long = {**params(), "thinker": SamplingParams(max_tokens=400)}
+        stream = engine.generate("hello world", request_id=request_id, sampling_params=long,
+                                 output_modalities=["text", "audio"])
+        async for out in stream:
+            if out.modality == at:
+                break
+        await stream.aclose()
+        await engine.abort(request_id)
+
     async def run() -> None:
         async with AsyncOmni("qwen3_omni", deploy(checkpoint, True)) as engine:
-            stream = engine.generate("hello world", request_id="cut", sampling_params=params(),
-                                     output_modalities=["text", "audio"])
-            async for out in stream:
-                if out.modality == "audio":
-                    break
-            await stream.aclose()
-            await engine.abort("cut")
-            state = await engine.debug_state()
-            os.kill(state["pids"]["talker"], signal.SIGKILL)
+            for at in ("text", "audio"):
+                await cut(engine, f"cut-{at}", at)
+                state = await nothing_held(engine)
+                assert set(state["stages"]) == set(STAGES)
+                assert not state["orchestrator_requests"] and not state["orchestrator_relay_slots"], state
+                for stage in STAGES:
+                    held = state["stages"][stage]
+                    assert not held["requests"] and not held["relay_slots"], (at, stage, held)
+            talker = (await engine.debug_state())["pids"]["talker"]
+            os.kill(talker, signal.SIGKILL)
             deadline = time.monotonic() + 120
             while True:  # the talker is restarted; the next request is answered as before
                 try:
@@ -119,12 +145,11 @@ def test_abort_mid_stream_and_a_killed_talker_recovers(checkpoint: Path, referen
                     if time.monotonic() > deadline:
                         raise
                     await asyncio.sleep(1)
+            state = await engine.debug_state()
+            assert state["restarts"]["talker"] >= 1 and state["pids"]["talker"] != talker
             want_text, want_audio = reference["hello world"]
             assert text == want_text
             assert np.abs(audio - want_audio).max() <= AUDIO_BOUND * np.abs(want_audio).max()
-            state = await engine.debug_state()
-            for stage in STAGES:
-                assert not state["stages"][stage].get("requests"), state["stages"][stage]
 
     asyncio.run(run())
 
