@@ -62,7 +62,10 @@ def test_models_lists_the_pipelines() -> None:
     (["generate", "--pipeline", "toy_tts", "--audio-in", "/no/such.wav", "-o", "a.wav"],
      "--audio-in: pipeline 'toy_tts' takes text, not audio"),
     (["generate", "what is it?", "--image", "/no/such.png"], "--image: file not found: /no/such.png"),
-    (["generate", "--image", __file__], "--image: ask a written question about the image"),
+    (["generate", "--image", __file__], "prompt: an attached image needs a written question about it"),
+    (["generate", "what is it?", "--image", __file__], "--image: "),
+    (["generate", "what is it?", "--video", __file__], "--video: pipeline 'default' takes text and audio and "
+                                                        "image, not videos"),
     (["generate", "what is it?", "--image", __file__, "--pipeline", "toy"],
      "--image: pipeline 'toy' takes text, not images"),
 ])

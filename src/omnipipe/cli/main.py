@@ -61,7 +61,10 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("prompt", nargs="?", default="", help="the question as text")
     p.add_argument("--audio-in", type=Path, help="a spoken question (wav/flac/ogg/mp3)")
     p.add_argument("--image", type=Path, action="append", default=[], metavar="FILE",
-                   help="an image attached to the written question (png/jpeg/webp; repeat for several)")
+                   help="an image attached to the question (png/jpeg/webp; repeat for several)")
+    p.add_argument("--video", type=Path, action="append", default=[], metavar="FILE",
+                   help="a video attached to the question (mp4/webm/...; sampled at the thinker's video_fps; "
+                        "repeat for several; pipelines that take video: qwen3_omni, qwen2_5_omni)")
     p.add_argument("--output", "-o", type=Path, help="where to write the spoken answer (WAV) or the image (PNG, "
                    "WebP, JPEG); without it the answer is text only")
     p.add_argument("--pipeline", default="default", help=f"one of: {', '.join(sorted(PIPELINES))}")
@@ -115,6 +118,24 @@ def _deploy_source(args: argparse.Namespace) -> Any:
     return pipeline, config
 
 
+_PROMPT_FLAGS = {"prompt.multi_modal_data.image": "--image", "prompt.multi_modal_data.audio": "--audio-in",
+                 "prompt.multi_modal_data.video": "--video"}
+
+
+def _check_prompt(pipeline: Any, prompt: Any) -> None:
+    """The pipeline's own rules for a prompt, before any model loads: a mistake is one line naming the flag."""
+    from omnipipe.api.prompt import normalize_prompt
+    from omnipipe.util.dotted import resolve
+    from omnipipe.util.field_error import FieldError
+
+    try:
+        resolve(pipeline.prompt_processor)(normalize_prompt(prompt, pipeline.input_modalities,
+                                                            pipeline.takes_history))
+    except FieldError as exc:
+        flag = next((f for key, f in _PROMPT_FLAGS.items() if exc.field.startswith(key)), "prompt")
+        raise CLIError(f"{flag}: {exc.rule}") from None
+
+
 async def _generate(args: argparse.Namespace) -> int:
     from omnipipe import AsyncOmni, SamplingParams
     from omnipipe.util.audio import load_audio, write_wav
@@ -123,28 +144,29 @@ async def _generate(args: argparse.Namespace) -> int:
     pipeline, deploy = _deploy_source(args)
     prompt: Any = args.prompt
     takes = pipeline.input_modalities
+    media: dict[str, Any] = {}
     if args.audio_in is not None:
         if "audio" not in takes:
             raise CLIError(f"--audio-in: pipeline {pipeline.name!r} takes {' and '.join(takes)}, not audio")
         if not args.audio_in.is_file():
             raise CLIError(f"--audio-in: file not found: {args.audio_in}")
-        audio, rate = load_audio(args.audio_in)
-        prompt = {"prompt": args.prompt, "multi_modal_data": {"audio": (audio, rate)}}
-    if args.image:
-        if "image" not in takes:
-            raise CLIError(f"--image: pipeline {pipeline.name!r} takes {' and '.join(takes)}, not images")
-        if args.audio_in is not None:
-            raise CLIError("--image: an image goes with a written question, not with --audio-in")
-        missing = [str(path) for path in args.image if not path.is_file()]
+        media["audio"] = load_audio(args.audio_in)
+    for flag, key, paths in (("--image", "image", args.image), ("--video", "video", args.video)):
+        if not paths:
+            continue
+        if key not in takes:
+            raise CLIError(f"{flag}: pipeline {pipeline.name!r} takes {' and '.join(takes)}, not {key}s")
+        missing = [str(path) for path in paths if not path.is_file()]
         if missing:
-            raise CLIError(f"--image: file not found: {missing[0]}")
-        if not args.prompt.strip():
-            raise CLIError("--image: ask a written question about the image")
-        prompt = {"prompt": args.prompt, "multi_modal_data": {"image": [str(path) for path in args.image]}}
-    elif args.audio_in is None and "text" not in takes:
+            raise CLIError(f"{flag}: file not found: {missing[0]}")
+        media[key] = [str(path) for path in paths]
+    if media:  # which combinations a pipeline takes is its prompt processor's rule (a one-line error otherwise)
+        prompt = {"prompt": args.prompt, "multi_modal_data": media}
+    elif "text" not in takes:
         raise CLIError(f"pipeline {pipeline.name!r} takes {' and '.join(takes)}, not a text prompt: use --audio-in FILE")
-    elif args.audio_in is None and not args.prompt.strip():
+    elif not args.prompt.strip():
         raise CLIError("give a question as text, or --audio-in FILE")
+    _check_prompt(pipeline, prompt)
     params = None
     overrides = {k: v for k, v in (("max_tokens", args.max_tokens), ("temperature", args.temperature),
                                    ("seed", args.seed)) if v is not None}
@@ -204,12 +226,13 @@ def _progress_printer() -> Callable[[str], None]:
 def _models(args: argparse.Namespace) -> int:
     from omnipipe.models.preparation import pipeline_status
 
+    width = max(len(name) for name in PIPELINES)
     for name in sorted(PIPELINES):
         pipeline = get_pipeline(name)
         ready, detail = pipeline_status(name)
-        print(f"{name:<10} {'ready' if ready else 'not ready':<10} {pipeline.description}")
+        print(f"{name:<{width}} {'ready' if ready else 'not ready':<10} {pipeline.description}")
         if detail:
-            print(f"{'':<10} {detail}")
+            print(f"{'':<{width}} {detail}")
     return 0
 
 

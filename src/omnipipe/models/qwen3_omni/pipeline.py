@@ -26,6 +26,7 @@ PIPELINE = PipelineSpec(
     comprehension_stage="thinker",
     takes_history=True,
     model_stages=("thinker", "talker", "code2wav"),
+    weights_status=f"{_P}.weights.load:weights_status",
     # 72 frames of left context: the code2wav's sliding window (0.01% of absmax at the seams on the released
     # config); exactness needs the context the stage logs at load (578 frames there: a 25-frame window then decodes
     # 24x its frames)

@@ -142,3 +142,9 @@ def load_part(directory: Path, part: str, device: str, dtype: torch.dtype) -> to
         raise ValueError(f"{directory}: the checkpoint lacks {len(missing)} tensors of the {part} "
                          f"(first: {missing[0]})")
     return module.to(device).eval()
+
+
+def weights_status() -> tuple[bool, str]:
+    """What ``omnipipe models`` says: nothing to prepare; the checkpoint is the caller's."""
+    return True, ("runs a checkpoint you give: --model DIR or stages.<stage>.options.model "
+                  "(`omnipipe tiny-checkpoint qwen3_omni DIR` writes a tiny random one)")
