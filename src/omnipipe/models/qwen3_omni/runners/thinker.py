@@ -74,7 +74,8 @@ class QwenOmniThinkerRunner(StageRunner):
         if state is None:
             return None
         return {"length": state["cache"].get_seq_length(), "generated": list(state["generated"]),
-                "text": state["text"], "last_position": state["last_position"], "logits": state["logits"]}
+                "text": state["text"], "last_position": state["last_position"], "logits": state["logits"],
+                "prefix_offset": state["prefix_offset"], "read_offset": state["read_offset"]}
 
     def restore(self, request: StageRequest, snapshot: Any) -> None:
         if snapshot is None:
@@ -82,7 +83,7 @@ class QwenOmniThinkerRunner(StageRunner):
             return
         state = request.runner_state
         state["cache"].crop(snapshot["length"])
-        for key in ("generated", "text", "last_position", "logits"):
+        for key in ("generated", "text", "last_position", "logits", "prefix_offset", "read_offset"):
             state[key] = snapshot[key]
 
     def _forward(self, state: dict[str, Any], position_ids: torch.Tensor, **kwargs: Any):
@@ -110,7 +111,7 @@ class QwenOmniThinkerRunner(StageRunner):
         ids = kwargs["input_ids"]
         request.num_prompt_tokens = int(ids.shape[1])
         state: dict[str, Any] = {"cache": DynamicCache(config=self.model.config.text_config),
-                                 "generated": [], "text": "",
+                                 "generated": [], "text": "", "prefix_offset": 0, "read_offset": 0,
                                  "decoding": Decoding.from_params(request.params, Decoding()),
                                  "max_tokens": int(request.params.get("max_tokens") or self.max_new_tokens)}
         state["generator"] = state["decoding"].generator()
@@ -135,11 +136,18 @@ class QwenOmniThinkerRunner(StageRunner):
         return state
 
     def _decode_text(self, state: dict[str, Any], final: bool = False) -> str:
-        text = self.inputs.tokenizer.decode(state["generated"], skip_special_tokens=True)
-        if text.endswith("\ufffd") and not final:  # a character whose bytes may not all be out yet
+        """The text the new token adds. Only the tokens since the last emitted piece are decoded (with the piece
+        before them, so byte-level merges across the boundary come out right); a piece ending in a partial UTF-8
+        character waits for the next token unless this is the last."""
+        decode = self.inputs.tokenizer.decode
+        ids, start, read = state["generated"], state["prefix_offset"], state["read_offset"]
+        before = decode(ids[start:read], skip_special_tokens=True)
+        now = decode(ids[start:], skip_special_tokens=True)
+        if (now.endswith("\ufffd") and not final) or len(now) <= len(before):
             return ""
-        delta = text[len(state["text"]):] if text.startswith(state["text"]) else ""
-        state["text"] = text
+        state["prefix_offset"], state["read_offset"] = read, len(ids)
+        delta = now[len(before):]
+        state["text"] += delta
         return delta
 
     @torch.inference_mode()
