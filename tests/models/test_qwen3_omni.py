@@ -75,8 +75,14 @@ def reference(checkpoint: Path) -> dict[str, tuple[str, np.ndarray]]:
 
 
 async def answer(engine: AsyncOmni, prompt: Any, **kwargs: Any) -> tuple[str, np.ndarray, int]:
+    return await answer_with(engine, prompt, params(), **kwargs)
+
+
+async def answer_with(engine: AsyncOmni, prompt: Any, sampling: dict[str, SamplingParams],
+                      **kwargs: Any) -> tuple[str, np.ndarray, int]:
     text, audio = "", []
-    async for out in engine.generate(prompt, sampling_params=params(), output_modalities=["text", "audio"], **kwargs):
+    async for out in engine.generate(prompt, sampling_params=sampling, output_modalities=["text", "audio"],
+                                     **kwargs):
         if out.modality == "text":
             text += out.text_delta
         elif out.modality == "audio":
@@ -229,17 +235,57 @@ def test_image_audio_video_and_text_through_the_openai_server(checkpoint: Path, 
         assert caught.value.body["param"] == "messages[0].content[0].video_url.url"
 
 
-def test_tiny_checkpoint_cli_and_generate(tmp_path: Path) -> None:
+def test_tiny_checkpoint_cli_and_generate_with_every_input(tmp_path: Path) -> None:
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
-    made = subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "tiny-checkpoint", "qwen3_omni",
-                           str(tmp_path / "ckpt")], capture_output=True, text=True, env=env, timeout=300)
+    cli = [sys.executable, "-m", "omnipipe.cli.main"]
+    made = subprocess.run([*cli, "tiny-checkpoint", "qwen3_omni", str(tmp_path / "ckpt")], capture_output=True,
+                          text=True, env=env, timeout=300)
     assert made.returncode == 0, made.stderr
     assert (tmp_path / "ckpt" / "config.json").is_file()
-    out = subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "generate", "--pipeline", "qwen3_omni",
-                          "--model", str(tmp_path / "ckpt"), "--max-tokens", "6", "-o", str(tmp_path / "a.wav"),
-                          "hello"], capture_output=True, text=True, env=env, timeout=300)
+    again = subprocess.run([*cli, "tiny-checkpoint", "qwen3_omni", str(tmp_path / "ckpt")], capture_output=True,
+                           text=True, env=env, timeout=300)
+    assert again.returncode == 2 and "is not empty" in again.stderr and "--force" in again.stderr
+    rng = np.random.default_rng(2)
+    (tmp_path / "q.wav").write_bytes(_wav((0.2 * rng.standard_normal(8000)).astype(np.float32)))
+    (tmp_path / "p.png").write_bytes(_png(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)))
+    (tmp_path / "v.mp4").write_bytes(_mp4(rng.integers(0, 255, (6, 32, 32, 3), dtype=np.uint8), fps=3))
+    out = subprocess.run([*cli, "generate", "--pipeline", "qwen3_omni", "--model", str(tmp_path / "ckpt"),
+                          "--max-tokens", "6", "-o", str(tmp_path / "a.wav"), "--audio-in", str(tmp_path / "q.wav"),
+                          "--image", str(tmp_path / "p.png"), "--video", str(tmp_path / "v.mp4"), "what is this"],
+                         capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     import soundfile
 
     audio, rate = soundfile.read(tmp_path / "a.wav")
-    assert rate == 24000 and len(audio) > 0
+    assert rate == 24000 and len(audio) >= 1920  # at least one codec frame
+    assert np.abs(audio).max() > 0
+
+
+def test_bad_options_and_params_are_refused_naming_the_field(checkpoint: Path) -> None:
+    from omnipipe.engine.orchestrator import EngineStartError
+
+    bad = deploy(checkpoint, True)
+    bad["stages"]["talker"]["options"]["max_new_token"] = 10
+    with pytest.raises(EngineStartError, match=r"stages\.talker\.options\.max_new_token: unknown option"):
+        asyncio.run(AsyncOmni("qwen3_omni", bad).start())
+
+    async def run() -> None:
+        async with AsyncOmni("qwen3_omni", deploy(checkpoint, True)) as engine:
+            for stage, sampling, field in (("talker", SamplingParams(stop=["x"]), "sampling_params.stop"),
+                                           ("code2wav", SamplingParams(), "sampling_params")):
+                with pytest.raises(ValueError) as caught:
+                    async for _ in engine.generate("hello", sampling_params={**params(), stage: sampling},
+                                                   output_modalities=["text", "audio"]):
+                        pass
+                assert getattr(caught.value, "field", None) == field, caught.value
+            # the thinker's first token ends it: nothing to speak, the request still ends cleanly
+            text, audio, _ = await answer_with(engine, "hello world", {"thinker": SamplingParams(max_tokens=1)})
+            assert len(audio) == 0
+            # a seeded sampled talker speaks the same twice, even side by side
+            sampled = {"thinker": SamplingParams(max_tokens=THINKER_TOKENS),
+                       "talker": SamplingParams(temperature=0.9, top_k=50, seed=7, max_tokens=TALKER_FRAMES)}
+            first, second = await asyncio.gather(answer_with(engine, "hello world", sampled),
+                                                 answer_with(engine, "hello world", sampled))
+            assert len(first[1]) > 0 and np.array_equal(first[1], second[1])
+
+    asyncio.run(run())

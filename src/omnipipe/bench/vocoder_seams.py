@@ -80,12 +80,9 @@ def tiny_code2wav(settings: SeamSettings, **config_overrides: object) -> torch.n
     near-silent output) and damped on the residual and upsampling paths so activations stay near 1 through the
     decoder."""
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
-    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
-        Qwen3OmniMoeCode2Wav,
-        Qwen3OmniMoeCode2WavDecoderBlock,
-        Qwen3OmniMoeCode2WavDecoderResidualUnit,
-        Qwen3OmniMoeConvNeXtBlock,
-    )
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
+    from omnipipe.models.qwen3_omni.weights.tiny import audible_code2wav
 
     fields = dict(codebook_size=TINY_CODEBOOK_SIZE, hidden_size=32, num_attention_heads=2, num_key_value_heads=2,
                   intermediate_size=64, num_hidden_layers=settings.layers, sliding_window=settings.sliding_window,
@@ -93,26 +90,7 @@ def tiny_code2wav(settings: SeamSettings, **config_overrides: object) -> torch.n
     config = Qwen3OmniMoeCode2WavConfig(**{**fields, **config_overrides})
     torch.manual_seed(settings.seed)
     model = Qwen3OmniMoeCode2Wav(config).eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d)):
-                torch.nn.init.normal_(module.weight, std=module.weight[0].numel() ** -0.5)
-            elif isinstance(module, torch.nn.ConvTranspose1d):  # each output reads kernel / stride taps per input
-                fan_in = module.in_channels * module.kernel_size[0] // module.stride[0]
-                torch.nn.init.normal_(module.weight, std=fan_in ** -0.5)
-            elif isinstance(module, torch.nn.Embedding):
-                torch.nn.init.normal_(module.weight)
-            if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.ConvTranspose1d)) \
-                    and module.bias is not None:
-                torch.nn.init.zeros_(module.bias)
-        for module in model.modules():
-            if isinstance(module, Qwen3OmniMoeCode2WavDecoderResidualUnit):
-                module.conv2.conv.weight.mul_(0.2)
-            elif isinstance(module, Qwen3OmniMoeCode2WavDecoderBlock):
-                module.block[1].conv.weight.mul_(0.25)
-            elif isinstance(module, Qwen3OmniMoeConvNeXtBlock):
-                module.gamma.fill_(0.1)
-        model.decoder[-1].conv.weight.mul_(0.1)
+    audible_code2wav(model)
     return model.to(settings.dtype)
 
 

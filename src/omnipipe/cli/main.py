@@ -49,6 +49,9 @@ def _tiny_checkpoint(args: argparse.Namespace) -> int:
 
     if args.directory.exists() and not args.directory.is_dir():
         raise CLIError(f"directory: {args.directory} exists and is not a directory")
+    if args.directory.is_dir() and any(args.directory.iterdir()) and not args.force:
+        raise CLIError(f"directory: {args.directory} is not empty (its config, tokenizer and weights would be "
+                       "replaced): give an empty or new directory, or --force")
     path = resolve(TINY_CHECKPOINTS[args.family])(args.directory, seed=args.seed)
     print(f"wrote a tiny random {args.family} checkpoint to {path}")
     print(f"run it: omnipipe generate --pipeline {args.family} --model {path} \"hello\" -o answer.wav")
@@ -163,7 +166,8 @@ async def _generate(args: argparse.Namespace) -> int:
     if media:  # which combinations a pipeline takes is its prompt processor's rule (a one-line error otherwise)
         prompt = {"prompt": args.prompt, "multi_modal_data": media}
     elif "text" not in takes:
-        raise CLIError(f"pipeline {pipeline.name!r} takes {' and '.join(takes)}, not a text prompt: use --audio-in FILE")
+        raise CLIError(f"pipeline {pipeline.name!r} takes {' and '.join(takes)}, not a text prompt: "
+                       "use --audio-in FILE")
     elif not args.prompt.strip():
         raise CLIError("give a question as text, or --audio-in FILE")
     _check_prompt(pipeline, prompt)
@@ -456,6 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("family", choices=sorted(TINY_CHECKPOINTS), help="the pipeline whose checkpoint to write")
     t.add_argument("directory", type=Path, help="where to write it (created)")
     t.add_argument("--seed", type=int, default=0, help="weights seed (the same seed writes the same weights)")
+    t.add_argument("--force", action="store_true", help="write into a directory that already holds files")
     d = sub.add_parser("download", help="prepare model weights in the cache (with progress bars)")
     d.add_argument("--pipeline", default=None)
     b = sub.add_parser("bench", help="benchmarks (print a table)")

@@ -6,6 +6,7 @@ from omnipipe.models.qwen3_omni.runners.code2wav import SAMPLE_RATE_HZ
 
 _P = "omnipipe.models.qwen3_omni"
 _FRAMES = "omnipipe.chunk.frame_processors"
+FRAME_RATE_HZ = 12.5  # codec frames per second of audio (1920 samples each at 24 kHz)
 
 PIPELINE = PipelineSpec(
     name="qwen3_omni",
@@ -31,5 +32,6 @@ PIPELINE = PipelineSpec(
     # config); exactness needs the context the stage logs at load (578 frames there: a 25-frame window then decodes
     # 24x its frames)
     default_deploy={"edges": {"talker->code2wav": {"options": {"codec_chunk_frames": 25,
-                                                                "left_context_frames": 72}}}},
+                                                                "left_context_frames": 72,
+                                                                "frame_rate_hz": FRAME_RATE_HZ}}}},
 )

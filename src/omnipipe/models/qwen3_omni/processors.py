@@ -24,8 +24,15 @@ from omnipipe.util.field_error import FieldError
 PROMPT_KEYS = ("prompt_ids", "prompt_embed", "mm_hidden", "grids")
 
 
-def _as_list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else [value]
+MAX_ITEMS = 8  # media items of one kind in a prompt
+
+
+def _as_list(value: Any, field: str) -> list[Any]:
+    """One item or a list of them (a tuple is one item: audio as ``(samples, sample_rate)``)."""
+    items = value if isinstance(value, list) else [value]
+    if not 1 <= len(items) <= MAX_ITEMS:
+        raise FieldError(field, f"give 1 to {MAX_ITEMS} items, got {len(items)}")
+    return items
 
 
 def _video(value: Any, field: str) -> Any:
@@ -53,17 +60,20 @@ def prompt(prompt: dict[str, Any]) -> EntryInput:
 
         from omnipipe.util.media import load_audio, load_image
     if "image" in mm:
+        images = _as_list(mm["image"], f"{where}.image")
         item["images"] = [np.asarray(load_image(v, f"{where}.image[{i}]").convert("RGB"), dtype=np.uint8)
-                          for i, v in enumerate(_as_list(mm["image"]))]
+                          for i, v in enumerate(images)]
     if "audio" in mm:
-        item["audios"] = [load_audio(v, f"{where}.audio[{i}]") for i, v in enumerate(_as_list(mm["audio"]))]
+        audios = _as_list(mm["audio"], f"{where}.audio")
+        item["audios"] = [load_audio(v, f"{where}.audio[{i}]") for i, v in enumerate(audios)]
     if "video" in mm:
         videos = mm["video"]
         # one video given as a list of frames, or several videos
-        if isinstance(videos, (list, tuple)) and videos and not isinstance(videos[0], (list, tuple, bytes, str, Path)) \
+        if isinstance(videos, list) and videos and not isinstance(videos[0], (list, bytes, str, Path)) \
                 and not (hasattr(videos[0], "ndim") and videos[0].ndim == 4):
             videos = [videos]
-        item["videos"] = [_video(v, f"{where}.video[{i}]") for i, v in enumerate(_as_list(videos))]
+        videos = _as_list(videos, f"{where}.video")
+        item["videos"] = [_video(v, f"{where}.video[{i}]") for i, v in enumerate(videos)]
     return EntryInput("thinker", item)
 
 

@@ -1,6 +1,7 @@
-"""Choosing the next token from a step's logits as transformers' generate does: repetition penalty over the tokens
-generated so far, suppressed ids, then greedy (temperature 0) or temperature / top-k / top-p sampling with the
-request's own seeded generator."""
+"""Choosing the next token from a step's logits: repetition, presence and frequency penalties over the tokens this
+stage generated so far (transformers' generate also counts the prompt's tokens for the repetition penalty of a
+stage given input ids: the talker, fed embeddings, matches it; the thinker does not), suppressed ids, then greedy
+(temperature 0) or temperature / top-k / top-p sampling with the request's own seeded generator."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ class Decoding:
 
     @classmethod
     def from_params(cls, params: dict[str, Any], defaults: "Decoding") -> "Decoding":
-        """A stage's SamplingParams (as a dict; fields the caller left out keep ``defaults``)."""
+        """A stage's SamplingParams as the engine hands them over (a dict with every field, or empty when the caller
+        gave that stage none: then ``defaults``)."""
         given = {k: params[k] for k in ("temperature", "top_k", "top_p", "repetition_penalty", "presence_penalty",
                                         "frequency_penalty", "seed") if params.get(k) is not None}
         return cls(**{**defaults.__dict__, **given})

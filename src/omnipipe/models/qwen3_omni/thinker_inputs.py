@@ -99,9 +99,9 @@ class ThinkerInputBuilder:
                                               return_tensors="pt")
             kwargs["input_features"] = features["input_features"]
             kwargs["feature_attention_mask"] = features["attention_mask"]
-            for frames in features["attention_mask"].sum(-1).tolist():
+            for i, frames in enumerate(features["attention_mask"].sum(-1).tolist()):
                 if frames < 1:
-                    raise FieldError("prompt.multi_modal_data.audio", "an audio clip is empty")
+                    raise FieldError(f"prompt.multi_modal_data.audio[{i}]", "the audio clip is empty")
                 placeholders.append(AUDIO_PART.format("<|audio_pad|>" * audio_token_count(frames, self.n_window)))
         text = self.chat_text(item, placeholders)
         ids = self.tokenizer(text, return_tensors="pt")

@@ -2,11 +2,12 @@
 24 kHz audio out. Each window's samples are the ones its new frames add to the stream, so the concatenated stream
 equals one decode of all the frames (``modeling/code2wav_stream.py``).
 
-Stage options: ``model`` (checkpoint directory, required), ``dtype``, ``gpu_memory_fraction``."""
+Stage options: ``Code2WavOptions`` (``options.py``). It takes no SamplingParams."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import torch
@@ -16,9 +17,11 @@ from omnipipe.models.qwen3_omni.modeling.code2wav_stream import (
     decode_windows,
     exact_left_context_frames,
 )
-from omnipipe.models.qwen3_omni.weights.load import check_checkpoint, load_part, prepare_device, resolve_dtype
+from omnipipe.models.qwen3_omni.options import Code2WavOptions
+from omnipipe.models.qwen3_omni.weights.load import load_part, open_stage
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.util.field_error import FieldError
 
 SAMPLE_RATE_HZ = 24000
 logger = logging.getLogger(__name__)
@@ -26,16 +29,17 @@ logger = logging.getLogger(__name__)
 
 class QwenOmniCode2WavRunner(StageRunner):
     def load(self) -> None:
-        options = self.context.options
-        stage = self.context.stage
-        directory = check_checkpoint(options.get("model"), f"stages.{stage}.options.model")
-        self.device = self.context.device
-        dtype = resolve_dtype(options.get("dtype"), self.device, f"stages.{stage}.options.dtype")
-        prepare_device(options, self.device, stage)
-        self.model = load_part(directory, "code2wav", self.device, dtype)
+        _, directory, dtype = open_stage(self.context, Code2WavOptions)
+        self.model = load_part(directory, "code2wav", self.context.device, dtype)
         exact = exact_left_context_frames(self.model)
         logger.info("code2wav: a left context of %d frames makes a streamed decode equal the whole decode "
                     "(edge option left_context_frames)", exact)
+
+    def validate(self, params: dict[str, Any]) -> str | None:
+        if params:
+            raise FieldError("sampling_params", "the code2wav stage decodes codes as they are: it takes no "
+                             f"sampling params (got {', '.join(sorted(params))})")
+        return None
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:

@@ -7,11 +7,11 @@ states), then the assistant's opening with the codec's think/speaker/bos ids. Ea
 last frame's code embeddings plus the next text embedding (``tts_eos`` once the text is done, ``tts_pad`` after). A
 step whose text embedding has not arrived yet waits for the thinker (``needs_input``).
 
-Stage options: ``model`` (checkpoint directory, required), ``dtype``, ``gpu_memory_fraction``, ``torch_compile``
-(``weights/load.py``), ``speaker`` (default: the
-checkpoint's first), ``max_new_tokens`` (frames, when a request gives no ``max_tokens``; default 4096). Decoding
-defaults are the model's (sampling at temperature 0.9, top-k 50, repetition penalty 1.05); ``temperature: 0`` in the
-talker's SamplingParams is greedy.
+Stage options: ``TalkerOptions`` (``options.py``). Decoding: with no talker SamplingParams, the model's own
+(sampling at temperature 0.9, top-k 50, repetition penalty 1.05, up to ``max_new_tokens`` frames); SamplingParams
+given for the talker replace it whole (their defaults: greedy, no penalty, ``max_tokens`` 64 frames, about 5 s: give
+``max_tokens`` with them). The code predictor's residual codes follow the talker: greedy when it is, else sampled as
+the model does (top-k 50, top-p 0.8) from the request's seed. ``stop`` has no meaning for codec frames and is refused.
 """
 
 from __future__ import annotations
@@ -20,18 +20,11 @@ from typing import Any
 
 import torch
 
+from omnipipe.models.qwen3_omni.options import TalkerOptions
 from omnipipe.models.qwen3_omni.sampling import Decoding, next_token
-from omnipipe.models.qwen3_omni.weights.load import (
-    check_checkpoint,
-    load_config,
-    load_part,
-    maybe_compile,
-    prepare_device,
-    read_tensors,
-    resolve_dtype,
-)
+from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, maybe_compile, open_stage, read_rows
 from omnipipe.stage.request import StageRequest
-from omnipipe.stage.runner import NOT_RESTORABLE, RunnerOutput, StageRunner
+from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
 
 MODEL_DECODING = Decoding(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
@@ -39,42 +32,66 @@ MODEL_DECODING = Decoding(temperature=0.9, top_k=50, top_p=1.0, repetition_penal
 
 class QwenOmniTalkerRunner(StageRunner):
     def load(self) -> None:
-        options = self.context.options
-        stage = self.context.stage
-        self.directory = check_checkpoint(options.get("model"), f"stages.{stage}.options.model")
+        self.options, self.directory, self.dtype = open_stage(self.context, TalkerOptions)
         self.device = self.context.device
-        self.dtype = resolve_dtype(options.get("dtype"), self.device, f"stages.{stage}.options.dtype")
         self.config = load_config(self.directory)
-        prepare_device(options, self.device, stage)
         self.model = load_part(self.directory, "talker", self.device, self.dtype)
-        maybe_compile(self.model.model, options, stage)
+        maybe_compile(self.model.model, self.options.torch_compile)
         talker = self.config.talker_config
-        speakers = dict(talker.speaker_id or {})
-        speaker = str(options.get("speaker", next(iter(speakers), ""))).lower()
+        speakers = {str(k).lower(): int(v) for k, v in dict(talker.speaker_id or {}).items()}
+        default = "ethan" if "ethan" in speakers else next(iter(speakers), "")
+        speaker = (self.options.speaker or default).lower()
         if speaker not in speakers:
-            raise FieldError(f"stages.{stage}.options.speaker",
+            raise FieldError(f"stages.{self.context.stage}.options.speaker",
                              f"unknown speaker {speaker!r} (this checkpoint has {', '.join(speakers) or 'none'})")
-        self.speaker_id = int(speakers[speaker])
+        self.speaker_id = speakers[speaker]
         self.groups = int(talker.num_code_groups)
         self.eos = int(talker.codec_eos_token_id)
         vocab = int(talker.text_config.vocab_size)
-        self.suppress = torch.tensor([i for i in range(vocab - 1024, vocab) if i != self.eos])
-        self.max_new_tokens = int(options.get("max_new_tokens", 4096))
+        self.suppress = torch.tensor([i for i in range(vocab - 1024, vocab) if i != self.eos], device=self.device)
         self._load_text_tokens()
 
     def _load_text_tokens(self) -> None:
-        """tts_bos / tts_eos / tts_pad: the thinker's embeddings of them, projected (kept from the checkpoint)."""
+        """tts_bos / tts_eos / tts_pad: the thinker's embeddings of them (three rows read from the checkpoint),
+        projected."""
         key = "thinker.model.embed_tokens.weight"
-        table = read_tensors(self.directory, [key]).get(key)
-        if table is None:
-            raise ValueError(f"{self.directory}: no {key} (the talker projects the thinker's tts tokens)")
         ids = [self.config.tts_bos_token_id, self.config.tts_eos_token_id, self.config.tts_pad_token_id]
-        rows = table[ids].to(self.device, self.dtype)
+        rows = read_rows(self.directory, key, ids)
+        if rows is None:
+            raise ValueError(f"{self.directory}: no {key} (the talker projects the thinker's tts tokens)")
         with torch.inference_mode():
-            self.tts_bos, self.tts_eos, self.tts_pad = self.model.text_projection(rows).unbind(0)
+            projected = self.model.text_projection(rows.to(self.device, self.dtype))
+        self.tts_bos, self.tts_eos, self.tts_pad = projected.unbind(0)
+
+    def validate(self, params: dict[str, Any]) -> str | None:
+        if params.get("stop"):
+            raise FieldError("sampling_params.stop", "the talker writes codec frames, not text: it takes no stop "
+                             "strings")
+        return None
 
     def snapshot(self, request: StageRequest) -> Any:
-        return None if request.runner_state is None else NOT_RESTORABLE
+        state = request.runner_state
+        if state is None:
+            return None
+        if "cache" not in state:  # waiting for the thinker: nothing built yet
+            return {key: list(value) if isinstance(value, list) else value for key, value in state.items()}
+        generator = state["generator"]
+        return {"length": state["cache"].get_seq_length(), "text": len(state["text"]), "done": state["done"],
+                "step": state["step"], "sampled": len(state["sampled"]), "last_position": state["last_position"],
+                "last_hidden": state["last_hidden"], "generator": None if generator is None else generator.get_state()}
+
+    def restore(self, request: StageRequest, snapshot: Any) -> None:
+        state = request.runner_state
+        if snapshot is None or state is None or "length" not in snapshot:
+            request.runner_state = snapshot
+            return
+        state["cache"].crop(snapshot["length"])
+        del state["text"][snapshot["text"]:]
+        del state["sampled"][snapshot["sampled"]:]
+        for key in ("done", "step", "last_position", "last_hidden"):
+            state[key] = snapshot[key]
+        if snapshot["generator"] is not None:
+            state["generator"].set_state(snapshot["generator"])
 
     # ----------------------------------------------------------------------------------------------- prefill
     def _take(self, request: StageRequest, state: dict[str, Any]) -> None:
@@ -98,8 +115,8 @@ class QwenOmniTalkerRunner(StageRunner):
         previous = torch.cummax(starts, dim=0).values.clamp_min(0)
         roles = ids[(previous + 1).clamp_max(len(ids) - 1)]
         user = roles == config.user_token_id
-        part = torch.empty(int(user.sum()), embed.shape[-1] if False else self.model.config.text_config.hidden_size,
-                           dtype=self.dtype, device=self.device)
+        part = torch.empty(int(user.sum()), self.model.config.text_config.hidden_size, dtype=self.dtype,
+                           device=self.device)
         user_mm = mm[user]
         mm_rank = torch.cumsum(mm.long(), 0) - 1  # index of each multimodal position among mm_hidden's rows
         if user_mm.any():
@@ -124,7 +141,8 @@ class QwenOmniTalkerRunner(StageRunner):
         embed = torch.as_tensor(state.pop("prompt_embed"))
         user_embeds, user_ids = self._user_part(ids, embed, torch.as_tensor(state.pop("mm_hidden")))
         starts = ((ids[:-1] == config.im_start_token_id) & (ids[1:] == config.assistant_token_id)).nonzero()
-        opening = self.model.text_projection(embed[int(starts[-1, 0]):].to(self.device, self.dtype))  # im_start assistant \n
+        # the assistant's opening: <|im_start|> assistant \n
+        opening = self.model.text_projection(embed[int(starts[-1, 0]):].to(self.device, self.dtype))
         first_text = self.model.text_projection(state["text"][0].to(self.device, self.dtype))[None]
         text_part = torch.cat([opening[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], first_text])
         codec_ids = torch.tensor([talker_config.codec_nothink_id, talker_config.codec_think_bos_id,
@@ -140,10 +158,11 @@ class QwenOmniTalkerRunner(StageRunner):
                   **{k: v.to(self.device) for k, v in grids.items()}}
         position_ids = self.model._prepare_position_ids_for_generation(inputs_embeds, {**kwargs,
                                                                                        "past_key_values": None})
+        self.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
         state["cache"] = DynamicCache(config=self.model.config.text_config)
         state["decoding"] = Decoding.from_params(request.params, MODEL_DECODING)
         state["generator"] = state["decoding"].generator()
-        state["max_tokens"] = int(request.params.get("max_tokens") or self.max_new_tokens)
+        state["max_tokens"] = int(request.params.get("max_tokens") or self.options.max_new_tokens)
         state["step"] = 0  # index into the text embeddings after the first
         state["sampled"] = []
         out = self._forward(state, position_ids, inputs_embeds=inputs_embeds, attention_mask=mask)
@@ -187,6 +206,8 @@ class QwenOmniTalkerRunner(StageRunner):
         decoding = state["decoding"]
         sample = decoding.temperature > 0
         extra = {"top_k": 50, "top_p": 0.8} if sample else {}
+        if sample:  # the predictor samples from the global generator: seed it from this request's own
+            torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=state["generator"])))
         result = predictor.generate(inputs_embeds=torch.cat((state["last_hidden"], last_id_hidden), dim=1),
                                     max_new_tokens=self.groups - 1, do_sample=sample, output_hidden_states=True,
                                     return_dict_in_generate=True, **extra)

@@ -1,14 +1,15 @@
 """The Qwen3-Omni thinker stage: text, images, audio and video in, text out, and per step what the talker reads.
 
-Each request keeps its own transformers cache and rope deltas; a step runs the thinker once per request of the batch
-(the multimodal rope positions differ per request). What the talker needs goes out as step data: with the first
-token, the prompt's ids, its layer-0 embeddings and its multimodal positions' hidden states at the talker's
-``accept_hidden_layer`` (and the grids its rope index needs); with every token, that token's embedding.
+Each request keeps its own transformers cache and rope positions (4 rows: text, then the three multimodal rows, as
+``generate`` builds them); a step runs the thinker once per request of the batch (their positions differ). Logits
+are computed for the last position only; hidden states are kept only at the prefill. What the talker needs goes out
+as step data: with the first token, the prompt's ids, its layer-0 embeddings and its multimodal positions' hidden
+states at the talker's ``accept_hidden_layer`` (and the grids its rope index needs); with every token, that token's
+embedding.
 
-Stage options: ``model`` (checkpoint directory, required), ``dtype`` (auto: bf16 on CUDA), ``gpu_memory_fraction``,
-``torch_compile`` (the text decoder; ``weights/load.py``),
-``max_new_tokens`` (when a request gives no ``max_tokens``), ``video_fps`` (2: frames per second sampled from a
-video file, and the rate frames given as frames are taken to have), ``video_max_frames`` (64).
+Stage options: ``ThinkerOptions`` (``options.py``). SamplingParams: temperature, top-k, top-p, seed, repetition /
+presence / frequency penalties (over the generated tokens), ``max_tokens``, ``stop`` (the text ends before a stop
+string).
 """
 
 from __future__ import annotations
@@ -17,81 +18,72 @@ from typing import Any
 
 import torch
 
+from omnipipe.models.qwen3_omni.options import ThinkerOptions
 from omnipipe.models.qwen3_omni.sampling import Decoding, next_token
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
-from omnipipe.models.qwen3_omni.weights.load import (
-    check_checkpoint,
-    load_config,
-    load_part,
-    maybe_compile,
-    prepare_device,
-    resolve_dtype,
-)
+from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, maybe_compile, open_stage
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
 
-ENCODER_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw", "video_second_per_grid",
-                "input_features", "feature_attention_mask")
-
 
 class QwenOmniThinkerRunner(StageRunner):
     def load(self) -> None:
-        options = self.context.options
-        self.directory = check_checkpoint(options.get("model"), f"stages.{self.context.stage}.options.model")
+        self.options, self.directory, dtype = open_stage(self.context, ThinkerOptions)
         self.device = self.context.device
-        dtype = resolve_dtype(options.get("dtype"), self.device, f"stages.{self.context.stage}.options.dtype")
         self.config = load_config(self.directory)
-        prepare_device(options, self.device, self.context.stage)
         self.model = load_part(self.directory, "thinker", self.device, dtype)
-        maybe_compile(self.model.model.language_model, options, self.context.stage)
+        maybe_compile(self.model.model.language_model, self.options.torch_compile)
         self.inputs = ThinkerInputBuilder(self.directory, self.config)
         self.accept_layer = int(self.config.talker_config.accept_hidden_layer)
         thinker = self.config.thinker_config
         self.mm_token_ids = torch.tensor([thinker.audio_token_id, thinker.image_token_id, thinker.video_token_id])
-        tokenizer = self.inputs.tokenizer
         self.eos_ids = {int(self.config.im_end_token_id)}
-        if tokenizer.pad_token_id is not None:
-            self.eos_ids.add(int(tokenizer.pad_token_id))  # <|endoftext|>
-        self.max_new_tokens = int(options.get("max_new_tokens", 1024))
-        self.video_fps = float(options.get("video_fps", 2.0))
-        self.video_max_frames = int(options.get("video_max_frames", 64))
+        if self.inputs.tokenizer.pad_token_id is not None:
+            self.eos_ids.add(int(self.inputs.tokenizer.pad_token_id))  # <|endoftext|>
 
-    def _sample_videos(self, item: dict[str, Any]) -> dict[str, Any]:
-        """Video files (bytes or a data: URL) sampled at the stage's ``video_fps``; frames given as frames stay."""
-        from omnipipe.util.media import load_video
-
-        videos = item.get("videos")
-        if not videos:
-            return item
-        sampled = [load_video(v, f"prompt.multi_modal_data.video[{i}]", fps=self.video_fps,
-                              max_frames=self.video_max_frames) if isinstance(v, (bytes, str)) else v
-                   for i, v in enumerate(videos)]
-        return {**item, "videos": sampled, "video_fps": self.video_fps}
-
+    # ------------------------------------------------------------------------------------- per-request state
     def snapshot(self, request: StageRequest) -> Any:
         state = request.runner_state
         if state is None:
             return None
+        generator = state["generator"]
         return {"length": state["cache"].get_seq_length(), "generated": list(state["generated"]),
-                "text": state["text"], "last_position": state["last_position"], "logits": state["logits"],
-                "prefix_offset": state["prefix_offset"], "read_offset": state["read_offset"]}
+                "generator": None if generator is None else generator.get_state(),
+                **{key: state[key] for key in ("text", "last_position", "logits", "prefix_offset", "read_offset")}}
 
     def restore(self, request: StageRequest, snapshot: Any) -> None:
         if snapshot is None:
             request.runner_state = None
             return
         state = request.runner_state
-        state["cache"].crop(snapshot["length"])
-        for key in ("generated", "text", "last_position", "logits", "prefix_offset", "read_offset"):
-            state[key] = snapshot[key]
+        state["cache"].crop(snapshot.pop("length"))
+        generator = snapshot.pop("generator")
+        if generator is not None:
+            state["generator"].set_state(generator)
+        state.update(snapshot)
 
-    def _forward(self, state: dict[str, Any], position_ids: torch.Tensor, **kwargs: Any):
-        """One forward at ``position_ids`` ([4, 1, n]: text positions, then the three multimodal rope rows, as
-        generate builds them); the next step's positions follow the last by one."""
+    # ------------------------------------------------------------------------------------------------ model
+    def _sample_videos(self, item: dict[str, Any]) -> dict[str, Any]:
+        """Video files (bytes or a data: URL) sampled at ``video_fps``; frames given as frames stay."""
+        from omnipipe.util.media import load_video
+
+        videos = item.get("videos")
+        if not videos:
+            return item
+        fps, most = self.options.video_fps, self.options.video_max_frames
+        sampled = [load_video(v, f"prompt.multi_modal_data.video[{i}]", fps=fps, max_frames=most)
+                   if isinstance(v, (bytes, str)) else v for i, v in enumerate(videos)]
+        return {**item, "videos": sampled, "video_fps": fps}
+
+    def _forward(self, state: dict[str, Any], position_ids: torch.Tensor, hidden: bool = False, **kwargs: Any):
+        """One forward at ``position_ids``; the next step's positions follow the last by one. Returns the last
+        position's logits and, with ``hidden``, every layer's hidden states."""
         state["last_position"] = position_ids[..., -1:]
-        return self.model(past_key_values=state["cache"], use_cache=True, output_hidden_states=True,
-                          position_ids=position_ids, **kwargs)
+        out = self.model.model(past_key_values=state["cache"], use_cache=True, output_hidden_states=hidden,
+                               position_ids=position_ids, **kwargs)
+        logits = self.model.lm_head(out.last_hidden_state[0, -1:])[0]
+        return logits, out.hidden_states
 
     def _prefill(self, request: StageRequest) -> dict[str, Any]:
         from transformers import DynamicCache
@@ -110,19 +102,19 @@ class QwenOmniThinkerRunner(StageRunner):
                 kwargs[key] = kwargs[key].to(self.model.dtype)
         ids = kwargs["input_ids"]
         request.num_prompt_tokens = int(ids.shape[1])
+        decoding = Decoding.from_params(request.params, Decoding())
         state: dict[str, Any] = {"cache": DynamicCache(config=self.model.config.text_config),
                                  "generated": [], "text": "", "prefix_offset": 0, "read_offset": 0,
-                                 "decoding": Decoding.from_params(request.params, Decoding()),
-                                 "max_tokens": int(request.params.get("max_tokens") or self.max_new_tokens)}
-        state["generator"] = state["decoding"].generator()
+                                 "decoding": decoding, "generator": decoding.generator(),
+                                 "max_tokens": int(request.params.get("max_tokens") or self.options.max_new_tokens)}
         position_ids = self.model._prepare_position_ids_for_generation(ids, {**kwargs, "past_key_values": None})
-        out = self._forward(state, position_ids, **kwargs)
-        mm = torch.isin(ids[0].cpu(), self.mm_token_ids)
-        hidden = out.hidden_states
+        self.model.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
+        state["logits"], hidden = self._forward(state, position_ids, hidden=True, **kwargs)
+        mm = torch.isin(ids[0].cpu(), self.mm_token_ids).to(hidden[0].device)
         handoff: dict[str, Any] = {
             "prompt_ids": ids[0].cpu(),
             "prompt_embed": hidden[0][0].float().cpu(),
-            "mm_hidden": hidden[self.accept_layer][0][mm.to(hidden[0].device)].float().cpu(),
+            "mm_hidden": hidden[self.accept_layer][0][mm].float().cpu(),
         }
         grids = {k: kwargs[k].cpu() for k in ("image_grid_thw", "video_grid_thw", "video_second_per_grid")
                  if k in kwargs}
@@ -130,7 +122,6 @@ class QwenOmniThinkerRunner(StageRunner):
             grids["audio_feature_lengths"] = kwargs["feature_attention_mask"].sum(-1).cpu()
         handoff["grids"] = grids
         state["handoff"] = handoff
-        state["logits"] = out.logits[0, -1]
         request.runner_state = state
         request.prefilled = True
         return state
@@ -150,6 +141,23 @@ class QwenOmniThinkerRunner(StageRunner):
         state["text"] += delta
         return delta
 
+    @staticmethod
+    def _stop_at(state: dict[str, Any], delta: str, stops: list[str]) -> str | None:
+        """With a stop string in the text the last delta completed: what of that delta comes before it."""
+        text = state["text"]
+        emitted = len(text) - len(delta)
+        cut = None
+        for stop in stops:
+            if not stop:
+                continue
+            found = text.find(stop, max(0, emitted - len(stop) + 1))
+            if found >= 0 and (cut is None or found < cut):
+                cut = found
+        if cut is None:
+            return None
+        state["text"] = text[:cut]
+        return text[emitted:cut] if cut > emitted else ""
+
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
         outputs = []
@@ -164,30 +172,19 @@ class QwenOmniThinkerRunner(StageRunner):
             else:
                 state = request.runner_state
                 token = torch.tensor([[state["generated"][-1]]], device=self.device)
-                state["logits"] = self._forward(state, state["last_position"] + 1, input_ids=token).logits[0, -1]
+                state["logits"], _ = self._forward(state, state["last_position"] + 1, input_ids=token)
             token = next_token(state["logits"], state["decoding"], state["generated"], None, state["generator"])
             state["generated"].append(token)
-            data: dict[str, Any] = {"token": token,
-                                    "embed": self.model.get_input_embeddings()(
-                                        torch.tensor([token], device=self.device))[0].float().cpu()}
+            embed = self.model.get_input_embeddings()(torch.tensor([token], device=self.device))[0]
+            data: dict[str, Any] = {"token": token, "embed": embed.float().cpu()}
             if "handoff" in state:
                 data.update(state.pop("handoff"))
-            if token in self.eos_ids:
-                outputs.append(RunnerOutput(request.request_id, text_delta=self._decode_text(state, final=True),
-                                            data=data, num_units=1, finished=True, finish_reason="stop"))
-                continue
-            done = len(state["generated"]) >= state["max_tokens"]
+            stopped = token in self.eos_ids
+            done = stopped or len(state["generated"]) >= state["max_tokens"]
             delta = self._decode_text(state, final=done)
-            stop = next((s for s in request.params.get("stop") or [] if s and s in state["text"]), None)
-            if stop is not None:  # the text ends before the stop string, which is not part of it
-                kept = state["text"][: state["text"].index(stop)]
-                delta = kept[len(state["text"]) - len(delta):] if len(kept) >= len(state["text"]) - len(delta) else ""
-                outputs.append(RunnerOutput(request.request_id, text_delta=delta, data=data, num_units=1,
-                                            finished=True, finish_reason="stop"))
-                continue
-            outputs.append(RunnerOutput(request.request_id, text_delta=delta, data=data,
-                                        num_units=1, finished=done, finish_reason="length" if done else None))
+            cut = self._stop_at(state, delta, request.params.get("stop") or [])
+            if cut is not None:
+                delta, done, stopped = cut, True, True
+            outputs.append(RunnerOutput(request.request_id, text_delta=delta, data=data, num_units=1, finished=done,
+                                        finish_reason=("stop" if stopped else "length") if done else None))
         return outputs
-
-    def free(self, request: StageRequest) -> None:
-        request.runner_state = None

@@ -6,21 +6,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import torch
 
+from omnipipe.stage.runner import RunnerContext
 from omnipipe.util.field_error import FieldError
+from omnipipe.util.options import options_from_dict
+
+O = TypeVar("O")
 
 PARTS = ("thinker", "talker", "code2wav")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def check_checkpoint(value: Any, field: str) -> Path:
-    """The checkpoint directory a deploy names (stage option ``model``), or a FieldError saying what is missing."""
-    if not isinstance(value, (str, Path)) or not str(value):
-        raise FieldError(field, "must name a Qwen3-Omni checkpoint directory (config.json + *.safetensors); "
-                         "`omnipipe tiny-checkpoint qwen3_omni DIR` writes a tiny one")
+def check_checkpoint(value: str, field: str) -> Path:
+    """The checkpoint directory a deploy names, or a FieldError saying what is missing."""
     path = Path(value).expanduser()
     if not (path / "config.json").is_file():
         raise FieldError(field, f"{str(path)!r} is not a checkpoint directory: it has no config.json")
@@ -29,38 +30,48 @@ def check_checkpoint(value: Any, field: str) -> Path:
     return path
 
 
-def resolve_dtype(value: Any, device: str, field: str) -> torch.dtype:
+def resolve_dtype(name: str, device: str) -> torch.dtype:
     """``auto``: bfloat16 on CUDA, float32 elsewhere."""
-    if value in (None, "auto"):
+    if name == "auto":
         return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if value not in DTYPES:
-        raise FieldError(field, f"must be auto or one of {', '.join(DTYPES)}, got {value!r}")
-    return DTYPES[value]
+    return DTYPES[name]
 
 
-def prepare_device(options: dict[str, Any], device: str, stage: str) -> None:
-    """The stage option ``gpu_memory_fraction`` (0 < f <= 1): the share of its CUDA device's memory this stage's
-    process may allocate (several stages on one GPU); only on a CUDA device."""
-    value = options.get("gpu_memory_fraction")
-    if value is None:
+def prepare_device(fraction: float | None, device: str, field: str) -> None:
+    """Cap this process's share of its CUDA device's memory (stage option ``gpu_memory_fraction``)."""
+    if fraction is None:
         return
-    field = f"stages.{stage}.options.gpu_memory_fraction"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise FieldError(field, f"must be a number in (0, 1], got {value!r}")
     if not device.startswith("cuda"):
         raise FieldError(field, f"limits a CUDA device's memory; this stage runs on {device!r}")
-    torch.cuda.set_per_process_memory_fraction(float(value), torch.device(device))
+    torch.cuda.set_per_process_memory_fraction(float(fraction), torch.device(device))
 
 
-def maybe_compile(module: torch.nn.Module, options: dict[str, Any], stage: str) -> torch.nn.Module:
-    """The stage option ``torch_compile: true`` compiles ``module``'s forward with torch.compile (dynamic shapes);
-    off by default (on a CPU the compile costs more than it saves for these step sizes)."""
-    value = options.get("torch_compile", False)
-    if not isinstance(value, bool):
-        raise FieldError(f"stages.{stage}.options.torch_compile", f"must be true or false, got {value!r}")
-    if value:
+def maybe_compile(module: torch.nn.Module, enabled: bool) -> torch.nn.Module:
+    """Compile ``module``'s forward with torch.compile (dynamic shapes) when ``enabled``."""
+    if enabled:
         module.forward = torch.compile(module.forward, dynamic=True)
     return module
+
+
+def open_stage(context: RunnerContext, schema: type[O]) -> tuple[O, Path, torch.dtype]:
+    """A stage's checked options, its checkpoint directory and dtype; its GPU memory share applied."""
+    where = f"stages.{context.stage}.options"
+    options = options_from_dict(schema, context.options, where)
+    directory = check_checkpoint(options.model, f"{where}.model")
+    prepare_device(options.gpu_memory_fraction, context.device, f"{where}.gpu_memory_fraction")
+    return options, directory, resolve_dtype(options.dtype, context.device)
+
+
+def read_rows(directory: Path, name: str, rows: list[int]) -> torch.Tensor | None:
+    """Some rows of one 2-D tensor of the checkpoint (only those are read), or None if it has no such tensor."""
+    from safetensors import safe_open
+
+    for file in weight_files(directory):
+        with safe_open(str(file), framework="pt", device="cpu") as handle:
+            if name in handle.keys():
+                table = handle.get_slice(name)
+                return torch.stack([table[row:row + 1][0] for row in rows])
+    return None
 
 
 def load_config(directory: Path):
@@ -109,8 +120,8 @@ def _fuse_experts(module: torch.nn.Module, directory: Path, prefix: str, missing
             left.append(name)
             continue
         if kind == "gate_up_proj":
-            fused = torch.stack([torch.cat([tensors[f"{base}.{e}.gate_proj.weight"], tensors[f"{base}.{e}.up_proj.weight"]])
-                                 for e in range(count)])
+            fused = torch.stack([torch.cat([tensors[f"{base}.{e}.gate_proj.weight"],
+                                            tensors[f"{base}.{e}.up_proj.weight"]]) for e in range(count)])
         else:
             fused = torch.stack([tensors[f"{base}.{e}.down_proj.weight"] for e in range(count)])
         with torch.no_grad():

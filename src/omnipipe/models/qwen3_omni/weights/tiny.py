@@ -88,12 +88,44 @@ def _config(tokenizer):
     }
     code2wav = {"codebook_size": CODEBOOK, "hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 2,
                 "intermediate_size": 64, "num_hidden_layers": 2, "num_quantizers": CODE_GROUPS, "decoder_dim": 32,
-                "sliding_window": 72}
+                "sliding_window": 72, "layer_scale_initial_scale": 0.1}
     return Qwen3OmniMoeConfig(
         thinker_config=thinker, talker_config=talker, code2wav_config=code2wav, enable_audio_output=True,
         im_start_token_id=ids["<|im_start|>"], im_end_token_id=ids["<|im_end|>"], tts_pad_token_id=ids["<tts_pad>"],
         tts_bos_token_id=ids["<tts_text_bos>"], tts_eos_token_id=ids["<tts_text_eod>"],
         system_token_id=ids["system"], user_token_id=ids["user"], assistant_token_id=ids["assistant"])
+
+
+def audible_code2wav(model: torch.nn.Module) -> None:
+    """Redraw a random code2wav's weights with unit gain per layer (the library's own init makes a near-silent
+    output: about 1e-7), damped on the residual and upsampling paths so activations stay near 1 through the
+    decoder and the waveform is audible."""
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeCode2WavDecoderBlock,
+        Qwen3OmniMoeCode2WavDecoderResidualUnit,
+        Qwen3OmniMoeConvNeXtBlock,
+    )
+
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d)):
+                torch.nn.init.normal_(module.weight, std=module.weight[0].numel() ** -0.5)
+            elif isinstance(module, torch.nn.ConvTranspose1d):  # each output reads kernel / stride taps per input
+                fan_in = module.in_channels * module.kernel_size[0] // module.stride[0]
+                torch.nn.init.normal_(module.weight, std=fan_in ** -0.5)
+            elif isinstance(module, torch.nn.Embedding):
+                torch.nn.init.normal_(module.weight)
+            if isinstance(module, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.ConvTranspose1d)) \
+                    and module.bias is not None:
+                torch.nn.init.zeros_(module.bias)
+        for module in model.modules():
+            if isinstance(module, Qwen3OmniMoeCode2WavDecoderResidualUnit):
+                module.conv2.conv.weight.mul_(0.2)
+            elif isinstance(module, Qwen3OmniMoeCode2WavDecoderBlock):
+                module.block[1].conv.weight.mul_(0.25)
+            elif isinstance(module, Qwen3OmniMoeConvNeXtBlock):
+                module.gamma.fill_(0.1)
+        model.decoder[-1].conv.weight.mul_(0.1)
 
 
 def write_tiny_checkpoint(directory: str | Path, seed: int = 0) -> Path:
@@ -107,6 +139,7 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0) -> Path:
     config = _config(tokenizer)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    audible_code2wav(model.code2wav)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     image_processor = Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2,
