@@ -125,6 +125,120 @@ def test_chunked_token2wav_matches_a_whole_decode(reference) -> None:
     assert rows[1]["rel_error"] <= STREAM_BOUND
 
 
+# ---------------------------------------------------------------- sampling params
+def test_stop_strings_cut_the_text_and_hold_back_what_may_begin_one() -> None:
+    from omnipipe.models.qwen2_5_omni.runners.common import cut_at_stop
+
+    assert cut_at_stop("one two. three", ["."], final=False) == ("one two", True)
+    assert cut_at_stop("one END two STOP", ["STOP", "END"], final=False) == ("one ", True)  # the earliest
+    assert cut_at_stop("one ST", ["STOP"], final=False) == ("one ", False)  # "ST" may begin "STOP"
+    assert cut_at_stop("one ST", ["STOP"], final=True) == ("one ST", False)
+    assert cut_at_stop("one SX", ["STOP"], final=False) == ("one SX", False)
+    assert cut_at_stop("abc", [], final=False) == ("abc", False)
+
+
+def test_presence_and_frequency_penalties_lower_the_generated_tokens() -> None:
+    from omnipipe.models.qwen2_5_omni.runners.common import next_token
+
+    logits = torch.tensor([[0.0, 3.0, 2.5, 2.0, 1.0]])
+    history = torch.tensor([[0, 1, 1, 2]])
+    plain = {"temperature": 0.0}
+    assert next_token(logits, history, plain, None, generated=[1, 1, 2]) == 1
+    # presence: token 1 and 2 each lose 0.8 -> 2.2, 1.7; token 3 (2.0) stays behind token 1
+    assert next_token(logits, history, {**plain, "presence_penalty": 0.8}, None, generated=[1, 1, 2]) == 1
+    # frequency: token 1 (seen twice) loses 1.2, token 2 loses 0.6 -> 1.8, 1.9; token 3 wins
+    assert next_token(logits, history, {**plain, "frequency_penalty": 0.6}, None, generated=[1, 1, 2]) == 3
+    # only the generated tokens count (the prompt's are in ``history``): nothing generated, nothing lowered
+    assert next_token(logits, history, {**plain, "frequency_penalty": 2.0}, None, generated=[]) == 1
+    # a negative penalty raises them
+    assert next_token(logits, history, {**plain, "presence_penalty": -1.5}, None, generated=[3]) == 3
+
+
+@pytest.fixture(scope="module")
+def thinker(checkpoint):
+    """The thinker stage's runner, loaded outside an engine."""
+    from omnipipe.models.qwen2_5_omni.runners.thinker import QwenOmniThinkerRunner
+    from omnipipe.stage.runner import RunnerContext
+
+    runner = QwenOmniThinkerRunner(RunnerContext("thinker", "cpu", 1, 1, {"model": str(checkpoint)}))
+    runner.load()
+    return runner
+
+
+def _run_thinker(runner, params: dict, item: dict | None = None) -> tuple[list[str], list[int], str | None]:
+    """One request through the runner: (text deltas, generated tokens, finish reason)."""
+    from omnipipe.stage.request import StageRequest
+
+    request = StageRequest("r", params, emit_final=True, emit_data=True, chunk_targets=[])
+    request.inputs.append(item or {"text": PROMPT, "history": [], "images": [], "audios": [], "videos": []})
+    deltas, is_prefill = [], True
+    while True:
+        (out,) = runner.execute([request], is_prefill)
+        is_prefill = False
+        deltas.append(out.text_delta)
+        if out.finished:
+            return deltas, list(request.runner_state.generated), out.finish_reason
+
+
+def test_thinker_stops_before_a_stop_string(thinker, reference) -> None:
+    text = reference[0]
+    deltas, _, reason = _run_thinker(thinker, {"temperature": 0.0, "max_tokens": MAX_TEXT_TOKENS})
+    assert "".join(deltas) == text and reason == "length"
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    assert stop.strip()
+    deltas, tokens, reason = _run_thinker(thinker, {"temperature": 0.0, "max_tokens": MAX_TEXT_TOKENS,
+                                                    "stop": ["never in it", stop]})
+    assert "".join(deltas) == text[:text.index(stop)] and reason == "stop"
+    assert len(tokens) < MAX_TEXT_TOKENS or text.index(stop) + len(stop) == len(text)
+
+
+class _Penalties:
+    """Presence and frequency penalties over the tokens after the prompt, as a transformers logits processor."""
+
+    def __init__(self, prompt_length: int, presence: float, frequency: float) -> None:
+        self.prompt_length, self.presence, self.frequency = prompt_length, presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()
+        for token in input_ids[0, self.prompt_length:].tolist():
+            scores[0, token] -= self.frequency
+        for token in set(input_ids[0, self.prompt_length:].tolist()):
+            scores[0, token] -= self.presence
+        return scores
+
+
+def test_thinker_penalties_equal_generate_with_them(thinker, reference) -> None:
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    from omnipipe.models.qwen2_5_omni.processors import chat_messages
+
+    _, _, model, processor = reference
+    item = {"text": PROMPT, "history": [], "images": [], "audios": [], "videos": []}
+    text = processor.apply_chat_template(chat_messages(item), add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], return_tensors="pt")
+    length = inputs["input_ids"].shape[1]
+    tokens = 16
+    plain = _run_thinker(thinker, {"temperature": 0.0, "max_tokens": tokens}, dict(item))[1]
+    params = {"temperature": 0.0, "max_tokens": tokens, "presence_penalty": 1.5, "frequency_penalty": 0.7,
+              "repetition_penalty": 1.3}
+    _, got, _ = _run_thinker(thinker, params, dict(item))
+    with torch.no_grad():
+        want = model.thinker.generate(**inputs, max_new_tokens=tokens, do_sample=False, repetition_penalty=1.3,
+                                      logits_processor=LogitsProcessorList([_Penalties(length, 1.5, 0.7)]))
+    assert got == want[0, length:].tolist()
+    assert got != plain  # the penalties changed the reply
+
+
+def test_stage_params_that_do_not_apply_are_refused(engine) -> None:
+    from omnipipe.util.field_error import FieldError
+
+    for stage, params, field in (("talker", SamplingParams(stop=["x"]), "sampling_params.stop"),
+                                 ("token2wav", SamplingParams(temperature=0.7), "sampling_params.temperature")):
+        with pytest.raises(FieldError) as caught:
+            engine.run(collect(engine.engine, PROMPT, sampling_params={**_params(), stage: params}))
+        assert caught.value.field == field
+
+
 def test_abort_mid_stream(engine) -> None:
     async def run() -> list:
         outputs = []

@@ -5,8 +5,10 @@ pad embedding for ever once the thinker is done). Under async chunk a step whose
 waits for it (``needs_input``).
 
 Sampling follows the request's talker SamplingParams; without any, the family's defaults (those of transformers'
-``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05). The codec's begin token is
-suppressed; its pad and end tokens end the speech."""
+``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05). The repetition penalty reads the
+talker's whole input (as ``generate``), the presence and frequency penalties the codes generated so far. ``stop``
+(strings) has no meaning for codec codes and is refused. The codec's begin token is suppressed; its pad and end
+tokens end the speech."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class TalkerState:
     cache: DynamicCache
     rope_deltas: torch.Tensor
     history: list[int]  # the talker's input ids and codes so far (for the repetition penalty)
+    prompt_length: int  # of ``history``: the codes follow
     replies: list[torch.Tensor] = field(default_factory=list)  # reply items not read yet
     thinker_done: bool = False
     tail: list[torch.Tensor] = field(default_factory=list)  # text-end, then pad: read after the reply
@@ -60,6 +63,9 @@ class QwenOmniTalkerRunner(StageRunner):
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
 
     def validate(self, params: dict[str, Any]) -> str | None:
+        if params.get("stop"):
+            raise FieldError("sampling_params.stop", "the talker generates codec codes, not text: stop strings do "
+                             "not apply (give them to the thinker)")
         speaker = TalkerParams(**(params.get("extra") or {})).speaker
         if speaker not in self.bos_tokens:
             raise FieldError("sampling_params.extra.speaker",
@@ -111,8 +117,8 @@ class QwenOmniTalkerRunner(StageRunner):
         model.rope_deltas = None
         out = model(input_ids=talker_ids, input_text_ids=text_ids, inputs_embeds=embeds, attention_mask=mask,
                     past_key_values=cache, use_cache=True, use_audio_in_video=False, **extra)
-        state = TalkerState(cache, model.rope_deltas, talker_ids[0].tolist(), replies[1:], done,
-                            [eos_embed, pad_embed], speaker=speaker,
+        state = TalkerState(cache, model.rope_deltas, talker_ids[0].tolist(), talker_ids.shape[1], replies[1:],
+                            done, [eos_embed, pad_embed], speaker=speaker,
                             generator=request_generator(self._params(request), salt=1))
         request.runner_state = state
         request.prefilled = True
@@ -140,7 +146,8 @@ class QwenOmniTalkerRunner(StageRunner):
     def _emit(self, request: StageRequest, state: TalkerState, logits: torch.Tensor) -> RunnerOutput:
         params = self._params(request)
         history = torch.tensor([state.history], device=self.device)
-        code = next_token(logits, history, params, state.generator, suppress=[self.model.codec_bos_token])
+        code = next_token(logits, history, params, state.generator, suppress=[self.model.codec_bos_token],
+                          generated=state.history[state.prompt_length:])
         state.history.append(code)
         if code in self.eos_codes:
             return RunnerOutput(request.request_id, finished=True, finish_reason="stop")

@@ -2,7 +2,14 @@
 ``Qwen2_5OmniThinkerForConditionalGeneration`` decodes with a per-request DynamicCache and per-request 3D rope
 deltas; each step emits its text delta and the hidden states the talker reads (see ``processors.py``).
 
-Requests of a batch run one after another (each its own cache length and positions)."""
+Requests of a batch run one after another (each its own cache length and positions). A request's SamplingParams
+are all honoured: the repetition penalty over the prompt and the reply (as transformers' ``generate``), the presence
+and frequency penalties over the reply, and ``stop``: the text ends before the first stop string, which is not part
+of it (finish reason ``stop``); text that may begin a stop string is held back until it is settled. The talker speaks
+the reply's tokens before the one that completed the stop string.
+
+Stage options: ``model`` (checkpoint directory, required), ``device`` (the stage's device), ``dtype`` (float32 on
+CPU, bfloat16 on CUDA)."""
 
 from __future__ import annotations
 
@@ -15,7 +22,7 @@ from transformers import DynamicCache
 
 from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
 from omnipipe.models.qwen2_5_omni.processors import chat_messages
-from omnipipe.models.qwen2_5_omni.runners.common import next_token, request_generator
+from omnipipe.models.qwen2_5_omni.runners.common import cut_at_stop, next_token, request_generator
 from omnipipe.models.qwen2_5_omni.weights.load import (
     checkpoint_dir,
     load_config,
@@ -37,8 +44,9 @@ class ThinkerState:
     rope_deltas: torch.Tensor
     length: int  # tokens in the cache
     next_input: int  # the token to read next
+    prompt_ids: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
-    text: str = ""
+    text: str = ""  # the reply's text sent so far
     generator: torch.Generator | None = None
 
 
@@ -97,7 +105,7 @@ class QwenOmniThinkerRunner(StageRunner):
                          use_audio_in_video=False, **media)
         request.num_prompt_tokens = int(input_ids.shape[1])
         params = request.params
-        state = ThinkerState(cache, rope_deltas, int(input_ids.shape[1]), -1,
+        state = ThinkerState(cache, rope_deltas, int(input_ids.shape[1]), -1, input_ids[0].tolist(),
                              generator=request_generator(params))
         request.runner_state = state
         request.prefilled = True
@@ -120,7 +128,7 @@ class QwenOmniThinkerRunner(StageRunner):
                     media[key].cpu().numpy()
         if audio_lengths is not None:
             prompt["audio_feature_lengths"] = audio_lengths.cpu().numpy()
-        output = self._emit(request, state, out.logits[:, -1], input_ids)
+        output = self._emit(request, state, out.logits[:, -1])
         prompt["first_token"] = state.generated[0]
         output.data = {**(output.data or {}), "prompt": prompt}
         output.details = {"inputs": {k: list(v.shape) for k, v in inputs.items()}}
@@ -137,24 +145,27 @@ class QwenOmniThinkerRunner(StageRunner):
         state.length += 1
         reply = {"reply_embed": out.hidden_states[0][0, -1].float().cpu().numpy(),
                  "reply_hidden": out.hidden_states[-1][0, -1].float().cpu().numpy()}
-        history = torch.tensor([state.generated], device=self.device)
-        output = self._emit(request, state, out.logits[:, -1], history)
+        output = self._emit(request, state, out.logits[:, -1])
         output.data = {**(output.data or {}), **reply}
         return output
 
-    def _emit(self, request: StageRequest, state: ThinkerState, logits: torch.Tensor,
-              history: torch.Tensor) -> RunnerOutput:
-        token = next_token(logits, history, request.params, state.generator)
+    def _emit(self, request: StageRequest, state: ThinkerState, logits: torch.Tensor) -> RunnerOutput:
+        params = request.params
+        history = torch.tensor([state.prompt_ids + state.generated], device=self.device)
+        token = next_token(logits, history, params, state.generator, generated=state.generated)
         state.generated.append(token)
         state.next_input = token
-        max_tokens = int(request.params.get("max_tokens", 1 << 30))
-        if token in self.eos_ids:
-            return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
+        eos = token in self.eos_ids
+        done = eos or len(state.generated) >= int(params.get("max_tokens", 1 << 30))
         text = self.tokenizer.decode(state.generated, skip_special_tokens=True)
-        delta = ""
-        if not text.endswith("\ufffd"):  # a character still incomplete waits for its next bytes
-            delta, state.text = text[len(state.text):], text
-        done = len(state.generated) >= max_tokens
+        delta, stopped = "", False
+        if done or not text.endswith("\ufffd"):  # a character still incomplete waits for its next bytes
+            kept, stopped = cut_at_stop(text, list(params.get("stop") or []), final=done)
+            if kept.startswith(state.text):
+                delta, state.text = kept[len(state.text):], kept
+        if eos or stopped:
+            return RunnerOutput(request.request_id, text_delta=delta, num_units=0 if eos else 1, finished=True,
+                                finish_reason="stop")
         return RunnerOutput(request.request_id, text_delta=delta, num_units=1, finished=done,
                             finish_reason="length" if done else None, data={"token": token})
 
