@@ -13,6 +13,7 @@ import torch
 
 from omnipipe import SamplingParams
 from tests.conftest import EngineHarness, collect
+from tests.models.media_files import mp4
 
 MAX_TEXT_TOKENS = 8
 MAX_CODES = 40
@@ -25,6 +26,9 @@ STREAM_BOUND = 1e-4
 SMALL_CHUNKS = {"talker->token2wav": {"initial_codec_chunk_frames": 2, "codec_chunk_frames": 2}}
 TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05, max_tokens=MAX_CODES)
 PROMPT = "Hello! How are you today?"
+# the thinker's video sampling (not its defaults, 2.0 and 64, so that the tests see the options honoured)
+VIDEO_FPS = 3.0
+VIDEO_MAX_FRAMES = 5
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +62,9 @@ def reference(checkpoint):
 
 
 def _deploy(checkpoint, async_chunk: bool) -> dict:
-    return {"async_chunk": async_chunk,
-            "stages": {name: {"options": {"model": str(checkpoint)}} for name in ("thinker", "talker", "token2wav")}}
+    stages = {name: {"options": {"model": str(checkpoint)}} for name in ("thinker", "talker", "token2wav")}
+    stages["thinker"]["options"].update(video_fps=VIDEO_FPS, video_max_frames=VIDEO_MAX_FRAMES)
+    return {"async_chunk": async_chunk, "stages": stages}
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["async_chunk", "whole"])
@@ -101,6 +106,58 @@ def test_image_audio_and_text_reach_the_thinker(engine, reference) -> None:
     assert shapes["pixel_values"][1] == 3 * 2 * 14 * 14 and shapes["image_grid_thw"] == [1, 3]
     assert shapes["input_features"][:2] == [1, 128] and shapes["feature_attention_mask"][0] == 1
     assert outputs[-1].finished
+
+
+def _media() -> dict:
+    """An image, a 1 s tone, a video as 7 frames and a 2 s video file (8 frames at 4 fps) as MP4 bytes."""
+    rng = np.random.default_rng(3)
+    gradient = np.linspace(0, 255, 8, dtype=np.uint8)[:, None, None, None]
+    return {"image": rng.integers(0, 255, (40, 56, 3), dtype=np.uint8),
+            "audio": (0.2 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 330)).astype(np.float32),
+            "frames": rng.integers(0, 255, (7, 32, 32, 3), dtype=np.uint8),
+            "mp4": mp4(np.broadcast_to(gradient, (8, 32, 32, 3)).copy(), fps=4)}
+
+
+def _thinker_answer(reference, question: str, media: dict) -> tuple[str, list[int]]:
+    """The thinker's own generate on the processed inputs, the videos sampled as the stage's options say: (text,
+    the input ids' shape)."""
+    from omnipipe.models.qwen2_5_omni.processors import chat_messages
+    from omnipipe.util.media import load_video
+
+    _, _, model, processor = reference
+    from_file = load_video(media["mp4"], "video", fps=VIDEO_FPS, max_frames=VIDEO_MAX_FRAMES)
+    assert len(from_file) == VIDEO_MAX_FRAMES  # 6 instants in 2 s at 3 fps, cut to 5
+    frames = media["frames"][[0, 2, 3, 4, 6]]  # 7 frames cut to 5, spread evenly
+    data = {"text": question, "images": [media["image"]], "audios": [media["audio"]], "videos": [frames, from_file]}
+    text = processor.apply_chat_template(chat_messages(data), add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=data["images"], audio=data["audios"], videos=data["videos"],
+                       fps=VIDEO_FPS, return_tensors="pt")
+    assert inputs["video_grid_thw"][:, 0].tolist() == [3, 3]  # 5 frames, 2 per temporal patch
+    assert torch.allclose(inputs["video_second_per_grid"], torch.tensor(2 / VIDEO_FPS))
+    with torch.no_grad():
+        sequences = model.thinker.generate(**inputs, max_new_tokens=MAX_TEXT_TOKENS, do_sample=False,
+                                           use_audio_in_video=False)
+    length = inputs["input_ids"].shape[1]
+    return processor.tokenizer.decode(sequences[0, length:], skip_special_tokens=True), list(inputs["input_ids"].shape)
+
+
+def test_image_audio_video_and_text_equal_the_thinkers_generate(engine, reference) -> None:
+    """A video as frames and one as an MP4 file, beside an image, audio and text: the reply is the thinker's own
+    for those inputs, the file sampled at the stage's video_fps and both cut to its video_max_frames."""
+    media, question = _media(), "what do you see and hear"
+    want, input_shape = _thinker_answer(reference, question, media)
+    prompt = {"prompt": question, "multi_modal_data": {"image": media["image"], "audio": media["audio"],
+                                                       "video": [media["frames"], media["mp4"]]}}
+    outputs = engine.run(collect(engine.engine, prompt, sampling_params=_params(), output_modalities=["text"]))
+    shapes = next(o.details for o in outputs if o.details)["inputs"]
+    assert shapes["input_ids"] == input_shape and shapes["video_grid_thw"] == [2, 3]
+    assert want and outputs[-1].finished and outputs[-1].text == want
+    from omnipipe.util.field_error import FieldError
+
+    with pytest.raises(FieldError) as caught:  # a file the thinker cannot decode: the caller's, in its field
+        engine.run(collect(engine.engine, {**prompt, "multi_modal_data": {"video": [media["frames"], b"no video"]}},
+                           sampling_params=_params(), output_modalities=["text"]))
+    assert caught.value.field == "prompt.multi_modal_data.video[1]"
 
 
 def test_video_frames_go_through_the_image_processor(reference) -> None:

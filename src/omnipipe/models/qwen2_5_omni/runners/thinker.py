@@ -9,7 +9,9 @@ of it (finish reason ``stop``); text that may begin a stop string is held back u
 the reply's tokens before the one that completed the stop string.
 
 Stage options: ``model`` (checkpoint directory, required), ``device`` (the stage's device), ``dtype`` (float32 on
-CPU, bfloat16 on CUDA)."""
+CPU, bfloat16 on CUDA), ``video_fps`` (2.0: the frames per second sampled from a video file given as bytes, a path
+or a data URL, and the rate that frames given as frames are taken to have; it sets the videos' time positions),
+``video_max_frames`` (64: at most this many frames of a video, spread evenly, the first and last kept)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,8 @@ from omnipipe.models.qwen2_5_omni.weights.load import (
 )
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.util.field_error import FieldError
+from omnipipe.util.media import load_video
 
 _MEDIA_KEYS = ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask",
                "pixel_values_videos", "video_grid_thw", "video_second_per_grid")
@@ -60,6 +64,11 @@ class QwenOmniThinkerRunner(StageRunner):
         self.model = load_part(self.directory, "thinker", self.device, self.dtype)
         self.processor = OmniProcessor.from_pretrained(self.directory, local_files_only=True)
         self.tokenizer = self.processor.tokenizer
+        self.video_fps, self.video_max_frames = options.get("video_fps", 2.0), options.get("video_max_frames", 64)
+        try:  # the two options' types and ranges are those load_video takes
+            load_video(np.zeros((1, 1, 1, 3), np.uint8), "video", self.video_fps, self.video_max_frames)
+        except FieldError as exc:  # "fps" or "max_frames"
+            raise exc.renamed(f"stages.{self.context.stage}.options.video_{exc.field}") from None
         config = load_config(self.directory)
         self.talker_config = config.talker_config
         eos = self.model.generation_config.eos_token_id
@@ -78,17 +87,25 @@ class QwenOmniThinkerRunner(StageRunner):
 
     # ------------------------------------------------------------------ steps
     def process(self, data: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """A thinker input (chat and media arrays) -> the processor's tensors."""
+        """A thinker input (chat and media) -> the processor's tensors; video files sampled at ``video_fps``, every
+        video cut to ``video_max_frames``."""
         text = self.processor.apply_chat_template(chat_messages(data), add_generation_prompt=True, tokenize=False)
+        given = data.get("videos") or []
+        fields = data.get("video_fields") or [f"prompt.multi_modal_data.video[{i}]" for i in range(len(given))]
+        videos = [load_video(v, field, self.video_fps, self.video_max_frames) for v, field in zip(given, fields)]
         inputs = self.processor(text=[text], images=data.get("images") or None, audio=data.get("audios") or None,
-                                videos=data.get("videos") or None, return_tensors="pt")
+                                videos=videos or None, fps=float(self.video_fps), return_tensors="pt")
         return {k: torch.as_tensor(v) for k, v in inputs.items() if k in ("input_ids", "attention_mask") + _MEDIA_KEYS}
 
     def _prefill(self, request: StageRequest) -> RunnerOutput:
         data: dict[str, Any] = {}
         for item in request.take_all_inputs():
             data.update(item)
-        inputs = self.process(data)
+        try:
+            inputs = self.process(data)
+        except FieldError as exc:  # a video file that cannot be decoded: the caller's input
+            return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
+                                error_field=exc.field)
         input_ids = inputs["input_ids"].to(self.device)
         attention_mask = inputs["attention_mask"].to(self.device)
         media = {k: (v.to(self.device, self.dtype) if v.is_floating_point() and k != "video_second_per_grid"
