@@ -1,18 +1,21 @@
 """Qwen2.5-Omni stage by stage through the engine, on a tiny random checkpoint, against transformers' own
 ``generate``: the same text (greedy), the same waveform (fixed noise) within AUDIO_TOLERANCE of its absmax, with
 async chunk on and off; multimodal inputs reach the thinker; a chunked token2wav stays near a whole decode; an abort
-mid-stream ends the request."""
+mid-stream ends the request; a killed talker recovers."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 
 import numpy as np
 import pytest
 import torch
 
 from omnipipe import SamplingParams
-from tests.conftest import EngineHarness, collect
+from tests.conftest import EngineHarness, collect, state_is_idle, wait_until_idle
 from tests.models.media_files import mp4
 
 MAX_TEXT_TOKENS = 8
@@ -296,15 +299,40 @@ def test_stage_params_that_do_not_apply_are_refused(engine) -> None:
         assert caught.value.field == field
 
 
-def test_abort_mid_stream(engine) -> None:
-    async def run() -> list:
-        outputs = []
+def test_abort_mid_stream_and_a_killed_talker_recovers(engine, reference) -> None:
+    """Last of the module: the shared engines go on with a restarted talker. An abort mid-stream leaves nothing
+    held; once the talker's process is killed, the next request is answered as before by its restarted stage."""
+    text, wav, _, _ = reference
+
+    async def run() -> tuple[list, dict, list, dict, int]:
+        aborted = []
         async for out in engine.engine.generate(PROMPT, request_id="to-abort", sampling_params={
                 "thinker": SamplingParams(temperature=0.0, max_tokens=64), "talker": TALKER}):
-            outputs.append(out)
+            aborted.append(out)
             if out.modality == "text" and not out.finished:
                 await engine.engine.abort("to-abort")
-        return outputs
+        after_abort = await wait_until_idle(engine.engine)
+        killed = (await engine.engine.debug_state())["pids"]["talker"]
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while True:  # requests fail until the talker is back
+            try:
+                outputs = await collect(engine.engine, PROMPT, sampling_params=_params(), edge_options=SMALL_CHUNKS)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1)
+        return aborted, after_abort, outputs, await wait_until_idle(engine.engine), killed
 
-    outputs = engine.run(asyncio.wait_for(run(), 60))
-    assert outputs[-1].finished and outputs[-1].finish_reason == "abort"
+    aborted, after_abort, outputs, after, killed = engine.run(run(), timeout_s=240)
+    assert after["pids"]["talker"] != killed  # a new talker process answered
+    assert aborted[-1].finished and aborted[-1].finish_reason == "abort"
+    for state in (after_abort, after):
+        assert state_is_idle(state), state
+        for stage in ("thinker", "talker", "token2wav"):
+            assert not state["stages"][stage].get("requests"), state["stages"][stage]
+    final = outputs[-1]
+    assert final.finished and final.text == text
+    assert final.audio is not None and len(final.audio) == len(wav)
+    assert float(np.abs(final.audio - wav).max()) <= AUDIO_TOLERANCE * float(np.abs(wav).max())
