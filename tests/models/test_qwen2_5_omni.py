@@ -6,17 +6,20 @@ mid-stream ends the request; a killed talker recovers."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import signal
 import time
 
 import numpy as np
+import openai
 import pytest
 import torch
 
 from omnipipe import SamplingParams
 from tests.conftest import EngineHarness, collect, state_is_idle, wait_until_idle
-from tests.models.media_files import mp4
+from tests.models.media_files import mp4, png, wav
+from tests.server.conftest import API_KEY, running_server
 
 MAX_TEXT_TOKENS = 8
 MAX_CODES = 40
@@ -121,46 +124,66 @@ def _media() -> dict:
             "mp4": mp4(np.broadcast_to(gradient, (8, 32, 32, 3)).copy(), fps=4)}
 
 
-def _thinker_answer(reference, question: str, media: dict) -> tuple[str, list[int]]:
-    """The thinker's own generate on the processed inputs, the videos sampled as the stage's options say: (text,
-    the input ids' shape)."""
+def _thinker_answer(reference, question: str, images: list, audios: list, videos: list) -> tuple[str, dict]:
+    """The thinker's own generate on the processed inputs (videos as the frames the stage is to keep): (text, the
+    processor's tensors)."""
     from omnipipe.models.qwen2_5_omni.processors import chat_messages
-    from omnipipe.util.media import load_video
 
     _, _, model, processor = reference
-    from_file = load_video(media["mp4"], "video", fps=VIDEO_FPS, max_frames=VIDEO_MAX_FRAMES)
-    assert len(from_file) == VIDEO_MAX_FRAMES  # 6 instants in 2 s at 3 fps, cut to 5
-    frames = media["frames"][[0, 2, 3, 4, 6]]  # 7 frames cut to 5, spread evenly
-    data = {"text": question, "images": [media["image"]], "audios": [media["audio"]], "videos": [frames, from_file]}
+    data = {"text": question, "images": images, "audios": audios, "videos": videos}
     text = processor.apply_chat_template(chat_messages(data), add_generation_prompt=True, tokenize=False)
-    inputs = processor(text=[text], images=data["images"], audio=data["audios"], videos=data["videos"],
-                       fps=VIDEO_FPS, return_tensors="pt")
-    assert inputs["video_grid_thw"][:, 0].tolist() == [3, 3]  # 5 frames, 2 per temporal patch
-    assert torch.allclose(inputs["video_second_per_grid"], torch.tensor(2 / VIDEO_FPS))
+    inputs = processor(text=[text], images=images, audio=audios, videos=videos, fps=VIDEO_FPS, return_tensors="pt")
     with torch.no_grad():
         sequences = model.thinker.generate(**inputs, max_new_tokens=MAX_TEXT_TOKENS, do_sample=False,
                                            use_audio_in_video=False)
     length = inputs["input_ids"].shape[1]
-    return processor.tokenizer.decode(sequences[0, length:], skip_special_tokens=True), list(inputs["input_ids"].shape)
+    return processor.tokenizer.decode(sequences[0, length:], skip_special_tokens=True), inputs
 
 
 def test_image_audio_video_and_text_equal_the_thinkers_generate(engine, reference) -> None:
     """A video as frames and one as an MP4 file, beside an image, audio and text: the reply is the thinker's own
     for those inputs, the file sampled at the stage's video_fps and both cut to its video_max_frames."""
+    from omnipipe.util.field_error import FieldError
+    from omnipipe.util.media import load_video
+
     media, question = _media(), "what do you see and hear"
-    want, input_shape = _thinker_answer(reference, question, media)
+    from_file = load_video(media["mp4"], "video", fps=VIDEO_FPS, max_frames=VIDEO_MAX_FRAMES)
+    assert len(from_file) == VIDEO_MAX_FRAMES  # 6 instants in 2 s at 3 fps, cut to 5
+    frames = media["frames"][[0, 2, 3, 4, 6]]  # 7 frames cut to 5, spread evenly
+    want, inputs = _thinker_answer(reference, question, [media["image"]], [media["audio"]], [frames, from_file])
+    assert inputs["video_grid_thw"][:, 0].tolist() == [3, 3]  # 5 frames, 2 per temporal patch
+    assert torch.allclose(inputs["video_second_per_grid"], torch.tensor(2 / VIDEO_FPS))
     prompt = {"prompt": question, "multi_modal_data": {"image": media["image"], "audio": media["audio"],
                                                        "video": [media["frames"], media["mp4"]]}}
     outputs = engine.run(collect(engine.engine, prompt, sampling_params=_params(), output_modalities=["text"]))
     shapes = next(o.details for o in outputs if o.details)["inputs"]
-    assert shapes["input_ids"] == input_shape and shapes["video_grid_thw"] == [2, 3]
+    assert shapes["input_ids"] == list(inputs["input_ids"].shape) and shapes["video_grid_thw"] == [2, 3]
     assert want and outputs[-1].finished and outputs[-1].text == want
-    from omnipipe.util.field_error import FieldError
-
     with pytest.raises(FieldError) as caught:  # a file the thinker cannot decode: the caller's, in its field
         engine.run(collect(engine.engine, {**prompt, "multi_modal_data": {"video": [media["frames"], b"no video"]}},
                            sampling_params=_params(), output_modalities=["text"]))
     assert caught.value.field == "prompt.multi_modal_data.video[1]"
+
+
+def test_image_audio_video_and_text_through_the_openai_server(checkpoint, reference, tmp_path) -> None:
+    """image_url, input_audio, video_url (an MP4 data URL) and text parts with the real client: the reply is the
+    thinker's own for those inputs."""
+    from omnipipe.util.media import load_audio, load_image, load_video
+
+    media, question = _media(), "describe what you see and hear"
+    image, sound, video = png(media["image"]), wav(media["audio"]), media["mp4"]
+    want, _ = _thinker_answer(reference, question, [np.asarray(load_image(image, "image"))],
+                              [load_audio(sound, "audio")],
+                              [load_video(video, "video", fps=VIDEO_FPS, max_frames=VIDEO_MAX_FRAMES)])
+    content = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(image).decode()}},
+               {"type": "input_audio", "input_audio": {"data": base64.b64encode(sound).decode(), "format": "wav"}},
+               {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(video).decode()}},
+               {"type": "text", "text": question}]
+    with running_server("qwen2_5_omni", _deploy(checkpoint, True), tmp_path, 300) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model="qwen2_5_omni", max_tokens=MAX_TEXT_TOKENS, temperature=0,
+                                               messages=[{"role": "user", "content": content}])
+    assert want and reply.choices[0].message.content == want
 
 
 def test_video_frames_go_through_the_image_processor(reference) -> None:
