@@ -76,7 +76,7 @@ class QwenOmniTalkerRunner(StageRunner):
         return request.params if request.params else {**DEFAULT_PARAMS, "max_tokens": self.max_codes}
 
     def _tensor(self, array: Any) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(array), device=self.device).to(self.dtype)
+        return torch.tensor(np.asarray(array), dtype=self.dtype, device=self.device)  # a copy: inputs are read-only
 
     def _read(self, request: StageRequest) -> tuple[dict[str, Any] | None, list[torch.Tensor], bool]:
         """The arrived chunks: (the prompt part if one came, the reply items, whether the thinker is done)."""
@@ -99,7 +99,7 @@ class QwenOmniTalkerRunner(StageRunner):
         if not replies and not done:
             return RunnerOutput(request.request_id, error="the talker's first input carries no reply item")
         first_reply = replies[0] if replies else eos_embed
-        input_ids = torch.as_tensor(prompt["input_ids"], device=self.device).view(1, -1)
+        input_ids = torch.tensor(prompt["input_ids"], device=self.device).view(1, -1)
         length = input_ids.shape[1]
         model = self.model
         bos_token = self.bos_tokens[speaker]
@@ -109,9 +109,9 @@ class QwenOmniTalkerRunner(StageRunner):
                                   device=self.device)
         embeds = torch.cat([self._tensor(prompt["hidden"]) + self._tensor(prompt["embeds"]), bos_embed[None],
                             first_reply[None]])[None]
-        mask = torch.cat([torch.as_tensor(prompt["attention_mask"], device=self.device).view(1, -1),
+        mask = torch.cat([torch.tensor(prompt["attention_mask"], device=self.device).view(1, -1),
                           torch.ones(1, 2, dtype=torch.long, device=self.device)], dim=1)
-        extra = {k: torch.as_tensor(prompt[k], device=self.device) for k in
+        extra = {k: torch.tensor(prompt[k], device=self.device) for k in
                  ("image_grid_thw", "video_grid_thw", "audio_feature_lengths", "video_second_per_grid") if k in prompt}
         cache = DynamicCache()
         model.rope_deltas = None

@@ -64,7 +64,7 @@ class QwenOmniToken2WavRunner(StageRunner):
                 outputs.append(RunnerOutput(request.request_id))
                 continue
             stream = self._stream(request, chunk.get("speaker"))
-            codes = torch.as_tensor(frames.reshape(1, -1), device=self.device)
+            codes = torch.tensor(frames.reshape(1, -1), device=self.device)  # a copy: the input is read-only
             audio = stream.decode(codes, int(chunk.get("start_frame", 0)), context, lookahead)
             outputs.append(RunnerOutput(request.request_id, audio=audio.float().cpu().numpy(), num_units=new))
         return outputs
