@@ -1,7 +1,9 @@
 """Qwen2.5-Omni stage by stage through the engine, on a tiny random checkpoint, against transformers' own
 ``generate``: the same text (greedy), the same waveform (fixed noise) within AUDIO_TOLERANCE of its absmax, with
-async chunk on and off; multimodal inputs reach the thinker; a chunked token2wav stays near a whole decode; an abort
-mid-stream ends the request; a killed talker recovers."""
+async chunk on and off (one engine each, shared by the module); image + audio + video (frames and an MP4 file,
+sampled at the thinker's video_fps) + text equal the thinker's generate, through the engine and through the OpenAI
+server; stop strings and penalties; a chunked token2wav stays near a whole decode; the tiny-checkpoint CLI; an abort
+mid-stream leaves nothing held and a killed talker recovers (last: the engines go on with a restarted talker)."""
 
 from __future__ import annotations
 
