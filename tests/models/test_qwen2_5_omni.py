@@ -1,18 +1,29 @@
 """Qwen2.5-Omni stage by stage through the engine, on a tiny random checkpoint, against transformers' own
 ``generate``: the same text (greedy), the same waveform (fixed noise) within AUDIO_TOLERANCE of its absmax, with
-async chunk on and off; multimodal inputs reach the thinker; a chunked token2wav stays near a whole decode; an abort
-mid-stream ends the request."""
+async chunk on and off (one engine each, shared by the module); image + audio + video (frames and an MP4 file,
+sampled at the thinker's video_fps) + text equal the thinker's generate, through the engine and through the OpenAI
+server; stop strings and penalties; a chunked token2wav stays near a whole decode; the tiny-checkpoint CLI; an abort
+mid-stream leaves nothing held and a killed talker recovers (last: the engines go on with a restarted talker)."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
+import openai
 import pytest
 import torch
 
 from omnipipe import SamplingParams
-from tests.conftest import EngineHarness, collect
+from tests.conftest import EngineHarness, collect, state_is_idle, wait_until_idle
+from tests.models.media_files import mp4, png, wav
+from tests.server.conftest import API_KEY, running_server
 
 MAX_TEXT_TOKENS = 8
 MAX_CODES = 40
@@ -25,6 +36,9 @@ STREAM_BOUND = 1e-4
 SMALL_CHUNKS = {"talker->token2wav": {"initial_codec_chunk_frames": 2, "codec_chunk_frames": 2}}
 TALKER = SamplingParams(temperature=0.0, repetition_penalty=1.05, max_tokens=MAX_CODES)
 PROMPT = "Hello! How are you today?"
+# the thinker's video sampling (not its defaults, 2.0 and 64, so that the tests see the options honoured)
+VIDEO_FPS = 3.0
+VIDEO_MAX_FRAMES = 5
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +72,9 @@ def reference(checkpoint):
 
 
 def _deploy(checkpoint, async_chunk: bool) -> dict:
-    return {"async_chunk": async_chunk,
-            "stages": {name: {"options": {"model": str(checkpoint)}} for name in ("thinker", "talker", "token2wav")}}
+    stages = {name: {"options": {"model": str(checkpoint)}} for name in ("thinker", "talker", "token2wav")}
+    stages["thinker"]["options"].update(video_fps=VIDEO_FPS, video_max_frames=VIDEO_MAX_FRAMES)
+    return {"async_chunk": async_chunk, "stages": stages}
 
 
 @pytest.fixture(scope="module", params=[True, False], ids=["async_chunk", "whole"])
@@ -103,6 +118,78 @@ def test_image_audio_and_text_reach_the_thinker(engine, reference) -> None:
     assert outputs[-1].finished
 
 
+def _media() -> dict:
+    """An image, a 1 s tone, a video as 7 frames and a 2 s video file (8 frames at 4 fps) as MP4 bytes."""
+    rng = np.random.default_rng(3)
+    gradient = np.linspace(0, 255, 8, dtype=np.uint8)[:, None, None, None]
+    return {"image": rng.integers(0, 255, (40, 56, 3), dtype=np.uint8),
+            "audio": (0.2 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 330)).astype(np.float32),
+            "frames": rng.integers(0, 255, (7, 32, 32, 3), dtype=np.uint8),
+            "mp4": mp4(np.broadcast_to(gradient, (8, 32, 32, 3)).copy(), fps=4)}
+
+
+def _thinker_answer(reference, question: str, images: list, audios: list, videos: list) -> tuple[str, dict]:
+    """The thinker's own generate on the processed inputs (videos as the frames the stage is to keep): (text, the
+    processor's tensors)."""
+    from omnipipe.models.qwen2_5_omni.processors import chat_messages
+
+    _, _, model, processor = reference
+    data = {"text": question, "images": images, "audios": audios, "videos": videos}
+    text = processor.apply_chat_template(chat_messages(data), add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=images, audio=audios, videos=videos, fps=VIDEO_FPS, return_tensors="pt")
+    with torch.no_grad():
+        sequences = model.thinker.generate(**inputs, max_new_tokens=MAX_TEXT_TOKENS, do_sample=False,
+                                           use_audio_in_video=False)
+    length = inputs["input_ids"].shape[1]
+    return processor.tokenizer.decode(sequences[0, length:], skip_special_tokens=True), inputs
+
+
+def test_image_audio_video_and_text_equal_the_thinkers_generate(engine, reference) -> None:
+    """A video as frames and one as an MP4 file, beside an image, audio and text: the reply is the thinker's own
+    for those inputs, the file sampled at the stage's video_fps and both cut to its video_max_frames."""
+    from omnipipe.util.field_error import FieldError
+    from omnipipe.util.media import load_video
+
+    media, question = _media(), "what do you see and hear"
+    from_file = load_video(media["mp4"], "video", fps=VIDEO_FPS, max_frames=VIDEO_MAX_FRAMES)
+    assert len(from_file) == VIDEO_MAX_FRAMES  # 6 instants in 2 s at 3 fps, cut to 5
+    frames = media["frames"][[0, 2, 3, 4, 6]]  # 7 frames cut to 5, spread evenly
+    want, inputs = _thinker_answer(reference, question, [media["image"]], [media["audio"]], [frames, from_file])
+    assert inputs["video_grid_thw"][:, 0].tolist() == [3, 3]  # 5 frames, 2 per temporal patch
+    assert torch.allclose(inputs["video_second_per_grid"], torch.tensor(2 / VIDEO_FPS))
+    prompt = {"prompt": question, "multi_modal_data": {"image": media["image"], "audio": media["audio"],
+                                                       "video": [media["frames"], media["mp4"]]}}
+    outputs = engine.run(collect(engine.engine, prompt, sampling_params=_params(), output_modalities=["text"]))
+    shapes = next(o.details for o in outputs if o.details)["inputs"]
+    assert shapes["input_ids"] == list(inputs["input_ids"].shape) and shapes["video_grid_thw"] == [2, 3]
+    assert want and outputs[-1].finished and outputs[-1].text == want
+    with pytest.raises(FieldError) as caught:  # a file the thinker cannot decode: the caller's, in its field
+        engine.run(collect(engine.engine, {**prompt, "multi_modal_data": {"video": [media["frames"], b"no video"]}},
+                           sampling_params=_params(), output_modalities=["text"]))
+    assert caught.value.field == "prompt.multi_modal_data.video[1]"
+
+
+def test_image_audio_video_and_text_through_the_openai_server(checkpoint, reference, tmp_path) -> None:
+    """image_url, input_audio, video_url (an MP4 data URL) and text parts with the real client: the reply is the
+    thinker's own for those inputs."""
+    from omnipipe.util.media import load_audio, load_image, load_video
+
+    media, question = _media(), "describe what you see and hear"
+    image, sound, video = png(media["image"]), wav(media["audio"]), media["mp4"]
+    want, _ = _thinker_answer(reference, question, [np.asarray(load_image(image, "image"))],
+                              [load_audio(sound, "audio")],
+                              [load_video(video, "video", fps=VIDEO_FPS, max_frames=VIDEO_MAX_FRAMES)])
+    content = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(image).decode()}},
+               {"type": "input_audio", "input_audio": {"data": base64.b64encode(sound).decode(), "format": "wav"}},
+               {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(video).decode()}},
+               {"type": "text", "text": question}]
+    with running_server("qwen2_5_omni", _deploy(checkpoint, True), tmp_path, 300) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+        reply = client.chat.completions.create(model="qwen2_5_omni", max_tokens=MAX_TEXT_TOKENS, temperature=0,
+                                               messages=[{"role": "user", "content": content}])
+    assert want and reply.choices[0].message.content == want
+
+
 def test_video_frames_go_through_the_image_processor(reference) -> None:
     _, _, _, processor = reference
     video = np.random.default_rng(1).integers(0, 255, (3, 56, 56, 3), dtype=np.uint8)
@@ -125,15 +212,172 @@ def test_chunked_token2wav_matches_a_whole_decode(reference) -> None:
     assert rows[1]["rel_error"] <= STREAM_BOUND
 
 
-def test_abort_mid_stream(engine) -> None:
-    async def run() -> list:
-        outputs = []
+# ---------------------------------------------------------------- sampling params
+def test_stop_strings_cut_the_text_and_hold_back_what_may_begin_one() -> None:
+    from omnipipe.models.qwen2_5_omni.runners.common import cut_at_stop
+
+    assert cut_at_stop("one two. three", ["."], final=False) == ("one two", True)
+    assert cut_at_stop("one END two STOP", ["STOP", "END"], final=False) == ("one ", True)  # the earliest
+    assert cut_at_stop("one ST", ["STOP"], final=False) == ("one ", False)  # "ST" may begin "STOP"
+    assert cut_at_stop("one ST", ["STOP"], final=True) == ("one ST", False)
+    assert cut_at_stop("one SX", ["STOP"], final=False) == ("one SX", False)
+    assert cut_at_stop("abc", [], final=False) == ("abc", False)
+
+
+def test_presence_and_frequency_penalties_lower_the_generated_tokens() -> None:
+    from omnipipe.models.qwen2_5_omni.runners.common import next_token
+
+    logits = torch.tensor([[0.0, 3.0, 2.5, 2.0, 1.0]])
+    history = torch.tensor([[0, 1, 1, 2]])
+    plain = {"temperature": 0.0}
+    assert next_token(logits, history, plain, None, generated=[1, 1, 2]) == 1
+    # presence: token 1 and 2 each lose 0.8 -> 2.2, 1.7; token 3 (2.0) stays behind token 1
+    assert next_token(logits, history, {**plain, "presence_penalty": 0.8}, None, generated=[1, 1, 2]) == 1
+    # frequency: token 1 (seen twice) loses 1.2, token 2 loses 0.6 -> 1.8, 1.9; token 3 wins
+    assert next_token(logits, history, {**plain, "frequency_penalty": 0.6}, None, generated=[1, 1, 2]) == 3
+    # only the generated tokens count (the prompt's are in ``history``): nothing generated, nothing lowered
+    assert next_token(logits, history, {**plain, "frequency_penalty": 2.0}, None, generated=[]) == 1
+    # a negative penalty raises them
+    assert next_token(logits, history, {**plain, "presence_penalty": -1.5}, None, generated=[3]) == 3
+
+
+@pytest.fixture(scope="module")
+def thinker(checkpoint):
+    """The thinker stage's runner, loaded outside an engine."""
+    from omnipipe.models.qwen2_5_omni.runners.thinker import QwenOmniThinkerRunner
+    from omnipipe.stage.runner import RunnerContext
+
+    runner = QwenOmniThinkerRunner(RunnerContext("thinker", "cpu", 1, 1, {"model": str(checkpoint)}))
+    runner.load()
+    return runner
+
+
+def _run_thinker(runner, params: dict, item: dict | None = None) -> tuple[list[str], list[int], str | None]:
+    """One request through the runner: (text deltas, generated tokens, finish reason)."""
+    from omnipipe.stage.request import StageRequest
+
+    request = StageRequest("r", params, emit_final=True, emit_data=True, chunk_targets=[])
+    request.inputs.append(item or {"text": PROMPT, "history": [], "images": [], "audios": [], "videos": []})
+    deltas, is_prefill = [], True
+    while True:
+        (out,) = runner.execute([request], is_prefill)
+        is_prefill = False
+        deltas.append(out.text_delta)
+        if out.finished:
+            return deltas, list(request.runner_state.generated), out.finish_reason
+
+
+def test_thinker_stops_before_a_stop_string(thinker, reference) -> None:
+    text = reference[0]
+    deltas, _, reason = _run_thinker(thinker, {"temperature": 0.0, "max_tokens": MAX_TEXT_TOKENS})
+    assert "".join(deltas) == text and reason == "length"
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    assert stop.strip()
+    deltas, tokens, reason = _run_thinker(thinker, {"temperature": 0.0, "max_tokens": MAX_TEXT_TOKENS,
+                                                    "stop": ["never in it", stop]})
+    assert "".join(deltas) == text[:text.index(stop)] and reason == "stop"
+    assert len(tokens) < MAX_TEXT_TOKENS or text.index(stop) + len(stop) == len(text)
+
+
+class _Penalties:
+    """Presence and frequency penalties over the tokens after the prompt, as a transformers logits processor."""
+
+    def __init__(self, prompt_length: int, presence: float, frequency: float) -> None:
+        self.prompt_length, self.presence, self.frequency = prompt_length, presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores = scores.clone()
+        for token in input_ids[0, self.prompt_length:].tolist():
+            scores[0, token] -= self.frequency
+        for token in set(input_ids[0, self.prompt_length:].tolist()):
+            scores[0, token] -= self.presence
+        return scores
+
+
+def test_thinker_penalties_equal_generate_with_them(thinker, reference) -> None:
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    from omnipipe.models.qwen2_5_omni.processors import chat_messages
+
+    _, _, model, processor = reference
+    item = {"text": PROMPT, "history": [], "images": [], "audios": [], "videos": []}
+    text = processor.apply_chat_template(chat_messages(item), add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], return_tensors="pt")
+    length = inputs["input_ids"].shape[1]
+    tokens = 16
+    plain = _run_thinker(thinker, {"temperature": 0.0, "max_tokens": tokens}, dict(item))[1]
+    params = {"temperature": 0.0, "max_tokens": tokens, "presence_penalty": 1.5, "frequency_penalty": 0.7,
+              "repetition_penalty": 1.3}
+    _, got, _ = _run_thinker(thinker, params, dict(item))
+    with torch.no_grad():
+        want = model.thinker.generate(**inputs, max_new_tokens=tokens, do_sample=False, repetition_penalty=1.3,
+                                      logits_processor=LogitsProcessorList([_Penalties(length, 1.5, 0.7)]))
+    assert got == want[0, length:].tolist()
+    assert got != plain  # the penalties changed the reply
+
+
+def test_stage_params_that_do_not_apply_are_refused(engine) -> None:
+    from omnipipe.util.field_error import FieldError
+
+    for stage, params, field in (("talker", SamplingParams(stop=["x"]), "sampling_params.stop"),
+                                 ("token2wav", SamplingParams(temperature=0.7), "sampling_params.temperature")):
+        with pytest.raises(FieldError) as caught:
+            engine.run(collect(engine.engine, PROMPT, sampling_params={**_params(), stage: params}))
+        assert caught.value.field == field
+
+
+def test_tiny_checkpoint_cli_and_generate(tmp_path) -> None:
+    """``omnipipe tiny-checkpoint qwen2_5_omni DIR`` writes a checkpoint that ``omnipipe generate`` answers with."""
+    import soundfile
+
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error"}
+    made = subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "tiny-checkpoint", "qwen2_5_omni",
+                           str(tmp_path / "ckpt")], capture_output=True, text=True, env=env, timeout=300)
+    assert made.returncode == 0, made.stderr
+    assert (tmp_path / "ckpt" / "config.json").is_file() and (tmp_path / "ckpt" / "spk_dict.pt").is_file()
+    out = subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "generate", "--pipeline", "qwen2_5_omni",
+                          "--model", str(tmp_path / "ckpt"), "--max-tokens", "6", "-o", str(tmp_path / "a.wav"),
+                          "hello"], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "not writable" not in out.stderr  # the stages copy the read-only arrays they receive
+    audio, rate = soundfile.read(tmp_path / "a.wav")
+    assert rate == 24000 and len(audio) > 0 and np.abs(audio).max() > 0
+
+
+def test_abort_mid_stream_and_a_killed_talker_recovers(engine, reference) -> None:
+    """Last of the module: the shared engines go on with a restarted talker. An abort mid-stream leaves nothing
+    held; once the talker's process is killed, the next request is answered as before by its restarted stage."""
+    text, wav, _, _ = reference
+
+    async def run() -> tuple[list, dict, list, dict, int]:
+        aborted = []
         async for out in engine.engine.generate(PROMPT, request_id="to-abort", sampling_params={
                 "thinker": SamplingParams(temperature=0.0, max_tokens=64), "talker": TALKER}):
-            outputs.append(out)
+            aborted.append(out)
             if out.modality == "text" and not out.finished:
                 await engine.engine.abort("to-abort")
-        return outputs
+        after_abort = await wait_until_idle(engine.engine)
+        killed = (await engine.engine.debug_state())["pids"]["talker"]
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while True:  # requests fail until the talker is back
+            try:
+                outputs = await collect(engine.engine, PROMPT, sampling_params=_params(), edge_options=SMALL_CHUNKS)
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(1)
+        return aborted, after_abort, outputs, await wait_until_idle(engine.engine), killed
 
-    outputs = engine.run(asyncio.wait_for(run(), 60))
-    assert outputs[-1].finished and outputs[-1].finish_reason == "abort"
+    aborted, after_abort, outputs, after, killed = engine.run(run(), timeout_s=240)
+    assert after["pids"]["talker"] != killed  # a new talker process answered
+    assert aborted[-1].finished and aborted[-1].finish_reason == "abort"
+    for state in (after_abort, after):
+        assert state_is_idle(state), state
+        for stage in ("thinker", "talker", "token2wav"):
+            assert not state["stages"][stage].get("requests"), state["stages"][stage]
+    final = outputs[-1]
+    assert final.finished and final.text == text
+    assert final.audio is not None and len(final.audio) == len(wav)
+    assert float(np.abs(final.audio - wav).max()) <= AUDIO_TOLERANCE * float(np.abs(wav).max())

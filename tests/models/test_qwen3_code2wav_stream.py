@@ -176,12 +176,33 @@ def test_transformers_chunked_decode_leaves_a_gap_at_every_seam(model: torch.nn.
 def test_the_bench_prints_the_seam_table(capsys: pytest.CaptureFixture[str]) -> None:
     from omnipipe.cli.main import main
 
-    assert main(["bench", "vocoder-seams", "--frames", "60", "--sliding-window", "8", "--num-quantizers", "4"]) == 0
+    assert main(["bench", "vocoder-seams", "--family", "qwen3_omni", "--frames", "60", "--sliding-window", "8",
+                 "--num-quantizers", "4"]) == 0
     out = capsys.readouterr().out
     assert "Samples missing" in out and "max|diff|/absmax at positions" in out
     rows = [line for line in out.splitlines() if line.startswith("| omnipipe") or line.startswith("| transformers")]
     assert len(rows) == 6
-    assert "needs 578 frames of left context" in out
+    assert "needs 578 frames of left context" in out and "token2wav" not in out
+
+
+def test_the_bench_prints_both_families_tables(tmp_path) -> None:
+    """``--family all``: the Qwen3 code2wav table and the Qwen2.5 token2wav one (the stage's windows against the
+    whole decode: without right context the seams show, with the deploy's 24 left / 12 right codes they do not)."""
+    import json
+
+    from omnipipe.cli.main import main
+
+    assert main(["bench", "vocoder-seams", "--family", "all", "--frames", "60", "--sliding-window", "8",
+                 "--num-quantizers", "4", "--token2wav-codes", "48", "--json", str(tmp_path / "seams.json")]) == 0
+    rows = json.loads((tmp_path / "seams.json").read_text())["rows"]
+    assert [r["family"] for r in rows] == ["qwen3_omni"] * 7 + ["qwen2_5_omni"] * 5
+    token2wav = {(r["chunk_frames"], r["left_context_frames"], r["right_context_frames"]): r
+                 for r in rows if r["family"] == "qwen2_5_omni"}
+    assert all(r["method"] == "omnipipe Token2WavStream" and r["samples_missing"] == 0 for r in token2wav.values())
+    assert token2wav[(24, 0, 0)]["error_at_positions"] > 0.1 and token2wav[(24, 24, 0)]["error_at_positions"] > 0.1
+    assert token2wav[(24, 24, 12)]["error_at_positions"] < 1e-5
+    assert token2wav[(12, 48, 24)]["error_at_positions"] < 1e-9  # float64: wider context, nearer exact
+    assert token2wav[(12, 48, 24)]["frames_decoded"] == 180  # 4 windows, context counted each time
 
 
 def test_codes_outside_the_codebook_name_the_field(model: torch.nn.Module, codes: torch.Tensor) -> None:

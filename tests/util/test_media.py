@@ -13,6 +13,7 @@ import pytest
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.media import (
     MAX_IMAGE_PIXELS,
+    encoded_file,
     load_audio,
     load_image,
     load_video,
@@ -217,6 +218,18 @@ def test_video_from_path_data_url_and_other_codec(tmp_path: Path, mp4: bytes) ->
         assert [index_of(f) for f in load_video(value, "v", fps=1.0)] == [0, 10, 20]
     other = encode_video(tmp_path / "m.mp4", codec="mpeg4")
     assert [index_of(f) for f in load_video(other, "v", fps=1.0)] == [0, 10, 20]
+
+
+def test_encoded_file_reads_bytes_paths_and_data_urls_but_not_frames(tmp_path: Path, mp4: bytes) -> None:
+    path = tmp_path / "v.mp4"
+    path.write_bytes(mp4)
+    for value in (mp4, path, str(path), data_url("video/mp4", mp4)):
+        assert encoded_file(value, "video", "v") == mp4
+    assert encoded_file(np.zeros((2, 4, 4, 3), np.uint8), "video", "v") is None
+    assert encoded_file([b"frame"], "video", "v") is None
+    with pytest.raises(FieldError, match="file not found") as caught:
+        encoded_file(str(tmp_path / "missing.mp4"), "video", "prompt.video")
+    assert caught.value.field == "prompt.video"
 
 
 def test_frames_given_as_images_or_an_array() -> None:

@@ -69,6 +69,13 @@ def _encoded(value: Any, kind: str, field: str) -> bytes | None:
     return raw
 
 
+def encoded_file(value: Any, kind: str, field: str) -> bytes | None:
+    """The file's bytes when ``value`` is an encoded input (bytes, a ``data:<kind>/...;base64,`` URL or a local
+    path), checked for size; None when it is anything else (an array, a list of frames). For a caller that decodes
+    later, e.g. a stage that samples a video file at its own rate."""
+    return _encoded(value, kind, field)
+
+
 def _one_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0].strip() if lines else type(exc).__name__

@@ -3,7 +3,8 @@ talker edge (the hidden states the talker reads), the talker -> token2wav edge (
 the knobs the stages read from ``SamplingParams.extra``.
 
 The checkpoint's processor (tokenizer, image processor, feature extractor) runs inside the thinker stage, which
-knows the checkpoint; the prompt processor only decodes media into arrays.
+knows the checkpoint; the prompt processor only decodes media into arrays, but for video files, which stay encoded
+(bytes) for the thinker to sample at its ``video_fps``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.frame_processors import frames_async_chunk, frames_whole
 from omnipipe.config.pipeline_spec import EntryInput
 from omnipipe.util.field_error import FieldError
-from omnipipe.util.media import load_audio, load_image, load_video
+from omnipipe.util.media import MAX_VIDEO_FRAMES, encoded_file, load_audio, load_image, load_video
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are Qwen, a virtual human developed by the Qwen Team, Alibaba Group, capable of perceiving auditory and "
@@ -60,9 +61,19 @@ def _is_frame(value: Any) -> bool:
     return isinstance(value, Image.Image) or (isinstance(value, np.ndarray) and value.ndim in (2, 3))
 
 
+def _video(value: Any, field: str) -> Any:
+    """A video file's bytes (the thinker samples it), or frames as a [T, H, W, 3] uint8 array (the thinker keeps
+    at most its ``video_max_frames`` of them)."""
+    raw = encoded_file(value, "video", field)
+    if raw is not None:
+        return raw
+    return np.asarray(load_video(value, field, max_frames=MAX_VIDEO_FRAMES))
+
+
 def omni_prompt(prompt: dict[str, Any]) -> EntryInput:
-    """A prompt -> the thinker's chat (history, then the user turn: media first, then the text) and its media as
-    arrays: images as HxWx3 uint8, audio as float32 mono at 16 kHz, videos as [T, H, W, 3] uint8."""
+    """A prompt -> the thinker's chat (history, then the user turn: media first, then the text) and its media:
+    images as HxWx3 uint8, audio as float32 mono at 16 kHz, videos given as frames as [T, H, W, 3] uint8 and video
+    files as their bytes (``video_fields`` names each video's field for the thinker's errors)."""
     mm = prompt.get("multi_modal_data") or {}
     field = "prompt.multi_modal_data"
 
@@ -78,7 +89,8 @@ def omni_prompt(prompt: dict[str, Any]) -> EntryInput:
         "images": [np.asarray(load_image(v, named("image", i, len(images)))) for i, v in enumerate(images)],
         "audios": [np.asarray(load_audio(v, named("audio", i, len(audios)), AUDIO_RATE_HZ), dtype=np.float32)
                    for i, v in enumerate(audios)],
-        "videos": [np.asarray(load_video(v, named("video", i, len(videos)))) for i, v in enumerate(videos)],
+        "videos": [_video(v, named("video", i, len(videos))) for i, v in enumerate(videos)],
+        "video_fields": [named("video", i, len(videos)) for i in range(len(videos))],
     }
     for i, audio in enumerate(data["audios"]):
         if audio.size == 0:

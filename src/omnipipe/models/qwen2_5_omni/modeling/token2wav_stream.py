@@ -122,6 +122,28 @@ def _windows(total: int, chunk: int, left: int, right: int, aligned_to: int) -> 
 
 
 @torch.no_grad()
+def stream_windows(token2wav: Any, codes: torch.Tensor, conditioning: torch.Tensor, reference_mel: torch.Tensor,
+                   noise: torch.Tensor, chunk: int, left: int, right: int,
+                   vocoder_left_mel: int = 48) -> tuple[list[tuple[int, torch.Tensor]], int]:
+    """``codes`` [1, T] decoded as the token2wav stage streams them: windows of ``chunk`` new codes with up to
+    ``left`` context codes (on the DiT's block boundaries) and ``right`` look-ahead codes, the vocoder reading
+    ``vocoder_left_mel`` mel frames before each new stretch (none without left context). Returns the pieces
+    (stream position of the first sample, the samples) in order, and the codes decoded (context counted each
+    time)."""
+    block_codes = token2wav.config.dit_config.block_size // token2wav.code2wav_dit_model.repeats
+    samples_per_code = token2wav.code2wav_dit_model.repeats * hop_samples(token2wav)
+    stream = Token2WavStream(token2wav, conditioning, reference_mel, noise,
+                             vocoder_left_mel=vocoder_left_mel if left else 0)
+    pieces, decoded = [], 0
+    for start, context, lookahead in _windows(codes.shape[1], chunk, left, right, block_codes):
+        count = min(chunk, codes.shape[1] - start)
+        window = codes[:, start - context : start + count + lookahead]
+        pieces.append((start * samples_per_code, stream.decode(window, start, context, lookahead)))
+        decoded += window.shape[1]
+    return pieces, decoded
+
+
+@torch.no_grad()
 def token2wav_seam_rows(token2wav: Any, codes: torch.Tensor, conditioning: torch.Tensor,
                         reference_mel: torch.Tensor, seed: int = 0,
                         settings: tuple[tuple[str, int, int, int], ...] = (
@@ -132,19 +154,13 @@ def token2wav_seam_rows(token2wav: Any, codes: torch.Tensor, conditioning: torch
     """How far a chunked stream of ``codes`` [1, T] is from the whole decode, with the same noise: per setting
     (method, chunk_frames, left context codes, right context codes) the row ``{"method", "chunk_frames",
     "context", "rel_error": max |diff| / max |whole|, "samples_missing": whole length - stream length}``."""
-    noise = utterance_noise(token2wav, seed, codes.device)
+    noise = utterance_noise(token2wav, seed, codes.device).to(conditioning.dtype)
     whole = decode_whole(token2wav, codes, conditioning, reference_mel, noise)
-    block_codes = token2wav.config.dit_config.block_size // token2wav.code2wav_dit_model.repeats
     rows = []
     for method, chunk, left, right in settings:
-        stream = Token2WavStream(token2wav, conditioning, reference_mel, noise,
-                                 vocoder_left_mel=vocoder_left_mel if left else 0)
-        pieces = []
-        for start, context, lookahead in _windows(codes.shape[1], chunk, left, right, block_codes):
-            count = min(chunk, codes.shape[1] - start)
-            window = codes[:, start - context : start + count + lookahead]
-            pieces.append(stream.decode(window, start, context, lookahead))
-        streamed = torch.cat(pieces)
+        pieces, _ = stream_windows(token2wav, codes, conditioning, reference_mel, noise, chunk, left, right,
+                                   vocoder_left_mel)
+        streamed = torch.cat([samples for _, samples in pieces])
         length = min(len(streamed), len(whole))
         diff = (streamed[:length] - whole[:length]).abs().max().item() if length else 0.0
         rows.append({"method": method, "chunk_frames": chunk, "context": f"{left}/{right}",

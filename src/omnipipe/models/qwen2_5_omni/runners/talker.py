@@ -5,8 +5,10 @@ pad embedding for ever once the thinker is done). Under async chunk a step whose
 waits for it (``needs_input``).
 
 Sampling follows the request's talker SamplingParams; without any, the family's defaults (those of transformers'
-``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05). The codec's begin token is
-suppressed; its pad and end tokens end the speech."""
+``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05). The repetition penalty reads the
+talker's whole input (as ``generate``), the presence and frequency penalties the codes generated so far. ``stop``
+(strings) has no meaning for codec codes and is refused. The codec's begin token is suppressed; its pad and end
+tokens end the speech."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ class TalkerState:
     cache: DynamicCache
     rope_deltas: torch.Tensor
     history: list[int]  # the talker's input ids and codes so far (for the repetition penalty)
+    prompt_length: int  # of ``history``: the codes follow
     replies: list[torch.Tensor] = field(default_factory=list)  # reply items not read yet
     thinker_done: bool = False
     tail: list[torch.Tensor] = field(default_factory=list)  # text-end, then pad: read after the reply
@@ -60,6 +63,9 @@ class QwenOmniTalkerRunner(StageRunner):
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
 
     def validate(self, params: dict[str, Any]) -> str | None:
+        if params.get("stop"):
+            raise FieldError("sampling_params.stop", "the talker generates codec codes, not text: stop strings do "
+                             "not apply (give them to the thinker)")
         speaker = TalkerParams(**(params.get("extra") or {})).speaker
         if speaker not in self.bos_tokens:
             raise FieldError("sampling_params.extra.speaker",
@@ -70,7 +76,7 @@ class QwenOmniTalkerRunner(StageRunner):
         return request.params if request.params else {**DEFAULT_PARAMS, "max_tokens": self.max_codes}
 
     def _tensor(self, array: Any) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(array), device=self.device).to(self.dtype)
+        return torch.tensor(np.asarray(array), dtype=self.dtype, device=self.device)  # a copy: inputs are read-only
 
     def _read(self, request: StageRequest) -> tuple[dict[str, Any] | None, list[torch.Tensor], bool]:
         """The arrived chunks: (the prompt part if one came, the reply items, whether the thinker is done)."""
@@ -93,7 +99,7 @@ class QwenOmniTalkerRunner(StageRunner):
         if not replies and not done:
             return RunnerOutput(request.request_id, error="the talker's first input carries no reply item")
         first_reply = replies[0] if replies else eos_embed
-        input_ids = torch.as_tensor(prompt["input_ids"], device=self.device).view(1, -1)
+        input_ids = torch.tensor(prompt["input_ids"], device=self.device).view(1, -1)
         length = input_ids.shape[1]
         model = self.model
         bos_token = self.bos_tokens[speaker]
@@ -103,16 +109,16 @@ class QwenOmniTalkerRunner(StageRunner):
                                   device=self.device)
         embeds = torch.cat([self._tensor(prompt["hidden"]) + self._tensor(prompt["embeds"]), bos_embed[None],
                             first_reply[None]])[None]
-        mask = torch.cat([torch.as_tensor(prompt["attention_mask"], device=self.device).view(1, -1),
+        mask = torch.cat([torch.tensor(prompt["attention_mask"], device=self.device).view(1, -1),
                           torch.ones(1, 2, dtype=torch.long, device=self.device)], dim=1)
-        extra = {k: torch.as_tensor(prompt[k], device=self.device) for k in
+        extra = {k: torch.tensor(prompt[k], device=self.device) for k in
                  ("image_grid_thw", "video_grid_thw", "audio_feature_lengths", "video_second_per_grid") if k in prompt}
         cache = DynamicCache()
         model.rope_deltas = None
         out = model(input_ids=talker_ids, input_text_ids=text_ids, inputs_embeds=embeds, attention_mask=mask,
                     past_key_values=cache, use_cache=True, use_audio_in_video=False, **extra)
-        state = TalkerState(cache, model.rope_deltas, talker_ids[0].tolist(), replies[1:], done,
-                            [eos_embed, pad_embed], speaker=speaker,
+        state = TalkerState(cache, model.rope_deltas, talker_ids[0].tolist(), talker_ids.shape[1], replies[1:],
+                            done, [eos_embed, pad_embed], speaker=speaker,
                             generator=request_generator(self._params(request), salt=1))
         request.runner_state = state
         request.prefilled = True
@@ -140,7 +146,8 @@ class QwenOmniTalkerRunner(StageRunner):
     def _emit(self, request: StageRequest, state: TalkerState, logits: torch.Tensor) -> RunnerOutput:
         params = self._params(request)
         history = torch.tensor([state.history], device=self.device)
-        code = next_token(logits, history, params, state.generator, suppress=[self.model.codec_bos_token])
+        code = next_token(logits, history, params, state.generator, suppress=[self.model.codec_bos_token],
+                          generated=state.history[state.prompt_length:])
         state.history.append(code)
         if code in self.eos_codes:
             return RunnerOutput(request.request_id, finished=True, finish_reason="stop")

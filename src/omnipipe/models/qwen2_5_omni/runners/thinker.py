@@ -2,7 +2,16 @@
 ``Qwen2_5OmniThinkerForConditionalGeneration`` decodes with a per-request DynamicCache and per-request 3D rope
 deltas; each step emits its text delta and the hidden states the talker reads (see ``processors.py``).
 
-Requests of a batch run one after another (each its own cache length and positions)."""
+Requests of a batch run one after another (each its own cache length and positions). A request's SamplingParams
+are all honoured: the repetition penalty over the prompt and the reply (as transformers' ``generate``), the presence
+and frequency penalties over the reply, and ``stop``: the text ends before the first stop string, which is not part
+of it (finish reason ``stop``); text that may begin a stop string is held back until it is settled. The talker speaks
+the reply's tokens before the one that completed the stop string.
+
+Stage options: ``model`` (checkpoint directory, required), ``device`` (the stage's device), ``dtype`` (float32 on
+CPU, bfloat16 on CUDA), ``video_fps`` (2.0: the frames per second sampled from a video file given as bytes, a path
+or a data URL, and the rate that frames given as frames are taken to have; it sets the videos' time positions),
+``video_max_frames`` (64: at most this many frames of a video, spread evenly, the first and last kept)."""
 
 from __future__ import annotations
 
@@ -15,7 +24,7 @@ from transformers import DynamicCache
 
 from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
 from omnipipe.models.qwen2_5_omni.processors import chat_messages
-from omnipipe.models.qwen2_5_omni.runners.common import next_token, request_generator
+from omnipipe.models.qwen2_5_omni.runners.common import cut_at_stop, next_token, request_generator
 from omnipipe.models.qwen2_5_omni.weights.load import (
     checkpoint_dir,
     load_config,
@@ -26,6 +35,8 @@ from omnipipe.models.qwen2_5_omni.weights.load import (
 )
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.util.field_error import FieldError
+from omnipipe.util.media import load_video
 
 _MEDIA_KEYS = ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask",
                "pixel_values_videos", "video_grid_thw", "video_second_per_grid")
@@ -37,8 +48,9 @@ class ThinkerState:
     rope_deltas: torch.Tensor
     length: int  # tokens in the cache
     next_input: int  # the token to read next
+    prompt_ids: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
-    text: str = ""
+    text: str = ""  # the reply's text sent so far
     generator: torch.Generator | None = None
 
 
@@ -52,6 +64,11 @@ class QwenOmniThinkerRunner(StageRunner):
         self.model = load_part(self.directory, "thinker", self.device, self.dtype)
         self.processor = OmniProcessor.from_pretrained(self.directory, local_files_only=True)
         self.tokenizer = self.processor.tokenizer
+        self.video_fps, self.video_max_frames = options.get("video_fps", 2.0), options.get("video_max_frames", 64)
+        try:  # the two options' types and ranges are those load_video takes
+            load_video(np.zeros((1, 1, 1, 3), np.uint8), "video", self.video_fps, self.video_max_frames)
+        except FieldError as exc:  # "fps" or "max_frames"
+            raise exc.renamed(f"stages.{self.context.stage}.options.video_{exc.field}") from None
         config = load_config(self.directory)
         self.talker_config = config.talker_config
         eos = self.model.generation_config.eos_token_id
@@ -70,17 +87,25 @@ class QwenOmniThinkerRunner(StageRunner):
 
     # ------------------------------------------------------------------ steps
     def process(self, data: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """A thinker input (chat and media arrays) -> the processor's tensors."""
+        """A thinker input (chat and media) -> the processor's tensors; video files sampled at ``video_fps``, every
+        video cut to ``video_max_frames``."""
         text = self.processor.apply_chat_template(chat_messages(data), add_generation_prompt=True, tokenize=False)
+        given = data.get("videos") or []
+        fields = data.get("video_fields") or [f"prompt.multi_modal_data.video[{i}]" for i in range(len(given))]
+        videos = [load_video(v, field, self.video_fps, self.video_max_frames) for v, field in zip(given, fields)]
         inputs = self.processor(text=[text], images=data.get("images") or None, audio=data.get("audios") or None,
-                                videos=data.get("videos") or None, return_tensors="pt")
+                                videos=videos or None, fps=float(self.video_fps), return_tensors="pt")
         return {k: torch.as_tensor(v) for k, v in inputs.items() if k in ("input_ids", "attention_mask") + _MEDIA_KEYS}
 
     def _prefill(self, request: StageRequest) -> RunnerOutput:
         data: dict[str, Any] = {}
         for item in request.take_all_inputs():
             data.update(item)
-        inputs = self.process(data)
+        try:
+            inputs = self.process(data)
+        except FieldError as exc:  # a video file that cannot be decoded: the caller's input
+            return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
+                                error_field=exc.field)
         input_ids = inputs["input_ids"].to(self.device)
         attention_mask = inputs["attention_mask"].to(self.device)
         media = {k: (v.to(self.device, self.dtype) if v.is_floating_point() and k != "video_second_per_grid"
@@ -97,7 +122,7 @@ class QwenOmniThinkerRunner(StageRunner):
                          use_audio_in_video=False, **media)
         request.num_prompt_tokens = int(input_ids.shape[1])
         params = request.params
-        state = ThinkerState(cache, rope_deltas, int(input_ids.shape[1]), -1,
+        state = ThinkerState(cache, rope_deltas, int(input_ids.shape[1]), -1, input_ids[0].tolist(),
                              generator=request_generator(params))
         request.runner_state = state
         request.prefilled = True
@@ -120,7 +145,7 @@ class QwenOmniThinkerRunner(StageRunner):
                     media[key].cpu().numpy()
         if audio_lengths is not None:
             prompt["audio_feature_lengths"] = audio_lengths.cpu().numpy()
-        output = self._emit(request, state, out.logits[:, -1], input_ids)
+        output = self._emit(request, state, out.logits[:, -1])
         prompt["first_token"] = state.generated[0]
         output.data = {**(output.data or {}), "prompt": prompt}
         output.details = {"inputs": {k: list(v.shape) for k, v in inputs.items()}}
@@ -137,24 +162,27 @@ class QwenOmniThinkerRunner(StageRunner):
         state.length += 1
         reply = {"reply_embed": out.hidden_states[0][0, -1].float().cpu().numpy(),
                  "reply_hidden": out.hidden_states[-1][0, -1].float().cpu().numpy()}
-        history = torch.tensor([state.generated], device=self.device)
-        output = self._emit(request, state, out.logits[:, -1], history)
+        output = self._emit(request, state, out.logits[:, -1])
         output.data = {**(output.data or {}), **reply}
         return output
 
-    def _emit(self, request: StageRequest, state: ThinkerState, logits: torch.Tensor,
-              history: torch.Tensor) -> RunnerOutput:
-        token = next_token(logits, history, request.params, state.generator)
+    def _emit(self, request: StageRequest, state: ThinkerState, logits: torch.Tensor) -> RunnerOutput:
+        params = request.params
+        history = torch.tensor([state.prompt_ids + state.generated], device=self.device)
+        token = next_token(logits, history, params, state.generator, generated=state.generated)
         state.generated.append(token)
         state.next_input = token
-        max_tokens = int(request.params.get("max_tokens", 1 << 30))
-        if token in self.eos_ids:
-            return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
+        eos = token in self.eos_ids
+        done = eos or len(state.generated) >= int(params.get("max_tokens", 1 << 30))
         text = self.tokenizer.decode(state.generated, skip_special_tokens=True)
-        delta = ""
-        if not text.endswith("\ufffd"):  # a character still incomplete waits for its next bytes
-            delta, state.text = text[len(state.text):], text
-        done = len(state.generated) >= max_tokens
+        delta, stopped = "", False
+        if done or not text.endswith("\ufffd"):  # a character still incomplete waits for its next bytes
+            kept, stopped = cut_at_stop(text, list(params.get("stop") or []), final=done)
+            if kept.startswith(state.text):
+                delta, state.text = kept[len(state.text):], kept
+        if eos or stopped:
+            return RunnerOutput(request.request_id, text_delta=delta, num_units=0 if eos else 1, finished=True,
+                                finish_reason="stop")
         return RunnerOutput(request.request_id, text_delta=delta, num_units=1, finished=done,
                             finish_reason="length" if done else None, data={"token": token})
 

@@ -1,9 +1,12 @@
 """The Qwen2.5-Omni token2wav stage: codec code windows -> waveform at 24 kHz through
 ``Qwen2_5OmniToken2WavModel`` (DiT + BigVGAN), streamed per request with fixed noise and context
 (``modeling/token2wav_stream.py``). Always float32 (as transformers runs it). The noise seed is the token2wav
-stage's ``SamplingParams.seed`` (0 without one)."""
+stage's ``SamplingParams.seed`` (0 without one); its token-sampling fields have no meaning here and are refused
+unless neutral (``max_tokens`` is not read: the talker's bounds the codes)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -12,9 +15,13 @@ from omnipipe.models.qwen2_5_omni.modeling.token2wav_stream import Token2WavStre
 from omnipipe.models.qwen2_5_omni.weights.load import checkpoint_dir, load_part, load_speakers, stage_device
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.util.field_error import FieldError
 
 SAMPLE_RATE_HZ = 24_000
 DEFAULT_SPEAKER = "Chelsie"
+# SamplingParams fields with the value that leaves decoding as it is: the only ones token2wav accepts
+NEUTRAL_PARAMS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "stop": [], "repetition_penalty": 1.0,
+                  "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 class QwenOmniToken2WavRunner(StageRunner):
@@ -27,6 +34,13 @@ class QwenOmniToken2WavRunner(StageRunner):
         self.speakers = {name: (s["cond"].float().to(self.device), s["ref_mel"].float().to(self.device))
                          for name, s in load_speakers(directory).items()}
         self.vocoder_left_mel = int(options.get("vocoder_left_mel", 48))
+
+    def validate(self, params: dict[str, Any]) -> str | None:
+        for name, neutral in NEUTRAL_PARAMS.items():
+            if params.get(name, neutral) != neutral:
+                raise FieldError(f"sampling_params.{name}", f"token2wav samples no tokens: leave it {neutral!r} "
+                                 f"(only seed applies here), got {params[name]!r}")
+        return None
 
     def _stream(self, request: StageRequest, speaker: str | None) -> Token2WavStream:
         if request.runner_state is None:
@@ -50,7 +64,7 @@ class QwenOmniToken2WavRunner(StageRunner):
                 outputs.append(RunnerOutput(request.request_id))
                 continue
             stream = self._stream(request, chunk.get("speaker"))
-            codes = torch.as_tensor(frames.reshape(1, -1), device=self.device)
+            codes = torch.tensor(frames.reshape(1, -1), device=self.device)  # a copy: the input is read-only
             audio = stream.decode(codes, int(chunk.get("start_frame", 0)), context, lookahead)
             outputs.append(RunnerOutput(request.request_id, audio=audio.float().cpu().numpy(), num_units=new))
         return outputs

@@ -105,7 +105,12 @@ def _config(ids: dict[str, int]):
         "tts_codec_end_token_id": CODEC_END, "tts_codec_pad_token_id": CODEC_PAD,
         "tts_codec_mask_token_id": CODEC_MASK,
     }
-    token2wav = {
+    return Qwen2_5OmniConfig(thinker_config=thinker, talker_config=talker, token2wav_config=_token2wav_config(),
+                             enable_audio_output=True)
+
+
+def _token2wav_config() -> dict:
+    return {
         "dit_config": {"hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 16,
                        "ff_mult": 2, "emb_dim": 32, "num_embeds": TALKER_VOCAB, "mel_dim": 80, "repeats": 2,
                        "block_size": 24, "look_ahead_layers": [2], "look_backward_layers": [0, 3], "dropout": 0.0,
@@ -115,8 +120,6 @@ def _config(ids: dict[str, int]):
                            "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5]], "upsample_rates": [5, 3, 2, 2, 2, 2],
                            "upsample_kernel_sizes": [11, 7, 4, 4, 4, 4]},
     }
-    return Qwen2_5OmniConfig(thinker_config=thinker, talker_config=talker, token2wav_config=token2wav,
-                             enable_audio_output=True)
 
 
 def _scale_vocoder(bigvgan: torch.nn.Module) -> None:
@@ -129,6 +132,24 @@ def _scale_vocoder(bigvgan: torch.nn.Module) -> None:
                 if isinstance(module, torch.nn.ConvTranspose1d):
                     fan_in = module.weight.shape[0] * module.weight.shape[2] // module.stride[0]
                 module.weight.normal_(0.0, 0.5 / fan_in**0.5)
+
+
+def _speaker(generator: torch.Generator) -> dict[str, torch.Tensor]:
+    return {"cond": torch.randn(1, 32, generator=generator),
+            "ref_mel": torch.randn(1, REFERENCE_MEL_FRAMES, 80, generator=generator)}
+
+
+def tiny_token2wav(seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    """The tiny checkpoint's token2wav alone, in memory: (a seeded random ``Qwen2_5OmniToken2WavModel``, a voice's
+    conditioning [1, 32], its reference mel [1, frames, 80]), for measuring the streamed decode."""
+    from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniToken2WavConfig
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import Qwen2_5OmniToken2WavModel
+
+    torch.manual_seed(seed)
+    model = Qwen2_5OmniToken2WavModel(Qwen2_5OmniToken2WavConfig(**_token2wav_config())).eval()
+    _scale_vocoder(model.code2wav_bigvgan_model)
+    voice = _speaker(torch.Generator().manual_seed(seed + 1))
+    return model, voice["cond"], voice["ref_mel"]
 
 
 def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
@@ -158,8 +179,7 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     generator = torch.Generator().manual_seed(seed + 1)
     speakers = {
         name: {"bos_token": ids["<tts_text_bos_single>"] if index == 0 else ids["<tts_text_bos>"],
-               "cond": torch.randn(1, 32, generator=generator),
-               "ref_mel": torch.randn(1, REFERENCE_MEL_FRAMES, 80, generator=generator)}
+               **_speaker(generator)}
         for index, name in enumerate(SPEAKERS)
     }
     torch.save(speakers, directory / "spk_dict.pt")
