@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import io
 import os
 import signal
 import subprocess
@@ -23,6 +22,7 @@ import torch
 
 from omnipipe import AsyncOmni, SamplingParams
 from omnipipe.models.qwen3_omni.weights.tiny import write_tiny_checkpoint
+from tests.models import media_files
 from tests.server.conftest import API_KEY, running_server
 
 STAGES = ("thinker", "talker", "code2wav")
@@ -160,37 +160,6 @@ def test_abort_at_every_stage_and_a_killed_talker_recovers(checkpoint: Path, ref
     asyncio.run(run())
 
 
-def _png(array: np.ndarray) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(array).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _wav(samples: np.ndarray) -> bytes:
-    import soundfile
-
-    buffer = io.BytesIO()
-    soundfile.write(buffer, samples, 16000, format="WAV")
-    return buffer.getvalue()
-
-
-def _mp4(frames: np.ndarray, fps: int) -> bytes:
-    import av
-
-    buffer = io.BytesIO()
-    with av.open(buffer, "w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return buffer.getvalue()
-
-
 def test_image_audio_video_and_text_through_the_openai_server(checkpoint: Path, tmp_path: Path) -> None:
     """The parts reach the thinker (their processed shapes) and the answer is the model's own for those inputs."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
@@ -200,9 +169,9 @@ def test_image_audio_video_and_text_through_the_openai_server(checkpoint: Path, 
     from omnipipe.util.media import load_audio, load_image, load_video
 
     rng = np.random.default_rng(1)
-    png = _png(rng.integers(0, 255, (40, 56, 3), dtype=np.uint8))
-    wav = _wav((0.2 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 330)).astype(np.float32))
-    mp4 = _mp4(np.repeat(np.linspace(0, 255, 8, dtype=np.uint8)[:, None, None, None], 32, 1).repeat(32, 2)
+    png = media_files.png(rng.integers(0, 255, (40, 56, 3), dtype=np.uint8))
+    wav = media_files.wav((0.2 * np.sin(np.arange(16000) / 16000 * 2 * np.pi * 330)).astype(np.float32))
+    mp4 = media_files.mp4(np.repeat(np.linspace(0, 255, 8, dtype=np.uint8)[:, None, None, None], 32, 1).repeat(32, 2)
                .repeat(3, 3), fps=4)
     question = "what do you see and hear"
     content = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode()}},
@@ -246,9 +215,9 @@ def test_tiny_checkpoint_cli_and_generate_with_every_input(tmp_path: Path) -> No
                            text=True, env=env, timeout=300)
     assert again.returncode == 2 and "is not empty" in again.stderr and "--force" in again.stderr
     rng = np.random.default_rng(2)
-    (tmp_path / "q.wav").write_bytes(_wav((0.2 * rng.standard_normal(8000)).astype(np.float32)))
-    (tmp_path / "p.png").write_bytes(_png(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)))
-    (tmp_path / "v.mp4").write_bytes(_mp4(rng.integers(0, 255, (6, 32, 32, 3), dtype=np.uint8), fps=3))
+    (tmp_path / "q.wav").write_bytes(media_files.wav((0.2 * rng.standard_normal(8000)).astype(np.float32)))
+    (tmp_path / "p.png").write_bytes(media_files.png(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)))
+    (tmp_path / "v.mp4").write_bytes(media_files.mp4(rng.integers(0, 255, (6, 32, 32, 3), dtype=np.uint8), fps=3))
     out = subprocess.run([*cli, "generate", "--pipeline", "qwen3_omni", "--model", str(tmp_path / "ckpt"),
                           "--max-tokens", "6", "-o", str(tmp_path / "a.wav"), "--audio-in", str(tmp_path / "q.wav"),
                           "--image", str(tmp_path / "p.png"), "--video", str(tmp_path / "v.mp4"), "what is this"],
