@@ -1,13 +1,12 @@
-"""The stage options of the Qwen3-Omni stages (deploy ``stages.<name>.options``), checked when a stage loads:
-unknown keys are refused, every error names its key."""
+"""The stage options of the Qwen3-Omni stages (deploy ``stages.<name>.options``) beyond what every checkpoint stage
+takes (``stage/checkpoint_options.py``: model, dtype, gpu_memory_fraction, torch_compile)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from omnipipe.stage.checkpoint_options import CheckpointOptions, DecoderCheckpointOptions
 from omnipipe.util.field_error import FieldError
-
-DTYPE_NAMES = ("auto", "float32", "bfloat16", "float16")
 
 
 def _positive_int(name: str, value: object, most: int) -> None:
@@ -16,41 +15,7 @@ def _positive_int(name: str, value: object, most: int) -> None:
 
 
 @dataclass(frozen=True)
-class PartOptions:
-    """What every stage takes: ``model`` (the checkpoint directory; ``--model DIR`` sets it on every stage),
-    ``dtype`` (auto: bfloat16 on CUDA, float32 elsewhere), ``gpu_memory_fraction`` (0 < f <= 1 of its CUDA
-    device's memory, for stages sharing a GPU; CUDA only)."""
-
-    model: str = ""
-    dtype: str = "auto"
-    gpu_memory_fraction: float | None = None
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.model, str) or not self.model:
-            raise FieldError("model", "must name a Qwen3-Omni checkpoint directory (config.json + *.safetensors); "
-                             "`omnipipe tiny-checkpoint qwen3_omni DIR` writes a tiny one")
-        if self.dtype not in DTYPE_NAMES:
-            raise FieldError("dtype", f"must be one of {', '.join(DTYPE_NAMES)}, got {self.dtype!r}")
-        value = self.gpu_memory_fraction
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
-            raise FieldError("gpu_memory_fraction", f"must be a number in (0, 1], got {value!r}")
-
-
-@dataclass(frozen=True)
-class DecoderOptions(PartOptions):
-    """A stage with a text decoder: ``torch_compile`` compiles its forward (dynamic shapes; off by default: on a
-    CPU the compile costs more than it saves at these step sizes)."""
-
-    torch_compile: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.torch_compile, bool):
-            raise FieldError("torch_compile", f"must be true or false, got {self.torch_compile!r}")
-
-
-@dataclass(frozen=True)
-class ThinkerOptions(DecoderOptions):
+class ThinkerOptions(DecoderCheckpointOptions):
     """``max_new_tokens``: a request's cap when it gives no SamplingParams; ``video_fps``: frames per second sampled
     from a video file (and the rate frames given as frames are taken to have); ``video_max_frames``: at most that
     many frames of one video."""
@@ -69,9 +34,9 @@ class ThinkerOptions(DecoderOptions):
 
 
 @dataclass(frozen=True)
-class TalkerOptions(DecoderOptions):
-    """``speaker``: the voice (default: the first the checkpoint lists); ``max_new_tokens``: a request's cap in codec
-    frames (12.5 per second) when it gives no talker SamplingParams."""
+class TalkerOptions(DecoderCheckpointOptions):
+    """``speaker``: the voice (default: Ethan where the checkpoint has him, else its first); ``max_new_tokens``: a
+    request's cap in codec frames (12.5 per second) when it gives no talker SamplingParams."""
 
     speaker: str | None = None
     max_new_tokens: int = 4096
@@ -84,5 +49,5 @@ class TalkerOptions(DecoderOptions):
 
 
 @dataclass(frozen=True)
-class Code2WavOptions(PartOptions):
-    """Only what every stage takes."""
+class Code2WavOptions(CheckpointOptions):
+    """Only what every checkpoint stage takes."""

@@ -8,7 +8,9 @@ Sampling follows the request's talker SamplingParams; without any, the family's 
 ``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05). The repetition penalty reads the
 talker's whole input (as ``generate``), the presence and frequency penalties the codes generated so far. ``stop``
 (strings) has no meaning for codec codes and is refused. The codec's begin token is suppressed; its pad and end
-tokens end the speech."""
+tokens end the speech.
+
+Stage options: ``TalkerOptions`` (``options.py``)."""
 
 from __future__ import annotations
 
@@ -19,21 +21,19 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from omnipipe.models.qwen2_5_omni.options import TalkerOptions
 from omnipipe.models.qwen2_5_omni.processors import TalkerParams
 from omnipipe.models.qwen2_5_omni.runners.common import next_token, request_generator
 from omnipipe.models.qwen2_5_omni.weights.load import (
-    checkpoint_dir,
     load_part,
     load_speakers,
-    stage_device,
-    stage_dtype,
 )
+from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
 
 DEFAULT_PARAMS = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05}
-DEFAULT_MAX_CODES = 2048
 
 
 @dataclass
@@ -52,14 +52,12 @@ class TalkerState:
 
 class QwenOmniTalkerRunner(StageRunner):
     def load(self) -> None:
-        options = self.context.options
-        directory = checkpoint_dir(options, self.context.stage)
-        self.device = stage_device(options, self.context.device)
-        self.dtype = stage_dtype(options, self.device, self.context.stage)
-        torch.set_num_threads(max(1, self.context.threads))
+        self.options, directory, self.dtype = checked_options(self.context, TalkerOptions)
+        self.device = torch.device(self.context.device)
         self.model = load_part(directory, "talker", self.device, self.dtype)
+        compile_if(self.model.model, self.options.torch_compile)
         self.eos_codes = {self.model.codec_pad_token, self.model.codec_eos_token}
-        self.max_codes = int(options.get("max_codes", DEFAULT_MAX_CODES))
+        self.max_codes = self.options.max_codes
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
 
     def validate(self, params: dict[str, Any]) -> str | None:

@@ -8,10 +8,7 @@ and frequency penalties over the reply, and ``stop``: the text ends before the f
 of it (finish reason ``stop``); text that may begin a stop string is held back until it is settled. The talker speaks
 the reply's tokens before the one that completed the stop string.
 
-Stage options: ``model`` (checkpoint directory, required), ``device`` (the stage's device), ``dtype`` (float32 on
-CPU, bfloat16 on CUDA), ``video_fps`` (2.0: the frames per second sampled from a video file given as bytes, a path
-or a data URL, and the rate that frames given as frames are taken to have; it sets the videos' time positions),
-``video_max_frames`` (64: at most this many frames of a video, spread evenly, the first and last kept)."""
+Stage options: ``ThinkerOptions`` (``options.py``)."""
 
 from __future__ import annotations
 
@@ -23,16 +20,15 @@ import torch
 from transformers import DynamicCache
 
 from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
+from omnipipe.models.qwen2_5_omni.options import ThinkerOptions
 from omnipipe.models.qwen2_5_omni.processors import chat_messages
 from omnipipe.models.qwen2_5_omni.runners.common import cut_at_stop, next_token, request_generator
 from omnipipe.models.qwen2_5_omni.weights.load import (
-    checkpoint_dir,
     load_config,
     load_part,
     load_speakers,
-    stage_device,
-    stage_dtype,
 )
+from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
@@ -56,19 +52,13 @@ class ThinkerState:
 
 class QwenOmniThinkerRunner(StageRunner):
     def load(self) -> None:
-        options = self.context.options
-        self.directory = checkpoint_dir(options, self.context.stage)
-        self.device = stage_device(options, self.context.device)
-        self.dtype = stage_dtype(options, self.device, self.context.stage)
-        torch.set_num_threads(max(1, self.context.threads))
+        self.options, self.directory, self.dtype = checked_options(self.context, ThinkerOptions)
+        self.device = torch.device(self.context.device)
         self.model = load_part(self.directory, "thinker", self.device, self.dtype)
+        compile_if(self.model.model, self.options.torch_compile)
         self.processor = OmniProcessor.from_pretrained(self.directory, local_files_only=True)
         self.tokenizer = self.processor.tokenizer
-        self.video_fps, self.video_max_frames = options.get("video_fps", 2.0), options.get("video_max_frames", 64)
-        try:  # the two options' types and ranges are those load_video takes
-            load_video(np.zeros((1, 1, 1, 3), np.uint8), "video", self.video_fps, self.video_max_frames)
-        except FieldError as exc:  # "fps" or "max_frames"
-            raise exc.renamed(f"stages.{self.context.stage}.options.video_{exc.field}") from None
+        self.video_fps, self.video_max_frames = self.options.video_fps, self.options.video_max_frames
         config = load_config(self.directory)
         self.talker_config = config.talker_config
         eos = self.model.generation_config.eos_token_id
@@ -173,7 +163,7 @@ class QwenOmniThinkerRunner(StageRunner):
         state.generated.append(token)
         state.next_input = token
         eos = token in self.eos_ids
-        done = eos or len(state.generated) >= int(params.get("max_tokens", 1 << 30))
+        done = eos or len(state.generated) >= int(params.get("max_tokens") or self.options.max_new_tokens)
         text = self.tokenizer.decode(state.generated, skip_special_tokens=True)
         delta, stopped = "", False
         if done or not text.endswith("\ufffd"):  # a character still incomplete waits for its next bytes

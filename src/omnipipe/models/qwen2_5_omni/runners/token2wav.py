@@ -1,6 +1,7 @@
 """The Qwen2.5-Omni token2wav stage: codec code windows -> waveform at 24 kHz through
 ``Qwen2_5OmniToken2WavModel`` (DiT + BigVGAN), streamed per request with fixed noise and context
-(``modeling/token2wav_stream.py``). Always float32 (as transformers runs it). The noise seed is the token2wav
+(``modeling/token2wav_stream.py``); float32 unless its ``dtype`` option says otherwise (``Token2WavOptions``). The
+noise seed is the token2wav
 stage's ``SamplingParams.seed`` (0 without one); its token-sampling fields have no meaning here and are refused
 unless neutral (``max_tokens`` is not read: the talker's bounds the codes)."""
 
@@ -12,7 +13,9 @@ import numpy as np
 import torch
 
 from omnipipe.models.qwen2_5_omni.modeling.token2wav_stream import Token2WavStream, utterance_noise
-from omnipipe.models.qwen2_5_omni.weights.load import checkpoint_dir, load_part, load_speakers, stage_device
+from omnipipe.models.qwen2_5_omni.options import Token2WavOptions
+from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
+from omnipipe.stage.checkpoint_options import checked_options
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
@@ -26,14 +29,12 @@ NEUTRAL_PARAMS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "stop": [], "rep
 
 class QwenOmniToken2WavRunner(StageRunner):
     def load(self) -> None:
-        options = self.context.options
-        directory = checkpoint_dir(options, self.context.stage)
-        self.device = stage_device(options, self.context.device)
-        torch.set_num_threads(max(1, self.context.threads))
-        self.model = load_part(directory, "token2wav", self.device, torch.float32)
+        self.options, directory, dtype = checked_options(self.context, Token2WavOptions)
+        self.device = torch.device(self.context.device)
+        self.model = load_part(directory, "token2wav", self.device, dtype)
         self.speakers = {name: (s["cond"].float().to(self.device), s["ref_mel"].float().to(self.device))
                          for name, s in load_speakers(directory).items()}
-        self.vocoder_left_mel = int(options.get("vocoder_left_mel", 48))
+        self.vocoder_left_mel = self.options.vocoder_left_mel
 
     def validate(self, params: dict[str, Any]) -> str | None:
         for name, neutral in NEUTRAL_PARAMS.items():

@@ -8,36 +8,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.util.field_error import FieldError
-
 STAGE_PARTS = ("thinker", "talker", "token2wav")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def checkpoint_dir(options: dict[str, Any], stage: str) -> Path:
-    """The checkpoint directory named by the stage option ``model``."""
-    value = options.get("model")
-    field = f"stages.{stage}.options.model"
-    if not isinstance(value, (str, Path)) or not str(value):
-        raise FieldError(field, "must name a Qwen2.5-Omni checkpoint directory")
-    directory = Path(value).expanduser()
-    if not (directory / "config.json").is_file():
-        raise FieldError(field, f"no Qwen2.5-Omni checkpoint (config.json) in {directory}")
-    return directory
-
-
-def stage_device(options: dict[str, Any], default: str) -> torch.device:
-    return torch.device(str(options.get("device") or default))
-
-
-def stage_dtype(options: dict[str, Any], device: torch.device, stage: str) -> torch.dtype:
-    """The stage option ``dtype``; by default float32 on CPU, bfloat16 on CUDA."""
-    value = options.get("dtype")
-    if value is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if value not in _DTYPES:
-        raise FieldError(f"stages.{stage}.options.dtype", f"must be one of {', '.join(_DTYPES)}, got {value!r}")
-    return _DTYPES[value]
 
 
 def load_config(directory: Path):

@@ -18,7 +18,8 @@ from omnipipe.models.qwen3_omni.modeling.code2wav_stream import (
     exact_left_context_frames,
 )
 from omnipipe.models.qwen3_omni.options import Code2WavOptions
-from omnipipe.models.qwen3_omni.weights.load import load_part, open_stage
+from omnipipe.models.qwen3_omni.weights.load import load_part
+from omnipipe.stage.checkpoint_options import checked_options
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 class QwenOmniCode2WavRunner(StageRunner):
     def load(self) -> None:
-        _, directory, dtype = open_stage(self.context, Code2WavOptions)
+        _, directory, dtype = checked_options(self.context, Code2WavOptions)
         self.model = load_part(directory, "code2wav", self.context.device, dtype)
         exact = exact_left_context_frames(self.model)
         logger.info("code2wav: a left context of %d frames makes a streamed decode equal the whole decode "

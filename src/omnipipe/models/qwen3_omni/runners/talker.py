@@ -22,7 +22,8 @@ import torch
 
 from omnipipe.models.qwen3_omni.options import TalkerOptions
 from omnipipe.models.qwen3_omni.sampling import Decoding, next_token
-from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, maybe_compile, open_stage, read_rows
+from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, read_rows
+from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
@@ -32,11 +33,11 @@ MODEL_DECODING = Decoding(temperature=0.9, top_k=50, top_p=1.0, repetition_penal
 
 class QwenOmniTalkerRunner(StageRunner):
     def load(self) -> None:
-        self.options, self.directory, self.dtype = open_stage(self.context, TalkerOptions)
+        self.options, self.directory, self.dtype = checked_options(self.context, TalkerOptions)
         self.device = self.context.device
         self.config = load_config(self.directory)
         self.model = load_part(self.directory, "talker", self.device, self.dtype)
-        maybe_compile(self.model.model, self.options.torch_compile)
+        compile_if(self.model.model, self.options.torch_compile)
         talker = self.config.talker_config
         speakers = {str(k).lower(): int(v) for k, v in dict(talker.speaker_id or {}).items()}
         default = "ethan" if "ethan" in speakers else next(iter(speakers), "")

@@ -21,7 +21,8 @@ import torch
 from omnipipe.models.qwen3_omni.options import ThinkerOptions
 from omnipipe.models.qwen3_omni.sampling import Decoding, next_token
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
-from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, maybe_compile, open_stage
+from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
+from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
@@ -29,11 +30,11 @@ from omnipipe.util.field_error import FieldError
 
 class QwenOmniThinkerRunner(StageRunner):
     def load(self) -> None:
-        self.options, self.directory, dtype = open_stage(self.context, ThinkerOptions)
+        self.options, self.directory, dtype = checked_options(self.context, ThinkerOptions)
         self.device = self.context.device
         self.config = load_config(self.directory)
         self.model = load_part(self.directory, "thinker", self.device, dtype)
-        maybe_compile(self.model.model.language_model, self.options.torch_compile)
+        compile_if(self.model.model.language_model, self.options.torch_compile)
         self.inputs = ThinkerInputBuilder(self.directory, self.config)
         self.accept_layer = int(self.config.talker_config.accept_hidden_layer)
         thinker = self.config.thinker_config

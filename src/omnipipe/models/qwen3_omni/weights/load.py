@@ -6,60 +6,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TypeVar
 
 import torch
 
-from omnipipe.stage.runner import RunnerContext
-from omnipipe.util.field_error import FieldError
-from omnipipe.util.options import options_from_dict
-
-O = TypeVar("O")
-
 PARTS = ("thinker", "talker", "code2wav")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def check_checkpoint(value: str, field: str) -> Path:
-    """The checkpoint directory a deploy names, or a FieldError saying what is missing."""
-    path = Path(value).expanduser()
-    if not (path / "config.json").is_file():
-        raise FieldError(field, f"{str(path)!r} is not a checkpoint directory: it has no config.json")
-    if not any(path.glob("*.safetensors")):
-        raise FieldError(field, f"{str(path)!r} has no *.safetensors weights")
-    return path
-
-
-def resolve_dtype(name: str, device: str) -> torch.dtype:
-    """``auto``: bfloat16 on CUDA, float32 elsewhere."""
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return DTYPES[name]
-
-
-def prepare_device(fraction: float | None, device: str, field: str) -> None:
-    """Cap this process's share of its CUDA device's memory (stage option ``gpu_memory_fraction``)."""
-    if fraction is None:
-        return
-    if not device.startswith("cuda"):
-        raise FieldError(field, f"limits a CUDA device's memory; this stage runs on {device!r}")
-    torch.cuda.set_per_process_memory_fraction(float(fraction), torch.device(device))
-
-
-def maybe_compile(module: torch.nn.Module, enabled: bool) -> torch.nn.Module:
-    """Compile ``module``'s forward with torch.compile (dynamic shapes) when ``enabled``."""
-    if enabled:
-        module.forward = torch.compile(module.forward, dynamic=True)
-    return module
-
-
-def open_stage(context: RunnerContext, schema: type[O]) -> tuple[O, Path, torch.dtype]:
-    """A stage's checked options, its checkpoint directory and dtype; its GPU memory share applied."""
-    where = f"stages.{context.stage}.options"
-    options = options_from_dict(schema, context.options, where)
-    directory = check_checkpoint(options.model, f"{where}.model")
-    prepare_device(options.gpu_memory_fraction, context.device, f"{where}.gpu_memory_fraction")
-    return options, directory, resolve_dtype(options.dtype, context.device)
 
 
 def read_rows(directory: Path, name: str, rows: list[int]) -> torch.Tensor | None:

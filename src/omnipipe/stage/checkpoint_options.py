@@ -1,0 +1,80 @@
+"""The options a stage running part of a model checkpoint takes (deploy ``stages.<name>.options``), shared by the
+families that load transformers checkpoints: ``model`` (the checkpoint directory; the CLI's ``--model DIR`` sets it),
+``dtype`` (``auto``: bfloat16 on CUDA, float32 elsewhere), ``gpu_memory_fraction`` (0 < f <= 1 of its CUDA device's
+memory, for stages sharing a GPU; CUDA only) and, for a stage with a decoder, ``torch_compile``. A family subclasses
+these with its stages' own options; ``checked_options`` refuses unknown keys and names the key of every error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+from omnipipe.stage.runner import RunnerContext
+from omnipipe.util.field_error import FieldError
+from omnipipe.util.options import options_from_dict
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+Options = TypeVar("Options", bound="CheckpointOptions")
+
+
+@dataclass(frozen=True)
+class CheckpointOptions:
+    model: str = ""
+    dtype: str = "auto"
+    gpu_memory_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model:
+            raise FieldError("model", "must name a checkpoint directory (config.json + *.safetensors); "
+                             "`omnipipe tiny-checkpoint FAMILY DIR` writes a tiny one")
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise FieldError("dtype", f"must be auto or one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        value = self.gpu_memory_fraction
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
+            raise FieldError("gpu_memory_fraction", f"must be a number in (0, 1], got {value!r}")
+
+    def torch_dtype(self, device: str) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.bfloat16 if device.startswith("cuda") else torch.float32
+        return DTYPES[self.dtype]
+
+
+@dataclass(frozen=True)
+class DecoderCheckpointOptions(CheckpointOptions):
+    """``torch_compile``: compile the decoder's forward (dynamic shapes); off by default (on a CPU the compile costs
+    more than it saves at these step sizes)."""
+
+    torch_compile: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.torch_compile, bool):
+            raise FieldError("torch_compile", f"must be true or false, got {self.torch_compile!r}")
+
+
+def checked_options(context: RunnerContext, schema: type[Options]) -> tuple[Options, Path, torch.dtype]:
+    """A stage's options checked against ``schema``, its checkpoint directory (it has a config.json) and dtype; its
+    GPU memory share applied."""
+    where = f"stages.{context.stage}.options"
+    options = options_from_dict(schema, context.options, where)
+    directory = Path(options.model).expanduser()
+    if not (directory / "config.json").is_file():
+        raise FieldError(f"{where}.model", f"{str(directory)!r} is not a checkpoint directory: it has no config.json")
+    if not any(directory.glob("*.safetensors")):
+        raise FieldError(f"{where}.model", f"{str(directory)!r} has no *.safetensors weights")
+    if options.gpu_memory_fraction is not None:
+        if not context.device.startswith("cuda"):
+            raise FieldError(f"{where}.gpu_memory_fraction",
+                             f"limits a CUDA device's memory; this stage runs on {context.device!r}")
+        torch.cuda.set_per_process_memory_fraction(float(options.gpu_memory_fraction), torch.device(context.device))
+    return options, directory, options.torch_dtype(context.device)
+
+
+def compile_if(module: torch.nn.Module, enabled: bool) -> torch.nn.Module:
+    """Compile ``module``'s forward with torch.compile (dynamic shapes) when ``enabled``."""
+    if enabled:
+        module.forward = torch.compile(module.forward, dynamic=True)
+    return module
