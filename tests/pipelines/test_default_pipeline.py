@@ -138,7 +138,8 @@ def test_asr_pipeline_transcribes(tts) -> None:
 
 @pytest.mark.parametrize("prompt, message", [
     ({"prompt": "hi", "multi_modal_data": {"image": "x.png"}}, "prompt.multi_modal_data.image: file not found: x.png"),
-    ({"prompt": "hi", "multi_modal_data": {"video": "x.mp4"}}, "unknown modality"),
+    ({"prompt": "hi", "multi_modal_data": {"video": "x.mp4"}}, "does not accept video input"),
+    ({"prompt": "hi", "multi_modal_data": {"smell": "x"}}, "unknown modality"),
     ({"prompt": "", "multi_modal_data": {"audio": np.zeros(100, np.float32)}}, "raw samples need their rate"),
     ({"prompt": "", "multi_modal_data": {"audio": "/no/such/file.wav"}}, "file not found"),
     ({"prompt": "", "multi_modal_data": {"audio": b"not audio at all"}}, "audio"),
