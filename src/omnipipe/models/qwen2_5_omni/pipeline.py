@@ -28,6 +28,7 @@ PIPELINE = PipelineSpec(
     input_modalities=("text", "image", "audio", "video"),
     comprehension_stage="thinker",
     model_stages=("thinker", "talker", "token2wav"),
+    weights_status=f"{_P}.weights.load:weights_status",
     takes_history=True,
     # windows start on the DiT's 24-mel-frame blocks (12 codes); 24 left and 12 right context codes keep a chunked
     # stream within 6e-7 of absmax of the whole decode on the tiny checkpoint (token2wav_seam_rows, 96 codes)

@@ -47,3 +47,9 @@ def load_speakers(directory: Path) -> dict[str, dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"{directory}: no spk_dict.pt (the voices) in the checkpoint")
     return torch.load(path, weights_only=True)
+
+
+def weights_status() -> tuple[bool, str]:
+    """What ``omnipipe models`` says: nothing to prepare; the checkpoint is the caller's."""
+    return True, ("runs a checkpoint you give: --model DIR or stages.<stage>.options.model "
+                  "(`omnipipe tiny-checkpoint qwen2_5_omni DIR` writes a tiny random one)")
