@@ -133,3 +133,17 @@ def test_bad_arguments_are_usage_errors() -> None:
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2, argv
+
+
+def test_a_well_formed_request_meeting_a_killed_stage_is_not_a_malformed_failure() -> None:
+    from omnipipe.bench.soak import malformed_summary
+
+    down = '{"error": {"message": "stage died", "type": "server_error", "param": null, "code": "stage_unavailable"}}'
+    results = [{"case": "accepted", "round": 0, "status": 503, "expected": 200, "body": down},
+               {"case": "refused", "round": 0, "status": 503, "expected": 400, "body": down},
+               {"case": "accepted crash", "round": 0, "status": 500, "expected": 200, "body": '{"error": {}}'},
+               {"case": "refused", "round": 1, "status": 400, "expected": 400}]
+    summary = malformed_summary(results, rounds=2)
+    assert summary["stage_down"] == 1
+    assert summary["5xx"] == 2 and {e["case"] for e in summary["server_errors"]} == {"refused", "accepted crash"}
+    assert summary["4xx"] == 1 and summary["requests"] == 4

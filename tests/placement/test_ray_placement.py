@@ -262,7 +262,8 @@ def test_a_node_that_dies_takes_its_stages_down_and_they_come_back_on_another(cl
     async def lose_the_node_during_a_request() -> tuple[BaseException | None, float]:
         lost_at = None
         try:
-            async for out in engine.generate("a long answer " * 8, sampling_params=SamplingParams(max_tokens=200)):
+            # ~5 s of writing (980 characters at 5 ms): the loss of the node (about 2 s to notice) lands mid-request
+            async for out in engine.generate("a long answer " * 70, sampling_params=SamplingParams(max_tokens=1000)):
                 if out.modality == "audio" and lost_at is None:
                     lost_at = time.monotonic()
                     cluster.remove_node(doomed, allow_graceful=False)  # its raylet and every process on it

@@ -101,7 +101,8 @@ REQUEST_HEADERS = ["Outcome", "Load", "Probes"]
 FAULT_HEADERS = ["Fault", "Target", "Pid", "Under load", "Detection (ms)", "Restart (ms)", "OK again (ms)",
                  "First answer (ms)", "Recovery (ms)"]
 RESOURCE_HEADERS = ["Resource", "Before", "After", "Change (%)"]
-MALFORMED_HEADERS = ["Rounds", "Requests", "2xx (tolerated)", "4xx", "5xx", "No answer"]
+MALFORMED_HEADERS = ["Rounds", "Requests", "2xx (tolerated)", "4xx", "5xx", "503 stage down (well-formed)",
+                     "No answer"]
 
 
 # ---------------------------------------------------------------------------------------------- requests
@@ -760,7 +761,8 @@ async def run_malformed(client: httpx.AsyncClient, cases: Sequence[Case], rounds
     results: list[dict[str, Any]] = []
     for round_index in range(rounds):
         for case in cases:
-            entry: dict[str, Any] = {"case": case.name, "round": round_index, "status": None}
+            entry: dict[str, Any] = {"case": case.name, "round": round_index, "status": None,
+                                     "expected": case.status}
             try:
                 response = await asyncio.wait_for(client.request(**case.request_args(headers)), timeout_s)
                 entry["status"] = response.status_code
@@ -775,7 +777,21 @@ async def run_malformed(client: httpx.AsyncClient, cases: Sequence[Case], rounds
     return results
 
 
+def _stage_down(result: dict[str, Any]) -> bool:
+    """A well-formed request (one the server must accept) answered 503 ``stage_unavailable``: it met a stage the
+    soak had just killed or stopped, which is the right answer then, not a malformed input breaking the server."""
+    if result["status"] != 503 or result.get("expected", 500) >= 300:
+        return False
+    try:
+        return json.loads(result.get("body") or "{}")["error"]["code"] == "stage_unavailable"
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
 def malformed_summary(results: list[dict[str, Any]], rounds: int) -> dict[str, Any]:
+    sent = len(results)
+    down = [r for r in results if _stage_down(r)]
+    results = [r for r in results if not _stage_down(r)]
     codes = [r["status"] for r in results]
     server_errors: dict[str, dict[str, Any]] = {}
     for r in results:
@@ -783,13 +799,14 @@ def malformed_summary(results: list[dict[str, Any]], rounds: int) -> dict[str, A
             entry = server_errors.setdefault(r["case"], {"case": r["case"], "status": r["status"], "count": 0,
                                                         "body": r.get("body")})
             entry["count"] += 1
-    return {"rounds": rounds, "requests": len(results),
+    return {"rounds": rounds, "requests": sent,
             "2xx": sum(1 for c in codes if c is not None and c < 300),
             "4xx": sum(1 for c in codes if c is not None and 400 <= c < 500),
             "5xx": sum(1 for c in codes if c is not None and c >= 500),
             "other": sum(1 for c in codes if c is not None and 300 <= c < 400),
             "no_answer": [f"{r['case']}: {r.get('error')}" for r in results if r["status"] is None],
-            "server_errors": list(server_errors.values())}
+            "server_errors": list(server_errors.values()),
+            "stage_down": len(down)}
 
 
 def malformed_list(model: str, max_body_bytes: int, api_key: bool) -> list[Case]:
@@ -848,7 +865,7 @@ def format_report(report: dict[str, Any]) -> str:
     mal = report["malformed"]
     if mal:
         lines += ["", format_table(MALFORMED_HEADERS, [[mal["rounds"], mal["requests"], mal["2xx"], mal["4xx"],
-                                                         mal["5xx"], len(mal["no_answer"])]],
+                                                         mal["5xx"], mal["stage_down"], len(mal["no_answer"])]],
                                    title="Malformed requests")]
         lines += [f"  {e['status']} x{e['count']} {e['case']}: {e['body']}" for e in mal["server_errors"]]
         lines += [f"  no answer: {line}" for line in mal["no_answer"]]
