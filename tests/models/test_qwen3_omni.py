@@ -255,6 +255,8 @@ def test_bad_options_and_params_are_refused_naming_the_field(checkpoint: Path) -
                        "talker": SamplingParams(temperature=0.9, top_k=50, seed=7, max_tokens=TALKER_FRAMES)}
             first, second = await asyncio.gather(answer_with(engine, "hello world", sampled),
                                                  answer_with(engine, "hello world", sampled))
-            assert len(first[1]) > 0 and np.array_equal(first[1], second[1])
+            # the same codes; the vocoder may batch the two streams' windows (float rounding only)
+            assert len(first[1]) > 0 and first[1].shape == second[1].shape
+            assert np.abs(first[1] - second[1]).max() <= AUDIO_BOUND * np.abs(first[1]).max()
 
     asyncio.run(run())
