@@ -2,10 +2,13 @@
 families that load transformers checkpoints: ``model`` (the checkpoint directory; the CLI's ``--model DIR`` sets it),
 ``dtype`` (``auto``: bfloat16 on CUDA, float32 elsewhere), ``gpu_memory_fraction`` (0 < f <= 1 of its CUDA device's
 memory, for stages sharing a GPU; CUDA only) and, for a stage with a decoder, ``torch_compile``. A family subclasses
-these with its stages' own options; ``checked_options`` refuses unknown keys and names the key of every error."""
+these with its stages' own options; ``checked_options`` refuses unknown keys and names the key of every error.
+``quiet_loading`` keeps transformers' progress bars and load reports out of a stage's log."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -78,3 +81,19 @@ def compile_if(module: torch.nn.Module, enabled: bool) -> torch.nn.Module:
     if enabled:
         module.forward = torch.compile(module.forward, dynamic=True)
     return module
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """transformers' progress bars and load report off while a stage loads its part of a checkpoint (the report
+    lists the other parts' tensors as unexpected, and tensors the family fills itself as missing)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+        hf_logging.enable_progress_bar()

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from omnipipe.stage.checkpoint_options import quiet_loading
+
 STAGE_PARTS = ("thinker", "talker", "token2wav")
 
 
@@ -33,8 +35,9 @@ def load_part(directory: Path, part: str, device: torch.device, dtype: torch.dty
     if part not in classes:
         raise ValueError(f"unknown part {part!r}; one of {', '.join(STAGE_PARTS)}")
     cls, sub_config = classes[part]
-    model, info = cls.from_pretrained(directory, config=sub_config, local_files_only=True, dtype=dtype,
-                                      key_mapping={rf"^{part}\.": ""}, output_loading_info=True)
+    with quiet_loading():  # its load report would list the other parts' tensors as unexpected
+        model, info = cls.from_pretrained(directory, config=sub_config, local_files_only=True, dtype=dtype,
+                                          key_mapping={rf"^{part}\.": ""}, output_loading_info=True)
     missing = sorted(info["missing_keys"])
     if missing:
         raise ValueError(f"{directory}: the {part} is missing {len(missing)} tensors, e.g. {missing[:3]}")

@@ -147,7 +147,8 @@ class CodeWindow:
             if name not in chunk:
                 raise FieldError(name, "missing from the chunk")
         frames = chunk["frames"]
-        frames = torch.from_numpy(np.ascontiguousarray(frames)) if isinstance(frames, np.ndarray) else frames
+        if isinstance(frames, np.ndarray):  # a copy: relayed arrays are read-only
+            frames = torch.from_numpy(np.array(frames))
         if not isinstance(frames, torch.Tensor) or frames.ndim != 2:
             raise FieldError("frames", f"must be a [Q, T] array of codes, got {getattr(frames, 'shape', frames)!r}")
         lookahead = _whole_number("lookahead_frames", chunk.get("lookahead_frames", 0))

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from omnipipe.stage.checkpoint_options import quiet_loading
+
 PARTS = ("thinker", "talker", "code2wav")
 
 
@@ -27,7 +29,8 @@ def read_rows(directory: Path, name: str, rows: list[int]) -> torch.Tensor | Non
 def load_config(directory: Path):
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(directory, local_files_only=True)
+    with quiet_loading():  # transformers warns of the multimodal rope keys it does read
+        return AutoConfig.from_pretrained(directory, local_files_only=True)
 
 
 def weight_files(directory: Path) -> list[Path]:
@@ -96,8 +99,9 @@ def load_part(directory: Path, part: str, device: str, dtype: torch.dtype) -> to
         sub_config.audio_config = config.thinker_config.audio_config
     # the thinker's class maps the checkpoint's ``thinker.`` names itself; the others are told their prefix
     mapping = None if part == "thinker" else {rf"^{part}\.": ""}
-    module, info = cls.from_pretrained(directory, config=sub_config, dtype=dtype, key_mapping=mapping,
-                                       local_files_only=True, output_loading_info=True)
+    with quiet_loading():  # its load report would list the fused MoE experts filled below as missing
+        module, info = cls.from_pretrained(directory, config=sub_config, dtype=dtype, key_mapping=mapping,
+                                           local_files_only=True, output_loading_info=True)
     missing = _fuse_experts(module, directory, f"{part}.", sorted(info["missing_keys"]))
     if missing:
         raise ValueError(f"{directory}: the checkpoint lacks {len(missing)} tensors of the {part} "

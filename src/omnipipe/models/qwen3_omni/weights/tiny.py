@@ -2,7 +2,8 @@
 and vision encoders, talker with its code predictor, code2wav) at toy sizes, a byte-level BPE tokenizer with the
 family's special tokens, and the image processor and feature extractor configs. It exercises every code path of the
 family on a CPU in seconds; its outputs are noise (random weights), so tests compare it with the model's own
-``generate`` rather than judge what it says."""
+``generate`` rather than judge what it says. Its thinker never writes an end token (those rows of its output layer
+are zero), so an answer runs to the request's ``max_tokens``."""
 
 from __future__ import annotations
 
@@ -140,6 +141,9 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     audible_code2wav(model.code2wav)
+    with torch.no_grad():  # the thinker never ends on its own: it writes to max_tokens, an answer of the asked length
+        for token in ("<|im_end|>", "<|endoftext|>"):
+            model.thinker.lm_head.weight[tokenizer.convert_tokens_to_ids(token)] = 0.0
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     image_processor = Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2,
