@@ -48,6 +48,7 @@ class ThinkerState:
     generated: list[int] = field(default_factory=list)
     text: str = ""  # the reply's text sent so far
     generator: torch.Generator | None = None
+    held: int = 0  # tokens whose text waits for a later token (counted with the piece that carries it)
 
 
 class QwenOmniThinkerRunner(StageRunner):
@@ -170,10 +171,14 @@ class QwenOmniThinkerRunner(StageRunner):
             kept, stopped = cut_at_stop(text, list(params.get("stop") or []), final=done)
             if kept.startswith(state.text):
                 delta, state.text = kept[len(state.text):], kept
+        state.held += 0 if eos else 1  # the end token is no text
+        units = 0
+        if delta or done or stopped:
+            units, state.held = state.held, 0
         if eos or stopped:
-            return RunnerOutput(request.request_id, text_delta=delta, num_units=0 if eos else 1, finished=True,
+            return RunnerOutput(request.request_id, text_delta=delta, num_units=units, finished=True,
                                 finish_reason="stop")
-        return RunnerOutput(request.request_id, text_delta=delta, num_units=1, finished=done,
+        return RunnerOutput(request.request_id, text_delta=delta, num_units=units, finished=done,
                             finish_reason="length" if done else None, data={"token": token})
 
     @torch.inference_mode()

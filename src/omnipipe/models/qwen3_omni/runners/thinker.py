@@ -51,7 +51,8 @@ class QwenOmniThinkerRunner(StageRunner):
         generator = state["generator"]
         return {"length": state["cache"].get_seq_length(), "generated": list(state["generated"]),
                 "generator": None if generator is None else generator.get_state(),
-                **{key: state[key] for key in ("text", "last_position", "logits", "prefix_offset", "read_offset")}}
+                **{key: state[key] for key in ("text", "last_position", "logits", "prefix_offset", "read_offset",
+                                               "held")}}
 
     def restore(self, request: StageRequest, snapshot: Any) -> None:
         if snapshot is None:
@@ -105,7 +106,7 @@ class QwenOmniThinkerRunner(StageRunner):
         request.num_prompt_tokens = int(ids.shape[1])
         decoding = Decoding.from_params(request.params, Decoding())
         state: dict[str, Any] = {"cache": DynamicCache(config=self.model.config.text_config),
-                                 "generated": [], "text": "", "prefix_offset": 0, "read_offset": 0,
+                                 "generated": [], "text": "", "prefix_offset": 0, "read_offset": 0, "held": 0,
                                  "decoding": decoding, "generator": decoding.generator(),
                                  "max_tokens": int(request.params.get("max_tokens") or self.options.max_new_tokens)}
         position_ids = self.model._prepare_position_ids_for_generation(ids, {**kwargs, "past_key_values": None})
@@ -186,6 +187,10 @@ class QwenOmniThinkerRunner(StageRunner):
             cut = self._stop_at(state, delta, request.params.get("stop") or [])
             if cut is not None:
                 delta, done, stopped = cut, True, True
-            outputs.append(RunnerOutput(request.request_id, text_delta=delta, data=data, num_units=1, finished=done,
+            # the tokens this piece of text covers: a token whose text waits for the next is counted with it
+            state["held"] += 1
+            units, state["held"] = (state["held"], 0) if delta or done else (0, state["held"])
+            outputs.append(RunnerOutput(request.request_id, text_delta=delta, data=data, num_units=units,
+                                        finished=done,
                                         finish_reason=("stop" if stopped else "length") if done else None))
         return outputs
