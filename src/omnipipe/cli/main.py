@@ -208,7 +208,8 @@ async def _generate(args: argparse.Namespace) -> int:
             write_wav(args.output, final.audio, final.sample_rate_hz or 0)
             print(f"wrote {args.output} ({final.audio_duration_s:.2f} s of audio)", file=sys.stderr)
     elif args.output is not None:
-        print(f"no {'image' if draws else 'audio'} was produced (text-only pipeline or output)", file=sys.stderr)
+        why = "text-only output" if modalities == ["text"] else "the answer had none"
+        print(f"no {'image' if draws else 'audio'} was produced ({why}); {args.output} not written", file=sys.stderr)
     if args.stats and final.metrics is not None:
         from omnipipe.api.metrics import format_request_metrics
 
