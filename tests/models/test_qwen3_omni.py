@@ -265,3 +265,18 @@ def test_bad_options_and_params_are_refused_naming_the_field(checkpoint: Path) -
             assert np.abs(first[1] - second[1]).max() <= AUDIO_BOUND * np.abs(first[1]).max()
 
     asyncio.run(run())
+
+
+def test_the_tiny_checkpoint_is_the_same_for_a_seed_and_finite(checkpoint: Path, tmp_path: Path) -> None:
+    """Every tensor is drawn from the seed (transformers' init leaves the talker's MoE experts unset: the writer
+    draws them), so a second write equals the first."""
+    from safetensors import safe_open
+
+    again = write_tiny_checkpoint(tmp_path / "again", seed=0)
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as first, \
+            safe_open(str(again / "model.safetensors"), "pt") as second:
+        assert set(first.keys()) == set(second.keys())
+        for key in first.keys():
+            tensor = first.get_tensor(key)
+            assert torch.isfinite(tensor.float()).all(), key
+            assert torch.equal(tensor, second.get_tensor(key)), key

@@ -140,10 +140,17 @@ def write_tiny_checkpoint(directory: str | Path, seed: int = 0) -> Path:
     config = _config(tokenizer)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    with torch.no_grad():  # transformers' init leaves the talker's fused MoE experts as they were allocated (garbage)
+        for name, param in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                torch.nn.init.normal_(param, std=config.talker_config.initializer_range)
     audible_code2wav(model.code2wav)
     with torch.no_grad():  # the thinker never ends on its own: it writes to max_tokens, an answer of the asked length
         for token in ("<|im_end|>", "<|endoftext|>"):
             model.thinker.lm_head.weight[tokenizer.convert_tokens_to_ids(token)] = 0.0
+    unset = [name for name, param in model.named_parameters() if not torch.isfinite(param).all()]
+    if unset:
+        raise RuntimeError(f"tiny checkpoint: parameters left without finite values: {', '.join(unset)}")
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     image_processor = Qwen2VLImageProcessorPil(patch_size=16, temporal_patch_size=2, merge_size=2,
