@@ -58,6 +58,32 @@ class DecoderCheckpointOptions(CheckpointOptions):
             raise FieldError("torch_compile", f"must be true or false, got {self.torch_compile!r}")
 
 
+def positive_int(name: str, value: object, most: int) -> None:
+    """A FieldError naming ``name`` unless ``value`` is an integer in [1, ``most``]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise FieldError(name, f"must be an integer in [1, {most}], got {value!r}")
+
+
+@dataclass(frozen=True)
+class MultimodalThinkerOptions(DecoderCheckpointOptions):
+    """A thinker reading text, images, audio and video: ``max_new_tokens``, a request's cap when it gives no
+    SamplingParams; ``video_fps``, frames per second sampled from a video file (and the rate frames given as frames
+    are taken to have: it sets the videos' time positions); ``video_max_frames``, at most that many frames of one
+    video, spread evenly."""
+
+    max_new_tokens: int = 1024
+    video_fps: float = 2.0
+    video_max_frames: int = 64
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive_int("max_new_tokens", self.max_new_tokens, 1 << 20)
+        positive_int("video_max_frames", self.video_max_frames, 1024)
+        fps = self.video_fps
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 120:
+            raise FieldError("video_fps", f"must be a number in (0, 120], got {fps!r}")
+
+
 def checked_options(context: RunnerContext, schema: type[Options]) -> tuple[Options, Path, torch.dtype]:
     """A stage's options checked against ``schema``, its checkpoint directory (it has a config.json) and dtype; its
     GPU memory share applied."""

@@ -1,37 +1,16 @@
-"""The stage options of the Qwen2.5-Omni stages (deploy ``stages.<name>.options``) beyond what every checkpoint
-stage takes (``stage/checkpoint_options.py``: model, dtype, gpu_memory_fraction, torch_compile)."""
+"""The stage options of the Qwen2.5-Omni talker and vocoder (deploy ``stages.<name>.options``) beyond what every
+checkpoint stage takes (``stage/checkpoint_options.py``: model, dtype, gpu_memory_fraction, torch_compile); the
+thinker takes exactly a multimodal thinker's (``MultimodalThinkerOptions`` there)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omnipipe.stage.checkpoint_options import CheckpointOptions, DecoderCheckpointOptions
-from omnipipe.util.field_error import FieldError
-
-
-def _positive_int(name: str, value: object, most: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise FieldError(name, f"must be an integer in [1, {most}], got {value!r}")
-
-
-@dataclass(frozen=True)
-class ThinkerOptions(DecoderCheckpointOptions):
-    """``max_new_tokens``: a request's cap when it gives no SamplingParams; ``video_fps``: frames per second sampled
-    from a video file given as bytes, a path or a data URL (and the rate frames given as frames are taken to have;
-    it sets the videos' time positions); ``video_max_frames``: at most that many frames of a video, spread evenly,
-    the first and last kept."""
-
-    max_new_tokens: int = 1024
-    video_fps: float = 2.0
-    video_max_frames: int = 64
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _positive_int("max_new_tokens", self.max_new_tokens, 1 << 20)
-        _positive_int("video_max_frames", self.video_max_frames, 1024)
-        fps = self.video_fps
-        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 120:
-            raise FieldError("video_fps", f"must be a number in (0, 120], got {fps!r}")
+from omnipipe.stage.checkpoint_options import (
+    CheckpointOptions,
+    DecoderCheckpointOptions,
+    positive_int,
+)
 
 
 @dataclass(frozen=True)
@@ -42,7 +21,7 @@ class TalkerOptions(DecoderCheckpointOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive_int("max_codes", self.max_codes, 1 << 20)
+        positive_int("max_codes", self.max_codes, 1 << 20)
 
 
 @dataclass(frozen=True)
@@ -55,4 +34,4 @@ class Token2WavOptions(CheckpointOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive_int("vocoder_left_mel", self.vocoder_left_mel, 4096)
+        positive_int("vocoder_left_mel", self.vocoder_left_mel, 4096)

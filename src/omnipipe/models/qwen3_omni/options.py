@@ -1,36 +1,17 @@
-"""The stage options of the Qwen3-Omni stages (deploy ``stages.<name>.options``) beyond what every checkpoint stage
-takes (``stage/checkpoint_options.py``: model, dtype, gpu_memory_fraction, torch_compile)."""
+"""The stage options of the Qwen3-Omni talker and vocoder (deploy ``stages.<name>.options``) beyond what every
+checkpoint stage takes (``stage/checkpoint_options.py``: model, dtype, gpu_memory_fraction, torch_compile); the
+thinker takes exactly a multimodal thinker's (``MultimodalThinkerOptions`` there)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omnipipe.stage.checkpoint_options import CheckpointOptions, DecoderCheckpointOptions
+from omnipipe.stage.checkpoint_options import (
+    CheckpointOptions,
+    DecoderCheckpointOptions,
+    positive_int,
+)
 from omnipipe.util.field_error import FieldError
-
-
-def _positive_int(name: str, value: object, most: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise FieldError(name, f"must be an integer in [1, {most}], got {value!r}")
-
-
-@dataclass(frozen=True)
-class ThinkerOptions(DecoderCheckpointOptions):
-    """``max_new_tokens``: a request's cap when it gives no SamplingParams; ``video_fps``: frames per second sampled
-    from a video file (and the rate frames given as frames are taken to have); ``video_max_frames``: at most that
-    many frames of one video."""
-
-    max_new_tokens: int = 1024
-    video_fps: float = 2.0
-    video_max_frames: int = 64
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _positive_int("max_new_tokens", self.max_new_tokens, 1 << 20)
-        _positive_int("video_max_frames", self.video_max_frames, 1024)
-        fps = self.video_fps
-        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 120:
-            raise FieldError("video_fps", f"must be a number in (0, 120], got {fps!r}")
 
 
 @dataclass(frozen=True)
@@ -45,7 +26,7 @@ class TalkerOptions(DecoderCheckpointOptions):
         super().__post_init__()
         if self.speaker is not None and (not isinstance(self.speaker, str) or not self.speaker):
             raise FieldError("speaker", f"must be a voice name, got {self.speaker!r}")
-        _positive_int("max_new_tokens", self.max_new_tokens, 1 << 20)
+        positive_int("max_new_tokens", self.max_new_tokens, 1 << 20)
 
 
 @dataclass(frozen=True)

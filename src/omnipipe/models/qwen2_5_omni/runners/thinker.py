@@ -8,7 +8,7 @@ and frequency penalties over the reply, and ``stop``: the text ends before the f
 of it (finish reason ``stop``); text that may begin a stop string is held back until it is settled. The talker speaks
 the reply's tokens before the one that completed the stop string.
 
-Stage options: ``ThinkerOptions`` (``options.py``)."""
+Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import torch
 from transformers import DynamicCache
 
 from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
-from omnipipe.models.qwen2_5_omni.options import ThinkerOptions
 from omnipipe.models.qwen2_5_omni.processors import chat_messages
 from omnipipe.models.qwen2_5_omni.runners.common import cut_at_stop, next_token, request_generator
 from omnipipe.models.qwen2_5_omni.weights.load import (
@@ -28,7 +27,7 @@ from omnipipe.models.qwen2_5_omni.weights.load import (
     load_part,
     load_speakers,
 )
-from omnipipe.stage.checkpoint_options import checked_options, compile_if
+from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
@@ -53,7 +52,7 @@ class ThinkerState:
 
 class QwenOmniThinkerRunner(StageRunner):
     def load(self) -> None:
-        self.options, self.directory, self.dtype = checked_options(self.context, ThinkerOptions)
+        self.options, self.directory, self.dtype = checked_options(self.context, MultimodalThinkerOptions)
         self.device = torch.device(self.context.device)
         self.model = load_part(self.directory, "thinker", self.device, self.dtype)
         compile_if(self.model.model, self.options.torch_compile)

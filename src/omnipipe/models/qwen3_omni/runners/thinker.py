@@ -7,9 +7,9 @@ as step data: with the first token, the prompt's ids, its layer-0 embeddings and
 states at the talker's ``accept_hidden_layer`` (and the grids its rope index needs); with every token, that token's
 embedding.
 
-Stage options: ``ThinkerOptions`` (``options.py``). SamplingParams: temperature, top-k, top-p, seed, repetition /
-presence / frequency penalties (over the generated tokens), ``max_tokens``, ``stop`` (the text ends before a stop
-string).
+Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``). SamplingParams: temperature, top-k,
+top-p, seed, repetition / presence / frequency penalties (over the generated tokens), ``max_tokens``, ``stop`` (the
+text ends before a stop string).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from typing import Any
 
 import torch
 
-from omnipipe.models.qwen3_omni.options import ThinkerOptions
 from omnipipe.models.qwen3_omni.sampling import Decoding, next_token
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
-from omnipipe.stage.checkpoint_options import checked_options, compile_if
+from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
@@ -30,7 +29,7 @@ from omnipipe.util.field_error import FieldError
 
 class QwenOmniThinkerRunner(StageRunner):
     def load(self) -> None:
-        self.options, self.directory, dtype = checked_options(self.context, ThinkerOptions)
+        self.options, self.directory, dtype = checked_options(self.context, MultimodalThinkerOptions)
         self.device = self.context.device
         self.config = load_config(self.directory)
         self.model = load_part(self.directory, "thinker", self.device, dtype)

@@ -1,6 +1,6 @@
 """Load one stage's part of a Qwen3-Omni checkpoint (``thinker``, ``talker`` or ``code2wav``) without building the
-others: the part's class is built from its sub-config with empty parameters, then only the tensors under its prefix
-are read from the safetensors files and assigned, on the stage's device and dtype."""
+others: the part's class loads from its sub-config and only the tensors under its prefix (the talker's per-expert
+MoE tensors fused into its layout), on the stage's device and dtype."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from pathlib import Path
 import torch
 
 from omnipipe.stage.checkpoint_options import quiet_loading
-
-PARTS = ("thinker", "talker", "code2wav")
 
 
 def read_rows(directory: Path, name: str, rows: list[int]) -> torch.Tensor | None:
