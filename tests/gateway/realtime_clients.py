@@ -117,7 +117,7 @@ def check_fifo(clients: list[QueuedClient]) -> None:
 
 async def kill_one_of_two(url: str, question: str, kill: Callable[[str], None]) -> tuple[QueuedClient, QueuedClient]:
     """Two sessions on two workers both answering; ``kill(worker_address)`` kills the first one's worker once
-    both answers are under way."""
+    both answers are under way; both sessions are closed on return."""
     a, b = QueuedClient(0), QueuedClient(1)
     for client in (a, b):
         await join(url, client)
@@ -129,4 +129,6 @@ async def kill_one_of_two(url: str, question: str, kill: Callable[[str], None]) 
         await asyncio.sleep(0.01)
     kill(a.done["worker"])
     await asyncio.gather(*turns)
+    for client in (a, b):  # the survivor's session ends here, not whenever the connection is collected
+        await client.ws.close()
     return a, b
