@@ -8,15 +8,9 @@ import random
 import pytest
 import torch
 
-from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sample_next_token
-from omnipipe.models.default.prompting import (
-    build_prompt,
-    clean_answer,
-    prompt_parts,
-    should_stop,
-    stop_strings,
-    stream_safe_length,
-)
+from omnipipe.models.default.prompting import build_prompt, prompt_parts, stop_strings
+from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.stage.text_stream import TextStream
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -147,24 +141,23 @@ def test_prompt_format_answers_briefly_and_stops(thinker) -> None:
     greedy = TokenSamplingParams()
     request_id = "qa"
     logits = thinker.prefill(request_id, _encode(thinker, build_prompt("What is the capital of France?")))
-    generated: list[int] = []
-    stopped = False
+    stream = TextStream(lambda ids: thinker.tokenizer.decode(ids, skip_special_tokens=True), stop_strings(),
+                        strip=True)
     try:
         for _ in range(40):
-            token = sample_next_token(logits, greedy, generated)
+            token = sample_next_token(logits, greedy, stream.ids)
             if token in thinker.eos_token_ids:
-                stopped = True
                 break
-            generated.append(token)
-            stopped, _ = should_stop(thinker.tokenizer.decode(generated))
-            if stopped:
+            stream.push(token)
+            if stream.stopped:
                 break
             logits = thinker.decode([request_id], [token])[0]
     finally:
         thinker.free(request_id)
-    answer = clean_answer(thinker.tokenizer.decode(generated))
-    assert stopped, f"no stop string within 40 tokens: {answer!r}"
-    assert answer and "\n" not in answer
+    stream.finish()
+    answer = stream.reply
+    assert stream.stopped, f"no stop string within 40 tokens: {answer!r}"
+    assert answer and "\n" not in answer and answer == answer.strip()
     assert "Paris" in answer
 
 
@@ -184,102 +177,6 @@ def test_seeded_sampling_with_the_model_is_reproducible(thinker) -> None:
     assert run() == run()
 
 
-# --- sampling (no model needed) ----------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("temperature", -0.1),
-        ("temperature", float("nan")),
-        ("top_p", 0.0),
-        ("top_p", 1.5),
-        ("top_k", -1),
-        ("top_k", 2.5),
-        ("repetition_penalty", 0.0),
-        ("presence_penalty", 2.5),
-        ("frequency_penalty", -3.0),
-        ("seed", -1),
-        ("seed", "42"),
-    ],
-)
-def test_sampling_validation_names_the_field(field: str, value: object) -> None:
-    with pytest.raises(ValueError, match=field):
-        TokenSamplingParams(**{field: value})
-
-
-def _logits(vocab: int = 1000, seed: int = 0) -> torch.Tensor:
-    return torch.randn(vocab, generator=torch.Generator().manual_seed(seed)) * 3
-
-
-def test_seeded_sampling_is_reproducible() -> None:
-    logits = _logits()
-    params = TokenSamplingParams(temperature=1.0, top_p=0.9, top_k=100, seed=7)
-
-    def draw(p: TokenSamplingParams) -> list[int]:
-        generator = p.make_generator()
-        return [sample_next_token(logits, p, [], generator) for _ in range(30)]
-
-    first = draw(params)
-    assert first == draw(params)
-    assert first != draw(TokenSamplingParams(temperature=1.0, top_p=0.9, top_k=100, seed=8))
-    assert len(set(first)) > 1
-
-
-def test_greedy_and_degenerate_filters_pick_the_argmax() -> None:
-    logits = _logits()
-    best = int(logits.argmax())
-    assert sample_next_token(logits, TokenSamplingParams(), []) == best
-    assert sample_next_token(logits, TokenSamplingParams(temperature=1.0, top_k=1, seed=0), []) == best
-    assert sample_next_token(logits, TokenSamplingParams(temperature=1.0, top_p=1e-6, seed=0), []) == best
-
-
-def test_top_k_and_top_p_restrict_the_support() -> None:
-    logits = _logits()
-    top5 = set(torch.topk(logits, 5).indices.tolist())
-    params = TokenSamplingParams(temperature=2.0, top_k=5, seed=3)
-    generator = params.make_generator()
-    assert {sample_next_token(logits, params, [], generator) for _ in range(200)} <= top5
-    probs = torch.softmax(logits, -1)
-    order = torch.argsort(probs, descending=True)
-    nucleus_size = int((probs[order].cumsum(0) < 0.5).sum()) + 1
-    nucleus = set(order[:nucleus_size].tolist())
-    params = TokenSamplingParams(temperature=1.0, top_p=0.5, seed=3)
-    generator = params.make_generator()
-    assert {sample_next_token(logits, params, [], generator) for _ in range(200)} <= nucleus
-
-
-def test_penalties_push_repeated_tokens_down() -> None:
-    logits = torch.tensor([2.0, 1.9, -1.0, 0.5])
-    original = logits.clone()
-    assert sample_next_token(logits, TokenSamplingParams(), [0]) == 0
-    assert sample_next_token(logits, TokenSamplingParams(repetition_penalty=1.2), [0]) == 1
-    assert sample_next_token(logits, TokenSamplingParams(presence_penalty=0.2), [0]) == 1
-    assert sample_next_token(logits, TokenSamplingParams(frequency_penalty=0.06), [0]) == 0
-    assert sample_next_token(logits, TokenSamplingParams(frequency_penalty=0.06), [0, 0]) == 1
-    assert torch.equal(logits, original)  # the caller's logits are not modified
-
-
-@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-40, 10.0])
-@pytest.mark.parametrize("repetition_penalty", [5e-324, 1e-300, 1e-40, 10.0])
-def test_extreme_valid_parameters_still_sample_a_token(temperature: float, repetition_penalty: float) -> None:
-    """Every value SamplingParams accepts is usable: a tiny temperature (1e-300 was 0 in float32: 0/0) or a tiny
-    repetition penalty (a logit divided past the float range: inf - inf) used to make NaN probabilities, which
-    failed the request in the stage."""
-    logits = _logits(vocab=4096).to(torch.bfloat16)
-    generated = [int(i) for i in torch.topk(logits.float(), 20).indices] + [7, 7]
-    for top_k, top_p in ((0, 1.0), (1, 1.0), (5, 0.5), (1_000_000, 5e-324)):
-        params = TokenSamplingParams(temperature=temperature, top_k=top_k, top_p=top_p,
-                                     repetition_penalty=repetition_penalty, presence_penalty=-2.0,
-                                     frequency_penalty=2.0, seed=1)
-        token = sample_next_token(logits, params, generated, params.make_generator())
-        assert 0 <= token < 4096
-    if temperature < 1e-30 and repetition_penalty == 10.0:  # so small a temperature is greedy
-        greedy = sample_next_token(logits, TokenSamplingParams(repetition_penalty=10.0), generated)
-        assert sample_next_token(logits, TokenSamplingParams(temperature=temperature, repetition_penalty=10.0),
-                                 generated) == greedy
-
-
 # --- prompt format (no model needed) -------------------------------------------
 
 
@@ -297,16 +194,6 @@ def test_a_conversation_goes_between_the_preamble_and_the_question() -> None:
     assert preamble == prompt_parts("x")[0]  # still the shared (cached) prefix
     assert turns == "Note: Be kind.\n\nQ: My name is Zorblat.\nA: Nice to meet you!\n\nQ: Also, what is my name?\nA:"
     assert build_prompt("Hi?", []) == build_prompt("Hi?")
-
-
-def test_stop_helpers_trim_and_hold_back() -> None:
-    assert "\n\n" in stop_strings()
-    assert should_stop(" Paris is the capital.") == (False, " Paris is the capital.")
-    assert should_stop(" Paris.\n\nQ: next") == (True, " Paris.")
-    assert should_stop(" Paris.\nQ: next") == (True, " Paris.")
-    assert clean_answer(" Paris.\n\n") == "Paris."
-    assert stream_safe_length(" Paris.\n") == len(" Paris.")  # may become a stop string
-    assert stream_safe_length(" Paris.") == len(" Paris.")
 
 
 @pytest.mark.models

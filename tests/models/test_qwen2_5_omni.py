@@ -213,34 +213,6 @@ def test_chunked_token2wav_matches_a_whole_decode(reference) -> None:
 
 
 # ---------------------------------------------------------------- sampling params
-def test_stop_strings_cut_the_text_and_hold_back_what_may_begin_one() -> None:
-    from omnipipe.models.qwen2_5_omni.runners.common import cut_at_stop
-
-    assert cut_at_stop("one two. three", ["."], final=False) == ("one two", True)
-    assert cut_at_stop("one END two STOP", ["STOP", "END"], final=False) == ("one ", True)  # the earliest
-    assert cut_at_stop("one ST", ["STOP"], final=False) == ("one ", False)  # "ST" may begin "STOP"
-    assert cut_at_stop("one ST", ["STOP"], final=True) == ("one ST", False)
-    assert cut_at_stop("one SX", ["STOP"], final=False) == ("one SX", False)
-    assert cut_at_stop("abc", [], final=False) == ("abc", False)
-
-
-def test_presence_and_frequency_penalties_lower_the_generated_tokens() -> None:
-    from omnipipe.models.qwen2_5_omni.runners.common import next_token
-
-    logits = torch.tensor([[0.0, 3.0, 2.5, 2.0, 1.0]])
-    history = torch.tensor([[0, 1, 1, 2]])
-    plain = {"temperature": 0.0}
-    assert next_token(logits, history, plain, None, generated=[1, 1, 2]) == 1
-    # presence: token 1 and 2 each lose 0.8 -> 2.2, 1.7; token 3 (2.0) stays behind token 1
-    assert next_token(logits, history, {**plain, "presence_penalty": 0.8}, None, generated=[1, 1, 2]) == 1
-    # frequency: token 1 (seen twice) loses 1.2, token 2 loses 0.6 -> 1.8, 1.9; token 3 wins
-    assert next_token(logits, history, {**plain, "frequency_penalty": 0.6}, None, generated=[1, 1, 2]) == 3
-    # only the generated tokens count (the prompt's are in ``history``): nothing generated, nothing lowered
-    assert next_token(logits, history, {**plain, "frequency_penalty": 2.0}, None, generated=[]) == 1
-    # a negative penalty raises them
-    assert next_token(logits, history, {**plain, "presence_penalty": -1.5}, None, generated=[3]) == 3
-
-
 @pytest.fixture(scope="module")
 def thinker(checkpoint):
     """The thinker stage's runner, loaded outside an engine."""

@@ -280,3 +280,41 @@ def test_the_tiny_checkpoint_is_the_same_for_a_seed_and_finite(checkpoint: Path,
             tensor = first.get_tensor(key)
             assert torch.isfinite(tensor.float()).all(), key
             assert torch.equal(tensor, second.get_tensor(key)), key
+
+
+def test_the_thinker_stops_before_a_stop_string_and_never_shows_part_of_one(checkpoint: Path, reference: dict) -> None:
+    """Greedy through the thinker's runner: with a stop string from the middle of the reference answer, the streamed
+    text is exactly what comes before it, and no delta sent ever showed a piece of it (text that may begin a stop
+    string waits until the next tokens settle it)."""
+    from omnipipe.models.qwen3_omni.runners.thinker import QwenOmniThinkerRunner
+    from omnipipe.stage.request import StageRequest
+    from omnipipe.stage.runner import RunnerContext
+
+    runner = QwenOmniThinkerRunner(RunnerContext("thinker", "cpu", 1, 1, {"model": str(checkpoint)}))
+    runner.load()
+
+    def run(params: dict[str, Any]) -> tuple[list[str], int, str | None]:
+        request = StageRequest("r", params, emit_final=True, emit_data=True, chunk_targets=[])
+        request.inputs.append({"text": "hello world"})
+        deltas, units, is_prefill = [], 0, True
+        while True:
+            (out,) = runner.execute([request], is_prefill)
+            is_prefill = False
+            deltas.append(out.text_delta)
+            units += out.num_units
+            if out.finished:
+                return deltas, units, out.finish_reason
+
+    text = reference["hello world"][0]
+    deltas, units, reason = run({"temperature": 0.0, "max_tokens": THINKER_TOKENS})
+    assert "".join(deltas) == text and reason == "length" and units == THINKER_TOKENS
+    checked = 0
+    for start in range(1, len(text) - 3):
+        stop = text[start:start + 3]
+        if not stop.strip() or text.index(stop) != start:
+            continue
+        deltas, units, reason = run({"temperature": 0.0, "max_tokens": THINKER_TOKENS, "stop": ["never in it", stop]})
+        assert "".join(deltas) == text[:start] and reason == "stop", (stop, deltas)
+        assert 0 < units <= THINKER_TOKENS
+        checked += 1
+    assert checked >= 3

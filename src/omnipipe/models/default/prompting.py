@@ -3,7 +3,8 @@ conversation's turns ending in the question.
 
 - ``FewShotFormat`` for a base (not instruction-tuned) model: a few-shot ``Q:``/``A:`` preamble; the model continues
   ``Q: ...\\nA:`` with a one-line answer and then a blank line, so generation stops at the first stop string. The
-  answer text starts with a space (SentencePiece word prefix); use ``clean_answer`` on the final text.
+  answer text starts with a space (SentencePiece word prefix): the thinker streams it stripped
+  (``stage/text_stream.py``).
 - ``ChatMLFormat`` for an instruct model trained on ChatML (Qwen): a system turn asking for brief spoken answers,
   then ``<|im_start|>user`` / ``<|im_start|>assistant`` turns; the model ends its answer with ``<|im_end|>``, one of
   its end tokens, so there are no stop strings.
@@ -77,33 +78,6 @@ def _fold(text: str) -> str:
 def stop_strings() -> list[str]:
     """Generation ends at the first of these; they are not part of the answer."""
     return list(STOP_STRINGS)
-
-
-def should_stop(text_so_far: str, stops: Sequence[str] = STOP_STRINGS) -> tuple[bool, str]:
-    """Whether the generated text contains a stop string, and the text cut before the earliest one."""
-    cut = min((index for s in stops if (index := text_so_far.find(s)) != -1), default=-1)
-    if cut == -1:
-        return False, text_so_far
-    return True, text_so_far[:cut]
-
-
-def stream_safe_length(text_so_far: str, stops: Sequence[str] = STOP_STRINGS) -> int:
-    """How many leading characters can be streamed: a trailing partial stop string is held back."""
-    stopped, kept = should_stop(text_so_far, stops)
-    if stopped:
-        return len(kept)
-    held = 0
-    for stop in stops:
-        for size in range(min(len(stop) - 1, len(text_so_far)), 0, -1):
-            if text_so_far.endswith(stop[:size]):
-                held = max(held, size)
-                break
-    return len(text_so_far) - held
-
-
-def clean_answer(text: str) -> str:
-    """Final answer text: stop string removed and surrounding whitespace stripped."""
-    return should_stop(text)[1].strip()
 
 
 class PromptFormat(Protocol):

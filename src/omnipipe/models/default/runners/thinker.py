@@ -37,18 +37,17 @@ from omnipipe.models.default.modeling.decoder import CachedDecoder
 from omnipipe.models.default.modeling.gemma import GemmaThinker
 from omnipipe.models.default.modeling.quantized import check_weight_format
 from omnipipe.models.default.modeling.qwen2 import Qwen2Thinker
-from omnipipe.models.default.modeling.sampling import TokenSamplingParams, sample_next_token
 from omnipipe.models.default.prompting import (
     ChatMLFormat,
     FewShotFormat,
     PromptFormat,
-    should_stop,
-    stream_safe_length,
 )
 from omnipipe.models.default.weights.thinker import prepare_thinker
 from omnipipe.stage.broadcast import Broadcaster
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.stage.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
 
@@ -92,10 +91,8 @@ def thinker_model(name: Any) -> ThinkerModel:
 class _Decoding:
     sampling: TokenSamplingParams
     max_tokens: int
-    stops: list[str]
+    stream: TextStream  # the answer's tokens (an end token not among them) and text
     generator: torch.Generator | None
-    generated: list[int] = field(default_factory=list)
-    emitted_chars: int = 0  # of the answer text already sent
     question: str = ""  # what the other ranks of a tensor-parallel stage build the same prompt from
     history: list[dict[str, str]] = field(default_factory=list)
 
@@ -206,15 +203,15 @@ class ThinkerRunner(StageRunner):
         assert not isinstance(sampling, str)
         generator = sampling.make_generator()
         stops = [*self.prompt_format.stop_strings(), *params.get("stop", [])]
-        return _Decoding(sampling, int(params.get("max_tokens", 64)), stops, generator, question=question,
-                         history=history), ids
+        return _Decoding(sampling, int(params.get("max_tokens", 64)), TextStream(self._decode_ids, stops, strip=True),
+                         generator, question=question, history=history), ids
 
     def snapshot(self, request: StageRequest) -> Any:
         state: _Decoding | None = request.runner_state
         if state is None or state is _PENDING_ATTACHMENTS:  # not prefilled: restore undoes what a failed prefill built
             return None
         rng = state.generator.get_state() if state.generator is not None else None
-        return len(state.generated), state.emitted_chars, rng, self.model.checkpoint(request.request_id)
+        return state.stream.copy(), rng, self.model.checkpoint(request.request_id)
 
     def restore(self, request: StageRequest, snapshot: Any) -> None:
         if snapshot is None:  # a prefill: drop its KV cache, keep its images for the retry
@@ -224,8 +221,8 @@ class ThinkerRunner(StageRunner):
                 request.runner_state = None
             return
         state: _Decoding = request.runner_state
-        generated, state.emitted_chars, rng, kv = snapshot
-        del state.generated[generated:]
+        stream, rng, kv = snapshot
+        state.stream = stream.copy()
         if rng is not None:
             state.generator.set_state(rng)  # type: ignore[union-attr]
         self._drive({"op": "rewind", "id": request.request_id})
@@ -249,7 +246,7 @@ class ThinkerRunner(StageRunner):
                 outputs.append(self._advance(request, state, logits))
             return outputs
         states: list[_Decoding] = [r.runner_state for r in batch]
-        ids, tokens = [r.request_id for r in batch], [s.generated[-1] for s in states]
+        ids, tokens = [r.request_id for r in batch], [s.stream.ids[-1] for s in states]
         self._drive({"op": "decode", "ids": ids, "tokens": tokens})
         logits = self._model_call(self.model.decode, ids, tokens)
         return [self._advance(r, s, logits[i]) for i, (r, s) in enumerate(zip(batch, states))]
@@ -314,26 +311,25 @@ class ThinkerRunner(StageRunner):
         else:
             raise RuntimeError(f"unknown step {op!r}")
 
+    def _decode_ids(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
     def _advance(self, request: StageRequest, state: _Decoding, logits: torch.Tensor) -> RunnerOutput:
-        token = sample_next_token(logits, state.sampling, state.generated, state.generator)
+        stream = state.stream
+        token = sample_next_token(logits, state.sampling, stream.ids, state.generator)
         eos = token in self.model.eos_token_ids
-        if not eos:
-            state.generated.append(token)
-        answer = self.tokenizer.decode(state.generated, skip_special_tokens=True).lstrip()
-        finish_reason = "stop" if eos else None
-        stopped, kept = should_stop(answer, state.stops)
-        if stopped:
-            answer, finish_reason = kept.rstrip(), "stop"
-        elif not eos and len(state.generated) >= state.max_tokens:
-            finish_reason = "length"
-        if finish_reason is None:
-            ready = stream_safe_length(answer, state.stops)
-            if answer.endswith("\ufffd"):  # an incomplete multi-byte character
-                ready = min(ready, len(answer) - 1)
+        finish_reason = None
+        if eos:
+            delta, _ = stream.finish()
+            finish_reason = "stop"
         else:
-            ready = len(answer.rstrip())
-        delta = answer[state.emitted_chars : max(ready, state.emitted_chars)]
-        state.emitted_chars = max(ready, state.emitted_chars)
+            delta, _ = stream.push(token)
+            if stream.stopped:
+                finish_reason = "stop"
+            elif len(stream.ids) >= state.max_tokens:
+                more, _ = stream.finish()
+                delta += more
+                finish_reason = "stop" if stream.stopped else "length"
         return RunnerOutput(request.request_id, text_delta=delta, data={"text": delta} if delta else None,
                             num_units=0 if eos else 1, finished=finish_reason is not None,
                             finish_reason=finish_reason)

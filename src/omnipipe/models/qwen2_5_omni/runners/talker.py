@@ -23,7 +23,6 @@ from transformers import DynamicCache
 
 from omnipipe.models.qwen2_5_omni.options import TalkerOptions
 from omnipipe.models.qwen2_5_omni.processors import TalkerParams
-from omnipipe.models.qwen2_5_omni.runners.common import next_token, request_generator
 from omnipipe.models.qwen2_5_omni.weights.load import (
     load_part,
     load_speakers,
@@ -31,9 +30,10 @@ from omnipipe.models.qwen2_5_omni.weights.load import (
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
 from omnipipe.util.field_error import FieldError
 
-DEFAULT_PARAMS = {"temperature": 0.9, "top_k": 40, "top_p": 0.8, "repetition_penalty": 1.05}
+MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
 
 
 @dataclass
@@ -47,6 +47,8 @@ class TalkerState:
     tail: list[torch.Tensor] = field(default_factory=list)  # text-end, then pad: read after the reply
     codes: int = 0
     speaker: str = "Chelsie"
+    sampling: TokenSamplingParams = MODEL_DECODING
+    max_codes: int = 0
     generator: torch.Generator | None = None
 
 
@@ -69,9 +71,6 @@ class QwenOmniTalkerRunner(StageRunner):
             raise FieldError("sampling_params.extra.speaker",
                              f"unknown voice {speaker!r}; this checkpoint has {', '.join(sorted(self.bos_tokens))}")
         return None
-
-    def _params(self, request: StageRequest) -> dict[str, Any]:
-        return request.params if request.params else {**DEFAULT_PARAMS, "max_tokens": self.max_codes}
 
     def _tensor(self, array: Any) -> torch.Tensor:
         return torch.tensor(np.asarray(array), dtype=self.dtype, device=self.device)  # a copy: inputs are read-only
@@ -115,9 +114,12 @@ class QwenOmniTalkerRunner(StageRunner):
         model.rope_deltas = None
         out = model(input_ids=talker_ids, input_text_ids=text_ids, inputs_embeds=embeds, attention_mask=mask,
                     past_key_values=cache, use_cache=True, use_audio_in_video=False, **extra)
+        # SamplingParams given for the talker replace the model's decoding whole
+        sampling = TokenSamplingParams.from_params(request.params, MODEL_DECODING)
         state = TalkerState(cache, model.rope_deltas, talker_ids[0].tolist(), talker_ids.shape[1], replies[1:],
-                            done, [eos_embed, pad_embed], speaker=speaker,
-                            generator=request_generator(self._params(request), salt=1))
+                            done, [eos_embed, pad_embed], speaker=speaker, sampling=sampling,
+                            max_codes=int(request.params.get("max_tokens") or self.max_codes),
+                            generator=sampling.make_generator(salt=1))
         request.runner_state = state
         request.prefilled = True
         return self._emit(request, state, out.logits[:, -1])
@@ -142,15 +144,13 @@ class QwenOmniTalkerRunner(StageRunner):
         return self._emit(request, state, out.logits[:, -1])
 
     def _emit(self, request: StageRequest, state: TalkerState, logits: torch.Tensor) -> RunnerOutput:
-        params = self._params(request)
-        history = torch.tensor([state.history], device=self.device)
-        code = next_token(logits, history, params, state.generator, suppress=[self.model.codec_bos_token],
-                          generated=state.history[state.prompt_length:])
+        code = sample_next_token(logits[0], state.sampling, state.history[state.prompt_length:], state.generator,
+                                 prompt_ids=state.history[:state.prompt_length], suppress=[self.model.codec_bos_token])
         state.history.append(code)
         if code in self.eos_codes:
             return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
         state.codes += 1
-        done = state.codes >= int(params.get("max_tokens", self.max_codes))
+        done = state.codes >= state.max_codes
         return RunnerOutput(request.request_id, num_units=1, finished=done, finish_reason="length" if done else None,
                             data={"frames": np.array([[code]], dtype=np.int64), "speaker": state.speaker})
 

@@ -2,11 +2,12 @@
 ``Qwen2_5OmniThinkerForConditionalGeneration`` decodes with a per-request DynamicCache and per-request 3D rope
 deltas; each step emits its text delta and the hidden states the talker reads (see ``processors.py``).
 
-Requests of a batch run one after another (each its own cache length and positions). A request's SamplingParams
-are all honoured: the repetition penalty over the prompt and the reply (as transformers' ``generate``), the presence
-and frequency penalties over the reply, and ``stop``: the text ends before the first stop string, which is not part
-of it (finish reason ``stop``); text that may begin a stop string is held back until it is settled. The talker speaks
-the reply's tokens before the one that completed the stop string.
+Requests of a batch run one after another (each its own cache length and positions); only the last position's
+logits are computed. A request's SamplingParams are all honoured (``stage/sampling.py``): the repetition penalty over
+the prompt and the reply (as transformers' ``generate``), the presence and frequency penalties over the reply, and
+``stop`` (``stage/text_stream.py``): the text ends before the first stop string, which is not part of it (finish
+reason ``stop``); text that may begin a stop string is held back until it is settled. The talker speaks the reply's
+tokens before the one that completed the stop string.
 
 Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``)."""
 
@@ -21,7 +22,6 @@ from transformers import DynamicCache
 
 from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
 from omnipipe.models.qwen2_5_omni.processors import chat_messages
-from omnipipe.models.qwen2_5_omni.runners.common import cut_at_stop, next_token, request_generator
 from omnipipe.models.qwen2_5_omni.weights.load import (
     load_config,
     load_part,
@@ -30,6 +30,8 @@ from omnipipe.models.qwen2_5_omni.weights.load import (
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.stage.text_stream import TextStream
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.media import load_video
 
@@ -42,12 +44,12 @@ class ThinkerState:
     cache: DynamicCache
     rope_deltas: torch.Tensor
     length: int  # tokens in the cache
-    next_input: int  # the token to read next
-    prompt_ids: list[int] = field(default_factory=list)
-    generated: list[int] = field(default_factory=list)
-    text: str = ""  # the reply's text sent so far
-    generator: torch.Generator | None = None
-    held: int = 0  # tokens whose text waits for a later token (counted with the piece that carries it)
+    prompt_ids: list[int]
+    sampling: TokenSamplingParams
+    generator: torch.Generator | None
+    stream: TextStream
+    max_tokens: int
+    generated: list[int] = field(default_factory=list)  # every token sampled, an end token included
 
 
 class QwenOmniThinkerRunner(StageRunner):
@@ -107,13 +109,16 @@ class QwenOmniThinkerRunner(StageRunner):
             audio_lengths, media.get("video_second_per_grid"))
         text_positions = torch.arange(input_ids.shape[1], device=self.device).view(1, 1, -1)
         cache = DynamicCache()
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=True,
-                         position_ids=torch.cat([text_positions, vision_positions]), output_hidden_states=True,
-                         use_audio_in_video=False, **media)
+        out = self.model.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                               use_cache=True, position_ids=torch.cat([text_positions, vision_positions]),
+                               output_hidden_states=True, use_audio_in_video=False, **media)
         request.num_prompt_tokens = int(input_ids.shape[1])
         params = request.params
-        state = ThinkerState(cache, rope_deltas, int(input_ids.shape[1]), -1, input_ids[0].tolist(),
-                             generator=request_generator(params))
+        sampling = TokenSamplingParams.from_params(params)
+        state = ThinkerState(cache, rope_deltas, int(input_ids.shape[1]), input_ids[0].tolist(), sampling,
+                             sampling.make_generator(),
+                             TextStream(self._decode_ids, list(params.get("stop") or [])),
+                             int(params.get("max_tokens") or self.options.max_new_tokens))
         request.runner_state = state
         request.prefilled = True
         embeds = out.hidden_states[0][0].clone()
@@ -135,7 +140,7 @@ class QwenOmniThinkerRunner(StageRunner):
                     media[key].cpu().numpy()
         if audio_lengths is not None:
             prompt["audio_feature_lengths"] = audio_lengths.cpu().numpy()
-        output = self._emit(request, state, out.logits[:, -1])
+        output = self._emit(request, state, out.last_hidden_state[0, -1])
         prompt["first_token"] = state.generated[0]
         output.data = {**(output.data or {}), "prompt": prompt}
         output.details = {"inputs": {k: list(v.shape) for k, v in inputs.items()}}
@@ -143,42 +148,40 @@ class QwenOmniThinkerRunner(StageRunner):
 
     def _decode(self, request: StageRequest) -> RunnerOutput:
         state: ThinkerState = request.runner_state
-        token = torch.tensor([[state.next_input]], device=self.device)
+        token = torch.tensor([[state.generated[-1]]], device=self.device)
         position = torch.full((3, 1, 1), state.length, device=self.device) + state.rope_deltas.view(1, -1, 1)
         text_position = torch.full((1, 1, 1), state.length, device=self.device)
         mask = torch.ones(1, state.length + 1, dtype=torch.long, device=self.device)
-        out = self.model(input_ids=token, attention_mask=mask, past_key_values=state.cache, use_cache=True,
-                         position_ids=torch.cat([text_position, position]), output_hidden_states=True)
+        out = self.model.model(input_ids=token, attention_mask=mask, past_key_values=state.cache, use_cache=True,
+                               position_ids=torch.cat([text_position, position]), output_hidden_states=True)
         state.length += 1
         reply = {"reply_embed": out.hidden_states[0][0, -1].float().cpu().numpy(),
                  "reply_hidden": out.hidden_states[-1][0, -1].float().cpu().numpy()}
-        output = self._emit(request, state, out.logits[:, -1])
+        output = self._emit(request, state, out.last_hidden_state[0, -1])
         output.data = {**(output.data or {}), **reply}
         return output
 
-    def _emit(self, request: StageRequest, state: ThinkerState, logits: torch.Tensor) -> RunnerOutput:
-        params = request.params
-        history = torch.tensor([state.prompt_ids + state.generated], device=self.device)
-        token = next_token(logits, history, params, state.generator, generated=state.generated)
+    def _decode_ids(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _emit(self, request: StageRequest, state: ThinkerState, hidden: torch.Tensor) -> RunnerOutput:
+        """The next token from the last position's hidden state [H], and the text it lets out."""
+        token = sample_next_token(self.model.lm_head(hidden), state.sampling, state.generated, state.generator,
+                                  prompt_ids=state.prompt_ids)
         state.generated.append(token)
-        state.next_input = token
-        eos = token in self.eos_ids
-        done = eos or len(state.generated) >= int(params.get("max_tokens") or self.options.max_new_tokens)
-        text = self.tokenizer.decode(state.generated, skip_special_tokens=True)
-        delta, stopped = "", False
-        if done or not text.endswith("\ufffd"):  # a character still incomplete waits for its next bytes
-            kept, stopped = cut_at_stop(text, list(params.get("stop") or []), final=done)
-            if kept.startswith(state.text):
-                delta, state.text = kept[len(state.text):], kept
-        state.held += 0 if eos else 1  # the end token is no text
-        units = 0
-        if delta or done or stopped:
-            units, state.held = state.held, 0
-        if eos or stopped:
+        if token in self.eos_ids:
+            delta, units = state.stream.finish()
             return RunnerOutput(request.request_id, text_delta=delta, num_units=units, finished=True,
                                 finish_reason="stop")
-        return RunnerOutput(request.request_id, text_delta=delta, num_units=units, finished=done,
-                            finish_reason="length" if done else None, data={"token": token})
+        delta, units = state.stream.push(token)
+        if state.stream.stopped:
+            return RunnerOutput(request.request_id, text_delta=delta, num_units=units, finished=True,
+                                finish_reason="stop")
+        if len(state.generated) >= state.max_tokens:
+            more, rest = state.stream.finish()
+            return RunnerOutput(request.request_id, text_delta=delta + more, num_units=units + rest, finished=True,
+                                finish_reason="stop" if state.stream.stopped else "length", data={"token": token})
+        return RunnerOutput(request.request_id, text_delta=delta, num_units=units, data={"token": token})
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:

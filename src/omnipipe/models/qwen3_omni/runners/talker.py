@@ -21,14 +21,14 @@ from typing import Any
 import torch
 
 from omnipipe.models.qwen3_omni.options import TalkerOptions
-from omnipipe.models.qwen3_omni.sampling import Decoding, next_token
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, read_rows
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
 from omnipipe.util.field_error import FieldError
 
-MODEL_DECODING = Decoding(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
+MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
 
 
 class QwenOmniTalkerRunner(StageRunner):
@@ -161,8 +161,8 @@ class QwenOmniTalkerRunner(StageRunner):
                                                                                        "past_key_values": None})
         self.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
         state["cache"] = DynamicCache(config=self.model.config.text_config)
-        state["decoding"] = Decoding.from_params(request.params, MODEL_DECODING)
-        state["generator"] = state["decoding"].generator()
+        state["sampling"] = TokenSamplingParams.from_params(request.params, MODEL_DECODING)
+        state["generator"] = state["sampling"].make_generator()
         state["max_tokens"] = int(request.params.get("max_tokens") or self.options.max_new_tokens)
         state["step"] = 0  # index into the text embeddings after the first
         state["sampled"] = []
@@ -178,7 +178,8 @@ class QwenOmniTalkerRunner(StageRunner):
         return self.model.codec_head(out.last_hidden_state[0, -1])
 
     def _sample(self, request: StageRequest, state: dict[str, Any], logits: torch.Tensor) -> RunnerOutput | None:
-        token = next_token(logits, state["decoding"], state["sampled"], self.suppress, state["generator"])
+        token = sample_next_token(logits, state["sampling"], state["sampled"], state["generator"],
+                                  suppress=self.suppress)
         state["sampled"].append(token)
         if token == self.eos:
             return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
@@ -204,10 +205,9 @@ class QwenOmniTalkerRunner(StageRunner):
         token = torch.tensor([[state["sampled"][-1]]], device=self.device)
         last_id_hidden = self.model.get_input_embeddings()(token)
         predictor = self.model.code_predictor
-        decoding = state["decoding"]
-        sample = decoding.temperature > 0
+        sample = not state["sampling"].greedy
         extra = {"top_k": 50, "top_p": 0.8} if sample else {}
-        if sample:  # the predictor samples from the global generator: seed it from this request's own
+        if sample:  # the predictor samples from the global generator: seed it from the request's (given a seed)
             torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=state["generator"])))
         result = predictor.generate(inputs_embeds=torch.cat((state["last_hidden"], last_id_hidden), dim=1),
                                     max_new_tokens=self.groups - 1, do_sample=sample, output_hidden_states=True,

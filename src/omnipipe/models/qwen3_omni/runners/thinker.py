@@ -7,9 +7,10 @@ as step data: with the first token, the prompt's ids, its layer-0 embeddings and
 states at the talker's ``accept_hidden_layer`` (and the grids its rope index needs); with every token, that token's
 embedding.
 
-Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``). SamplingParams: temperature, top-k,
-top-p, seed, repetition / presence / frequency penalties (over the generated tokens), ``max_tokens``, ``stop`` (the
-text ends before a stop string).
+Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``). SamplingParams (``stage/sampling.py``):
+temperature, top-k, top-p, seed, repetition / presence / frequency penalties (over the generated tokens),
+``max_tokens``, ``stop`` (``stage/text_stream.py``: the text ends before a stop string; text that may begin one is
+held back until it is settled).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from typing import Any
 
 import torch
 
-from omnipipe.models.qwen3_omni.sampling import Decoding, next_token
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.stage.text_stream import TextStream
 from omnipipe.util.field_error import FieldError
 
 
@@ -49,9 +51,8 @@ class QwenOmniThinkerRunner(StageRunner):
             return None
         generator = state["generator"]
         return {"length": state["cache"].get_seq_length(), "generated": list(state["generated"]),
-                "generator": None if generator is None else generator.get_state(),
-                **{key: state[key] for key in ("text", "last_position", "logits", "prefix_offset", "read_offset",
-                                               "held")}}
+                "generator": None if generator is None else generator.get_state(), "stream": state["stream"].copy(),
+                **{key: state[key] for key in ("last_position", "logits")}}
 
     def restore(self, request: StageRequest, snapshot: Any) -> None:
         if snapshot is None:
@@ -103,10 +104,10 @@ class QwenOmniThinkerRunner(StageRunner):
                 kwargs[key] = kwargs[key].to(self.model.dtype)
         ids = kwargs["input_ids"]
         request.num_prompt_tokens = int(ids.shape[1])
-        decoding = Decoding.from_params(request.params, Decoding())
+        sampling = TokenSamplingParams.from_params(request.params)
         state: dict[str, Any] = {"cache": DynamicCache(config=self.model.config.text_config),
-                                 "generated": [], "text": "", "prefix_offset": 0, "read_offset": 0, "held": 0,
-                                 "decoding": decoding, "generator": decoding.generator(),
+                                 "generated": [], "sampling": sampling, "generator": sampling.make_generator(),
+                                 "stream": TextStream(self._decode_ids, request.params.get("stop") or []),
                                  "max_tokens": int(request.params.get("max_tokens") or self.options.max_new_tokens)}
         position_ids = self.model._prepare_position_ids_for_generation(ids, {**kwargs, "past_key_values": None})
         self.model.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
@@ -127,37 +128,8 @@ class QwenOmniThinkerRunner(StageRunner):
         request.prefilled = True
         return state
 
-    def _decode_text(self, state: dict[str, Any], final: bool = False) -> str:
-        """The text the new token adds. Only the tokens since the last emitted piece are decoded (with the piece
-        before them, so byte-level merges across the boundary come out right); a piece ending in a partial UTF-8
-        character waits for the next token unless this is the last."""
-        decode = self.inputs.tokenizer.decode
-        ids, start, read = state["generated"], state["prefix_offset"], state["read_offset"]
-        before = decode(ids[start:read], skip_special_tokens=True)
-        now = decode(ids[start:], skip_special_tokens=True)
-        if (now.endswith("\ufffd") and not final) or len(now) <= len(before):
-            return ""
-        state["prefix_offset"], state["read_offset"] = read, len(ids)
-        delta = now[len(before):]
-        state["text"] += delta
-        return delta
-
-    @staticmethod
-    def _stop_at(state: dict[str, Any], delta: str, stops: list[str]) -> str | None:
-        """With a stop string in the text the last delta completed: what of that delta comes before it."""
-        text = state["text"]
-        emitted = len(text) - len(delta)
-        cut = None
-        for stop in stops:
-            if not stop:
-                continue
-            found = text.find(stop, max(0, emitted - len(stop) + 1))
-            if found >= 0 and (cut is None or found < cut):
-                cut = found
-        if cut is None:
-            return None
-        state["text"] = text[:cut]
-        return text[emitted:cut] if cut > emitted else ""
+    def _decode_ids(self, ids: list[int]) -> str:
+        return self.inputs.tokenizer.decode(ids, skip_special_tokens=True)
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
@@ -174,21 +146,21 @@ class QwenOmniThinkerRunner(StageRunner):
                 state = request.runner_state
                 token = torch.tensor([[state["generated"][-1]]], device=self.device)
                 state["logits"], _ = self._forward(state, state["last_position"] + 1, input_ids=token)
-            token = next_token(state["logits"], state["decoding"], state["generated"], None, state["generator"])
+            token = sample_next_token(state["logits"], state["sampling"], state["generated"], state["generator"])
             state["generated"].append(token)
             embed = self.model.get_input_embeddings()(torch.tensor([token], device=self.device))[0]
             data: dict[str, Any] = {"token": token, "embed": embed.float().cpu()}
             if "handoff" in state:
                 data.update(state.pop("handoff"))
-            stopped = token in self.eos_ids
+            stream: TextStream = state["stream"]
+            stopped = token in self.eos_ids  # the end token is no text
+            delta, units = ("", 0) if stopped else stream.push(token)
+            stopped = stopped or stream.stopped
             done = stopped or len(state["generated"]) >= state["max_tokens"]
-            delta = self._decode_text(state, final=done)
-            cut = self._stop_at(state, delta, request.params.get("stop") or [])
-            if cut is not None:
-                delta, done, stopped = cut, True, True
-            # the tokens this piece of text covers: a token whose text waits for the next is counted with it
-            state["held"] += 1
-            units, state["held"] = (state["held"], 0) if delta or done else (0, state["held"])
+            if done:
+                more, rest = stream.finish()
+                delta, units = delta + more, units + rest
+                stopped = stopped or stream.stopped
             outputs.append(RunnerOutput(request.request_id, text_delta=delta, data=data, num_units=units,
                                         finished=done,
                                         finish_reason=("stop" if stopped else "length") if done else None))

@@ -1,10 +1,16 @@
-"""Pick the next token from a logits vector: greedy, temperature, top-k/top-p and penalties."""
+"""Choosing a stage's next token from the last position's logits, for every autoregressive runner: the repetition,
+presence and frequency penalties, ids a model must not produce, then greedy (temperature 0) or temperature / top-k /
+top-p sampling with the request's own seeded generator.
+
+Scores are float64 and stay finite whatever the (valid) settings, so a sampled step never meets a NaN."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
@@ -46,16 +52,26 @@ class TokenSamplingParams:
         ):
             raise ValueError(f"seed must be None or an int in [0, 2**64), got {self.seed!r}")
 
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], defaults: TokenSamplingParams | None = None) -> TokenSamplingParams:
+        """The settings of a request's SamplingParams (as the engine hands them to a stage: a dict), each field left
+        out or None taken from ``defaults`` (a model's own decoding; greedy when None). Raises ``ValueError`` naming
+        the field for a value out of range."""
+        base = defaults or cls()
+        return cls(**{f.name: params[f.name] if params.get(f.name) is not None else getattr(base, f.name)
+                      for f in fields(cls)})
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def make_generator(self) -> torch.Generator | None:
-        """A generator seeded with ``seed``, or None to use torch's global RNG."""
+    def make_generator(self, salt: int = 0) -> torch.Generator | None:
+        """A generator seeded with ``seed`` (plus ``salt``, so two stages of one request given the same seed draw
+        differently), or None to use torch's global RNG."""
         if self.seed is None:
             return None
         generator = torch.Generator()
-        generator.manual_seed(self.seed)
+        generator.manual_seed((self.seed + salt) % (_MAX_SEED + 1))
         return generator
 
 
@@ -68,22 +84,27 @@ def _check_float(name: str, value: object, low: float | None = None, high: float
         raise ValueError(f"{name} must be <= {high}, got {value!r}")
 
 
-def apply_penalties(logits: torch.Tensor, params: TokenSamplingParams, generated_ids: list[int]) -> torch.Tensor:
+def apply_penalties(logits: torch.Tensor, params: TokenSamplingParams, generated_ids: Sequence[int],
+                    prompt_ids: Sequence[int] = ()) -> torch.Tensor:
     """Return a float64 copy of ``logits`` [vocab] with repetition/presence/frequency penalties applied.
 
-    Every score stays finite whatever the (valid) parameters: a repetition penalty near 0 divides a positive
-    logit past the largest double, which is clamped to it rather than left infinite (``inf - inf`` later is NaN).
+    The repetition penalty covers ``generated_ids`` and ``prompt_ids`` (transformers' ``generate`` applies it to
+    the prompt's tokens too; a runner that wants to match it passes them); presence and frequency count only the
+    generated tokens. Every score stays finite whatever the (valid) parameters: a repetition penalty near 0 divides
+    a positive logit past the largest double, which is clamped to it rather than left infinite (``inf - inf`` later
+    is NaN).
     """
     logits = logits.detach().to(torch.float64).clone()
-    if not generated_ids:
+    if not generated_ids and not prompt_ids:
         return logits
     counts = Counter(generated_ids)
-    ids = torch.tensor(list(counts), dtype=torch.long)
     if params.repetition_penalty != 1.0:
-        seen = logits[ids]
-        logits[ids] = torch.where(seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty)
-    if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
-        occurrences = torch.tensor(list(counts.values()), dtype=torch.float64)
+        repeated = torch.tensor(sorted(set(prompt_ids).union(counts)), dtype=torch.long, device=logits.device)
+        seen = logits[repeated]
+        logits[repeated] = torch.where(seen > 0, seen / params.repetition_penalty, seen * params.repetition_penalty)
+    if counts and (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0):
+        ids = torch.tensor(list(counts), dtype=torch.long, device=logits.device)
+        occurrences = torch.tensor(list(counts.values()), dtype=torch.float64, device=logits.device)
         logits[ids] -= params.presence_penalty + params.frequency_penalty * occurrences
     return torch.nan_to_num(logits, posinf=_MAX_SCORE, neginf=-_MAX_SCORE)
 
@@ -91,18 +112,23 @@ def apply_penalties(logits: torch.Tensor, params: TokenSamplingParams, generated
 def sample_next_token(
     logits: torch.Tensor,
     params: TokenSamplingParams,
-    generated_ids: list[int],
+    generated_ids: Sequence[int],
     generator: torch.Generator | None = None,
+    *,
+    prompt_ids: Sequence[int] = (),
+    suppress: torch.Tensor | Sequence[int] = (),
 ) -> int:
     """Choose the next token id from ``logits`` [vocab].
 
-    ``generated_ids`` are the tokens the penalties apply to (usually this request's
-    output so far). With ``generator`` from ``params.make_generator()`` the result is
-    reproducible for a given seed.
+    ``generated_ids`` are the tokens the penalties apply to (usually this request's output so far; ``prompt_ids``
+    are penalised for repetition too, see ``apply_penalties``); ``suppress`` are ids never chosen. With
+    ``generator`` from ``params.make_generator()`` the result is reproducible for a given seed.
     """
     if logits.dim() != 1:
         raise ValueError(f"logits must have shape [vocab], got {tuple(logits.shape)}")
-    scores = apply_penalties(logits, params, generated_ids)
+    scores = apply_penalties(logits, params, generated_ids, prompt_ids)
+    if len(suppress):
+        scores[torch.as_tensor(suppress, dtype=torch.long).to(scores.device)] = float("-inf")
     if params.greedy:
         return int(torch.argmax(scores))
     # in float64, shifted first: the best score becomes exactly 0 and stays 0 for any temperature > 0 (a tiny one
@@ -118,5 +144,5 @@ def sample_next_token(
         drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
         drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1).cpu()
     return int(torch.multinomial(probs, num_samples=1, generator=generator))
