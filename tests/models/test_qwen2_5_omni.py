@@ -23,6 +23,7 @@ import torch
 from omnipipe import SamplingParams
 from tests.conftest import EngineHarness, collect, state_is_idle, wait_until_idle
 from tests.models.media_files import mp4, png, wav
+from tests.models.server_voices import check_server_voices
 from tests.server.conftest import API_KEY, running_server
 
 MAX_TEXT_TOKENS = 8
@@ -187,6 +188,9 @@ def test_image_audio_video_and_text_through_the_openai_server(checkpoint, refere
         client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
         reply = client.chat.completions.create(model="qwen2_5_omni", max_tokens=MAX_TEXT_TOKENS, temperature=0,
                                                messages=[{"role": "user", "content": content}])
+        # the checkpoint's voices (spk_dict.pt; Chelsie is the talker's default); the vocoder's noise seeded
+        check_server_voices(server.url, "qwen2_5_omni", ["Chelsie", "Ethan"], "Chelsie", "Ethan",
+                            {"talker": {"temperature": 0, "max_tokens": MAX_CODES}, "token2wav": {"seed": SEED}})
     assert want and reply.choices[0].message.content == want
 
 

@@ -23,6 +23,7 @@ import torch
 from omnipipe import AsyncOmni, SamplingParams
 from omnipipe.models.qwen3_omni.weights.tiny import write_tiny_checkpoint
 from tests.models import media_files
+from tests.models.server_voices import check_server_voices
 from tests.server.conftest import API_KEY, running_server
 
 STAGES = ("thinker", "talker", "code2wav")
@@ -202,6 +203,9 @@ def test_image_audio_video_and_text_through_the_openai_server(checkpoint: Path, 
             client.chat.completions.create(model="qwen3_omni", messages=[{"role": "user", "content": [
                 {"type": "video_url", "video_url": {"url": "https://example.com/a.mp4"}}]}])
         assert caught.value.body["param"] == "messages[0].content[0].video_url.url"
+        # the checkpoint's voices (the stage option's, ethan, is the default)
+        check_server_voices(server.url, "qwen3_omni", ["chelsie", "ethan"], "ethan", "chelsie",
+                            {"talker": {"temperature": 0, "max_tokens": 20}})
 
 
 def test_tiny_checkpoint_cli_and_generate_with_every_input(tmp_path: Path) -> None:

@@ -174,3 +174,24 @@ def test_presence_and_frequency_penalties_lower_the_generated_tokens() -> None:
     assert pick([], frequency_penalty=2.0) == 1
     # a negative penalty raises them
     assert pick([3], presence_penalty=-1.5) == 3
+
+
+def test_only_the_fields_a_caller_set_replace_a_models_decoding() -> None:
+    from omnipipe.api.sampling_params import SamplingParams
+    from omnipipe.stage.sampling import given_params
+
+    model = TokenSamplingParams(temperature=0.9, top_k=50, repetition_penalty=1.05)
+    voice_only = SamplingParams(extra={"speaker": "chelsie"})
+    assert voice_only.given == {"extra"} and given_params(voice_only.to_dict()) == {"extra": {"speaker": "chelsie"}}
+    assert TokenSamplingParams.from_params(voice_only.to_dict(), model) == model
+    greedy = SamplingParams(temperature=0.0, max_tokens=20)  # 0.0 is SamplingParams' default, and still given
+    assert TokenSamplingParams.from_params(greedy.to_dict(), model) == \
+        TokenSamplingParams(temperature=0.0, top_k=50, repetition_penalty=1.05)
+    assert given_params(greedy.to_dict()) == {"temperature": 0.0, "max_tokens": 20}
+    greedy.top_k = 3  # set later: given too
+    assert greedy.given == {"temperature", "max_tokens", "top_k"}
+    assert SamplingParams(0.5).given == {"temperature"} and SamplingParams.from_dict({"seed": 1}).given == {"seed"}
+    assert TokenSamplingParams.from_params(SamplingParams().to_dict(), model) == model
+    # a dict built by hand (no "given"): every field that is not None counts
+    assert TokenSamplingParams.from_params({"top_k": 7, "seed": None}, model) == \
+        TokenSamplingParams(temperature=0.9, top_k=7, repetition_penalty=1.05)

@@ -1,8 +1,13 @@
-"""Per-stage sampling parameters, validated with messages that name the field."""
+"""Per-stage sampling parameters, validated with messages that name the field.
+
+A ``SamplingParams`` remembers which fields its caller set (``given``: at construction, by keyword or position, or
+assigned later); a stage receives them as ``to_dict()["given"]``, so a stage with a model's own decoding (a Qwen
+talker) keeps that decoding for every field the caller left out, ``extra`` alone included."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import functools
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from omnipipe.api.prompt import check_unicode
@@ -68,8 +73,21 @@ class SamplingParams:
         with; None: the stage takes none): unknown keys are refused, each value is checked by the schema."""
         options_from_dict(schema or NoOptions, self.extra, "sampling_params.extra")
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+        given = self.__dict__.get("_given")
+        if given is not None and name in _FIELDS:
+            given.add(name)
+
+    @property
+    def given(self) -> frozenset[str]:
+        """The fields the caller set (the others hold their defaults)."""
+        return frozenset(self.__dict__.get("_given", ()))
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, and ``given``: the names of those the caller set (``stage/sampling.py``'s
+        ``given_params`` reads them)."""
+        return {**asdict(self), "given": sorted(self.given)}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "SamplingParams":
@@ -78,3 +96,19 @@ class SamplingParams:
         if unknown:
             raise FieldError(f"sampling_params.{unknown[0]}", f"unknown field (expected one of: {', '.join(sorted(known))})")
         return cls(**raw)
+
+
+_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+
+
+def _remember_given(init: Any) -> Any:
+    @functools.wraps(init)
+    def __init__(self: SamplingParams, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        names = [f.name for f in fields(self)]
+        self.__dict__["_given"] = set(names[:len(args)]) | set(kwargs)
+
+    return __init__
+
+
+SamplingParams.__init__ = _remember_given(SamplingParams.__init__)  # type: ignore[method-assign]

@@ -71,7 +71,12 @@ class ServingTraits:
 
     speech_pipeline: str | None = None  # serves /v1/audio/speech beside this pipeline (text -> audio)
     transcription_pipeline: str | None = None  # serves /v1/audio/transcriptions (audio -> text)
-    voices: str | None = None  # dotted path: () -> list[str], the family's packaged voices besides "default"
+    # dotted path: (options of the voice stage: dict) -> list[str], the family's voices besides "default" (a
+    # checkpoint family reads them from the checkpoint the stage options name)
+    voices: str | None = None
+    # (stage, extra key): a request's voice goes to that stage's ``SamplingParams.extra[key]``; None: the pipeline
+    # speaks with the one voice its stages load
+    voice_param: tuple[str, str] | None = None
     speed_stage: str | None = None  # the stage whose ``extra["speed"]`` changes the speaking rate
     # OpenAI voice names (alloy, ash, ...) -> this family's voices, over the server's default (each to "default")
     voice_aliases: tuple[tuple[str, str], ...] = ()

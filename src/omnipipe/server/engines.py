@@ -22,6 +22,8 @@ from typing import Any, Literal
 import yaml
 
 from omnipipe.api.async_omni import AsyncOmni
+from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.config.deploy_config import load_deploy
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.models.registry import get_pipeline
 from omnipipe.protocol.openai import OPENAI_VOICES, Voice, VoiceCard, voice_name
@@ -106,6 +108,27 @@ class EngineSlot:
         self.error: str | None = None
         self.engine: AsyncOmni | None = None
         self._task: asyncio.Task[AsyncOmni] | None = None
+        self._voices: list[str] | None = None
+
+    def voices(self) -> list[str]:
+        """``default`` plus the voices of the pipeline's family (``ServingTraits.voices``), read once: given the
+        options of the stage the voice goes to, as deployed (a checkpoint family lists its checkpoint's voices)."""
+        if self._voices is None:
+            traits = self.pipeline.serving
+            found: list[str] = []
+            if traits.voices is not None:
+                try:
+                    options: dict[str, Any] = {}
+                    if traits.voice_param is not None:
+                        deploy = self.engine.deploy if self.engine is not None else \
+                            load_deploy(self.deploy, self.pipeline)
+                        options = dict(deploy.stages[traits.voice_param[0]].options)
+                    found = list(resolve(traits.voices)(options))
+                except Exception as exc:  # noqa: BLE001 - the stage reports a bad checkpoint when it loads
+                    logger.warning("pipeline %s: cannot list its voices: %s", self.name, exc)
+                    return ["default"]
+            self._voices = ["default", *(v for v in found if v != "default")]
+        return self._voices
 
     @property
     def name(self) -> str:
@@ -239,10 +262,8 @@ class EnginePool:
         return await slot.wait_engine(), slot.pipeline
 
     def voices(self, pipeline: PipelineSpec) -> list[str]:
-        """``default`` plus the packaged voices of the pipeline's family (its ``serving.voices``)."""
-        if pipeline.serving.voices is None:
-            return ["default"]
-        return ["default", *resolve(pipeline.serving.voices)()]
+        """``default`` plus the voices of the pipeline's family (``EngineSlot.voices``)."""
+        return self.slots[pipeline.name].voices()
 
     def voice_aliases(self, pipeline: PipelineSpec) -> dict[str, str]:
         """OpenAI voice name -> the pipeline's voice: every name to ``default``, then the family's mapping, then the
@@ -263,17 +284,38 @@ class EnginePool:
         return [(model, pipeline) for model, pipeline in self.model_pipelines() if "audio" in pipeline.output_modalities]
 
     def check_voice(self, voice: Voice, pipeline: PipelineSpec, param: str) -> str:
-        """The pipeline voice that ``voice`` (a name, an OpenAI alias or ``{"id": ...}``) selects; else a 400 naming
-        ``param`` and listing the valid names."""
+        """The pipeline voice that ``voice`` (a name, an OpenAI alias or ``{"id": ...}``; any case) selects; else a
+        400 naming ``param`` and listing the valid names."""
         name = voice_name(voice)
         voices = self.voices(pipeline)
-        if name in voices:
-            return name
         aliases = self.voice_aliases(pipeline)
-        if name in aliases:
-            return aliases[name]
+        for known in (voices, aliases):
+            match = next((v for v in known if v.casefold() == name.casefold()), None)
+            if match is not None:
+                return match if known is voices else aliases[match]
         raise APIError(400, f"{param}: unknown voice {name!r} (voices: {', '.join(voices)}; aliases: "
                        f"{', '.join(aliases) or 'none'})", param=param, code="invalid_voice")
+
+    @staticmethod
+    def with_voice(params: dict[str, SamplingParams], voice: str, pipeline: PipelineSpec,
+                   param: str) -> dict[str, SamplingParams]:
+        """``params`` with ``voice`` (a voice ``check_voice`` returned) given to the stage that takes it
+        (``ServingTraits.voice_param``); ``default`` leaves the stage's own. A different voice already asked for in
+        that stage's ``extra`` is a 400 naming ``param``."""
+        if voice == "default" or pipeline.serving.voice_param is None:
+            return params
+        stage, key = pipeline.serving.voice_param
+        stage_params = params.get(stage) or SamplingParams()
+        asked = stage_params.extra.get(key)
+        if asked is not None and asked != voice:
+            raise APIError(400, f"{param}: voice {voice!r} conflicts with sampling_params.{stage}.extra.{key} "
+                           f"{asked!r}", param=param, code="invalid_voice")
+        stage_params.extra = {**stage_params.extra, key: voice}
+        try:
+            stage_params.check_extra(pipeline.stage_extra_schema(stage))
+        except FieldError as exc:
+            raise APIError(400, f"{param}: {exc.rule}", param=param, code="invalid_voice") from None
+        return {**params, stage: stage_params}
 
     async def debug_states(self) -> dict[str, dict[str, Any]]:
         """Per pipeline: its status, what its engine holds (``state``) and its liveness (``health``)."""

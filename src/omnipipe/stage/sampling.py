@@ -54,11 +54,11 @@ class TokenSamplingParams:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], defaults: TokenSamplingParams | None = None) -> TokenSamplingParams:
-        """The settings of a request's SamplingParams (as the engine hands them to a stage: a dict), each field left
-        out or None taken from ``defaults`` (a model's own decoding; greedy when None). Raises ``ValueError`` naming
-        the field for a value out of range."""
-        base = defaults or cls()
-        return cls(**{f.name: params[f.name] if params.get(f.name) is not None else getattr(base, f.name)
+        """The settings of a request's SamplingParams (as the engine hands them to a stage: a dict), each field the
+        caller left out (``given_params``) or gave as None taken from ``defaults`` (a model's own decoding; greedy
+        when None). Raises ``ValueError`` naming the field for a value out of range."""
+        base, given = defaults or cls(), given_params(params)
+        return cls(**{f.name: given[f.name] if given.get(f.name) is not None else getattr(base, f.name)
                       for f in fields(cls)})
 
     @property
@@ -73,6 +73,14 @@ class TokenSamplingParams:
         generator = torch.Generator()
         generator.manual_seed((self.seed + salt) % (_MAX_SEED + 1))
         return generator
+
+
+def given_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The SamplingParams fields a request's caller set, from the dict a stage receives (``SamplingParams.to_dict``,
+    whose ``given`` names them); a dict without ``given`` (built by hand) counts every field that is not None."""
+    if "given" in params:
+        return {name: params[name] for name in params["given"] if name in params}
+    return {name: value for name, value in params.items() if value is not None}
 
 
 def _check_float(name: str, value: object, low: float | None = None, high: float | None = None) -> None:

@@ -2,7 +2,7 @@
 token2wav (generation: DiT + BigVGAN, 24 kHz). The checkpoint is the stage option ``model`` of every stage (a
 directory, e.g. one ``omnipipe tiny-checkpoint qwen2_5_omni DIR`` wrote)."""
 
-from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, StageSpec
+from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, ServingTraits, StageSpec
 from omnipipe.models.qwen2_5_omni.runners.token2wav import SAMPLE_RATE_HZ
 
 _P = "omnipipe.models.qwen2_5_omni"
@@ -28,6 +28,8 @@ PIPELINE = PipelineSpec(
     input_modalities=("text", "image", "audio", "video"),
     comprehension_stage="thinker",
     model_stages=("thinker", "talker", "token2wav"),
+    # the server's voices: the checkpoint's (spk_dict.pt), each request's going to the talker
+    serving=ServingTraits(voices=f"{_P}.weights.load:list_speakers", voice_param=("talker", "speaker")),
     weights_status=f"{_P}.weights.load:weights_status",
     takes_history=True,
     # windows start on the DiT's 24-mel-frame blocks (12 codes); 24 left and 12 right context codes keep a chunked

@@ -30,5 +30,17 @@ class TalkerOptions(DecoderCheckpointOptions):
 
 
 @dataclass(frozen=True)
+class TalkerParams:
+    """The talker's ``SamplingParams.extra``: ``speaker`` is the voice of this request (a name in the checkpoint's
+    ``talker_config.speaker_id``, any case); None: the stage option's."""
+
+    speaker: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.speaker is not None and (not isinstance(self.speaker, str) or not self.speaker):
+            raise FieldError("speaker", f"must be a voice name, got {self.speaker!r}")
+
+
+@dataclass(frozen=True)
 class Code2WavOptions(CheckpointOptions):
     """Only what every checkpoint stage takes."""

@@ -1,7 +1,7 @@
 """The ``qwen3_omni`` pipeline: thinker -> talker -> code2wav on a Qwen3-Omni checkpoint (the deploy file's
 ``stages.<name>.options.model``, or ``--model DIR``)."""
 
-from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, StageSpec
+from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, ServingTraits, StageSpec
 from omnipipe.models.qwen3_omni.runners.code2wav import SAMPLE_RATE_HZ
 
 _P = "omnipipe.models.qwen3_omni"
@@ -13,7 +13,8 @@ PIPELINE = PipelineSpec(
     description="Qwen3-Omni: MoE thinker (text, image, audio, video in) -> talker with code predictor -> code2wav",
     stages=(
         StageSpec("thinker", "ar", f"{_P}.runners.thinker:QwenOmniThinkerRunner", final_output="text"),
-        StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner"),
+        StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner",
+                  extra_params=f"{_P}.options:TalkerParams"),
         StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:QwenOmniCode2WavRunner", final_output="audio",
                   sample_rate_hz=SAMPLE_RATE_HZ),
     ),
@@ -28,6 +29,8 @@ PIPELINE = PipelineSpec(
     takes_history=True,
     model_stages=("thinker", "talker", "code2wav"),
     weights_status=f"{_P}.weights.load:weights_status",
+    # the server's voices: the checkpoint's speakers, each request's going to the talker
+    serving=ServingTraits(voices=f"{_P}.weights.load:list_speakers", voice_param=("talker", "speaker")),
     # 72 frames of left context: the code2wav's sliding window (0.01% of absmax at the seams on the released
     # config); exactness needs the context the stage logs at load (578 frames there: a 25-frame window then decodes
     # 24x its frames)

@@ -272,10 +272,11 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
         modalities = pipeline.check_output_modalities(body.modalities or ["text"], "modalities", with_transcript=True)
     except FieldError as exc:
         raise invalid(str(exc), exc.field) from None
+    voice = "default"
     if "audio" in modalities:
         audio = body.audio
         if audio is not None:
-            pool.check_voice(audio.voice, pipeline, "audio.voice")
+            voice = pool.check_voice(audio.voice, pipeline, "audio.voice")
             if body.stream and audio.format != "pcm16":
                 raise invalid(f"audio.format: streamed audio is pcm16 (24 kHz mono int16), got {audio.format!r}",
                               "audio.format")
@@ -284,6 +285,7 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options: only allowed when stream is true", "stream_options")
     params, field_map = _sampling_params(body, pipeline)
+    params = pool.with_voice(params, voice, pipeline, "audio.voice")
     field_map.update(media_fields)
     if audio_param is not None:
         if not prompt["prompt"]:  # a spoken question alone: what a stage finds wrong with the prompt is in its audio

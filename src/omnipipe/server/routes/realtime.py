@@ -665,6 +665,9 @@ class RealtimeSession:
         speed_stage = self.pipeline.serving.speed_stage
         if speed_stage is not None and "audio" in modalities and self.settings.speed != 1.0:
             sampling[speed_stage] = SamplingParams(extra={"speed": self.settings.speed})
+        if "audio" in modalities:  # the session's voice, checked when it was set
+            voice = self.pool.check_voice(self.settings.voice, self.pipeline, "session.voice")
+            sampling = self.pool.with_voice(sampling, voice, self.pipeline, "session.voice")
         turn, history = self._take_turn()
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
         if self.pipeline.takes_history:

@@ -130,10 +130,10 @@ async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreami
     if not body.input.strip():
         raise invalid("input: is empty", "input")
     engine, pipeline = await pool.engine_for("speech")
-    pool.check_voice(body.voice, pipeline, "voice")
+    voice = pool.check_voice(body.voice, pipeline, "voice")
     _check_instructions(body, pipeline)
     native_rate = _native_rate(pipeline)
-    params = _sampling_params(body, pipeline)
+    params = pool.with_voice(_sampling_params(body, pipeline) or {}, voice, pipeline, "voice") or None
     outputs = engine.generate(body.input, request_id=f"speech-{uuid.uuid4().hex}", sampling_params=params,
                               output_modalities=["audio"])
     first = await first_output(request, outputs, {"prompt": "input", "sampling_params.extra.speed": "speed"})

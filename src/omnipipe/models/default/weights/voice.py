@@ -96,8 +96,8 @@ class VoicePaths:
         return self.sample_rate_hz / self.hop_samples
 
 
-def list_voices() -> list[str]:
-    """Names of the packaged voices that are installed."""
+def list_voices(options: dict[str, Any] | None = None) -> list[str]:
+    """Names of the packaged voices that are installed (``options``, the talker's stage options, change nothing)."""
     return sorted(name for name, voice in PACKAGED_VOICES.items() if importlib.util.find_spec(voice.module) is not None)
 
 

@@ -4,8 +4,9 @@ prompt part and first reply item; each later step reads the next reply item (the
 pad embedding for ever once the thinker is done). Under async chunk a step whose reply item has not arrived yet
 waits for it (``needs_input``).
 
-Sampling follows the request's talker SamplingParams; without any, the family's defaults (those of transformers'
-``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05). The repetition penalty reads the
+Sampling follows the fields of the request's talker SamplingParams the caller set; every field left out keeps the
+model's decoding (that of transformers' ``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05,
+up to ``max_codes`` codes). The repetition penalty reads the
 talker's whole input (as ``generate``), the presence and frequency penalties the codes generated so far. ``stop``
 (strings) has no meaning for codec codes and is refused. The codec's begin token is suppressed; its pad and end
 tokens end the speech.
@@ -30,7 +31,7 @@ from omnipipe.models.qwen2_5_omni.weights.load import (
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
-from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_token
 from omnipipe.util.field_error import FieldError
 
 MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
@@ -114,11 +115,11 @@ class QwenOmniTalkerRunner(StageRunner):
         model.rope_deltas = None
         out = model(input_ids=talker_ids, input_text_ids=text_ids, inputs_embeds=embeds, attention_mask=mask,
                     past_key_values=cache, use_cache=True, use_audio_in_video=False, **extra)
-        # SamplingParams given for the talker replace the model's decoding whole
+        # the fields a caller gives replace the model's decoding; the others stay the model's
         sampling = TokenSamplingParams.from_params(request.params, MODEL_DECODING)
         state = TalkerState(cache, model.rope_deltas, talker_ids[0].tolist(), talker_ids.shape[1], replies[1:],
                             done, [eos_embed, pad_embed], speaker=speaker, sampling=sampling,
-                            max_codes=int(request.params.get("max_tokens") or self.max_codes),
+                            max_codes=int(given_params(request.params).get("max_tokens", self.max_codes)),
                             generator=sampling.make_generator(salt=1))
         request.runner_state = state
         request.prefilled = True

@@ -30,7 +30,7 @@ from omnipipe.models.qwen2_5_omni.weights.load import (
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
-from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_token
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.media import load_video
@@ -118,7 +118,7 @@ class QwenOmniThinkerRunner(StageRunner):
         state = ThinkerState(cache, rope_deltas, int(input_ids.shape[1]), input_ids[0].tolist(), sampling,
                              sampling.make_generator(),
                              TextStream(self._decode_ids, list(params.get("stop") or [])),
-                             int(params.get("max_tokens") or self.options.max_new_tokens))
+                             int(given_params(params).get("max_tokens", self.options.max_new_tokens)))
         request.runner_state = state
         request.prefilled = True
         embeds = out.hidden_states[0][0].clone()

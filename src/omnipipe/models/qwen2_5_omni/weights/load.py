@@ -52,6 +52,11 @@ def load_speakers(directory: Path) -> dict[str, dict[str, Any]]:
     return torch.load(path, weights_only=True)
 
 
+def list_speakers(options: dict[str, Any]) -> list[str]:
+    """The voices of the checkpoint the talker's stage options name (the server's voice list)."""
+    return sorted(load_speakers(Path(options["model"])))
+
+
 def weights_status() -> tuple[bool, str]:
     """What ``omnipipe models`` says: nothing to prepare; the checkpoint is the caller's."""
     return True, ("runs a checkpoint you give: --model DIR or stages.<stage>.options.model "

@@ -7,10 +7,9 @@ states), then the assistant's opening with the codec's think/speaker/bos ids. Ea
 last frame's code embeddings plus the next text embedding (``tts_eos`` once the text is done, ``tts_pad`` after). A
 step whose text embedding has not arrived yet waits for the thinker (``needs_input``).
 
-Stage options: ``TalkerOptions`` (``options.py``). Decoding: with no talker SamplingParams, the model's own
-(sampling at temperature 0.9, top-k 50, repetition penalty 1.05, up to ``max_new_tokens`` frames); SamplingParams
-given for the talker replace it whole (their defaults: greedy, no penalty, ``max_tokens`` 64 frames, about 5 s: give
-``max_tokens`` with them). The code predictor's residual codes follow the talker: greedy when it is, else sampled as
+Stage options: ``TalkerOptions`` (``options.py``). Decoding: the model's own (sampling at temperature 0.9, top-k 50,
+repetition penalty 1.05, up to ``max_new_tokens`` frames), each field of the talker's SamplingParams the caller set
+replacing its counterpart. The code predictor's residual codes follow the talker: greedy when it is, else sampled as
 the model does (top-k 50, top-p 0.8) from the request's seed. ``stop`` has no meaning for codec frames and is refused.
 """
 
@@ -20,12 +19,12 @@ from typing import Any
 
 import torch
 
-from omnipipe.models.qwen3_omni.options import TalkerOptions
-from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, read_rows
+from omnipipe.models.qwen3_omni.options import TalkerOptions, TalkerParams
+from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, read_rows, speaker_ids
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
-from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_token
 from omnipipe.util.field_error import FieldError
 
 MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
@@ -39,13 +38,10 @@ class QwenOmniTalkerRunner(StageRunner):
         self.model = load_part(self.directory, "talker", self.device, self.dtype)
         compile_if(self.model.model, self.options.torch_compile)
         talker = self.config.talker_config
-        speakers = {str(k).lower(): int(v) for k, v in dict(talker.speaker_id or {}).items()}
-        default = "ethan" if "ethan" in speakers else next(iter(speakers), "")
-        speaker = (self.options.speaker or default).lower()
-        if speaker not in speakers:
-            raise FieldError(f"stages.{self.context.stage}.options.speaker",
-                             f"unknown speaker {speaker!r} (this checkpoint has {', '.join(speakers) or 'none'})")
-        self.speaker_id = speakers[speaker]
+        self.speakers = {name.lower(): index for name, index in speaker_ids(self.config).items()}
+        default = "ethan" if "ethan" in self.speakers else next(iter(self.speakers), "")
+        self.speaker_id = self._speaker_id(self.options.speaker or default,
+                                           f"stages.{self.context.stage}.options.speaker")
         self.groups = int(talker.num_code_groups)
         self.eos = int(talker.codec_eos_token_id)
         vocab = int(talker.text_config.vocab_size)
@@ -64,10 +60,22 @@ class QwenOmniTalkerRunner(StageRunner):
             projected = self.model.text_projection(rows.to(self.device, self.dtype))
         self.tts_bos, self.tts_eos, self.tts_pad = projected.unbind(0)
 
+    def _speaker_id(self, name: str, field: str) -> int:
+        if name.lower() not in self.speakers:
+            raise FieldError(field, f"unknown speaker {name!r} (this checkpoint has "
+                             f"{', '.join(sorted(self.speakers)) or 'none'})")
+        return self.speakers[name.lower()]
+
+    def _request_speaker_id(self, params: dict[str, Any]) -> int:
+        """The voice of a request: its ``extra.speaker`` (checked when it arrived), else the stage option's."""
+        speaker = TalkerParams(**(params.get("extra") or {})).speaker
+        return self.speaker_id if speaker is None else self._speaker_id(speaker, "sampling_params.extra.speaker")
+
     def validate(self, params: dict[str, Any]) -> str | None:
         if params.get("stop"):
             raise FieldError("sampling_params.stop", "the talker writes codec frames, not text: it takes no stop "
                              "strings")
+        self._request_speaker_id(params)
         return None
 
     def snapshot(self, request: StageRequest) -> Any:
@@ -147,7 +155,8 @@ class QwenOmniTalkerRunner(StageRunner):
         first_text = self.model.text_projection(state["text"][0].to(self.device, self.dtype))[None]
         text_part = torch.cat([opening[:3], self.tts_pad.expand(4, -1), self.tts_bos[None], first_text])
         codec_ids = torch.tensor([talker_config.codec_nothink_id, talker_config.codec_think_bos_id,
-                                  talker_config.codec_think_eos_id, self.speaker_id, talker_config.codec_pad_id,
+                                  talker_config.codec_think_eos_id, self._request_speaker_id(request.params),
+                                  talker_config.codec_pad_id,
                                   talker_config.codec_bos_id], device=self.device)
         codec_part = torch.cat([torch.zeros(3, text_part.shape[-1], dtype=self.dtype, device=self.device),
                                 self.model.get_input_embeddings()(codec_ids)])
@@ -163,7 +172,7 @@ class QwenOmniTalkerRunner(StageRunner):
         state["cache"] = DynamicCache(config=self.model.config.text_config)
         state["sampling"] = TokenSamplingParams.from_params(request.params, MODEL_DECODING)
         state["generator"] = state["sampling"].make_generator()
-        state["max_tokens"] = int(request.params.get("max_tokens") or self.options.max_new_tokens)
+        state["max_tokens"] = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
         state["step"] = 0  # index into the text embeddings after the first
         state["sampled"] = []
         out = self._forward(state, position_ids, inputs_embeds=inputs_embeds, attention_mask=mask)

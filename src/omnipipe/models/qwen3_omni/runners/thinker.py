@@ -24,7 +24,7 @@ from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
-from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_token
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.util.field_error import FieldError
 
@@ -108,7 +108,7 @@ class QwenOmniThinkerRunner(StageRunner):
         state: dict[str, Any] = {"cache": DynamicCache(config=self.model.config.text_config),
                                  "generated": [], "sampling": sampling, "generator": sampling.make_generator(),
                                  "stream": TextStream(self._decode_ids, request.params.get("stop") or []),
-                                 "max_tokens": int(request.params.get("max_tokens") or self.options.max_new_tokens)}
+                                 "max_tokens": int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))}
         position_ids = self.model._prepare_position_ids_for_generation(ids, {**kwargs, "past_key_values": None})
         self.model.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
         state["logits"], hidden = self._forward(state, position_ids, hidden=True, **kwargs)

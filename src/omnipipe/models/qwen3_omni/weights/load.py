@@ -31,6 +31,16 @@ def load_config(directory: Path):
         return AutoConfig.from_pretrained(directory, local_files_only=True)
 
 
+def speaker_ids(config) -> dict[str, int]:
+    """The checkpoint's voices: name (as the config spells it) -> the talker's codec speaker id."""
+    return {str(name): int(index) for name, index in dict(config.talker_config.speaker_id or {}).items()}
+
+
+def list_speakers(options: dict) -> list[str]:
+    """The voices of the checkpoint the talker's stage options name (the server's voice list)."""
+    return sorted(speaker_ids(load_config(Path(options["model"]))))
+
+
 def weight_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.is_file():

@@ -27,7 +27,7 @@ MEDIA_TOKENS = {"image_token": "<|image_pad|>", "audio_token": "<|audio_pad|>", 
                 "audio_bos_token": "<|audio_start|>", "audio_eos_token": "<|audio_end|>"}
 CODEBOOK = 64
 CODE_GROUPS = 4
-SPEAKER = "ethan"
+SPEAKERS = {"ethan": CODEBOOK + 6, "chelsie": CODEBOOK + 7}  # lower case: generate looks up speaker.lower()
 
 
 def _tokenizer():
@@ -83,7 +83,7 @@ def _config(tokenizer):
                                   "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
                                   "head_dim": 16, "num_code_groups": CODE_GROUPS},
         "num_code_groups": CODE_GROUPS, "thinker_hidden_size": hidden, "accept_hidden_layer": 1,
-        "speaker_id": {SPEAKER: CODEBOOK + 6}, "spatial_merge_size": 2, "audio_config": audio,
+        "speaker_id": dict(SPEAKERS), "spatial_merge_size": 2, "audio_config": audio,
         "vision_start_token_id": ids["<|vision_start|>"], "audio_start_token_id": ids["<|audio_start|>"],
         **media, **codec,
     }
