@@ -5,7 +5,8 @@ CI (``CI`` set), where they fail. Screenshots go to ``test-artifacts/screenshots
 
 Fixtures start real processes: ``bare_gateway`` is a gateway whose only worker address answers nothing (no model
 is loaded; enough for pages that need no worker), ``default_stack`` is one ``omnipipe worker --pipeline default
---capacity 2`` behind a gateway, ``drawing_stack`` one ``omnipipe worker --pipeline think-and-draw``. All are
+--capacity 2`` behind a gateway, ``drawing_stack`` one ``omnipipe worker --pipeline think-and-draw``,
+``omni_stack`` one ``omnipipe worker --pipeline qwen2_5_omni`` on a tiny checkpoint the fixture writes. All are
 module-scoped and stopped (then killed if need be) with every process they started.
 """
 
@@ -187,6 +188,20 @@ def default_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 def drawing_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """``omnipipe worker --pipeline think-and-draw`` (text, then an 8x8 drawing) behind ``omnipipe gateway``."""
     yield from _worker_behind_gateway(tmp_path_factory.mktemp("think-and-draw-stack"), "think-and-draw")
+
+
+@pytest.fixture(scope="module")
+def omni_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """``omnipipe worker --pipeline qwen2_5_omni`` on a tiny random checkpoint written here (text, image, audio and
+    video in; answers of 8 tokens) behind ``omnipipe gateway``."""
+    from omnipipe.models.qwen2_5_omni.weights.tiny import write_tiny_checkpoint
+
+    workdir = tmp_path_factory.mktemp("omni-stack")
+    checkpoint = write_tiny_checkpoint(workdir / "checkpoint", seed=0)
+    stages = {name: {"threads": 1, "options": {"model": str(checkpoint)}} for name in ("thinker", "talker", "token2wav")}
+    stages["thinker"]["options"]["max_new_tokens"] = 8
+    stages["talker"]["options"]["max_codes"] = 40
+    yield from _worker_behind_gateway(workdir, "qwen2_5_omni", deploy={"stages": stages})
 
 
 def speech(worker: WorkerProcess, text: str) -> np.ndarray:

@@ -19,6 +19,7 @@ import { concatBytes, concatFloat32, encodeWav, fileToWav, wavFromPcm16 } from "
 
 const RATE = 24000;
 const MAX_RECORDING_S = 120;
+const MAX_VIDEO_BYTES = 20e6; // the server takes bodies of up to 32 MiB, and base64 makes a file a third larger
 const SPEAK_KEY = "omnipipe.chat.speak";
 const PREVIEW_EVERY = 10; // denoising steps between previews of an image being drawn (the digits model takes 25)
 const DRAWING_STAGE = "diffusion"; // the stage that draws, in the image pipelines
@@ -34,6 +35,8 @@ const els = {
   audioFile: $("#audio-file"),
   attachImage: $("#attach-image"),
   imageFile: $("#image-file"),
+  attachVideo: $("#attach-video"),
+  videoFile: $("#video-file"),
   speak: $("#speak"),
   send: $("#send"),
   stop: $("#stop"),
@@ -67,6 +70,7 @@ const state = {
   sessionId: null,
   audio: null, // {wav: Uint8Array, label, url}
   image: null, // {dataUrl, label}
+  video: null, // {dataUrl, label, url}
   recorder: null, // {mic, pieces, started, timer}
   controller: null,
   ticketId: null,
@@ -137,6 +141,10 @@ function renderAttachments() {
     chips.push(h("span", { class: "chip" }, state.image.label,
       h("button", { type: "button", "aria-label": `Remove ${state.image.label}`, onclick: () => setImage(null) }, "×")));
   }
+  if (state.video) {
+    chips.push(h("span", { class: "chip" }, state.video.label,
+      h("button", { type: "button", "aria-label": `Remove ${state.video.label}`, onclick: () => setVideo(null) }, "×")));
+  }
   els.attachments.replaceChildren(...chips);
 }
 
@@ -148,6 +156,12 @@ function setAudio(audio) {
 
 function setImage(image) {
   state.image = image;
+  renderAttachments();
+}
+
+function setVideo(video) {
+  if (state.video && !state.video.sent) URL.revokeObjectURL(state.video.url);
+  state.video = video;
   renderAttachments();
 }
 
@@ -219,6 +233,20 @@ async function attachImageFile(file) {
   setImage({ dataUrl: await blobToDataURL(file), label: file.name });
 }
 
+async function attachVideoFile(file) {
+  showError("");
+  if (!file.type.startsWith("video/")) {
+    showError(`"${file.name}" is not a video.`);
+    return;
+  }
+  if (file.size > MAX_VIDEO_BYTES) {
+    showError(`"${file.name}" is ${(file.size / 1e6).toFixed(1)} MB; videos of up to ${MAX_VIDEO_BYTES / 1e6} MB can be sent.`);
+    return;
+  }
+  // the server decodes it and samples its frames; sent whole as a data URL
+  setVideo({ dataUrl: await blobToDataURL(file), label: file.name, url: URL.createObjectURL(file) });
+}
+
 // ------------------------------------------------------------------------------------------- one turn
 /** Earlier turns go along as text (a model that takes the conversation reads them): audio and images are not
  * resent; a spoken question becomes what the server heard in it once that is known. */
@@ -227,7 +255,7 @@ function compactForHistory(content) {
   const text = content.filter((p) => p.type === "text").map((p) => p.text).join(" ").trim();
   if (text) return text;
   if (content.some((p) => p.type === "input_audio")) return "(spoken question)";
-  return "(image)";
+  return content.some((p) => p.type === "video_url") ? "(video)" : "(image)";
 }
 
 function metricsLine(metrics) {
@@ -296,7 +324,7 @@ async function send(event) {
   showError("");
   if (state.recorder) await stopRecording();
   const text = els.prompt.value.trim();
-  if (!text && !state.audio && !state.image) {
+  if (!text && !state.audio && !state.image && !state.video) {
     showError("Type a question, record one, or attach an audio file first.");
     els.prompt.focus();
     return;
@@ -312,6 +340,7 @@ async function send(event) {
   if (text) parts.push({ type: "text", text });
   if (state.audio) parts.push({ type: "input_audio", input_audio: { data: bytesToBase64(state.audio.wav), format: "wav" } });
   if (state.image) parts.push({ type: "image_url", image_url: { url: state.image.dataUrl } });
+  if (state.video) parts.push({ type: "video_url", video_url: { url: state.video.dataUrl } });
   const content = parts.length === 1 && text ? text : parts;
   const userShown = addMessage("user", {
     text,
@@ -319,15 +348,19 @@ async function send(event) {
     extras: [
       state.audio ? h("audio", { controls: true, src: state.audio.url, "aria-label": "Your spoken question" }) : null,
       state.image ? h("img", { class: "thumb", src: state.image.dataUrl, alt: state.image.label }) : null,
+      state.video ? h("video", { class: "thumb", src: state.video.url, controls: true, muted: true,
+        "aria-label": state.video.label }) : null,
     ],
   });
   if (state.audio) state.audio.sent = true;
+  if (state.video) state.video.sent = true;
   const spokenWav = state.audio ? state.audio.wav : null;
   const heardLine = spokenWav ? h("div", { class: "heard muted small", "aria-live": "polite" }, "Listening to your question…") : null;
   if (heardLine) userShown.message.append(heardLine);
   els.prompt.value = ""; // given back below if the question is not answered
   setAudio(null);
   setImage(null);
+  setVideo(null);
 
   const userMessage = { role: "user", content };
   const remembered = { role: "user", content: compactForHistory(content) }; // becomes what was heard, if spoken
@@ -501,19 +534,20 @@ async function transcribe(wav, sessionId, line, remembered) {
   line.replaceChildren(...shown);
 }
 
-/** Offer only what the served model takes: images, audio; and speaking only when it can answer aloud. */
+/** Offer only what the served model takes: images, videos, audio; and speaking only when it can answer aloud. */
 async function showCapabilities() {
   const model = await servedModel();
   hooks.model = model;
   const takes = (modality) => (model.input ? model.input.includes(modality) : modality !== "image");
   els.attachImage.classList.toggle("hidden", !takes("image"));
+  els.attachVideo.classList.toggle("hidden", !takes("video"));
   els.record.classList.toggle("hidden", !takes("audio"));
   els.attachAudio.classList.toggle("hidden", !takes("audio"));
   const speaks = model.output ? model.output.includes("audio") : true;
   els.speak.closest("label").classList.toggle("hidden", !speaks);
   if (!speaks) els.speak.checked = false;
-  const extras = [takes("audio") ? "record a question or attach an audio file" : "", takes("image") ? "attach an image" : ""]
-    .filter(Boolean);
+  const extras = [takes("audio") ? "record a question or attach an audio file" : "", takes("image") ? "attach an image" : "",
+    takes("video") ? "attach a video" : ""].filter(Boolean);
   const draws = Boolean(model.output && model.output.includes("image"));
   if (els.placeholder && els.placeholder.isConnected) {
     els.placeholder.textContent = `Ask something to start.${extras.length ? ` You can also ${extras.join(", or ")}.` : ""}`
@@ -554,6 +588,11 @@ els.prompt.addEventListener("keydown", (event) => {
 els.record.addEventListener("click", toggleRecording);
 els.attachAudio.addEventListener("click", () => els.audioFile.click());
 els.attachImage.addEventListener("click", () => els.imageFile.click());
+els.attachVideo.addEventListener("click", () => els.videoFile.click());
+els.videoFile.addEventListener("change", () => {
+  if (els.videoFile.files[0]) attachVideoFile(els.videoFile.files[0]);
+  els.videoFile.value = "";
+});
 els.audioFile.addEventListener("change", () => {
   if (els.audioFile.files[0]) attachAudioFile(els.audioFile.files[0]);
   els.audioFile.value = "";
