@@ -97,6 +97,27 @@ def _deploy_for(source: str | Path | dict[str, Any] | None, pipeline: PipelineSp
     return raw
 
 
+def with_voice(params: dict[str, SamplingParams], voice: str, pipeline: PipelineSpec,
+               param: str) -> dict[str, SamplingParams]:
+    """``params`` with ``voice`` (one ``EnginePool.check_voice`` returned) given to the stage that takes it
+    (``ServingTraits.voice_param``); ``default`` leaves the stage's own. A different voice already asked for in
+    that stage's ``extra`` is a 400 naming ``param``."""
+    if voice == "default" or pipeline.serving.voice_param is None:
+        return params
+    stage, key = pipeline.serving.voice_param
+    stage_params = params.get(stage) or SamplingParams()
+    asked = stage_params.extra.get(key)
+    if asked is not None and asked != voice:
+        raise APIError(400, f"{param}: voice {voice!r} conflicts with sampling_params.{stage}.extra.{key} "
+                       f"{asked!r}", param=param, code="invalid_voice")
+    stage_params.extra = {**stage_params.extra, key: voice}
+    try:
+        stage_params.check_extra(pipeline.stage_extra_schema(stage))
+    except FieldError as exc:
+        raise APIError(400, f"{param}: {exc.rule}", param=param, code="invalid_voice") from None
+    return {**params, stage: stage_params}
+
+
 class EngineSlot:
     """One pipeline's AsyncOmni, started once (by the server or by the first request that needs it)."""
 
@@ -295,27 +316,6 @@ class EnginePool:
                 return match if known is voices else aliases[match]
         raise APIError(400, f"{param}: unknown voice {name!r} (voices: {', '.join(voices)}; aliases: "
                        f"{', '.join(aliases) or 'none'})", param=param, code="invalid_voice")
-
-    @staticmethod
-    def with_voice(params: dict[str, SamplingParams], voice: str, pipeline: PipelineSpec,
-                   param: str) -> dict[str, SamplingParams]:
-        """``params`` with ``voice`` (a voice ``check_voice`` returned) given to the stage that takes it
-        (``ServingTraits.voice_param``); ``default`` leaves the stage's own. A different voice already asked for in
-        that stage's ``extra`` is a 400 naming ``param``."""
-        if voice == "default" or pipeline.serving.voice_param is None:
-            return params
-        stage, key = pipeline.serving.voice_param
-        stage_params = params.get(stage) or SamplingParams()
-        asked = stage_params.extra.get(key)
-        if asked is not None and asked != voice:
-            raise APIError(400, f"{param}: voice {voice!r} conflicts with sampling_params.{stage}.extra.{key} "
-                           f"{asked!r}", param=param, code="invalid_voice")
-        stage_params.extra = {**stage_params.extra, key: voice}
-        try:
-            stage_params.check_extra(pipeline.stage_extra_schema(stage))
-        except FieldError as exc:
-            raise APIError(400, f"{param}: {exc.rule}", param=param, code="invalid_voice") from None
-        return {**params, stage: stage_params}
 
     async def debug_states(self) -> dict[str, dict[str, Any]]:
         """Per pipeline: its status, what its engine holds (``state``) and its liveness (``health``)."""

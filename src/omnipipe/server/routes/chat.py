@@ -44,7 +44,7 @@ from omnipipe.protocol.openai import (
 from omnipipe.protocol.worker import CHAT_PATH
 from omnipipe.server.audio_stream import Pcm16Stream, encode_whole
 from omnipipe.server.disconnect import while_connected
-from omnipipe.server.engines import EnginePool
+from omnipipe.server.engines import EnginePool, with_voice
 from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.spoken_answers import AUDIO_EXPIRY_S, SpokenAnswers
@@ -285,7 +285,7 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options: only allowed when stream is true", "stream_options")
     params, field_map = _sampling_params(body, pipeline)
-    params = pool.with_voice(params, voice, pipeline, "audio.voice")
+    params = with_voice(params, voice, pipeline, "audio.voice")
     field_map.update(media_fields)
     if audio_param is not None:
         if not prompt["prompt"]:  # a spoken question alone: what a stage finds wrong with the prompt is in its audio

@@ -119,7 +119,7 @@ from omnipipe.protocol.realtime import (
 from omnipipe.protocol.worker import CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_AGAIN, REALTIME_PATH
 from omnipipe.server.audio_stream import Pcm16Stream
 from omnipipe.server.capacity import Session, SessionTracker, at_capacity_error
-from omnipipe.server.engines import EnginePool
+from omnipipe.server.engines import EnginePool, with_voice
 from omnipipe.server.errors import APIError, from_engine_error, from_validation_errors
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.realtime_settings import (
@@ -667,7 +667,7 @@ class RealtimeSession:
             sampling[speed_stage] = SamplingParams(extra={"speed": self.settings.speed})
         if "audio" in modalities:  # the session's voice, checked when it was set
             voice = self.pool.check_voice(self.settings.voice, self.pipeline, "session.voice")
-            sampling = self.pool.with_voice(sampling, voice, self.pipeline, "session.voice")
+            sampling = with_voice(sampling, voice, self.pipeline, "session.voice")
         turn, history = self._take_turn()
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
         if self.pipeline.takes_history:

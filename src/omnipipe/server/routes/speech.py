@@ -29,7 +29,7 @@ from omnipipe.server.audio_stream import (
     Pcm16Stream,
     streaming_wav_header,
 )
-from omnipipe.server.engines import EnginePool
+from omnipipe.server.engines import EnginePool, with_voice
 from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.streaming import (
@@ -133,7 +133,7 @@ async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreami
     voice = pool.check_voice(body.voice, pipeline, "voice")
     _check_instructions(body, pipeline)
     native_rate = _native_rate(pipeline)
-    params = pool.with_voice(_sampling_params(body, pipeline) or {}, voice, pipeline, "voice") or None
+    params = with_voice(_sampling_params(body, pipeline) or {}, voice, pipeline, "voice") or None
     outputs = engine.generate(body.input, request_id=f"speech-{uuid.uuid4().hex}", sampling_params=params,
                               output_modalities=["audio"])
     first = await first_output(request, outputs, {"prompt": "input", "sampling_params.extra.speed": "speed"})
