@@ -1,6 +1,6 @@
 """The chat page in front of an omni model (``qwen2_5_omni`` on a tiny checkpoint): it offers what the model takes
 (images, audio and videos), sends an attached video as a ``video_url`` part with the file's very bytes, shows it in
-the conversation, and the answer is the model's own for that request."""
+the conversation, and the answer is the model's own for that request; the session's recording keeps the video."""
 
 from __future__ import annotations
 
@@ -59,3 +59,15 @@ def test_a_video_goes_to_the_model_and_shows_in_the_conversation(omni_stack: Sta
     assert answer.status_code == 200, answer.text
     want = answer.json()["choices"][0]["message"]["content"]
     assert want and shown == want.strip() and hooks["lastAnswer"].strip() == shown
+
+    # the recording keeps the video: the session page plays the very file sent
+    session_id = hooks["sessionId"]
+    page.goto(f"{omni_stack.url}/s/{session_id}")
+    recorded = page.locator(".turn .part.user video.sent-video")
+    expect(recorded).to_have_count(1)
+    path = f"/api/sessions/{session_id}/files/user_videos/turn001_1.mp4"
+    expect(recorded).to_have_attribute("src", path)
+    stored = httpx.get(omni_stack.url + path, timeout=30)
+    assert stored.status_code == 200 and stored.content == video.read_bytes()
+    assert stored.headers["content-type"] == "video/mp4"
+    screenshot(page, "session-omni-video")

@@ -335,6 +335,28 @@ def test_user_audio_chunks_images_and_rates(store: SessionStore, writer: Recordi
     assert wav_info(directory / "ai_audio/turn001.wav") == (1, 16_000, pytest.approx(1.0))
 
 
+def test_user_videos_are_checked_and_numbered_per_turn(store: SessionStore, writer: RecordingWriter) -> None:
+    webm = b"\x1a\x45\xdf\xa3" + b"\x00" * 60
+    mp4 = b"\x00\x00\x00\x18ftypisom" + b"\x00" * 60
+    recorder = new_recorder(store, writer, FakeClock(), kind="chat")
+    recorder.begin_turn()
+    assert recorder.user_video(mp4, "video/mp4") == "user_videos/turn001_1.mp4"
+    assert recorder.user_video(webm, "video/webm; codecs=vp9") == "user_videos/turn001_2.webm"
+    for data, mime, problem in ((mp4, "text/html", "mime"), (webm, "video/mp4", "not a video/mp4"),
+                                (b"", "video/mp4", "empty")):
+        with pytest.raises(ValueError, match=problem):
+            recorder.user_video(data, mime)
+    with pytest.raises(ValueError, match="limit"):
+        recorder.user_video(mp4, "video/mp4", max_video_bytes=10)
+    recorder.end_turn()
+    recorder.finish()
+    writer.flush(timeout=10)
+    directory = store.session_dir(SID)
+    turn = read_json(directory / "recording.json")["turns"][0]
+    assert [v["path"] for v in turn["user_videos"]] == ["user_videos/turn001_1.mp4", "user_videos/turn001_2.webm"]
+    assert (directory / "user_videos/turn001_2.webm").read_bytes() == webm
+
+
 def test_drawn_images_are_checked_and_numbered_per_turn(store: SessionStore, writer: RecordingWriter) -> None:
     clock = FakeClock()
     recorder = new_recorder(store, writer, clock, kind="chat")

@@ -27,9 +27,11 @@ from omnipipe.gateway.recording.taps import (
 )
 from omnipipe.server.audio_stream import streaming_wav_header
 from omnipipe.server.routes.transcription import subtitles
+from tests.models import media_files
 
 RATE = 24_000
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 32
+
 
 
 class FakeClock:
@@ -164,6 +166,9 @@ def test_chat_stream(store: SessionStore, writer: RecordingWriter, clock: FakeCl
     assert (directory / "merged_replay.wav").is_file()
 
 
+MP4 = media_files.mp4(np.zeros((3, 16, 16, 3), dtype=np.uint8), fps=3)
+
+
 def test_chat_audio_url_and_video_url_parts(store: SessionStore, writer: RecordingWriter, clock: FakeClock) -> None:
     recorder = recorder_for(store, writer, clock, "chat")
     tap = ChatTap(recorder)
@@ -172,6 +177,7 @@ def test_chat_audio_url_and_video_url_parts(store: SessionStore, writer: Recordi
     tap.on_request({"model": "qwen", "messages": [{"role": "user", "content": [
         {"type": "text", "text": "What is heard and seen?"},
         {"type": "audio_url", "audio_url": {"url": f"data:audio/wav;base64,{wav}"}},
+        {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{b64(MP4)}"}},
         {"type": "video_url", "video_url": {"url": f"data:video/mp4;base64,{b64(b'0123456789')}"}},
         {"type": "video_url", "video_url": {"url": "https://example.com/v.mp4"}},
     ]}]})
@@ -183,9 +189,14 @@ def test_chat_audio_url_and_video_url_parts(store: SessionStore, writer: Recordi
     assert turn["user_text"] == "What is heard and seen?"
     assert turn["user_audio"]["path"] == "user_audio/turn001.wav" and turn["user_audio"]["duration_s"] == 0.5
     assert duration(directory / "user_audio/turn001.wav") == pytest.approx(0.5)
+    # a real MP4 is kept as sent; bytes that are no MP4 and a remote URL are events
+    assert turn["user_videos"] == [{"path": "user_videos/turn001_1.mp4", "mime": "video/mp4",
+                                    "size_bytes": len(MP4), "t": 1.0}]
+    assert (directory / "user_videos/turn001_1.mp4").read_bytes() == MP4
     videos = [e for e in recording["events"] if e["kind"] == "video_url"]
     assert [(v.get("mime"), v.get("size_bytes"), v.get("url")) for v in videos] == [
         ("video/mp4", 10, None), (None, None, "https://example.com/v.mp4")]
+    assert "not a video/mp4 video" in videos[0]["not_kept"]
 
 
 @pytest.mark.parametrize("audio_format", ["wav", "pcm16", "flac"])

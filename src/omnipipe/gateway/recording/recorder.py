@@ -53,6 +53,7 @@ TURN_STATUSES = ("completed", "cancelled", "failed")
 SESSION_STATUSES = (*TURN_STATUSES, "interrupted")
 """Final session statuses; ``interrupted``: the gateway stopped during the session."""
 DEFAULT_MAX_IMAGE_BYTES = 10 * 1024 * 1024
+DEFAULT_MAX_VIDEO_BYTES = 32 * 1024 * 1024  # the most a request body may carry
 MAX_AI_IMAGE_BYTES = 4 * 1024 * 1024
 """A drawn answer's image larger than this is not recorded."""
 DEFAULT_MAX_REPLAY_S = 4 * 3600.0
@@ -65,6 +66,15 @@ _IMAGE_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
     "image/jpeg": lambda data: data.startswith(b"\xff\xd8\xff"),
     "image/gif": lambda data: data[:6] in (b"GIF87a", b"GIF89a"),
     "image/webp": lambda data: data[:4] == b"RIFF" and data[8:12] == b"WEBP",
+}
+VIDEO_EXTENSIONS = {"video/mp4": "mp4", "video/quicktime": "mov", "video/webm": "webm", "video/x-matroska": "mkv",
+                    "video/ogg": "ogv"}
+_VIDEO_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
+    "video/mp4": lambda data: data[4:8] == b"ftyp",
+    "video/quicktime": lambda data: data[4:8] in (b"ftyp", b"moov", b"mdat", b"wide", b"free"),
+    "video/webm": lambda data: data.startswith(b"\x1a\x45\xdf\xa3"),
+    "video/x-matroska": lambda data: data.startswith(b"\x1a\x45\xdf\xa3"),
+    "video/ogg": lambda data: data.startswith(b"OggS"),
 }
 
 
@@ -271,7 +281,8 @@ class SessionRecorder:
             self._next_index += 1
             self._turn = {"index": index, "started_at": self._start_time(started_at), "user_text": "",
                           "assistant_text": "", "user_audio": None, "user_audio_extra": [], "ai_audio": [],
-                          "user_images": [], "ai_images": [], "metrics": {}, "status": "in_progress"}
+                          "user_images": [], "user_videos": [], "ai_images": [], "metrics": {},
+                          "status": "in_progress"}
             self._recording["turns"].append(self._turn)
             self._write_recording_soon()
             return index
@@ -348,6 +359,30 @@ class SessionRecorder:
             turn = self._open_turn()
             relpath = f"user_images/turn{turn['index']:03d}_{len(turn['user_images']) + 1}.{IMAGE_EXTENSIONS[mime]}"
             turn["user_images"].append({"path": relpath, "mime": mime, "size_bytes": len(data), "t": self.elapsed()})
+            self._submit(self._write_bytes, relpath, bytes(data))
+            self._write_recording_soon()
+            return relpath
+
+    def user_video(self, data: bytes, mime: str, *, max_video_bytes: int = DEFAULT_MAX_VIDEO_BYTES) -> str:
+        """Save a video the user sent (MP4, QuickTime, WebM, Matroska or Ogg, at most ``max_video_bytes``) as
+        ``user_videos/turn{NNN}_{k}.{ext}``; return its path.
+
+        ``ValueError`` for another type, an oversized or empty video, or bytes that do not begin as ``mime`` does.
+        """
+        mime = mime.split(";", 1)[0].strip().lower()
+        if mime not in VIDEO_EXTENSIONS:
+            raise ValueError(f"mime: videos must be one of {', '.join(VIDEO_EXTENSIONS)}, got {mime!r}")
+        if not data:
+            raise ValueError("data: the video is empty")
+        if len(data) > max_video_bytes:
+            raise ValueError(f"data: the video has {len(data)} bytes, more than the limit of {max_video_bytes}")
+        if not _VIDEO_SIGNATURES[mime](data):
+            raise ValueError(f"data: the bytes are not a {mime} video")
+        with self._lock:
+            turn = self._open_turn()
+            videos = turn.setdefault("user_videos", [])
+            relpath = f"user_videos/turn{turn['index']:03d}_{len(videos) + 1}.{VIDEO_EXTENSIONS[mime]}"
+            videos.append({"path": relpath, "mime": mime, "size_bytes": len(data), "t": self.elapsed()})
             self._submit(self._write_bytes, relpath, bytes(data))
             self._write_recording_soon()
             return relpath

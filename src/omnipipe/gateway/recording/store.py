@@ -1,7 +1,8 @@
 """Where recorded sessions live on disk, and every safe way to reach them.
 
 Layout: ``{data_dir}/sessions/{session_id}/`` with ``meta.json``, ``recording.json``, ``user_audio/``,
-``ai_audio/``, ``user_images/``, ``ai_images/`` (the images answers drew) and ``merged_replay.wav``. Session ids
+``ai_audio/``, ``user_images/``, ``user_videos/``, ``ai_images/`` (the images answers drew) and
+``merged_replay.wav``. Session ids
 match ``SESSION_ID_PATTERN``; a relative path taken from a request is resolved (symlinks followed) and refused
 unless it stays inside its session directory. Nothing here follows a symlink when listing, sizing, zipping or deleting.
 """

@@ -237,7 +237,8 @@ class ChatTap(_HttpTap):
 
     @_never_raises
     def _video_url(self, video: Any) -> None:
-        """A ``video_url`` part: recorded as an event (its type and size; the video itself is not kept)."""
+        """A ``video_url`` part: a base64 data URL of a video type the recorder keeps is saved like an image;
+        another URL (or a type it does not keep) is recorded as an event."""
         url = video.get("url") if isinstance(video, dict) else None
         if not isinstance(url, str):
             raise TypeError("video_url.url: expected a string")
@@ -245,8 +246,11 @@ class ChatTap(_HttpTap):
         if not (url.startswith("data:") and comma and header.endswith(";base64")):
             self.recorder.event("video_url", url=_clipped(url))
             return
-        self.recorder.event("video_url", mime=header[len("data:"):].split(";", 1)[0],
-                            size_bytes=len(_b64decode(payload)))
+        mime, data = header[len("data:"):].split(";", 1)[0], _b64decode(payload)
+        try:
+            self.recorder.user_video(data, mime)
+        except ValueError as exc:
+            self.recorder.event("video_url", mime=mime, size_bytes=len(data), not_kept=str(exc))
 
     @_never_raises
     def _answer_image(self, image: Any) -> None:

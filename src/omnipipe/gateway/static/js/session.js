@@ -140,6 +140,7 @@ function renderTurn(turn) {
   const userClips = [turn.user_audio, ...(turn.user_audio_extra || [])].filter(Boolean);
   const aiClips = (turn.ai_audio || []).filter(Boolean);
   const images = (turn.user_images || []).filter((i) => i && i.path);
+  const videos = (turn.user_videos || []).filter((v) => v && v.path);
   const drawn = (turn.ai_images || []).filter((i) => i && i.path);
   const when = typeof turn.started_at === "number" ? `at ${formatSeconds(turn.started_at)}` : "";
   const took = typeof turn.ended_at === "number" && typeof turn.started_at === "number"
@@ -150,14 +151,16 @@ function renderTurn(turn) {
     value && typeof value === "object" && !Array.isArray(value) ? Object.entries(value) : [[name, value]]))
     .filter(([name, value]) => !(name.endsWith("_tokens") && !value) && !(value && typeof value === "object"));
 
-  const user = turn.user_text || turn.user_transcript || userClips.length || images.length
+  const user = turn.user_text || turn.user_transcript || userClips.length || images.length || videos.length
     ? h("div", { class: "part user" },
       h("div", { class: "who" }, "You"),
       turn.user_text ? h("div", { class: "text" }, turn.user_text) : null,
       turn.user_transcript ? h("div", { class: "text heard", title: "transcribed by the server" },
         h("span", { class: "muted small" }, "Heard: "), `\u201c${turn.user_transcript}\u201d`) : null,
       userClips.map((clip, i) => audioEntry(clip, `Your audio ${i + 1}`)),
-      images.map((image) => h("a", { href: fileUrl(image.path) }, h("img", { src: fileUrl(image.path), alt: `Image you sent (${image.path})` }))))
+      images.map((image) => h("a", { href: fileUrl(image.path) }, h("img", { src: fileUrl(image.path), alt: `Image you sent (${image.path})` }))),
+      videos.map((video) => h("video", { class: "sent-video", src: fileUrl(video.path), controls: true, preload: "metadata",
+        "aria-label": `Video you sent (${video.path})` })))
     : null;
   const assistant = h("div", { class: "part assistant" },
     h("div", { class: "who" }, "Assistant"),
