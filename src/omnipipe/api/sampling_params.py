@@ -76,7 +76,7 @@ class SamplingParams:
     def __setattr__(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
         given = self.__dict__.get("_given")
-        if given is not None and name in _FIELDS:
+        if given is not None and name in _FIELD_NAMES:
             given.add(name)
 
     @property
@@ -98,15 +98,14 @@ class SamplingParams:
         return cls(**raw)
 
 
-_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+_FIELD_NAMES = tuple(f.name for f in fields(SamplingParams))  # in the order __init__ takes them
 
 
 def _remember_given(init: Any) -> Any:
     @functools.wraps(init)
     def __init__(self: SamplingParams, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        names = [f.name for f in fields(self)]
-        self.__dict__["_given"] = set(names[:len(args)]) | set(kwargs)
+        self.__dict__["_given"] = set(_FIELD_NAMES[:len(args)]) | set(kwargs)
 
     return __init__
 

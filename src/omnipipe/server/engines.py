@@ -133,7 +133,8 @@ class EngineSlot:
 
     def voices(self) -> list[str]:
         """``default`` plus the voices of the pipeline's family (``ServingTraits.voices``), read once: given the
-        options of the stage the voice goes to, as deployed (a checkpoint family lists its checkpoint's voices)."""
+        options of the stage the voice goes to, as deployed (a checkpoint family lists its checkpoint's voices). Voices
+        that cannot be read (a bad checkpoint, which its stage reports when it loads) leave ``default`` alone."""
         if self._voices is None:
             traits = self.pipeline.serving
             found: list[str] = []
@@ -145,9 +146,8 @@ class EngineSlot:
                             load_deploy(self.deploy, self.pipeline)
                         options = dict(deploy.stages[traits.voice_param[0]].options)
                     found = list(resolve(traits.voices)(options))
-                except Exception as exc:  # noqa: BLE001 - the stage reports a bad checkpoint when it loads
+                except Exception as exc:  # noqa: BLE001 - logged once; the voice list is then default alone
                     logger.warning("pipeline %s: cannot list its voices: %s", self.name, exc)
-                    return ["default"]
             self._voices = ["default", *(v for v in found if v != "default")]
         return self._voices
 
@@ -307,13 +307,15 @@ class EnginePool:
     def check_voice(self, voice: Voice, pipeline: PipelineSpec, param: str) -> str:
         """The pipeline voice that ``voice`` (a name, an OpenAI alias or ``{"id": ...}``; any case) selects; else a
         400 naming ``param`` and listing the valid names."""
-        name = voice_name(voice)
+        name = voice_name(voice).casefold()
         voices = self.voices(pipeline)
         aliases = self.voice_aliases(pipeline)
-        for known in (voices, aliases):
-            match = next((v for v in known if v.casefold() == name.casefold()), None)
-            if match is not None:
-                return match if known is voices else aliases[match]
+        match = next((v for v in voices if v.casefold() == name), None)
+        if match is not None:
+            return match
+        alias = next((a for a in aliases if a.casefold() == name), None)
+        if alias is not None:
+            return aliases[alias]
         raise APIError(400, f"{param}: unknown voice {name!r} (voices: {', '.join(voices)}; aliases: "
                        f"{', '.join(aliases) or 'none'})", param=param, code="invalid_voice")
 

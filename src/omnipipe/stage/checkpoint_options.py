@@ -67,9 +67,9 @@ def positive_int(name: str, value: object, most: int) -> None:
 @dataclass(frozen=True)
 class MultimodalThinkerOptions(DecoderCheckpointOptions):
     """A thinker reading text, images, audio and video: ``max_new_tokens``, a request's cap when its SamplingParams
-    leave ``max_tokens`` out; ``video_fps``, frames per second sampled from a video file (and the rate frames given as frames
-    are taken to have: it sets the videos' time positions); ``video_max_frames``, at most that many frames of one
-    video, spread evenly."""
+    leave ``max_tokens`` out; ``video_fps``, frames per second sampled from a video file (and the rate frames given
+    as frames are taken to have: it sets the videos' time positions); ``video_max_frames``, at most that many frames
+    of one video, spread evenly."""
 
     max_new_tokens: int = 1024
     video_fps: float = 2.0

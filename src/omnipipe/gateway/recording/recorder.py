@@ -78,14 +78,19 @@ _VIDEO_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
 }
 
 
-def _check_image(data: bytes, mime: str, max_image_bytes: int) -> None:
-    """``ValueError`` for an empty or oversized image, or bytes that are not of type ``mime``."""
+def _check_file(data: bytes, mime: str, max_bytes: int, kind: str,
+                signatures: dict[str, Callable[[bytes], bool]]) -> None:
+    """``ValueError`` for an empty or oversized ``kind`` (image, video), or bytes that are not of type ``mime``."""
     if not data:
-        raise ValueError("data: the image is empty")
-    if len(data) > max_image_bytes:
-        raise ValueError(f"data: the image has {len(data)} bytes, more than the limit of {max_image_bytes}")
-    if not _IMAGE_SIGNATURES[mime](data):
-        raise ValueError(f"data: the bytes are not a {mime} image")
+        raise ValueError(f"data: the {kind} is empty")
+    if len(data) > max_bytes:
+        raise ValueError(f"data: the {kind} has {len(data)} bytes, more than the limit of {max_bytes}")
+    if not signatures[mime](data):
+        raise ValueError(f"data: the bytes are not a {mime} {kind}")
+
+
+def _check_image(data: bytes, mime: str, max_image_bytes: int) -> None:
+    _check_file(data, mime, max_image_bytes, "image", _IMAGE_SIGNATURES)
 
 
 AUDIO_FILE_EXTENSIONS = frozenset({"wav", "mp3", "flac", "ogg", "oga", "opus", "m4a", "mp4", "aac", "webm", "weba",
@@ -372,15 +377,10 @@ class SessionRecorder:
         mime = mime.split(";", 1)[0].strip().lower()
         if mime not in VIDEO_EXTENSIONS:
             raise ValueError(f"mime: videos must be one of {', '.join(VIDEO_EXTENSIONS)}, got {mime!r}")
-        if not data:
-            raise ValueError("data: the video is empty")
-        if len(data) > max_video_bytes:
-            raise ValueError(f"data: the video has {len(data)} bytes, more than the limit of {max_video_bytes}")
-        if not _VIDEO_SIGNATURES[mime](data):
-            raise ValueError(f"data: the bytes are not a {mime} video")
+        _check_file(data, mime, max_video_bytes, "video", _VIDEO_SIGNATURES)
         with self._lock:
             turn = self._open_turn()
-            videos = turn.setdefault("user_videos", [])
+            videos = turn["user_videos"]
             relpath = f"user_videos/turn{turn['index']:03d}_{len(videos) + 1}.{VIDEO_EXTENSIONS[mime]}"
             videos.append({"path": relpath, "mime": mime, "size_bytes": len(data), "t": self.elapsed()})
             self._submit(self._write_bytes, relpath, bytes(data))

@@ -105,10 +105,11 @@ class QwenOmniThinkerRunner(StageRunner):
         ids = kwargs["input_ids"]
         request.num_prompt_tokens = int(ids.shape[1])
         sampling = TokenSamplingParams.from_params(request.params)
+        max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
         state: dict[str, Any] = {"cache": DynamicCache(config=self.model.config.text_config),
                                  "generated": [], "sampling": sampling, "generator": sampling.make_generator(),
                                  "stream": TextStream(self._decode_ids, request.params.get("stop") or []),
-                                 "max_tokens": int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))}
+                                 "max_tokens": max_tokens}
         position_ids = self.model._prepare_position_ids_for_generation(ids, {**kwargs, "past_key_values": None})
         self.model.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
         state["logits"], hidden = self._forward(state, position_ids, hidden=True, **kwargs)
