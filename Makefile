@@ -1,12 +1,12 @@
 # omnipipe: two commands.
 #   make demo   - create .venv, install omnipipe and its models, answer a written and a spoken question
-#   make test   - install the test dependencies and run the whole test suite
+#   make test   - install the test dependencies and run the whole test suite (make test-fast: the quick tier)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= demo-output
 
-.PHONY: demo test install install-test chromium lint lock clean
+.PHONY: demo test test-fast install install-test system-deps lint lock clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,21 +41,31 @@ demo: install
 	$(BIN)/omnipipe generate --pipeline image "draw a seven" --output $(OUT)/seven.png
 	@echo "wrote $(OUT)/answer.wav, $(OUT)/spoken-answer.wav and $(OUT)/seven.png"
 
-# the browser tests drive Debian's Chromium; installed here where we may (root with apt-get), else said loudly
-chromium:
-	@if [ ! -x /usr/bin/chromium ]; then \
+# What the suite needs from the system, installed here where we may (root with apt-get), else said loudly:
+# Debian's chromium for the browser tests, libibverbs1 for the Mooncake relay's transfer engine (loaded even for tcp).
+system-deps:
+	@missing=""; \
+	[ -x /usr/bin/chromium ] || missing="$$missing chromium fonts-dejavu-core"; \
+	ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' || missing="$$missing libibverbs1"; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "installing Debian's chromium for the browser tests"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-dejavu-core >/dev/null; \
+	    echo "installing Debian's$$missing for the test suite"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else \
-	    echo "*** /usr/bin/chromium is missing and apt-get cannot run as root here: the browser tests will be"; \
-	    echo "*** SKIPPED. Install them with: sudo apt-get install chromium fonts-dejavu-core"; \
+	    echo "*** missing system packages:$$missing, and apt-get cannot run as root here. SKIPPED because of it:"; \
+	    echo "***   chromium: the browser tests (tests/browser); libibverbs1: the mooncake relay tests"; \
+	    echo "*** Install them with: sudo apt-get install$$missing"; \
 	  fi; \
 	fi
 
-test: install-test chromium
+# the whole suite, as CI runs it
+test: install-test system-deps
 	$(BIN)/omnipipe download
 	$(BIN)/python -m pytest
+
+# the tier to run while working: everything that loads no packaged model, starts no browser and is not marked slow
+test-fast: install-test
+	$(BIN)/python -m pytest -m "not models and not browser and not slow" -q
 
 lint: install-test
 	$(BIN)/python -m ruff check --select E9,F,I src tests
