@@ -136,6 +136,20 @@ def test_version_help_defaults_and_a_subcommands_own_usage() -> None:
     assert result.stderr.startswith("usage: omnipipe generate") and "unrecognized arguments: --bogus" in result.stderr
 
 
+def test_tiny_checkpoint_offers_the_registered_families_and_refuses_a_file(tmp_path: Path) -> None:
+    from omnipipe.models.registry import TINY_CHECKPOINTS
+
+    help_text = run("tiny-checkpoint", "--help").stdout
+    assert "{" + ",".join(sorted(TINY_CHECKPOINTS)) + "}" in help_text
+    result = run("tiny-checkpoint", "toy", str(tmp_path))
+    assert result.returncode == 2 and "argument family: invalid choice: 'toy'" in result.stderr
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    result = run("tiny-checkpoint", sorted(TINY_CHECKPOINTS)[0], str(taken))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == f"omnipipe: error: directory: {taken} exists and is not a directory"
+
+
 @pytest.mark.models
 def test_generate_draws_an_image_into_a_png(tmp_path: Path) -> None:
     from PIL import Image

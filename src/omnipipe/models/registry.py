@@ -1,5 +1,5 @@
 """Pipelines by name: each is a PipelineSpec built in code by a family under ``models/``. Adding a family is its
-folder plus one line here per pipeline."""
+folder plus one line here per pipeline (and one for its tiny checkpoint writer, if it has one)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,13 @@ PIPELINES: dict[str, str] = {
     "toy": "omnipipe.models.toy.pipeline:PIPELINE",
     "toy_tts": "omnipipe.models.toy.pipeline:TTS_PIPELINE",
     "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.pipeline:PIPELINE",
+}
+
+# pipeline -> dotted path of its family's ``write_tiny_checkpoint(directory, seed) -> Path``: a tiny random
+# checkpoint written offline, to run the pipeline on a CPU without a download (``omnipipe tiny-checkpoint``)
+TINY_CHECKPOINTS: dict[str, str] = {
+    "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.weights.tiny:write_tiny_checkpoint",
+    "qwen3_omni": "omnipipe.models.qwen3_omni.weights.tiny:write_tiny_checkpoint",
 }
 
 

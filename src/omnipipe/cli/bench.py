@@ -1,0 +1,46 @@
+"""``omnipipe bench SUITE [ARGS]``: the benchmarks, each a module of ``omnipipe.bench`` with its own ``main(argv)``
+and ``--help``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+# suite -> the module whose ``main(argv) -> int`` runs it
+SUITES = {
+    "engine": "omnipipe.bench.engine",
+    "relay": "omnipipe.bench.relay",
+    "offline": "omnipipe.bench.offline",
+    "quality": "omnipipe.bench.quality",
+    "serve": "omnipipe.bench.serve",
+    "gateway": "omnipipe.bench.gateway",
+    "soak": "omnipipe.bench.soak",
+    "images": "omnipipe.bench.images",
+    "broadcast": "omnipipe.bench.broadcast",
+    "thinker": "omnipipe.bench.thinker",
+    "placement": "omnipipe.bench.placement",
+    "vocoder-seams": "omnipipe.bench.vocoder_seams",
+}
+
+_SUITES_HELP = (
+    "engine: framework costs on test stages; relay: relay throughput between two processes per backend (mooncake "
+    "beside raw Mooncake reads and shm); offline: the default pipeline vs a sequential baseline; quality: the default "
+    "pipeline's thinkers side by side on 30 factual questions (right answers, decode tok/s) and a multi-turn recall; "
+    "serve: load on a running server; gateway: a worker directly vs through a gateway (recording and not), side by "
+    "side; soak: load with stage kills, a stopped stage, clients that leave and malformed requests, and what was left "
+    "behind; images: the image pipeline's images/s and latency with step-level, request-level and no batching; "
+    "broadcast: a two-rank thinker's requests/s and latency with images moved to its ranks blocking, async or as raw "
+    "bytes; thinker: the thinker decoder (float32 and int8) against llama.cpp and transformers on the same weights: "
+    "prefill, decode tok/s at batch 1 and 8; placement: TTFP with every stage on one host vs split over two Ray nodes "
+    "(a loopback cluster); vocoder-seams: a streamed vocoder decode (omnipipe's exact windows, transformers' "
+    "chunked_decode) against one whole decode: difference over absmax and samples missing")
+
+
+def add_bench(sub: argparse._SubParsersAction) -> None:
+    b = sub.add_parser("bench", help="benchmarks (print a table)")
+    b.add_argument("suite", choices=list(SUITES), help=_SUITES_HELP)
+    b.add_argument("rest", nargs=argparse.REMAINDER, help="arguments for the suite (see --help of the suite)")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    return importlib.import_module(SUITES[args.suite]).main(args.rest)
