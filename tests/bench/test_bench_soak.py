@@ -15,19 +15,10 @@ from typing import Any
 
 import pytest
 
-from omnipipe.bench.soak import (
-    FAULT_HEADERS,
-    KILL,
-    KILL_WORKER,
-    MALFORMED_HEADERS,
-    REQUEST_HEADERS,
-    RESOURCE_HEADERS,
-    STOP,
-    cause_of,
-    fault_share,
-    leave_plan,
-    main,
-)
+from omnipipe.bench.soak import main
+from omnipipe.bench.soak_faults import KILL, KILL_WORKER, STOP, fault_share
+from omnipipe.bench.soak_load import cause_of, leave_plan
+from omnipipe.bench.soak_report import FAULT_HEADERS, MALFORMED_HEADERS, REQUEST_HEADERS, RESOURCE_HEADERS
 from tests.bench.test_bench_gateway import table_rows
 
 RUN_TIMEOUT_S = 540
@@ -136,7 +127,7 @@ def test_bad_arguments_are_usage_errors() -> None:
 
 
 def test_a_well_formed_request_meeting_a_killed_stage_is_not_a_malformed_failure() -> None:
-    from omnipipe.bench.soak import malformed_summary
+    from omnipipe.bench.soak_malformed import malformed_summary
 
     down = '{"error": {"message": "stage died", "type": "server_error", "param": null, "code": "stage_unavailable"}}'
     results = [{"case": "accepted", "round": 0, "status": 503, "expected": 200, "body": down},

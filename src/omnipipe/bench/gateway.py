@@ -27,7 +27,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from omnipipe.bench.serve import summarize_run
 from omnipipe.bench.serve_datasets import BenchPrompt, load_prompts
 from omnipipe.bench.serve_endpoints import ENDPOINTS, RequestOptions, RequestResult, send
 from omnipipe.protocol.worker import CHAT_PATH
+from omnipipe.util.net import free_port
 from omnipipe.util.process import start_in_group, stop_groups
 
 DIRECT, GATEWAY, NO_RECORD = "direct", "gateway", "gateway --no-record"
@@ -64,12 +64,6 @@ LOG_TAIL_CHARS = 4000
 
 class BenchError(Exception):
     """The run cannot go on (a process died or never got ready); the message says why."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Child:
