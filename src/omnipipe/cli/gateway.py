@@ -156,7 +156,8 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
-def run_up(args: argparse.Namespace) -> int:
+def _check_up_flags(args: argparse.Namespace) -> list[int]:
+    """``up``'s flags checked before anything starts (the ports free); the workers' ports."""
     from omnipipe.models.registry import get_pipeline
 
     if not 1 <= args.workers <= 64:
@@ -169,11 +170,17 @@ def run_up(args: argparse.Namespace) -> int:
         raise GatewayCLIError(f"--deploy: file not found: {args.deploy}")
     get_pipeline(args.pipeline)
     worker_ports = [args.worker_port + i for i in range(args.workers)]
-    for flag, host, port in [*(("--worker-port", "127.0.0.1", p) for p in worker_ports), ("--port", args.host, args.port)]:
+    ports = [*(("--worker-port", "127.0.0.1", p) for p in worker_ports), ("--port", args.host, args.port)]
+    for flag, host, port in ports:
         if not 0 < port < 65536:
             raise GatewayCLIError(f"{flag}: must be in 1..65535, got {port}")
         if not _port_free(host, port):
             raise GatewayCLIError(f"{flag}: port {port} on {host} is already in use")
+    return worker_ports
+
+
+def run_up(args: argparse.Namespace) -> int:
+    worker_ports = _check_up_flags(args)
     tls = _tls_options(args)
     token = args.admin_token or secrets.token_urlsafe(12)
     gateway_args = argparse.Namespace(workers=",".join(f"127.0.0.1:{p}" for p in worker_ports), host=args.host,
