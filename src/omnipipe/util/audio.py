@@ -8,7 +8,6 @@ Resampling uses soxr. Also holds the transcript comparison helpers
 
 from __future__ import annotations
 
-import base64
 import io
 import logging
 import re
@@ -17,6 +16,9 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+
+from omnipipe.util.data_url import parse_data_url
+from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 
@@ -132,13 +134,10 @@ def _decode_container(raw: bytes | None, path: Path | None, max_seconds: float |
 
 
 def _decode_data_uri(uri: str) -> bytes:
-    header, _, payload = uri.partition(",")
-    if ";base64" not in header:
-        raise AudioDecodeError("only base64 data URIs are supported")
     try:
-        return base64.b64decode(payload, validate=True)
-    except ValueError as exc:
-        raise AudioDecodeError(f"invalid base64 audio data: {_one_line(exc)}") from None
+        return parse_data_url(uri, field="source")[1]
+    except FieldError as exc:
+        raise AudioDecodeError(exc.rule) from None
 
 
 def load_audio(

@@ -9,8 +9,6 @@ is decoded (the ``MAX_*`` limits below).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 import math
 from pathlib import Path
@@ -20,6 +18,7 @@ import numpy as np
 
 from omnipipe.util.audio import AudioDecodeError, AudioTooLongError
 from omnipipe.util.audio import load_audio as decode_audio
+from omnipipe.util.data_url import parse_data_url, size_text
 from omnipipe.util.field_error import FieldError
 
 MAX_MEDIA_BYTES = 256 * 1024 * 1024  # one encoded image, audio or video file
@@ -32,25 +31,13 @@ MAX_VIDEO_FRAMES = 1024  # the highest max_frames load_video takes
 
 
 # ---------------------------------------------------------------------------------------------- encoded inputs
-def _data_url(url: str, kind: str, field: str) -> bytes:
-    header, _, body = url.partition(",")
-    if not (header.startswith(f"data:{kind}/") and header.endswith(";base64")):
-        raise FieldError(field, f"a data URL must be data:{kind}/<type>;base64,<data>")
-    if len(body) > MAX_MEDIA_BYTES * 4 // 3 + 4:
-        raise FieldError(field, f"is larger than {MAX_MEDIA_BYTES // (1024 * 1024)} MiB")
-    try:
-        return base64.b64decode(body, validate=True)
-    except (binascii.Error, ValueError):
-        raise FieldError(field, "the data URL's data is not valid base64") from None
-
-
 def _encoded(value: Any, kind: str, field: str) -> bytes | None:
     """The file's bytes of an encoded input (bytes, a data URL, a local path), checked for size; None when
     ``value`` is none of these."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         raw = bytes(value)
     elif isinstance(value, str) and value.startswith("data:"):
-        raw = _data_url(value, kind, field)
+        raw = parse_data_url(value, field=field, kind=kind, max_bytes=MAX_MEDIA_BYTES)[1]
     elif isinstance(value, str) and value.split(":", 1)[0].lower() in ("http", "https", "ftp", "s3", "gs"):
         raise FieldError(field, f"remote URLs are not fetched: give the {kind} inline (bytes or a data URL)")
     elif isinstance(value, (str, Path)):
@@ -58,14 +45,14 @@ def _encoded(value: Any, kind: str, field: str) -> bytes | None:
         if not path.is_file():
             raise FieldError(field, f"file not found: {value}")
         if path.stat().st_size > MAX_MEDIA_BYTES:
-            raise FieldError(field, f"is larger than {MAX_MEDIA_BYTES // (1024 * 1024)} MiB")
+            raise FieldError(field, f"is larger than {size_text(MAX_MEDIA_BYTES)}")
         raw = path.read_bytes()
     else:
         return None
     if not raw:
         raise FieldError(field, f"the {kind} is empty")
     if len(raw) > MAX_MEDIA_BYTES:
-        raise FieldError(field, f"is larger than {MAX_MEDIA_BYTES // (1024 * 1024)} MiB")
+        raise FieldError(field, f"is larger than {size_text(MAX_MEDIA_BYTES)}")
     return raw
 
 

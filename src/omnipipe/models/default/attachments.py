@@ -11,14 +11,13 @@ needs it (each builds the same prompt from it), which is what ``stage/broadcast.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from omnipipe.util.data_url import parse_data_url, size_text
 from omnipipe.util.field_error import FieldError
 
 MAX_IMAGES = 4  # per question
@@ -36,25 +35,19 @@ _COLOURS = {
 
 def encoded_image(value: Any, field: str) -> bytes:
     """An attached image as a file's bytes, checked (format, size) without decoding its pixels: a path, encoded
-    bytes, a ``data:image/...;base64,`` URI, a PIL image or a uint8 array (H x W or H x W x 3/4)."""
+    bytes, a ``data:image/...;base64,`` URL, a PIL image or a uint8 array (H x W or H x W x 3/4)."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(value, (str, Path)):
         text = str(value)
         if text.startswith("data:"):
-            header, _, body = text.partition(",")
-            if not header.startswith("data:image/") or not header.endswith(";base64"):
-                raise FieldError(field, "a data URI must be data:image/<type>;base64,<data>")
-            try:
-                raw = base64.b64decode(body, validate=True)
-            except (binascii.Error, ValueError):
-                raise FieldError(field, "the data URI's data is not valid base64") from None
+            raw = parse_data_url(text, field=field, kind="image", max_bytes=MAX_IMAGE_BYTES)[1]
         else:
             path = Path(text)
             if not path.is_file():
                 raise FieldError(field, f"file not found: {text}")
             if path.stat().st_size > MAX_IMAGE_BYTES:
-                raise FieldError(field, f"is larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MiB")
+                raise FieldError(field, f"is larger than {size_text(MAX_IMAGE_BYTES)}")
             raw = path.read_bytes()
     elif isinstance(value, (bytes, bytearray, memoryview)):
         raw = bytes(value)
@@ -63,12 +56,12 @@ def encoded_image(value: Any, field: str) -> bytes:
     elif isinstance(value, Image.Image):
         raw = _png_of(np.asarray(value.convert("RGB")), field)
     else:
-        raise FieldError(field, f"expected a path, encoded bytes, a data URI, a PIL image or a uint8 array, got "
+        raise FieldError(field, f"expected a path, encoded bytes, a data URL, a PIL image or a uint8 array, got "
                          f"{type(value).__name__}")
     if not raw:
         raise FieldError(field, "the image is empty")
     if len(raw) > MAX_IMAGE_BYTES:
-        raise FieldError(field, f"is larger than {MAX_IMAGE_BYTES // (1024 * 1024)} MiB")
+        raise FieldError(field, f"is larger than {size_text(MAX_IMAGE_BYTES)}")
     try:
         with Image.open(io.BytesIO(raw)) as image:
             kind, (width, height) = image.format, image.size

@@ -49,6 +49,7 @@ from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.spoken_answers import AUDIO_EXPIRY_S, SpokenAnswers
 from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
+from omnipipe.util.data_url import DataUrlError, parse_data_url
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.image import encode_image
 
@@ -107,14 +108,18 @@ class MessageContent:
         self.params.setdefault(modality, []).append(param)
 
 
+def _not_empty(data: bytes, param: str) -> bytes:
+    if not data:
+        raise invalid(f"{param}: the data is empty", param)
+    return data
+
+
 def _base64(data: str, param: str) -> bytes:
     try:
         decoded = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError):
         raise invalid(f"{param}: the data is not valid base64", param, code="invalid_base64") from None
-    if not decoded:
-        raise invalid(f"{param}: the data is empty", param)
-    return decoded
+    return _not_empty(decoded, param)
 
 
 def _refuse_modality(pipeline: PipelineSpec, modality: str, param: str) -> None:
@@ -131,12 +136,16 @@ def _url_part(part: ImageUrlPart | AudioUrlPart | VideoUrlPart, param: str, pipe
     if earlier:
         raise invalid(f"{param}: {modality} is taken in the last user message only", param,
                       code="unsupported_content")
-    url = getattr(part, part.type).url
-    header, _, body = url.partition(",")
-    if not (header.startswith(f"data:{modality}/") and header.endswith(";base64")):
-        raise invalid(f"{param}.url: give the {modality} inline as data:{modality}/<type>;base64,<data> (this "
-                      "server fetches nothing)", f"{param}.url", code=f"invalid_{part.type}")
-    return modality, _base64(body, f"{param}.url")
+    url, where = getattr(part, part.type).url, f"{param}.url"
+    if not url.startswith("data:"):
+        raise invalid(f"{where}: give the {modality} inline as data:{modality}/<type>;base64,<data> (this "
+                      "server fetches nothing)", where, code=f"invalid_{part.type}")
+    try:
+        _, data = parse_data_url(url, field=where, kind=modality)
+    except DataUrlError as exc:
+        code = "invalid_base64" if exc.problem == "base64" else f"invalid_{part.type}"
+        raise invalid(str(exc), where, code=code) from None
+    return modality, _not_empty(data, where)
 
 
 def message_content(content: str | list[Any] | None, where: str, pipeline: PipelineSpec,
