@@ -3,7 +3,7 @@
 The server (``omnipipe.server``) produces it and the gateway (``omnipipe.gateway``) reads it; both import it from
 here, and neither imports the other. Imports nothing heavy.
 
-- ``GET /health`` answers ``HealthReply`` (200 when the worker can serve, 503 while loading, degraded or failed);
+- ``GET /health`` answers ``WorkerHealth`` (200 when the worker can serve, 503 while loading, degraded or failed);
   ``state`` is a ``WorkerState`` name other than ``OFFLINE`` (``ERROR`` while degraded).
 - Beyond its capacity a worker answers HTTP 429 with the OpenAI error code ``AT_CAPACITY`` and ``Retry-After``,
   or refuses a realtime WebSocket with an ``error`` event of that code and close ``CLOSE_TRY_AGAIN``.
@@ -76,7 +76,7 @@ class CompanionHealthReply(TypedDict, total=False):
     error: str
 
 
-class HealthReply(TypedDict, total=False):
+class WorkerHealth(TypedDict, total=False):
     """The JSON of a worker's ``GET /health``; ``error`` when the main pipeline failed to start or is degraded
     (a stage stalled, restarting or down, or the engine loop not running: ``problems`` lists each). ``status`` stays
     "loading" until the companions the worker preloads have loaded too (``companions``), so a gateway sends it

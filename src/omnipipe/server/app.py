@@ -2,7 +2,7 @@
 
 The main pipeline starts loading when the server starts; until it is ready ``/health`` answers 503
 ``{"status": "loading", "state": "LOADING", ...}`` and the model endpoints answer 503 with ``Retry-After``.
-``/health`` also reports the worker protocol's fields (docs/gateway.md; ``HealthReply`` in ``protocol/worker.py``):
+``/health`` also reports the worker protocol's fields (docs/gateway.md; ``WorkerHealth`` in ``protocol/worker.py``):
 ``state`` (``LOADING``, ``IDLE``, ``BUSY``, ``DUPLEX_ACTIVE``, ``DUPLEX_PAUSED``, ``ERROR``), ``models``,
 ``active_sessions``, ``capacity`` (``null``: unlimited) and ``sessions`` ``{http, realtime, paused}``; with ``error``
 when the main pipeline failed to start. ``companions`` gives each companion pipeline's status; while one the server
@@ -27,7 +27,7 @@ from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.errors import APIError
 from omnipipe.protocol.header_limits import HeaderLimits
 from omnipipe.protocol.openai import ErrorResponse, ModelCard, ModelList
-from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, CompanionHealthReply, HealthReply
+from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, CompanionHealthReply, WorkerHealth
 from omnipipe.server.capacity import SessionLimiter, SessionTracker
 from omnipipe.server.engines import EnginePool, EngineSlot, ServerConfig
 from omnipipe.server.errors import install_error_handlers
@@ -116,7 +116,7 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
             status = "degraded"
         if status == "ready" and pool.preloading():
             status = "loading"
-        body: HealthReply = {"status": status, "state": sessions.state(status).name, "pipeline": slot.name,
+        body: WorkerHealth = {"status": status, "state": sessions.state(status).name, "pipeline": slot.name,
                              "models": pool.model_ids(), "active_sessions": sessions.active,
                              "capacity": sessions.capacity, "sessions": sessions.counts(),
                              "companions": {endpoint: companion_health(endpoint, companion)
