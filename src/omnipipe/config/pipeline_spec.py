@@ -110,7 +110,8 @@ class PipelineSpec:
             if stage.kind not in STAGE_KINDS:
                 raise PipelineSpecError(f"pipeline {self.name}: stage {stage.name} has unknown kind {stage.kind!r}")
             if stage.final_output is not None and stage.final_output not in MODALITIES:
-                raise PipelineSpecError(f"pipeline {self.name}: stage {stage.name} outputs unknown {stage.final_output!r}")
+                raise PipelineSpecError(f"pipeline {self.name}: stage {stage.name} outputs unknown "
+                                        f"{stage.final_output!r}")
         for edge in self.edges:
             for end in (edge.source, edge.target):
                 if end not in names:
