@@ -16,9 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+from omnipipe.gateway.recording.recorder import SessionRecorder
 from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.recording.taps import ChatTap
+from omnipipe.gateway.recording.writer import RecordingWriter
 from tests.browser.conftest import Stack, expect, screenshot, small_png
 
 pytestmark = pytest.mark.browser

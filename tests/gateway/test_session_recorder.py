@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from omnipipe.gateway.recording import recorder as recorder_module
-from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+from omnipipe.gateway.recording.recorder import SessionRecorder
 from omnipipe.gateway.recording.replay import merged_replay, read_wav, write_merged_replay
 from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.recording.taps import RealtimeTap
+from omnipipe.gateway.recording.writer import RecordingWriter
 
 RATE = 24_000
 SID = "20261122-024301_voice_3f9a1c2b7d"

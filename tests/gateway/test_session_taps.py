@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+from omnipipe.gateway.recording.recorder import SessionRecorder
 from omnipipe.gateway.recording.replay import encode_wav, read_wav
 from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.recording.taps import (
@@ -25,6 +25,7 @@ from omnipipe.gateway.recording.taps import (
     TurnTranscriptTap,
     transcript_text,
 )
+from omnipipe.gateway.recording.writer import RecordingWriter
 from omnipipe.server.audio_stream import streaming_wav_header
 from omnipipe.server.routes.transcription import subtitles
 from tests.models import media_files
@@ -624,9 +625,10 @@ def test_realtime_transcripts_go_to_the_turn_of_their_audio_item(tmp_path) -> No
 
     import numpy as np
 
-    from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+    from omnipipe.gateway.recording.recorder import SessionRecorder
     from omnipipe.gateway.recording.store import SessionStore
     from omnipipe.gateway.recording.taps import RealtimeTap
+    from omnipipe.gateway.recording.writer import RecordingWriter
 
     store = SessionStore(tmp_path)
     writer = RecordingWriter()

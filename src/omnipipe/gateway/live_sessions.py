@@ -12,8 +12,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+from omnipipe.gateway.recording.recorder import SessionRecorder
 from omnipipe.gateway.recording.store import SessionStore
+from omnipipe.gateway.recording.writer import RecordingWriter
 
 logger = logging.getLogger(__name__)
 

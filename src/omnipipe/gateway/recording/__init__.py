@@ -4,7 +4,7 @@ See the "Sessions" section of ``docs/gateway.md`` for the layout of a recorded s
 """
 
 from omnipipe.gateway.recording.cleanup import CleanupReport, PeriodicCleanup, cleanup_sessions
-from omnipipe.gateway.recording.recorder import RecordingWriter, SessionRecorder
+from omnipipe.gateway.recording.recorder import SessionRecorder
 from omnipipe.gateway.recording.replay import merged_replay, write_merged_replay
 from omnipipe.gateway.recording.store import (
     SESSION_ID_PATTERN,
@@ -14,6 +14,7 @@ from omnipipe.gateway.recording.store import (
     validate_session_id,
 )
 from omnipipe.gateway.recording.taps import ChatTap, RealtimeTap, SpeechTap, TranscriptionTap
+from omnipipe.gateway.recording.writer import RecordingWriter
 
 __all__ = [
     "SESSION_ID_PATTERN",

@@ -18,32 +18,29 @@ import logging
 import shutil
 import threading
 import time
-import wave
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import PurePosixPath
 from typing import Any
 
 import numpy as np
 
+from omnipipe.gateway.recording.file_checks import (
+    IMAGE_EXTENSIONS,
+    VIDEO_EXTENSIONS,
+    audio_extension,
+    check_image,
+    check_video,
+)
 from omnipipe.gateway.recording.replay import (
-    REPLAY_RATE_HZ,
-    Clip,
     check_rate,
     encode_wav,
-    read_wav,
+    replay_clips,
     resample_clip,
     to_mono_float32,
-    write_merged_replay,
+    write_session_replay,
 )
-from omnipipe.gateway.recording.store import (
-    META_FILENAME,
-    RECORDING_FILENAME,
-    REPLAY_FILENAME,
-    SessionStore,
-    atomic_write_bytes,
-)
+from omnipipe.gateway.recording.store import META_FILENAME, RECORDING_FILENAME, SessionStore, atomic_write_bytes
+from omnipipe.gateway.recording.writer import RecordingWriter
 from omnipipe.util.audio import load_audio
 
 logger = logging.getLogger(__name__)
@@ -60,138 +57,10 @@ DEFAULT_MAX_REPLAY_S = 4 * 3600.0
 RECORDING_WRITE_INTERVAL_S = 0.5
 """Event-only changes rewrite ``recording.json`` at most this often; turn ends and ``finish`` always do."""
 
-IMAGE_EXTENSIONS = {"image/png": "png", "image/jpeg": "jpg", "image/gif": "gif", "image/webp": "webp"}
-_IMAGE_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
-    "image/png": lambda data: data.startswith(b"\x89PNG\r\n\x1a\n"),
-    "image/jpeg": lambda data: data.startswith(b"\xff\xd8\xff"),
-    "image/gif": lambda data: data[:6] in (b"GIF87a", b"GIF89a"),
-    "image/webp": lambda data: data[:4] == b"RIFF" and data[8:12] == b"WEBP",
-}
-VIDEO_EXTENSIONS = {"video/mp4": "mp4", "video/quicktime": "mov", "video/webm": "webm", "video/x-matroska": "mkv",
-                    "video/ogg": "ogv"}
-_VIDEO_SIGNATURES: dict[str, Callable[[bytes], bool]] = {
-    "video/mp4": lambda data: data[4:8] == b"ftyp",
-    "video/quicktime": lambda data: data[4:8] in (b"ftyp", b"moov", b"mdat", b"wide", b"free"),
-    "video/webm": lambda data: data.startswith(b"\x1a\x45\xdf\xa3"),
-    "video/x-matroska": lambda data: data.startswith(b"\x1a\x45\xdf\xa3"),
-    "video/ogg": lambda data: data.startswith(b"OggS"),
-}
-
-
-def _check_file(data: bytes, mime: str, max_bytes: int, kind: str,
-                signatures: dict[str, Callable[[bytes], bool]]) -> None:
-    """``ValueError`` for an empty or oversized ``kind`` (image, video), or bytes that are not of type ``mime``."""
-    if not data:
-        raise ValueError(f"data: the {kind} is empty")
-    if len(data) > max_bytes:
-        raise ValueError(f"data: the {kind} has {len(data)} bytes, more than the limit of {max_bytes}")
-    if not signatures[mime](data):
-        raise ValueError(f"data: the bytes are not a {mime} {kind}")
-
-
-def _check_image(data: bytes, mime: str, max_image_bytes: int) -> None:
-    _check_file(data, mime, max_image_bytes, "image", _IMAGE_SIGNATURES)
-
-
-AUDIO_FILE_EXTENSIONS = frozenset({"wav", "mp3", "flac", "ogg", "oga", "opus", "m4a", "mp4", "aac", "webm", "weba",
-                                   "aif", "aiff", "amr", "3gp", "wma", "caf", "mka"})
-"""Extensions audio kept as sent may have; any other becomes ``bin``, so the gateway never serves a recorded
-file under a type a browser would run (``.html``, ``.svg``, ...)."""
-
-
-class RecordingWriter:
-    """A small thread pool for recording writes that never raises into the caller.
-
-    ``submit(fn, *args, lane=key)`` runs jobs that share a lane one at a time in submission order (one lane per
-    session), while different lanes run in parallel. A job that raises is logged and counted in ``errors``.
-    """
-
-    def __init__(self, max_workers: int = 4) -> None:
-        if max_workers < 1:
-            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
-        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="omnipipe-recording")
-        self._lock = threading.Lock()
-        self._pending: set[Future[Any]] = set()
-        self._lanes: dict[str, deque[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]] = {}
-        self._closed = False
-        self.errors = 0
-
-    def submit(self, fn: Callable[..., Any], *args: Any, lane: str | None = None) -> Future[Any] | None:
-        """Run ``fn(*args)`` in the background; ``None`` (and a logged error) once the writer is closed."""
-        future: Future[Any] = Future()
-        job = (future, fn, args)
-        with self._lock:
-            if self._closed:
-                self.errors += 1
-                logger.error("recording writer is closed; dropped %s", getattr(fn, "__qualname__", fn))
-                return None
-            self._pending.add(future)
-            if lane is None:
-                self._executor.submit(self._run, *job)
-            elif lane in self._lanes:
-                self._lanes[lane].append(job)
-            else:
-                self._lanes[lane] = deque([job])
-                self._executor.submit(self._drain, lane)
-        future.add_done_callback(self._forget)
-        return future
-
-    def _forget(self, future: Future[Any]) -> None:
-        with self._lock:
-            self._pending.discard(future)
-
-    def _drain(self, lane: str) -> None:
-        while True:
-            with self._lock:
-                jobs = self._lanes[lane]
-                if not jobs:
-                    del self._lanes[lane]
-                    return
-                job = jobs.popleft()
-            self._run(*job)
-
-    def _run(self, future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            future.set_result(fn(*args))
-        except Exception as exc:  # noqa: BLE001 - a failed write is logged and counted, never raised
-            with self._lock:
-                self.errors += 1
-            logger.exception("recording write %s failed", getattr(fn, "__qualname__", fn))
-            future.set_exception(exc)
-
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait for every job submitted so far, and for the jobs those submit; ``False`` if some were still
-        pending after ``timeout`` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._lock:
-                pending = list(self._pending)
-            if not pending:
-                return True
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            _, not_done = wait(pending, timeout=remaining)
-            if not_done:
-                return False
-
-    def close(self, timeout: float | None = None) -> None:
-        """Refuse new jobs, finish the submitted ones and stop the threads. Idempotent."""
-        with self._lock:
-            self._closed = True
-        self.flush(timeout)
-        self._executor.shutdown(wait=timeout is None)
-
-
 def _check_choice(value: str, choices: tuple[str, ...], name: str) -> str:
     if value not in choices:
         raise ValueError(f"{name}: must be one of {', '.join(choices)}, got {value!r}")
     return value
-
-
-def _audio_extension(value: str) -> str:
-    extension = value.lower().lstrip(".")
-    return extension if extension in AUDIO_FILE_EXTENSIONS else "bin"
 
 
 def _json_default(value: Any) -> Any:
@@ -348,7 +217,7 @@ class SessionRecorder:
             turn = self._open_turn()
             relpath, first = self._user_audio_name(turn, "wav")
             entry = {"path": relpath, "t_start": self._start_time(t_start)}
-            self._submit(self._decode_and_save, entry, bytes(data), _audio_extension(extension))
+            self._submit(self._decode_and_save, entry, bytes(data), audio_extension(extension))
             self._add_user_clip(turn, entry, first)
 
     def user_image(self, data: bytes, mime: str, *, max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> str:
@@ -359,7 +228,7 @@ class SessionRecorder:
         mime = mime.split(";", 1)[0].strip().lower()
         if mime not in IMAGE_EXTENSIONS:
             raise ValueError(f"mime: images must be one of {', '.join(IMAGE_EXTENSIONS)}, got {mime!r}")
-        _check_image(data, mime, max_image_bytes)
+        check_image(data, mime, max_image_bytes)
         with self._lock:
             turn = self._open_turn()
             relpath = f"user_images/turn{turn['index']:03d}_{len(turn['user_images']) + 1}.{IMAGE_EXTENSIONS[mime]}"
@@ -377,7 +246,7 @@ class SessionRecorder:
         mime = mime.split(";", 1)[0].strip().lower()
         if mime not in VIDEO_EXTENSIONS:
             raise ValueError(f"mime: videos must be one of {', '.join(VIDEO_EXTENSIONS)}, got {mime!r}")
-        _check_file(data, mime, max_video_bytes, "video", _VIDEO_SIGNATURES)
+        check_video(data, mime, max_video_bytes)
         with self._lock:
             turn = self._open_turn()
             videos = turn["user_videos"]
@@ -419,7 +288,7 @@ class SessionRecorder:
             turn = self._open_turn()
             entry = {"path": self._ai_audio_name(turn, "wav"), "t_start": self._start_time(t_start)}
             turn["ai_audio"].append(entry)
-            self._submit(self._decode_and_save, entry, bytes(data), _audio_extension(extension))
+            self._submit(self._decode_and_save, entry, bytes(data), audio_extension(extension))
             self._write_recording_soon()
 
     def ai_audio_file(self, data: bytes, extension: str, *, t_start: float | None = None) -> str:
@@ -429,7 +298,7 @@ class SessionRecorder:
         """
         with self._lock:
             turn = self._open_turn()
-            relpath = self._ai_audio_name(turn, _audio_extension(extension))
+            relpath = self._ai_audio_name(turn, audio_extension(extension))
             turn["ai_audio"].append({"path": relpath, "t_start": self._start_time(t_start), "size_bytes": len(data)})
             self._submit(self._write_bytes, relpath, bytes(data))
             self._write_recording_soon()
@@ -446,7 +315,7 @@ class SessionRecorder:
         mime = mime.split(";", 1)[0].strip().lower()
         if mime != "image/png":
             raise ValueError(f"mime: a drawn image must be image/png, got {mime!r}")
-        _check_image(data, mime, max_image_bytes)
+        check_image(data, mime, max_image_bytes)
         entry: dict[str, Any] = {"mime": mime, "size_bytes": len(data)}
         if data[12:16] == b"IHDR" and len(data) >= 24:  # the first chunk: width and height, big-endian
             entry.update(width=int.from_bytes(data[16:20], "big"), height=int.from_bytes(data[20:24], "big"))
@@ -539,16 +408,6 @@ class SessionRecorder:
     def _start_time(self, t_start: float | None) -> float:
         return self.elapsed() if t_start is None else round(max(0.0, float(t_start)), 3)
 
-    def _replay_clips(self) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
-        """``(t_start, relpath)`` of every user and every AI clip."""
-        user: list[tuple[float, str]] = []
-        ai: list[tuple[float, str]] = []
-        for turn in self._recording["turns"]:
-            first_user_clip = [turn["user_audio"]] if turn["user_audio"] is not None else []
-            user.extend((entry["t_start"], entry["path"]) for entry in first_user_clip + turn["user_audio_extra"])
-            ai.extend((entry["t_start"], entry["path"]) for entry in turn["ai_audio"])
-        return user, ai
-
     # ------------------------------------------------------------------ writing (jobs run on the writer)
     def _submit(self, fn: Callable[..., Any], *args: Any) -> None:
         if not self._discarded:
@@ -618,25 +477,8 @@ class SessionRecorder:
             entry.update(update)
         self._write_recording_soon(immediately=True)
 
-    def _load_clip(self, t_start: float, relpath: str) -> Clip | None:
-        """A saved clip for the replay: our own WAVs directly, other files through ``load_audio``."""
-        path = self.directory / relpath
-        try:
-            samples, rate = read_wav(path)
-        except (wave.Error, EOFError, OSError):
-            try:
-                samples, rate = load_audio(path)
-            except Exception as exc:  # noqa: BLE001 - an undecodable file is left out of the replay
-                logger.warning("session %s: %s left out of the replay (%s)", self.session_id, relpath, exc)
-                return None
-        return float(t_start), samples, int(rate)
-
     def _write_replay(self) -> None:
         with self._lock:
-            user_clips, ai_clips = self._replay_clips()
-        user = [clip for clip in (self._load_clip(*c) for c in user_clips) if clip is not None]
-        ai = [clip for clip in (self._load_clip(*c) for c in ai_clips) if clip is not None]
-        if not user and not ai:
-            return
-        write_merged_replay(self.directory / REPLAY_FILENAME, user, ai, REPLAY_RATE_HZ,
-                            max_duration_s=self.max_replay_s)
+            user_clips, ai_clips = replay_clips(self._recording["turns"])
+        write_session_replay(self.directory, user_clips, ai_clips, max_duration_s=self.max_replay_s,
+                             session_id=self.session_id)

@@ -1,4 +1,5 @@
-"""Audio helpers of the recordings: 16-bit PCM WAV files (stdlib ``wave``) and the merged stereo replay.
+"""Audio helpers of the recordings: 16-bit PCM WAV files (stdlib ``wave``) and the merged stereo replay, from clips
+in memory or from the clips a session saved (``write_session_replay``).
 
 The merged replay puts every user clip on the left channel and every AI clip on the right, each at its start
 time, so one listen follows the conversation as it happened. It is mixed and written block by block, so a long
@@ -14,11 +15,12 @@ import os
 import wave
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from omnipipe.gateway.recording.store import temporary_path
-from omnipipe.util.audio import resample
+from omnipipe.gateway.recording.store import REPLAY_FILENAME, temporary_path
+from omnipipe.util.audio import load_audio, resample
 
 logger = logging.getLogger(__name__)
 
@@ -151,3 +153,39 @@ def write_merged_replay(path: Path | str, user: Sequence[Clip], ai: Sequence[Cli
         temp.unlink(missing_ok=True)
         raise
     return path
+
+
+def replay_clips(turns: list[dict[str, Any]]) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
+    """``(t_start, relpath)`` of every user and every AI clip of a recording's ``turns``."""
+    user: list[tuple[float, str]] = []
+    ai: list[tuple[float, str]] = []
+    for turn in turns:
+        first_user_clip = [turn["user_audio"]] if turn["user_audio"] is not None else []
+        user.extend((entry["t_start"], entry["path"]) for entry in first_user_clip + turn["user_audio_extra"])
+        ai.extend((entry["t_start"], entry["path"]) for entry in turn["ai_audio"])
+    return user, ai
+
+
+def _load_clip(directory: Path, t_start: float, relpath: str, session_id: str) -> Clip | None:
+    """A saved clip for the replay: our own WAVs directly, other files through ``load_audio``."""
+    path = directory / relpath
+    try:
+        samples, rate = read_wav(path)
+    except (wave.Error, EOFError, OSError):
+        try:
+            samples, rate = load_audio(path)
+        except Exception as exc:  # noqa: BLE001 - an undecodable file is left out of the replay
+            logger.warning("session %s: %s left out of the replay (%s)", session_id, relpath, exc)
+            return None
+    return float(t_start), samples, int(rate)
+
+
+def write_session_replay(directory: Path, user_clips: list[tuple[float, str]], ai_clips: list[tuple[float, str]], *,
+                         max_duration_s: float, session_id: str) -> None:
+    """Write ``merged_replay.wav`` in a session's ``directory`` from its saved clips (``replay_clips``); nothing when
+    none of them can be read."""
+    user = [clip for clip in (_load_clip(directory, *c, session_id) for c in user_clips) if clip is not None]
+    ai = [clip for clip in (_load_clip(directory, *c, session_id) for c in ai_clips) if clip is not None]
+    if not user and not ai:
+        return
+    write_merged_replay(directory / REPLAY_FILENAME, user, ai, REPLAY_RATE_HZ, max_duration_s=max_duration_s)
