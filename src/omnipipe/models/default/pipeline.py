@@ -22,7 +22,7 @@ ENCODER = StageSpec("encoder", "ar", f"{_P}.runners.encoder:WhisperEncoderRunner
 THINKER = StageSpec("thinker", "ar", f"{_P}.runners.thinker:ThinkerRunner", final_output="text",
                     default_options={"model": "qwen2.5-0.5b-instruct", "weights": "int8"})
 TALKER = StageSpec("talker", "generation", f"{_P}.runners.talker:PiperTalkerRunner",
-                   extra_params=f"{_P}.processors:TalkerParams")
+                   extra_params=f"{_P}.processors:PiperTalkerParams")
 CODE2WAV = StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:PiperCode2WavRunner", final_output="audio",
                      sample_rate_hz=VOICE_SAMPLE_RATE_HZ)
 

@@ -39,7 +39,7 @@ class SpokenPieceOptions:
 
 
 @dataclass(frozen=True)
-class TalkerParams:
+class PiperTalkerParams:
     """The talker's ``SamplingParams.extra``: ``speed`` scales the speaking rate (2.0: twice as fast)."""
 
     speed: float = 1.0

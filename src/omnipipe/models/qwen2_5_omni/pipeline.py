@@ -15,7 +15,7 @@ PIPELINE = PipelineSpec(
     stages=(
         StageSpec("thinker", "ar", f"{_P}.runners.thinker:QwenOmniThinkerRunner", final_output="text"),
         StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner",
-                  extra_params=f"{_P}.processors:TalkerParams"),
+                  extra_params=f"{_P}.processors:Qwen25TalkerParams"),
         StageSpec("token2wav", "generation", f"{_P}.runners.token2wav:QwenOmniToken2WavRunner",
                   final_output="audio", sample_rate_hz=SAMPLE_RATE_HZ),
     ),

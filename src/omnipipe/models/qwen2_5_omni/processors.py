@@ -30,7 +30,7 @@ MAX_ITEMS = 8  # media items of one kind in a prompt
 
 
 @dataclass(frozen=True)
-class TalkerParams:
+class Qwen25TalkerParams:
     """The talker's ``SamplingParams.extra``: ``speaker`` is the voice (a name in the checkpoint's spk_dict.pt)."""
 
     speaker: str = "Chelsie"

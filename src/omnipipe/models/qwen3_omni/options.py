@@ -30,7 +30,7 @@ class TalkerOptions(DecoderCheckpointOptions):
 
 
 @dataclass(frozen=True)
-class TalkerParams:
+class Qwen3TalkerParams:
     """The talker's ``SamplingParams.extra``: ``speaker`` is the voice of this request (a name in the checkpoint's
     ``talker_config.speaker_id``, any case); None: the stage option's."""
 

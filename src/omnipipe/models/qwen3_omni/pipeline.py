@@ -14,7 +14,7 @@ PIPELINE = PipelineSpec(
     stages=(
         StageSpec("thinker", "ar", f"{_P}.runners.thinker:QwenOmniThinkerRunner", final_output="text"),
         StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner",
-                  extra_params=f"{_P}.options:TalkerParams"),
+                  extra_params=f"{_P}.options:Qwen3TalkerParams"),
         StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:QwenOmniCode2WavRunner", final_output="audio",
                   sample_rate_hz=SAMPLE_RATE_HZ),
     ),

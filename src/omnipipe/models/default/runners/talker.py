@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from omnipipe.models.default.modeling.piper_talker import PiperTalker
-from omnipipe.models.default.processors import TalkerParams, first_sentence
+from omnipipe.models.default.processors import PiperTalkerParams, first_sentence
 from omnipipe.models.default.weights.voice import prepare_voice
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
@@ -34,7 +34,7 @@ class PiperTalkerRunner(StageRunner):
             if rest:  # spoken at the next step
                 request.inputs.appendleft({"text": rest})
                 request.consumed_inputs -= 1
-            speed = float(TalkerParams(**(request.params.get("extra") or {})).speed)  # checked on arrival
+            speed = float(PiperTalkerParams(**(request.params.get("extra") or {})).speed)  # checked on arrival
             if text:
                 latents = self.talker.latents_at_speed(self.talker.phonemize(text), speed,
                                                        noise_scale=self.noise_scale, noise_w=self.noise_w)

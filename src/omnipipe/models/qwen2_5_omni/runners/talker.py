@@ -23,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from omnipipe.models.qwen2_5_omni.options import TalkerOptions
-from omnipipe.models.qwen2_5_omni.processors import TalkerParams
+from omnipipe.models.qwen2_5_omni.processors import Qwen25TalkerParams
 from omnipipe.models.qwen2_5_omni.weights.load import (
     load_part,
     load_speakers,
@@ -67,7 +67,7 @@ class QwenOmniTalkerRunner(StageRunner):
         if params.get("stop"):
             raise FieldError("sampling_params.stop", "the talker generates codec codes, not text: stop strings do "
                              "not apply (give them to the thinker)")
-        speaker = TalkerParams(**(params.get("extra") or {})).speaker
+        speaker = Qwen25TalkerParams(**(params.get("extra") or {})).speaker
         if speaker not in self.bos_tokens:
             raise FieldError("sampling_params.extra.speaker",
                              f"unknown voice {speaker!r}; this checkpoint has {', '.join(sorted(self.bos_tokens))}")
@@ -90,7 +90,7 @@ class QwenOmniTalkerRunner(StageRunner):
         prompt, replies, done = self._read(request)
         if prompt is None:
             return RunnerOutput(request.request_id, error="the talker's first input carries no thinker prompt part")
-        speaker = TalkerParams(**(request.params.get("extra") or {})).speaker
+        speaker = Qwen25TalkerParams(**(request.params.get("extra") or {})).speaker
         special = prompt["special_embeds"]
         eos_embed, pad_embed = self._tensor(special["text_eos"]), self._tensor(special["text_pad"])
         bos_embed = self._tensor(special["bos"][speaker])

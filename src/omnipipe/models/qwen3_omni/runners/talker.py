@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.models.qwen3_omni.options import TalkerOptions, TalkerParams
+from omnipipe.models.qwen3_omni.options import Qwen3TalkerParams, TalkerOptions
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, read_rows, speaker_ids
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
@@ -68,7 +68,7 @@ class QwenOmniTalkerRunner(StageRunner):
 
     def _request_speaker_id(self, params: dict[str, Any]) -> int:
         """The voice of a request: its ``extra.speaker`` (checked when it arrived), else the stage option's."""
-        speaker = TalkerParams(**(params.get("extra") or {})).speaker
+        speaker = Qwen3TalkerParams(**(params.get("extra") or {})).speaker
         return self.speaker_id if speaker is None else self._speaker_id(speaker, "sampling_params.extra.speaker")
 
     def validate(self, params: dict[str, Any]) -> str | None:
