@@ -133,11 +133,22 @@ def _decode_container(raw: bytes | None, path: Path | None, max_seconds: float |
     raise AudioDecodeError("; ".join(errors))
 
 
-def _decode_data_uri(uri: str) -> bytes:
-    try:
-        return parse_data_url(uri, field="source")[1]
-    except FieldError as exc:
-        raise AudioDecodeError(exc.rule) from None
+def _encoded_source(source: str | Path | bytes | bytearray | memoryview) -> tuple[bytes | None, Path | None, str]:
+    """Where encoded audio is: its bytes (bytes, a data URL) or its file, and how messages name it."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        raw = bytes(source)
+        return raw, None, f"{len(raw)} bytes"
+    if isinstance(source, str) and source.startswith("data:"):
+        try:
+            return parse_data_url(source, field="source")[1], None, "data URI"
+        except FieldError as exc:
+            raise AudioDecodeError(exc.rule) from None
+    if isinstance(source, (str, Path)):
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise AudioDecodeError(f"audio file not found: {path}")
+        return None, path, str(path)
+    raise TypeError(f"unsupported audio source type {type(source).__name__}")
 
 
 def load_audio(
@@ -150,7 +161,7 @@ def load_audio(
 ) -> tuple[np.ndarray, int]:
     """Decode ``source`` to ``(float32 mono samples, rate_hz)``, resampled to ``sample_rate_hz`` if given.
 
-    ``source`` is a file path, a ``data:`` URI, encoded bytes (any format
+    ``source`` is a file path, a ``data:`` URL, encoded bytes (any format
     soundfile or PyAV reads) or a sample array. ``source_rate_hz`` is the rate
     of an array or of headerless bytes (``source_format="pcm16"``: little-endian
     int16 mono); for an array it defaults to ``sample_rate_hz``. Integer arrays
@@ -165,22 +176,7 @@ def load_audio(
         audio = _to_mono(_to_float32(source))
         description = "array"
     else:
-        raw: bytes | None = None
-        path: Path | None = None
-        if isinstance(source, (bytes, bytearray, memoryview)):
-            raw = bytes(source)
-            description = f"{len(raw)} bytes"
-        elif isinstance(source, str) and source.startswith("data:"):
-            raw = _decode_data_uri(source)
-            description = "data URI"
-        elif isinstance(source, (str, Path)):
-            path = Path(source).expanduser()
-            description = str(path)
-            if not path.is_file():
-                raise AudioDecodeError(f"audio file not found: {path}")
-        else:
-            raise TypeError(f"unsupported audio source type {type(source).__name__}")
-
+        raw, path, description = _encoded_source(source)
         if source_format == "pcm16":
             if not source_rate_hz:
                 raise ValueError("pcm16 input needs source_rate_hz")

@@ -71,7 +71,7 @@ class TranscriptionParams:
 
 
 def _decode_audio(value: Any) -> np.ndarray:
-    """``(samples, rate)``, a path, encoded bytes or a data URI -> float32 mono at 16 kHz."""
+    """``(samples, rate)``, a path, encoded bytes or a data URL -> float32 mono at 16 kHz."""
     field = "prompt.multi_modal_data.audio"
     if isinstance(value, tuple):
         if len(value) != 2 or not isinstance(value[1], int) or isinstance(value[1], bool) or value[1] <= 0:
