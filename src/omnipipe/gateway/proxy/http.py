@@ -17,16 +17,16 @@ from typing import Any
 import httpx
 from fastapi import Request
 from starlette.datastructures import Headers
-from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from omnipipe.gateway.apps import AppSwitches
 from omnipipe.gateway.live_sessions import LiveSession, LiveSessions
 from omnipipe.gateway.pool import QueueFullError, Ticket, WorkerPool
+from omnipipe.gateway.proxy.http_recording import make_tap, record_upload, recording_sink
 from omnipipe.gateway.proxy.queue_wait import QUEUE_DONE, QueueWait, retry_at_capacity
 from omnipipe.gateway.recording.store import InvalidSessionPath, validate_session_id
-from omnipipe.gateway.recording.taps import ChatTap, SpeechTap, TranscriptionTap, TurnTranscriptTap
+from omnipipe.gateway.recording.taps import HttpTap
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.errors import APIError
 from omnipipe.protocol.worker import is_at_capacity
@@ -39,9 +39,7 @@ QUEUE_EVENTS_HEADER = "X-Omnipipe-Queue-Events"
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailers",
                          "transfer-encoding", "upgrade", "host", "content-length"})
 _GATEWAY_ONLY = frozenset({"x-admin-token", "cookie"})
-_MAX_RECORDED_JSON = 64 << 20
 _MAX_RECONNECTS = 2
-Tap = ChatTap | SpeechTap | TranscriptionTap
 
 
 class _ClientGone(Exception):
@@ -84,22 +82,6 @@ def _sse(event: str | None, data: dict[str, Any]) -> bytes:
     return f"{head}data: {json.dumps(data)}\n\n".encode()
 
 
-class _SseSplitter:
-    """Feeds the ``data:`` payloads of an SSE byte stream to ``on_data``."""
-
-    def __init__(self, on_data: Callable[[str], None]) -> None:
-        self._buffer = b""
-        self._on_data = on_data
-
-    def feed(self, chunk: bytes) -> None:
-        self._buffer += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            data = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
-            if data:
-                self._on_data(b"\n".join(data).decode("utf-8", "replace"))
-
-
 class _ProxiedResponse(StreamingResponse):
     """A streaming response that runs ``on_close`` however the exchange ends (done, client gone, error)."""
 
@@ -114,7 +96,7 @@ class _ProxiedResponse(StreamingResponse):
             await self._on_close()
 
 
-class _Exchange:
+class Exchange:
     """One proxied request: its ticket, worker, upstream response, session and tap; ``close`` is idempotent."""
 
     def __init__(self, proxy: ModelProxy, request_type: str, ticket: Ticket, session_id: str,
@@ -127,7 +109,7 @@ class _Exchange:
         self.resumed = resumed is not None
         self.worker: Worker | None = None
         self.upstream: httpx.Response | None = None
-        self.tap: Tap | None = None
+        self.tap: HttpTap | None = None
         self.prefetched: bytes | None = None  # a body already read (a refusal checked for worker_at_capacity)
         self.reconnects = 0  # times the request got the head of the queue again after a refused connection
         self.status = "completed"
@@ -203,7 +185,7 @@ class ModelProxy:
             session_id = transcript_for.session_id
         else:
             session_id = resumed.session_id if resumed is not None else self.sessions.new_id(request_type)
-        exchange = _Exchange(self, request_type, ticket, session_id, resumed)
+        exchange = Exchange(self, request_type, ticket, session_id, resumed)
         exchange.transcript_for = transcript_for
         headers = {SESSION_HEADER: session_id}
         if queue_events:
@@ -272,7 +254,7 @@ class ModelProxy:
             return None
         return self.sessions.open_chat(wanted)
 
-    async def _wait_for_worker(self, exchange: _Exchange, request: Request) -> Worker:
+    async def _wait_for_worker(self, exchange: Exchange, request: Request) -> Worker:
         """Wait for the ticket's worker; a client that disconnects meanwhile gives its place back."""
         wait = QueueWait(self.pool, exchange.ticket)
         try:
@@ -289,7 +271,7 @@ class ModelProxy:
         self._start_session(exchange, request)
         return exchange.worker
 
-    def _start_session(self, exchange: _Exchange, request: Request) -> None:
+    def _start_session(self, exchange: Exchange, request: Request) -> None:
         assert exchange.worker is not None
         if exchange.session is None and exchange.transcript_for is None:
             client = f"{request.client.host}:{request.client.port}" if request.client else None
@@ -297,44 +279,15 @@ class ModelProxy:
                                                   client=client, session_id=exchange.session_id,
                                                   config={"path": request.url.path})
 
-    def _make_tap(self, exchange: _Exchange, request: Request, body: bytes, parsed: Any) -> None:
-        chat = exchange.transcript_for
-        if chat is not None:
-            if chat.recorder is not None:
-                exchange.tap = TurnTranscriptTap(chat.recorder)
-            return
-        session = exchange.session
-        if session is None or session.recorder is None:
-            return
-        recorder = session.recorder
-        try:
-            if exchange.request_type == "chat":
-                exchange.tap = ChatTap(recorder)
-                exchange.tap.on_request(parsed if isinstance(parsed, dict) else {})
-            elif exchange.request_type == "speech":
-                exchange.tap = SpeechTap(recorder)
-                exchange.tap.on_request(parsed if isinstance(parsed, dict) else {})
-            else:
-                exchange.tap = TranscriptionTap(recorder)
-        except Exception:  # noqa: BLE001 - recording never breaks serving
-            logger.exception("recording the request of session %s failed", exchange.session_id)
-
-    async def _record_upload(self, exchange: _Exchange, request: Request, body: bytes) -> None:
-        if not isinstance(exchange.tap, TranscriptionTap):
-            return
-        audio, filename, fields = await _multipart_form(request.headers, body, "file")
-        if audio is not None:
-            exchange.tap.on_request(audio, filename or "audio", fields.get("response_format", "json"))
-
-    async def _send_upstream(self, exchange: _Exchange, request: Request, body: bytes, parsed: Any) -> httpx.Response:
+    async def _send_upstream(self, exchange: Exchange, request: Request, body: bytes, parsed: Any) -> httpx.Response:
         assert exchange.worker is not None
-        self._make_tap(exchange, request, body, parsed)
+        make_tap(exchange, parsed)
         with contextlib.suppress(Exception):
-            await self._record_upload(exchange, request, body)
+            await record_upload(exchange, request, body)
         return await retry_at_capacity(lambda: self._connect_upstream(exchange, request, body),
                                        lambda upstream: self._refused_at_capacity(exchange, upstream))
 
-    async def _connect_upstream(self, exchange: _Exchange, request: Request, body: bytes) -> httpx.Response:
+    async def _connect_upstream(self, exchange: Exchange, request: Request, body: bytes) -> httpx.Response:
         """Send the request to the exchange's worker; one that refuses the connection is taken offline and the
         request waits, first in line, for another (up to ``_MAX_RECONNECTS`` times)."""
         assert exchange.worker is not None
@@ -362,7 +315,7 @@ class ModelProxy:
             return exchange.upstream
 
     @staticmethod
-    async def _refused_at_capacity(exchange: _Exchange, upstream: httpx.Response) -> bool:
+    async def _refused_at_capacity(exchange: Exchange, upstream: httpx.Response) -> bool:
         """Whether ``upstream`` is a ``worker_at_capacity`` refusal (then closed); another 429's body is kept in
         ``exchange.prefetched`` for the client."""
         if upstream.status_code != 429:
@@ -379,7 +332,7 @@ class ModelProxy:
         await upstream.aclose()
         return True
 
-    async def _requeue_at_front(self, exchange: _Exchange, request: Request) -> None:
+    async def _requeue_at_front(self, exchange: Exchange, request: Request) -> None:
         """Give the exchange's worker back and wait, first in line, for another one."""
         assert exchange.worker is not None
         self.pool.release(exchange.worker, exchange.ticket)
@@ -387,11 +340,11 @@ class ModelProxy:
         exchange.ticket = self.pool.enqueue(exchange.request_type, front=True)
         await self._wait_for_worker(exchange, request)
 
-    async def _relay(self, exchange: _Exchange, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    async def _relay(self, exchange: Exchange, upstream: httpx.Response) -> AsyncIterator[bytes]:
         """The worker's body as it arrives, also fed to the tap; a worker lost mid-stream ends it with an error."""
         content_type = upstream.headers.get("content-type", "")
         is_sse = content_type.startswith("text/event-stream")
-        record = self._recording_sink(exchange, upstream.status_code, content_type, is_sse)
+        record = recording_sink(exchange, upstream.status_code, content_type, is_sse)
         try:
             chunks = _once(exchange.prefetched) if exchange.prefetched is not None else upstream.aiter_raw()
             async for chunk in chunks:
@@ -409,7 +362,7 @@ class ModelProxy:
             else:
                 raise
 
-    async def _queued_stream(self, exchange: _Exchange, request: Request, body: bytes,
+    async def _queued_stream(self, exchange: Exchange, request: Request, body: bytes,
                              parsed: Any) -> AsyncIterator[bytes]:
         """SSE for a chat request that asked for queue events: queued, updates, done, then the worker's stream."""
         wait = QueueWait(self.pool, exchange.ticket)
@@ -442,79 +395,6 @@ class ModelProxy:
             return
         async for chunk in self._relay(exchange, upstream):
             yield chunk
-
-    def _recording_sink(self, exchange: _Exchange, status: int, content_type: str,
-                        is_sse: bool) -> Callable[[bytes | None], None]:
-        """What to do with each chunk of the worker's body for the recording (``None``: the body ended)."""
-        tap = exchange.tap
-        if tap is None:
-            return lambda chunk: None
-        buffered: list[bytes] = []
-        size = [0]
-
-        def safely(fn: Callable[[], None]) -> None:
-            try:
-                fn()
-            except Exception:  # noqa: BLE001 - recording never breaks serving
-                logger.exception("recording session %s failed", exchange.session_id)
-
-        if status >= 400:
-            def on_error(chunk: bytes | None) -> None:
-                if chunk is not None:
-                    buffered.append(chunk)
-                    return
-                text = b"".join(buffered).decode("utf-8", "replace")
-                try:
-                    text = json.loads(text)["error"]["message"]
-                except (ValueError, KeyError, TypeError):
-                    pass
-                exchange.error = str(text)[:500]
-                safely(lambda: tap.on_error(status, str(text)))
-            return on_error
-        if isinstance(tap, (ChatTap, TranscriptionTap)) and is_sse:
-            splitter = _SseSplitter(lambda data: safely(lambda: tap.on_sse_data(data)))
-            return lambda chunk: splitter.feed(chunk) if chunk is not None else None
-        if isinstance(tap, SpeechTap):
-            return lambda chunk: safely(lambda: tap.on_audio_bytes(chunk, content_type)) if chunk else None
-
-        def on_json(chunk: bytes | None) -> None:
-            if chunk is not None:
-                size[0] += len(chunk)
-                if size[0] <= _MAX_RECORDED_JSON:
-                    buffered.append(chunk)
-                return
-            if size[0] > _MAX_RECORDED_JSON:
-                return
-            raw = b"".join(buffered)
-            if isinstance(tap, ChatTap):
-                body = self._parse_json(raw)
-                if isinstance(body, dict):
-                    safely(lambda: tap.on_json_response(body))
-            elif isinstance(tap, TranscriptionTap):
-                safely(lambda: tap.on_response_body(raw))
-        return on_json
-
-
-async def _multipart_form(headers: Headers, body: bytes,
-                          field: str) -> tuple[bytes | None, str | None, dict[str, str]]:
-    """The bytes and file name of the multipart form field ``field`` in ``body``, and the form's text fields."""
-
-    async def stream() -> AsyncIterator[bytes]:
-        yield body
-
-    try:
-        form = await MultiPartParser(headers, stream(), max_files=4, max_fields=64).parse()
-    except (MultiPartException, ValueError, KeyError):
-        return None, None, {}
-    try:
-        fields = {name: value for name, value in form.multi_items() if isinstance(value, str)}
-        upload = form.get(field)
-        if upload is None or isinstance(upload, str):
-            return None, None, fields
-        return await upload.read(), upload.filename, fields
-    finally:
-        await form.close()
-
 
 def _cancelled_error() -> APIError:
     return APIError(503, "the queued request was cancelled", code="queue_cancelled")

@@ -105,19 +105,6 @@ class RealtimeTap(Tap):
             self._answer_text(event.get("delta"))
         elif kind == ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA:
             self._answer_audio(pcm16(b64decode(event.get("delta"))))
-        elif kind == ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED:
-            self.recorder.event(kind)
-            self._speech_started()
-        elif kind == ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED:
-            self.recorder.event(kind)
-            if isinstance(event.get("item_id"), str):
-                self._item_turns[event["item_id"]] = self._input_turn_index()
-            if self._client_commits_pending:
-                self._client_commits_pending -= 1  # the echo of a commit already saved
-            else:
-                self._commit()
-        elif kind == ServerEvent.INPUT_AUDIO_BUFFER_CLEARED:
-            self._clear()
         elif kind == ServerEvent.RESPONSE_CREATED:
             self._response_created(response.get("id"))
         elif kind == ServerEvent.RESPONSE_DONE:
@@ -132,6 +119,25 @@ class RealtimeTap(Tap):
             self.recorder.event(kind)
         elif kind in (ServerEvent.SESSION_CREATED, ServerEvent.SESSION_UPDATED):
             self.recorder.event(kind, session=clipped(event.get("session")))
+        elif kind is not None:
+            self._input_event(kind, event)
+
+    def _input_event(self, kind: str, event: dict[str, Any]) -> None:
+        """A worker's event about the user's input: speech detected, the buffer committed or cleared, a
+        transcript of committed audio."""
+        if kind == ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED:
+            self.recorder.event(kind)
+            self._speech_started()
+        elif kind == ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED:
+            self.recorder.event(kind)
+            if isinstance(event.get("item_id"), str):
+                self._item_turns[event["item_id"]] = self._input_turn_index()
+            if self._client_commits_pending:
+                self._client_commits_pending -= 1  # the echo of a commit already saved
+            else:
+                self._commit()
+        elif kind == ServerEvent.INPUT_AUDIO_BUFFER_CLEARED:
+            self._clear()
         elif kind == ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STOPPED:
             self.recorder.event(kind)
         elif kind == ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED:
