@@ -36,7 +36,17 @@ def _one_thread():
     torch.set_num_threads(before)
 
 
-TOL = 1e-4  # floats, batched against alone and against the diffusers pipelines
+TOL = 1e-4  # floats, against the diffusers pipelines (and batched against alone: batched_tol)
+
+
+def batched_tol(latents: torch.Tensor) -> float:
+    """The bound on batched vs alone final latents. A batch of another shape runs other kernel blocks, which round
+    differently at every step; float32 holds a latent of magnitude M only to ``ulp(M)``. ddim's latents stay near 1
+    (measured up to 2.8e-5 apart across MKL's AVX512 and AVX2 kernels: TOL holds them with a margin of 3.5), but
+    dpm-solver's reach |x| ~ 200 on these random models, where one ulp is 1.5e-5: there they were up to 5 ulp of
+    the largest latent apart here (7.6e-5) and 1.07e-4 on another CPU. So TOL plus 32 ulp of the largest latent."""
+    largest = np.float32(latents.abs().max().item())
+    return TOL + 32 * float(np.spacing(largest))
 
 
 # ---------------------------------------------------------------------------------------------- tiny checkpoints
@@ -291,7 +301,7 @@ def test_a_request_gets_the_same_image_whoever_shares_its_batch(request, model, 
         single_outputs, single_latents = run_one(runner, single)
         diff = (batched[rid] - single_latents).abs().max().item()
         sizes.append(diff)
-        assert diff < TOL, (rid, diff)
+        assert diff < batched_tol(single_latents), (rid, diff, batched_tol(single_latents))
         assert np.abs(outputs[rid][-1].image.astype(int) - single_outputs[-1].image.astype(int)).max() <= 1
         assert len(outputs[rid]) == single.params["extra"]["steps"]
     print(f"{model}/{scheduler}: batched vs alone max abs diff {max(sizes):.3g}")
@@ -308,7 +318,7 @@ def test_a_failed_batched_step_is_retried_from_its_snapshot(digits_like_dir) -> 
         assert r.runner_state.step == 1
     outputs, latents = drive(runner, {0: [a]})
     _, reference = run_one(runner, make_request("ref", 1, {"class_label": 3}, steps=4, guidance_scale=2.0))
-    assert (latents["a"] - reference).abs().max().item() < TOL
+    assert (latents["a"] - reference).abs().max().item() < batched_tol(reference)  # it ran batched with b
     # a request not started yet snapshots to None, and restoring it frees what the step built
     c = make_request("c", 1, {"class_label": 3})
     assert runner.snapshot(c) is None

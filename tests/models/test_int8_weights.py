@@ -22,6 +22,13 @@ QUESTIONS = (
     "How many legs does a spider have?",
 )
 STEPS = 12
+# int8 against float32 logits, cosine per greedy step. A typical step stays tight (mean over the 48 steps 0.997 with
+# fbgemm's AVX512-VNNI kernel, 0.998 with its AVX2 one; tenth percentile 0.993 on both), so the mean must stay above
+# 0.99. A single step can dip where the hidden state has an outlier that the per-call activation scale flattens,
+# and which step dips depends on the kernel's rounding: the worst step was 0.947 with AVX512-VNNI and 0.985 with
+# AVX2, and another CPU had a step at 0.961. Each step is held to 0.9, about twice the worst error measured; a
+# wrong scale or a broken kernel falls far below both bounds.
+MEAN_COSINE, STEP_COSINE = 0.99, 0.9
 
 
 def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
@@ -107,6 +114,7 @@ def test_int8_picks_float32s_token_wherever_float32_is_sure(thinkers) -> None:
     float32's wherever float32's top two are clearly apart; over all the questions, most steps agree."""
     full, int8 = thinkers
     agree = steps = 0
+    cosines = []
     for index, question in enumerate(QUESTIONS):
         ids = _chat_ids(full, question)
         rid = f"path-{index}"
@@ -116,7 +124,8 @@ def test_int8_picks_float32s_token_wherever_float32_is_sure(thinkers) -> None:
             sure = float(top2[0] - top2[1]) > 3.0
             token = int(expected.argmax())
             cosine = torch.nn.functional.cosine_similarity(expected, actual, dim=0)
-            assert float(cosine) > 0.98, (question, float(cosine))
+            assert float(cosine) > STEP_COSINE, (question, float(cosine))
+            cosines.append(float(cosine))
             if sure:
                 assert int(actual.argmax()) == token, question
             agree += int(actual.argmax()) == token
@@ -125,6 +134,7 @@ def test_int8_picks_float32s_token_wherever_float32_is_sure(thinkers) -> None:
         full.free(rid)
         int8.free(rid)
     assert agree >= 0.85 * steps, f"{agree}/{steps} greedy steps agree"
+    assert sum(cosines) / len(cosines) > MEAN_COSINE, sorted(cosines)[:8]
 
 
 @pytest.mark.models

@@ -296,7 +296,10 @@ def test_chunked_decode_matches_whole(decoder, long_latents, asr) -> None:
     chunked = np.concatenate(chunks)
     assert chunked.shape == whole.shape
     assert np.abs(chunked - whole).max() < 1e-2
-    assert asr.transcribe(chunked, decoder.sample_rate_hz) == asr.transcribe(whole, decoder.sample_rate_hz)
+    # what a listener hears: the same words. The two waveforms differ by up to 1e-2 at the seams, which can tip
+    # whisper's casing or punctuation (a capital letter differed on one machine) but must not change a word
+    heard = [normalize_text_for_wer(asr.transcribe(audio, decoder.sample_rate_hz)) for audio in (chunked, whole)]
+    assert heard[0] == heard[1] and heard[0], heard
 
 
 @pytest.mark.models
