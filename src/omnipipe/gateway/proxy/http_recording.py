@@ -56,12 +56,10 @@ def make_tap(exchange: Exchange, parsed: object) -> None:
         return
     recorder = session.recorder
     try:
-        if exchange.request_type == "chat":
-            exchange.tap = ChatTap(recorder)
-            exchange.tap.on_request(parsed if isinstance(parsed, dict) else {})
-        elif exchange.request_type == "speech":
-            exchange.tap = SpeechTap(recorder)
-            exchange.tap.on_request(parsed if isinstance(parsed, dict) else {})
+        if exchange.request_type in ("chat", "speech"):
+            tap = ChatTap(recorder) if exchange.request_type == "chat" else SpeechTap(recorder)
+            exchange.tap = tap
+            tap.on_request(parsed if isinstance(parsed, dict) else {})
         else:
             exchange.tap = TranscriptionTap(recorder)
     except Exception:  # noqa: BLE001 - recording never breaks serving

@@ -25,7 +25,9 @@ from omnipipe.protocol.openai import AudioUrl, ImageUrl, ResponseImage, VideoUrl
 
 def _last_user_parts(body: dict[str, Any]) -> list[Any]:
     """The content parts of the request's last user message (a string content is one text part)."""
-    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    messages = body.get("messages")
+    if not isinstance(messages, list):
+        return []
     message = next((m for m in reversed(messages) if isinstance(m, dict) and m.get("role") == "user"), None)
     if message is None:
         return []

@@ -100,7 +100,8 @@ class RealtimeTap(Tap):
         if not isinstance(event, dict) or self._closed:
             return
         kind = ga_name(event["type"]) if isinstance(event.get("type"), str) else None  # either dialect
-        response = event.get("response") if isinstance(event.get("response"), dict) else {}
+        response = event.get("response")
+        response = response if isinstance(response, dict) else {}
         if kind in (ServerEvent.RESPONSE_OUTPUT_TEXT_DELTA, ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DELTA):
             self._answer_text(event.get("delta"))
         elif kind == ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA:
