@@ -1,0 +1,107 @@
+"""A realtime session's input audio buffer: ``input_audio_buffer.append`` (pcm16 at 24 kHz; dropped unread while
+the session is paused), ``.commit`` (the buffer becomes a spoken user item) and ``.clear``, and the server VAD that
+hears the appended audio: speech that starts cancels a running response (barge-in), speech that stops commits the
+buffer and starts a response (each as the session's turn detection says)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from omnipipe.protocol.audio import PCM16_RATE_HZ
+from omnipipe.protocol.realtime import COMMIT_EMPTY, InputAudioBufferAppend, ServerEvent
+from omnipipe.server.errors import APIError
+from omnipipe.server.routes.realtime.checks import check_takes_audio, decode_pcm16
+from omnipipe.server.routes.realtime.conversation import ConversationItem
+from omnipipe.server.routes.realtime.events import EventError, new_item_id
+from omnipipe.server.vad import SileroVAD
+
+if TYPE_CHECKING:
+    from omnipipe.server.routes.realtime.session import RealtimeSession
+
+
+def vad_for(turn_detection: dict[str, Any] | None) -> SileroVAD | None:
+    """The server VAD a session's ``turn_detection`` asks for (``None``: the client commits)."""
+    if turn_detection is None:
+        return None
+    return SileroVAD(turn_detection["threshold"], turn_detection["silence_duration_ms"],
+                     turn_detection["prefix_padding_ms"], PCM16_RATE_HZ)
+
+
+class InputAudioBuffer:
+    """The audio appended since the last commit or clear (at most the server's body size), and its VAD."""
+
+    def __init__(self, session: RealtimeSession) -> None:
+        self.session = session
+        self.chunks: list[np.ndarray] = []
+        self.size_bytes = 0
+        self.max_bytes = session.pool.config.max_body_bytes
+        self.vad = vad_for(session.settings.turn_detection)
+        self._pending_item_id: str | None = None  # the item the audio being appended will become
+
+    async def append(self, event: InputAudioBufferAppend) -> None:
+        if self.session.pause.paused:
+            return  # dropped unread
+        samples = decode_pcm16(event.audio, "audio")
+        if self.size_bytes + samples.size * 2 > self.max_bytes:
+            raise EventError(f"audio: the input audio buffer would exceed {self.max_bytes} bytes; commit or "
+                             "clear it", "audio", code="buffer_too_large")
+        if samples.size == 0:
+            return
+        self.chunks.append(samples)
+        self.size_bytes += samples.size * 2
+        if self.vad is not None:
+            await self._detect_turns(samples)
+
+    async def _detect_turns(self, samples: np.ndarray) -> None:
+        """Feed the VAD; act on the speech it hears start (barge-in) and stop (commit, respond)."""
+        assert self.vad is not None
+        session = self.session
+        for vad_event in await asyncio.to_thread(self.vad.feed, samples):
+            detection = session.settings.turn_detection or {}
+            if vad_event.kind == "speech_started":
+                session.idle.touch()
+                await session.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED, audio_start_ms=vad_event.audio_ms,
+                                   item_id=self._next_item_id())
+                if detection.get("interrupt_response", True):
+                    await session.responses.cancel("turn_detected")  # barge-in
+            else:
+                await session.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STOPPED, audio_end_ms=vad_event.audio_ms,
+                                   item_id=self._next_item_id())
+                try:
+                    await self.commit()
+                    if detection.get("create_response", True) and not session.responses.running:
+                        await session.responses.start(None)
+                except (EventError, APIError) as exc:
+                    await session.send_error(exc.message, param=exc.param, code=exc.code)
+
+    def _next_item_id(self) -> str:
+        if self._pending_item_id is None:
+            self._pending_item_id = new_item_id()
+        return self._pending_item_id
+
+    async def commit(self, _: Any = None) -> None:
+        """The buffer becomes a spoken user item at the end of the conversation."""
+        session = self.session
+        if not self.chunks:
+            raise EventError("the input audio buffer is empty", None, code=COMMIT_EMPTY)
+        check_takes_audio(session.pipeline, None)
+        audio = np.concatenate(self.chunks)
+        self.reset()
+        item_id = self._next_item_id()
+        self._pending_item_id = None
+        await session.send(ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED,
+                           previous_item_id=session.conversation.last_item_id(), item_id=item_id)
+        await session.conversation.add(ConversationItem(item_id, "user", audio=audio, spoken=True, pending=True))
+
+    def reset(self) -> None:
+        """Empty the buffer (its audio is dropped) and restart the VAD."""
+        self.chunks, self.size_bytes = [], 0
+        if self.vad is not None:
+            self.vad.reset()
+
+    async def clear(self, _: Any) -> None:
+        self.reset()
+        await self.session.send(ServerEvent.INPUT_AUDIO_BUFFER_CLEARED)

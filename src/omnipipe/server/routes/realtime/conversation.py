@@ -1,0 +1,204 @@
+"""A realtime session's conversation: its items (user, system and assistant messages, spoken or typed),
+``conversation.item.create`` / ``.truncate`` / ``.delete`` / ``.retrieve``, and the turn the next response answers
+with the history before it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from omnipipe.protocol.realtime import (
+    ConversationItemCreate,
+    ConversationItemDelete,
+    ConversationItemRetrieve,
+    ConversationItemTruncate,
+    ServerEvent,
+)
+from omnipipe.server.realtime_settings import part_type
+from omnipipe.server.routes.realtime.checks import check_takes_audio, decode_pcm16
+from omnipipe.server.routes.realtime.events import EventError, new_item_id
+
+if TYPE_CHECKING:
+    from omnipipe.server.routes.realtime.session import RealtimeSession
+
+
+@dataclass
+class ConversationItem:
+    """One item of the conversation: its words (what the history gives the thinker) and how the client sees it."""
+
+    id: str
+    role: str  # user | assistant | system
+    words: str = ""  # text, or the transcript of spoken audio (empty until transcribed)
+    audio: np.ndarray | None = None  # a user item's spoken part (24 kHz)
+    audio_ms: float = 0.0  # an assistant item's audio sent
+    spoken: bool = False  # the item's content is audio (a transcript beside it)
+    text_part: str | None = None  # a user item's typed part, beside its audio
+    status: str = "completed"
+    pending: bool = False  # a user item no response has answered yet
+
+    def wire(self, dialect: str) -> dict[str, Any]:
+        if self.role == "assistant":
+            kind = part_type(dialect, self.spoken)
+            content = [{"type": kind, "transcript": self.words} if self.spoken else {"type": kind, "text": self.words}]
+        elif self.spoken:
+            content = [{"type": "input_audio", "transcript": self.words or None}]
+            if self.text_part:
+                content.insert(0, {"type": "input_text", "text": self.text_part})
+        else:
+            content = [{"type": "input_text", "text": self.words}]
+        return {"id": self.id, "object": "realtime.item", "type": "message", "status": self.status,
+                "role": self.role, "content": content}
+
+
+@dataclass
+class Turn:
+    """What the next response answers: texts and spoken audio (24 kHz float32) of the pending user items."""
+
+    texts: list[str] = field(default_factory=list)
+    audio: np.ndarray | None = None
+
+
+# the content part types each role's item takes in conversation.item.create
+ALLOWED_CONTENT = {"user": ("input_text", "input_audio"), "system": ("input_text",),
+                   "assistant": ("output_text", "output_audio", "text", "audio")}
+
+
+class Conversation:
+    """The session's items in order; items are only ever added at the end."""
+
+    def __init__(self, session: RealtimeSession) -> None:
+        self.session = session
+        self.items: list[ConversationItem] = []
+
+    def last_item_id(self) -> str | None:
+        return self.items[-1].id if self.items else None
+
+    def has_pending(self) -> bool:
+        return any(item.pending for item in self.items)
+
+    def find(self, item_id: str, param: str = "item_id") -> ConversationItem:
+        for item in self.items:
+            if item.id == item_id:
+                return item
+        raise EventError(f"{param}: no item {item_id!r} in the conversation", param, code="item_not_found")
+
+    async def add(self, item: ConversationItem) -> None:
+        """Append an item and announce it (``conversation.item.added`` and ``.done``; beta ``.created``)."""
+        session = self.session
+        session.idle.touch()
+        previous = self.last_item_id()
+        self.items.append(item)
+        await session.send(ServerEvent.CONVERSATION_ITEM_ADDED, previous_item_id=previous,
+                           item=item.wire(session.dialect))
+        if item.status == "completed":
+            await session.send(ServerEvent.CONVERSATION_ITEM_DONE, previous_item_id=previous,
+                               item=item.wire(session.dialect))
+        if item.role == "user" and item.spoken:
+            session.transcriptions.start(item)
+
+    async def create(self, event: ConversationItemCreate) -> None:
+        item = event.item
+        pipeline = self.session.pipeline
+        if event.previous_item_id is not None and event.previous_item_id != self.last_item_id():
+            raise EventError("previous_item_id: items can only be added at the end of the conversation (leave it "
+                             "out, or give the last item's id)", "previous_item_id", code="unsupported_parameter")
+        if item.id is not None and any(existing.id == item.id for existing in self.items):
+            raise EventError(f"item.id: an item {item.id!r} already exists", "item.id", code="duplicate_item_id")
+        if item.role != "user" and not pipeline.takes_history:
+            raise EventError(f"item.role: pipeline {pipeline.name!r} answers one question at a time; only "
+                             "'user' items are supported", "item.role", code="unsupported_item")
+        texts, audio = self._content(item)
+        text = " ".join(texts)
+        if not text and audio is None:
+            raise EventError("item.content: the message has no text", "item.content")
+        if item.role == "user" and text and "text" not in pipeline.input_modalities:
+            raise EventError(f"item.content: pipeline {pipeline.name!r} does not take text input",
+                             "item.content", code="unsupported_modality")
+        spoken = audio is not None or (item.role == "assistant" and
+                                       any(p.type in ("output_audio", "audio") for p in item.content))
+        new = ConversationItem(item.id or new_item_id(), item.role, spoken=spoken, pending=item.role == "user",
+                               audio=audio)
+        if audio is not None:
+            new.text_part = text or None
+        else:
+            new.words = text
+        await self.add(new)
+
+    def _content(self, item: Any) -> tuple[list[str], np.ndarray | None]:
+        """A created item's content parts, checked in order: their texts and their audio (joined)."""
+        allowed = ALLOWED_CONTENT[item.role]
+        texts: list[str] = []
+        audio: np.ndarray | None = None
+        for i, part in enumerate(item.content):
+            param = f"item.content[{i}]"
+            if part.type not in allowed:
+                raise EventError(f"{param}.type: a {item.role} item takes {', '.join(allowed)} content, got "
+                                 f"{part.type!r}", f"{param}.type", code="unsupported_content")
+            if part.type == "input_audio":
+                if part.audio is None:
+                    raise EventError(f"{param}.audio: required for input_audio content", f"{param}.audio",
+                                     code="missing_field")
+                check_takes_audio(self.session.pipeline, f"{param}.audio")
+                samples = decode_pcm16(part.audio, f"{param}.audio")
+                if samples.size == 0:
+                    raise EventError(f"{param}.audio: the audio is empty", f"{param}.audio")
+                audio = samples if audio is None else np.concatenate([audio, samples])
+            else:
+                value = part.text if part.type in ("input_text", "output_text", "text") else part.transcript
+                if value is not None and value.strip():
+                    texts.append(value.strip())
+        return texts, audio
+
+    def _check_not_answering(self, item: ConversationItem) -> None:
+        responses = self.session.responses
+        if item is responses.item and responses.running:
+            raise EventError("item_id: the item's response is still running; cancel it first", "item_id",
+                             code="invalid_item")
+
+    async def truncate(self, event: ConversationItemTruncate) -> None:
+        """Cut an assistant audio item's words to what was heard by ``audio_end_ms`` (the talker speaks at an even
+        pace, so the words in proportion to the audio)."""
+        item = self.find(event.item_id)
+        if item.role != "assistant" or not item.spoken:
+            raise EventError("item_id: only an assistant item with audio can be truncated", "item_id",
+                             code="invalid_item")
+        self._check_not_answering(item)
+        if event.audio_end_ms > item.audio_ms + 1:
+            raise EventError(f"audio_end_ms: the item has {item.audio_ms:.0f} ms of audio, got {event.audio_end_ms}",
+                             "audio_end_ms")
+        words = item.words.split()
+        keep = round(len(words) * event.audio_end_ms / item.audio_ms) if item.audio_ms else 0
+        item.words = " ".join(words[:keep])
+        item.audio_ms = float(event.audio_end_ms)
+        await self.session.send(ServerEvent.CONVERSATION_ITEM_TRUNCATED, item_id=item.id,
+                                content_index=event.content_index, audio_end_ms=event.audio_end_ms)
+
+    async def delete(self, event: ConversationItemDelete) -> None:
+        item = self.find(event.item_id)
+        self._check_not_answering(item)
+        self.items.remove(item)
+        await self.session.send(ServerEvent.CONVERSATION_ITEM_DELETED, item_id=item.id)
+
+    async def retrieve(self, event: ConversationItemRetrieve) -> None:
+        item = self.find(event.item_id)
+        await self.session.send(ServerEvent.CONVERSATION_ITEM_RETRIEVED, item=item.wire(self.session.dialect))
+
+    def take_turn(self) -> tuple[Turn, list[dict[str, str]]]:
+        """The pending user items as the turn, and every other item before them as the history."""
+        turn = Turn()
+        history: list[dict[str, str]] = []
+        instructions = self.session.settings.instructions.strip()
+        if instructions:
+            history.append({"role": "system", "content": instructions})
+        for item in self.items:
+            if item.pending:
+                if item.text_part or (item.words and not item.spoken):
+                    turn.texts.append(item.text_part or item.words)
+                if item.audio is not None:
+                    turn.audio = item.audio if turn.audio is None else np.concatenate([turn.audio, item.audio])
+                item.pending = False
+            elif item.words:
+                history.append({"role": item.role, "content": item.words})
+        return turn, history

@@ -1,0 +1,51 @@
+"""Realtime events on the wire: the ids the server gives, a client frame parsed with its dialect's schema, and
+``EventError``, the refusal a bad client event is answered with (an ``error`` event; the connection stays open)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from pydantic import ValidationError
+
+from omnipipe.protocol.realtime import BETA_CLIENT_EVENT, CLIENT_EVENT, GA
+from omnipipe.server.errors import from_validation_errors
+
+
+class EventError(Exception):
+    """A client event the server refuses: answered with an ``error`` event, the connection stays open."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_value",
+                 type: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.param, self.code, self.type = message, param, code, type
+
+
+def new_event_id() -> str:
+    return f"event_{uuid.uuid4().hex[:24]}"
+
+
+def new_item_id() -> str:
+    return f"item_{uuid.uuid4().hex[:24]}"
+
+
+def parse_event(raw: Any, dialect: str, supported: Iterable[str]) -> Any:
+    """A decoded client frame -> its event model (the dialect's schema in ``protocol.realtime``), or the
+    EventError naming the field the schema refuses (an unknown type lists the ``supported`` ones)."""
+    if not isinstance(raw, dict):
+        raise EventError("the event must be a JSON object", code="invalid_event")
+    try:
+        return (CLIENT_EVENT if dialect == GA else BETA_CLIENT_EVENT).validate_python(raw)
+    except ValidationError as exc:
+        errors = exc.errors()
+    kinds = {error["type"] for error in errors}
+    if "union_tag_not_found" in kinds:
+        raise EventError("type: required field is missing", "type", code="missing_field")
+    if "union_tag_invalid" in kinds:
+        raise EventError(f"type: unknown or unsupported event type {raw.get('type')!r} (supported: "
+                         f"{', '.join(sorted(supported))})", "type", code="invalid_event_type")
+    # every location starts with the event's type (the union's tag)
+    error = from_validation_errors([{**e, "loc": tuple(e["loc"][1:])} for e in errors])
+    code = "unknown_parameter" if any(e["type"] == "extra_forbidden" for e in errors) else error.code
+    raise EventError(error.message, error.param, code=code or "invalid_value")

@@ -1,0 +1,253 @@
+"""A realtime session's responses, one at a time: ``response.create`` (the pending user items as the turn, the
+conversation before them as history), the answer streamed through the engine with the events of its item and
+content part (``response.created`` ... ``response.done``), and ``response.cancel`` (also a barge-in, a pause or a
+disconnect): a cancelled answer closes its part and item too and keeps the words it sent."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from omnipipe.api.outputs import OmniRequestOutput
+from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.protocol.audio import PCM16_RATE_HZ
+from omnipipe.protocol.realtime import BetaResponseOptions, ResponseCancel, ResponseCreate, ResponseOptions, ServerEvent
+from omnipipe.protocol.worker import REALTIME_PATH
+from omnipipe.server.audio_stream import Pcm16Stream
+from omnipipe.server.engines import with_voice
+from omnipipe.server.errors import from_engine_error
+from omnipipe.server.realtime_settings import output_modalities_field, response_object
+from omnipipe.server.routes.realtime.checks import check_modalities, check_sampling
+from omnipipe.server.routes.realtime.conversation import ConversationItem
+from omnipipe.server.routes.realtime.events import EventError, new_item_id
+
+if TYPE_CHECKING:
+    from omnipipe.server.routes.realtime.session import RealtimeSession
+
+
+@dataclass
+class _Answer:
+    """A running response's answer: its assistant item and what has been sent of it so far."""
+
+    response_id: str
+    item: ConversationItem
+    text_parts: list[str] = field(default_factory=list)
+    audio_samples: int = 0  # pcm16 samples at 24 kHz sent
+    pcm: Pcm16Stream | None = None
+    final: OmniRequestOutput | None = None  # the engine's finished output
+
+    @property
+    def base(self) -> dict[str, Any]:
+        """The fields every event of the answer's content part carries."""
+        return {"response_id": self.response_id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+
+    def part(self, words: str) -> dict[str, str]:
+        """The content part in ``response.content_part.added`` / ``.done``."""
+        return {"type": "audio", "transcript": words} if self.item.spoken else {"type": "text", "text": words}
+
+
+class Responses:
+    """The session's response in progress (at most one): its task, id and assistant item."""
+
+    def __init__(self, session: RealtimeSession) -> None:
+        self.session = session
+        self.task: asyncio.Task[None] | None = None
+        self.id: str | None = None
+        self.item: ConversationItem | None = None
+        self._cancel_reason = "client_cancelled"  # why the running response is being cancelled
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def create(self, event: ResponseCreate) -> None:
+        await self.start(event.response)
+
+    async def start(self, options: ResponseOptions | BetaResponseOptions | None) -> None:
+        """Start answering the pending user items (refused while paused, answering, or with nothing to answer)."""
+        session = self.session
+        if session.pause.paused:
+            raise EventError("the session is paused; send session.resume first", None, code="session_paused")
+        if self.running:
+            raise EventError("a response is already in progress; cancel it or wait for response.done", None,
+                             code="conversation_already_has_active_response")
+        if not session.conversation.has_pending():
+            raise EventError("there is nothing to respond to: create a user message item or commit audio first",
+                             None, code="no_input")
+        modalities, limit = self._modalities_and_limit(options)
+        sampling = self._sampling(modalities, limit)
+        turn, history = session.conversation.take_turn()
+        prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
+        if session.pipeline.takes_history:
+            prompt["history"] = history
+        if turn.audio is not None:
+            prompt["multi_modal_data"] = {"audio": (turn.audio, PCM16_RATE_HZ)}
+        # what a stage finds wrong with the question is in the committed audio when the turn has no text
+        fields = {"prompt.multi_modal_data.audio": "input_audio_buffer",
+                  "prompt": "item.content" if turn.texts else "input_audio_buffer"}
+        response_id = f"resp_{uuid.uuid4().hex[:24]}"
+        self.id = response_id
+        self.task = asyncio.create_task(
+            self._respond(response_id, prompt, modalities, sampling or None, fields, limit),
+            name=f"omnipipe-realtime-{response_id}")
+
+    def _modalities_and_limit(self, options: ResponseOptions | BetaResponseOptions | None,
+                              ) -> tuple[list[str], int | str]:
+        """The response's output modalities and token limit: the session's, or those the response asks for."""
+        session = self.session
+        modalities = session.settings.modalities
+        limit = session.settings.max_output_tokens
+        if options is None:
+            return modalities, limit
+        asked = options.output_modalities if isinstance(options, ResponseOptions) else options.modalities
+        if asked is not None:
+            field_name = output_modalities_field(session.dialect)
+            modalities = check_modalities(session.pipeline, ["text", "audio"] if "audio" in asked else ["text"],
+                                          f"response.{field_name}")
+        asked_limit = options.max_output_tokens if isinstance(options, ResponseOptions) \
+            else options.max_response_output_tokens
+        if asked_limit is not None:
+            name = "max_output_tokens" if isinstance(options, ResponseOptions) else "max_response_output_tokens"
+            if asked_limit != "inf":
+                check_sampling({"max_tokens": asked_limit}, f"response.{name}")
+            limit = asked_limit
+        return modalities, limit
+
+    def _sampling(self, modalities: list[str], limit: int | str) -> dict[str, SamplingParams]:
+        """Each stage's sampling for the response: the token limit and temperature, the speed, the voice."""
+        session = self.session
+        pipeline = session.pipeline
+        params: dict[str, Any] = {}
+        if limit != "inf":
+            params["max_tokens"] = limit
+        if session.settings.temperature is not None:
+            params["temperature"] = session.settings.temperature
+        stage = pipeline.comprehension_stage or pipeline.stages[0].name
+        sampling = {stage: SamplingParams.from_dict(params)} if params else {}
+        speed_stage = pipeline.serving.speed_stage
+        if speed_stage is not None and "audio" in modalities and session.settings.speed != 1.0:
+            sampling[speed_stage] = SamplingParams(extra={"speed": session.settings.speed})
+        if "audio" in modalities:  # the session's voice, checked when it was set
+            voice = session.pool.check_voice(session.settings.voice, pipeline, "session.voice")
+            sampling = with_voice(sampling, voice, pipeline, "session.voice")
+        return sampling
+
+    async def cancel_by_client(self, event: ResponseCancel) -> None:
+        if not self.running:
+            raise EventError("there is no response in progress to cancel", None, code="response_cancel_not_active")
+        if event.response_id is not None and event.response_id != self.id:
+            raise EventError(f"response_id: {event.response_id!r} is not the response in progress", "response_id",
+                             code="response_cancel_not_active")
+        await self.cancel()
+
+    async def cancel(self, reason: str = "client_cancelled") -> None:
+        """Abort the running response (if any) and wait until it has sent its ``response.done`` (status
+        ``cancelled`` with ``reason``: ``turn_detected`` for a barge-in, else ``client_cancelled``)."""
+        task = self.task
+        if task is None or task.done():
+            return
+        self._cancel_reason = reason
+        if self.id is not None:
+            await self.session.engine.abort(self.id)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def _respond(self, response_id: str, prompt: dict[str, Any], modalities: list[str],
+                       sampling: dict[str, SamplingParams] | None, fields: dict[str, str],
+                       max_output_tokens: int | str) -> None:
+        """Run the answer and send its events, ending with ``response.done`` (completed, cancelled or failed)."""
+        session = self.session
+        item = ConversationItem(new_item_id(), "assistant", spoken="audio" in modalities, status="in_progress")
+        self.item = item
+        answer = _Answer(response_id, item)
+        status, details = "failed", None
+
+        def response(state: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
+                     details: dict[str, Any] | None = None) -> dict[str, Any]:
+            return response_object(session.dialect, response_id, state, modalities, output, details, usage,
+                                   session.settings.voice, max_output_tokens)
+
+        outputs = session.engine.generate(prompt, request_id=response_id, sampling_params=sampling,
+                                          output_modalities=modalities)
+        try:
+            await session.send(ServerEvent.RESPONSE_CREATED, response=response("in_progress", []))
+            await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_ADDED, response_id=response_id, output_index=0,
+                               item=item.wire(session.dialect))
+            await session.conversation.add(item)
+            await session.send(ServerEvent.RESPONSE_CONTENT_PART_ADDED, **answer.base, part=answer.part(""))
+            await self._stream(outputs, answer)
+            status = "completed"
+        except asyncio.CancelledError:
+            status, details = "cancelled", {"type": "cancelled", "reason": self._cancel_reason}
+        except Exception as exc:  # noqa: BLE001 - reported as an error event and a failed response
+            error = from_engine_error(exc, fields)
+            details = {"type": "failed", "error": {"type": error.type, "code": error.code, "message": error.message}}
+            await session.send_error(error.message, param=error.param, code=error.code, type_=error.type)
+        finally:
+            await outputs.aclose()  # type: ignore[attr-defined]
+        text = "".join(answer.text_parts)
+        item.words = text.strip()  # of a cancelled answer: the words sent before the cancel
+        item.audio_ms = answer.audio_samples * 1000 / PCM16_RATE_HZ
+        item.status = "completed" if status == "completed" else "incomplete"
+        if item in session.conversation.items:  # the answer got as far as adding its item
+            await self._close_item(answer, text)
+        final = answer.final
+        if final is not None:
+            session.metrics.observe(REALTIME_PATH, final.metrics)
+        metrics = final.metrics if final is not None else None
+        out_tokens = metrics.num_output_tokens if metrics is not None else 0
+        in_tokens = metrics.num_prompt_tokens if metrics is not None else 0
+        usage = {"total_tokens": in_tokens + out_tokens, "input_tokens": in_tokens, "output_tokens": out_tokens}
+        session.idle.touch()  # the idle count starts when the answer ends
+        await session.send(ServerEvent.RESPONSE_DONE, response=response(
+            status, [item.wire(session.dialect)] if item in session.conversation.items else [], usage, details))
+
+    async def _stream(self, outputs: AsyncIterator[OmniRequestOutput], answer: _Answer) -> None:
+        """Send the engine's outputs as deltas (the transcript or text, the audio as pcm16 at 24 kHz)."""
+        spoken = answer.item.spoken
+        async for out in outputs:
+            if out.modality == "text" and out.text_delta:
+                answer.text_parts.append(out.text_delta)
+                kind = ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DELTA if spoken \
+                    else ServerEvent.RESPONSE_OUTPUT_TEXT_DELTA
+                await self.session.send(kind, delta=out.text_delta, **answer.base)
+            elif out.modality == "audio" and spoken and out.audio is not None and out.sample_rate_hz:
+                answer.pcm = answer.pcm or Pcm16Stream(out.sample_rate_hz)
+                data = answer.pcm.feed(out.audio)
+                if data:
+                    await self._audio_delta(answer, data)
+            elif out.finished:
+                answer.final = out
+        if answer.final is not None and answer.final.finish_reason == "abort":  # cancel's abort got here first
+            raise asyncio.CancelledError
+        if answer.pcm is not None:
+            tail = answer.pcm.flush()
+            if tail:
+                await self._audio_delta(answer, tail)
+
+    async def _audio_delta(self, answer: _Answer, data: bytes) -> None:
+        answer.audio_samples += len(data) // 2
+        await self.session.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA, delta=base64.b64encode(data).decode(),
+                                **answer.base)
+
+    async def _close_item(self, answer: _Answer, text: str) -> None:
+        """The ``.done`` events of the answer's deltas, content part and item (sent also for a cancelled answer)."""
+        session, item, base = self.session, answer.item, answer.base
+        if item.spoken:
+            await session.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_DONE, **base)
+            await session.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DONE, transcript=text, **base)
+        else:
+            await session.send(ServerEvent.RESPONSE_OUTPUT_TEXT_DONE, text=text, **base)
+        await session.send(ServerEvent.RESPONSE_CONTENT_PART_DONE, **base, part=answer.part(text))
+        await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_DONE, response_id=answer.response_id, output_index=0,
+                           item=item.wire(session.dialect))
+        items = session.conversation.items
+        index = items.index(item)
+        previous = items[index - 1].id if index else None
+        await session.send(ServerEvent.CONVERSATION_ITEM_DONE, previous_item_id=previous,
+                           item=item.wire(session.dialect))
+

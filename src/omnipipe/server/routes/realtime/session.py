@@ -1,0 +1,193 @@
+"""One realtime WebSocket's session: its settings (``session.update``, checked against the pipeline), the loop that
+reads client events and hands each to the part of the session that handles it, and the one way events are sent
+(renamed for the beta dialect)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pydantic_core
+from fastapi import WebSocket
+from starlette.websockets import WebSocketDisconnect
+
+from omnipipe.api.async_omni import AsyncOmni
+from omnipipe.config.pipeline_spec import PipelineSpec
+from omnipipe.protocol.realtime import BETA, BETA_NAMES, GA, ClientEvent, ServerEvent
+from omnipipe.server.capacity import Session
+from omnipipe.server.engines import EnginePool
+from omnipipe.server.errors import APIError
+from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.server.realtime_settings import Change, Settings, changes, session_object
+from omnipipe.server.routes.realtime.audio_buffer import InputAudioBuffer, vad_for
+from omnipipe.server.routes.realtime.checks import check_modalities, check_sampling
+from omnipipe.server.routes.realtime.conversation import Conversation
+from omnipipe.server.routes.realtime.events import EventError, new_event_id, parse_event
+from omnipipe.server.routes.realtime.idle import IdleWatch
+from omnipipe.server.routes.realtime.pause import SessionPause
+from omnipipe.server.routes.realtime.response import Responses
+from omnipipe.server.routes.realtime.transcription import Transcriptions
+
+logger = logging.getLogger(__name__)
+
+
+class RealtimeSession:
+    """A realtime connection's state, split by concept: the idle watch, the pause, the input audio buffer, the
+    conversation, the transcriptions of spoken items and the response; each part reaches the others through it."""
+
+    def __init__(self, websocket: WebSocket, engine: AsyncOmni, pipeline: PipelineSpec, pool: EnginePool,
+                 metrics: ServerMetrics, handle: Session | None = None, dialect: str = GA) -> None:
+        self.ws = websocket
+        self.engine = engine
+        self.pipeline = pipeline
+        self.pool = pool
+        self.metrics = metrics
+        self.dialect = dialect
+        self.closed = False
+        self.send_lock = asyncio.Lock()
+        self.session_id = f"sess_{uuid.uuid4().hex[:24]}"
+        modalities = ["text", "audio"] if "audio" in pipeline.output_modalities else ["text"]
+        self.settings = Settings(modalities=modalities)
+        self.handle = handle  # this connection's slot in the server's session count
+        self.idle = IdleWatch(self)
+        self.pause = SessionPause(self)
+        self.audio = InputAudioBuffer(self)
+        self.conversation = Conversation(self)
+        self.transcriptions = Transcriptions(self)
+        self.responses = Responses(self)
+        self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
+            ClientEvent.SESSION_UPDATE: self.on_session_update,
+            ClientEvent.SESSION_PAUSE: self.pause.on_pause,
+            ClientEvent.SESSION_RESUME: self.pause.on_resume,
+            ClientEvent.INPUT_AUDIO_BUFFER_APPEND: self.audio.append,
+            ClientEvent.INPUT_AUDIO_BUFFER_COMMIT: self.audio.commit,
+            ClientEvent.INPUT_AUDIO_BUFFER_CLEAR: self.audio.clear,
+            ClientEvent.CONVERSATION_ITEM_CREATE: self.conversation.create,
+            ClientEvent.CONVERSATION_ITEM_TRUNCATE: self.conversation.truncate,
+            ClientEvent.CONVERSATION_ITEM_DELETE: self.conversation.delete,
+            ClientEvent.CONVERSATION_ITEM_RETRIEVE: self.conversation.retrieve,
+            ClientEvent.RESPONSE_CREATE: self.responses.create,
+            ClientEvent.RESPONSE_CANCEL: self.responses.cancel_by_client,
+        }
+
+    # ------------------------------------------------------------------ sending
+    async def send(self, type_: str, **fields: Any) -> None:
+        if self.closed:
+            return
+        if self.dialect == BETA and type_ in BETA_NAMES:
+            renamed = BETA_NAMES[type_]
+            if renamed is None:
+                return
+            type_ = renamed
+        payload = json.dumps({"type": type_, "event_id": new_event_id(), **fields}, separators=(",", ":"))
+        async with self.send_lock:
+            try:
+                await self.ws.send_text(payload)
+            except Exception:  # noqa: BLE001 - the client went away; the receive loop notices
+                self.closed = True
+
+    async def send_error(self, message: str, *, param: str | None = None, code: str | None = None,
+                         type_: str = "invalid_request_error", client_event_id: str | None = None) -> None:
+        await self.send(ServerEvent.ERROR, error={"type": type_, "code": code, "message": message, "param": param,
+                                                  "event_id": client_event_id})
+
+    def session_object(self) -> dict[str, Any]:
+        return session_object(self.settings, self.dialect, self.session_id, self.pool.model_name)
+
+    # ------------------------------------------------------------------ loop
+    async def run(self) -> None:
+        await self.send(ServerEvent.SESSION_CREATED, session=self.session_object())
+        self.idle.start()
+        try:
+            while not self.closed:
+                message = await self.ws.receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                text = message.get("text")
+                if text is None:
+                    await self.send_error("binary frames are not supported; send JSON text frames",
+                                          code="invalid_event")
+                    continue
+                await self.handle_text(text)
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self.closed = True
+            await self.idle.stop()
+            await self.pause.stop_timer()
+            await self.responses.cancel()
+            await self.transcriptions.cancel()
+
+    async def handle_text(self, text: str) -> None:
+        try:  # pydantic's parser: a nesting too deep for json's recursion is an error, not a RecursionError
+            raw = pydantic_core.from_json(text)
+        except ValueError as exc:
+            await self.send_error(f"the event is not valid JSON: {exc}", code="invalid_json")
+            return
+        client_event_id = raw.get("event_id") if isinstance(raw, dict) and isinstance(raw.get("event_id"), str) \
+            else None
+        try:
+            event = parse_event(raw, self.dialect, self.handlers)
+            await self.handlers[event.type](event)
+        except EventError as exc:
+            await self.send_error(exc.message, param=exc.param, code=exc.code, type_=exc.type,
+                                  client_event_id=client_event_id)
+        except APIError as exc:
+            await self.send_error(exc.message, param=exc.param, code=exc.code, type_=exc.type,
+                                  client_event_id=client_event_id)
+        except (ValueError, TypeError) as exc:
+            await self.send_error(str(exc), code="invalid_value", client_event_id=client_event_id)
+        except Exception as exc:  # noqa: BLE001 - a server fault on one event: reported, the session goes on
+            logger.exception("realtime event %r failed", raw.get("type") if isinstance(raw, dict) else None)
+            await self.send_error(f"internal error: {type(exc).__name__}", code="internal_error", type_="server_error",
+                                  client_event_id=client_event_id)
+
+    # ------------------------------------------------------------------ session.update
+    def _check_change(self, change: Change) -> Any:
+        """The value a session change sets, checked against the pipeline (an EventError naming its field)."""
+        key, value, param = change.key, change.value, change.param
+        if key == "modalities":
+            return check_modalities(self.pipeline, value, param)
+        if key == "voice":
+            self.pool.check_voice(value, self.pipeline, param)
+            return value
+        if key == "speed":
+            if value != 1.0 and self.pipeline.serving.speed_stage is None:
+                raise EventError(f"{param}: pipeline {self.pipeline.name!r} cannot change the speaking rate", param,
+                                 code="unsupported_parameter")
+            return float(value)
+        if key == "instructions":
+            if value.strip() and not self.pipeline.takes_history:
+                raise EventError(f"{param}: pipeline {self.pipeline.name!r} answers one question at a time and "
+                                 "takes no instructions", param, code="unsupported_parameter")
+            return value
+        if key == "max_output_tokens":
+            if value != "inf":
+                check_sampling({"max_tokens": value}, param)
+            return value
+        if key == "temperature":
+            if value is not None:
+                check_sampling({"temperature": value}, param)
+            return value
+        if key == "transcription":
+            if value is not None and self.pool.endpoint_pipelines.get("transcription") is None:
+                raise EventError(f"{param}: pipeline {self.pipeline.name!r} has no transcription pipeline", param,
+                                 code="unsupported_feature")
+            return value
+        return value
+
+    async def on_session_update(self, event: Any) -> None:
+        update = event.session
+        if update.model is not None:
+            self.pool.check_model(update.model, "chat")
+        new = {change.key: self._check_change(change) for change in changes(update, self.settings)}
+        detection_changed = "turn_detection" in new and new["turn_detection"] != self.settings.turn_detection
+        for key, value in new.items():
+            setattr(self.settings, key, value)
+        if detection_changed:
+            self.audio.vad = vad_for(self.settings.turn_detection)
+        await self.send(ServerEvent.SESSION_UPDATED, session=self.session_object())

@@ -1,0 +1,68 @@
+"""The transcription of a realtime session's spoken user items, beside the response: the server's transcription
+pipeline (started on first use) gives the words that join the conversation, and sends the client
+``conversation.item.input_audio_transcription.completed`` (or ``.failed``) when the session asked for it."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING
+
+from omnipipe.protocol.audio import PCM16_RATE_HZ
+from omnipipe.protocol.realtime import ServerEvent
+from omnipipe.server.errors import from_engine_error
+
+if TYPE_CHECKING:
+    from omnipipe.server.routes.realtime.conversation import ConversationItem
+    from omnipipe.server.routes.realtime.session import RealtimeSession
+
+
+class Transcriptions:
+    """The session's transcriptions in flight; cancelled when the session ends."""
+
+    def __init__(self, session: RealtimeSession) -> None:
+        self.session = session
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def start(self, item: ConversationItem) -> None:
+        """Transcribe a spoken user item if the client asked for its transcript or the history needs its words."""
+        session = self.session
+        announce = session.settings.transcription is not None
+        remember = session.pipeline.takes_history and session.pool.endpoint_pipelines.get("transcription") is not None
+        if announce or remember:
+            task = asyncio.create_task(self._transcribe(item, announce), name=f"omnipipe-transcribe-{item.id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def cancel(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _transcribe(self, item: ConversationItem, announce: bool) -> None:
+        """Transcribe a spoken user item (the transcription pipeline, beside the response): its words join the
+        conversation, and the client is sent them if it asked for transcription."""
+        assert item.audio is not None
+        session = self.session
+        content_index = 1 if item.text_part else 0
+        base = {"item_id": item.id, "content_index": content_index}
+        try:
+            engine, _ = await session.pool.engine_for("transcription")
+            final = None
+            async for out in engine.generate({"prompt": "",
+                                              "multi_modal_data": {"audio": (item.audio, PCM16_RATE_HZ)}},
+                                             request_id=f"rt-transcribe-{uuid.uuid4().hex}",
+                                             output_modalities=["text"]):
+                final = out
+            transcript = final.text.strip() if final is not None else ""
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
+            if announce:
+                error = from_engine_error(exc, {}).body()["error"]
+                await session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED, **base, error=error)
+            return
+        item.words = transcript
+        if announce:
+            await session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, **base, transcript=transcript,
+                               usage={"type": "duration", "seconds": round(len(item.audio) / PCM16_RATE_HZ, 3)})
