@@ -14,7 +14,7 @@ import pytest
 
 from omnipipe import AsyncOmni, RequestFailedError
 from omnipipe.config.pipeline_spec import PipelineSpec, StageSpec
-from omnipipe.engine.orchestrator import EngineStartError
+from omnipipe.engine.startup import EngineStartError
 from omnipipe.models.registry import get_pipeline
 from tests.conftest import child_processes, collect, shm_segments, state_is_idle, wait_until_idle
 from tests.engine.expected import expected_audio
@@ -280,9 +280,9 @@ def test_a_request_the_wire_cannot_carry_fails_alone_and_the_engine_serves_on(ha
 def test_max_restarts_counts_deaths_in_a_row(harness_factory, monkeypatch) -> None:
     """max_restarts limits restarts in a row: a stage that served long enough after a restart starts its count over
     (the window is shortened here), so a long-lived server does not run out of restarts."""
-    from omnipipe.engine import orchestrator
+    from omnipipe.engine import supervision
 
-    monkeypatch.setattr(orchestrator, "RESTART_WINDOW_S", 1.0)
+    monkeypatch.setattr(supervision, "RESTART_WINDOW_S", 1.0)
     harness = harness_factory("toy", {"stages": {"talker": {"max_restarts": 1}}})
     engine = harness.engine
 

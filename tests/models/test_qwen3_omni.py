@@ -240,7 +240,7 @@ def test_tiny_checkpoint_cli_and_generate_with_every_input(tmp_path: Path) -> No
 
 
 def test_bad_options_and_params_are_refused_naming_the_field(checkpoint: Path) -> None:
-    from omnipipe.engine.orchestrator import EngineStartError
+    from omnipipe.engine.startup import EngineStartError
 
     bad = deploy(checkpoint, True)
     bad["stages"]["talker"]["options"]["max_new_token"] = 10

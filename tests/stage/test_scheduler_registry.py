@@ -6,7 +6,7 @@ import pytest
 
 from omnipipe import AsyncOmni
 from omnipipe.config.pipeline_spec import PipelineSpec, StageSpec
-from omnipipe.engine.orchestrator import EngineStartError
+from omnipipe.engine.startup import EngineStartError
 from omnipipe.models.registry import get_pipeline
 from omnipipe.stage.request import RequestStatus
 from omnipipe.stage.runner import RunnerOutput

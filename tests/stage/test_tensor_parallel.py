@@ -65,7 +65,7 @@ def test_a_runner_that_cannot_shard_refuses_two_ranks_at_start() -> None:
     import pytest
 
     from omnipipe import AsyncOmni
-    from omnipipe.engine.orchestrator import EngineStartError
+    from omnipipe.engine.startup import EngineStartError
 
     async def start() -> None:
         async with AsyncOmni("toy", {"stages": {"talker": {"tensor_parallel_size": 2}}}):

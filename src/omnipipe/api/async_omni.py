@@ -64,8 +64,8 @@ class AsyncOmni:
         stages..." when start-up is cancelled); without it those lines are logged at INFO."""
         self.pipeline = get_pipeline(pipeline) if isinstance(pipeline, str) else pipeline
         self.deploy = load_deploy(deploy, self.pipeline)
-        self.engine = AsyncOmniEngine(self.pipeline, self.deploy, log_level=log_level, progress=progress,
-                                      on_event=self._dispatch)
+        self.engine = AsyncOmniEngine(self.pipeline, self.deploy, self._dispatch, log_level=log_level,
+                                      progress=progress)
         self._requests: dict[str, _ClientRequest] = {}  # by internal id
         self._user_ids: dict[str, str] = {}  # user id -> internal id
         self._start_lock = asyncio.Lock()
@@ -219,7 +219,8 @@ class AsyncOmni:
         if edge_options is None:
             return {}
         if not isinstance(edge_options, dict):
-            raise FieldError("edge_options", f"must be a dict of edge name -> options, got {type(edge_options).__name__}")
+            raise FieldError("edge_options",
+                             f"must be a dict of edge name -> options, got {type(edge_options).__name__}")
         edges = {e.name: e for e in self.pipeline.edges}
         out = {}
         for name, override in edge_options.items():

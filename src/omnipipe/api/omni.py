@@ -20,7 +20,8 @@ class Omni:
     """Runs an AsyncOmni on a private event loop thread; every call blocks until its results are in."""
 
     def __init__(self, pipeline: str | PipelineSpec = "default",
-                 deploy: str | Path | dict[str, Any] | DeployConfig | None = None, *, log_level: str = "WARNING") -> None:
+                 deploy: str | Path | dict[str, Any] | DeployConfig | None = None, *,
+                 log_level: str = "WARNING") -> None:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="omnipipe-omni-loop", daemon=True)
         self._thread.start()

@@ -70,7 +70,6 @@ class OmniRequestOutput:
     sample_rate_hz: int | None = None
     image: np.ndarray | None = None
     finished: bool = False
-    error: str | None = None
     finish_reason: str | None = None
     metrics: RequestMetrics | None = None
 

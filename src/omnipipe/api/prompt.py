@@ -25,7 +25,8 @@ def check_history(history: Any, takes_history: bool) -> list[dict[str, str]]:
     if history is None:
         return []
     if not isinstance(history, list):
-        raise FieldError("prompt.history", f"must be a list of {{'role', 'content'}} dicts, got {type(history).__name__}")
+        raise FieldError("prompt.history",
+                         f"must be a list of {{'role', 'content'}} dicts, got {type(history).__name__}")
     out: list[dict[str, str]] = []
     for i, turn in enumerate(history):
         where = f"prompt.history[{i}]"
@@ -67,12 +68,14 @@ def normalize_prompt(prompt: Any, accepted: tuple[str, ...], takes_history: bool
         raise FieldError("prompt.multi_modal_data", f"must be a dict, got {type(mm).__name__}")
     for key in mm:
         if key not in MM_KEYS:
-            raise FieldError(f"prompt.multi_modal_data.{key}", f"unknown modality (expected one of {', '.join(MM_KEYS)})")
+            raise FieldError(f"prompt.multi_modal_data.{key}",
+                             f"unknown modality (expected one of {', '.join(MM_KEYS)})")
         if key not in accepted:
             raise FieldError(f"prompt.multi_modal_data.{key}", f"this pipeline does not accept {key} input "
                              f"(it accepts {', '.join(accepted)})")
     if "text" not in accepted and text:
-        raise FieldError("prompt.prompt", f"this pipeline does not accept text input (it accepts {', '.join(accepted)})")
+        raise FieldError("prompt.prompt",
+                         f"this pipeline does not accept text input (it accepts {', '.join(accepted)})")
     if not text.strip() and not mm:
         raise FieldError("prompt", "is empty (give text or multi_modal_data)")
     return {"prompt": text, "multi_modal_data": dict(mm), "history": history}

@@ -48,7 +48,8 @@ class SamplingParams:
         def integer(value: Any) -> bool:
             return isinstance(value, int) and not isinstance(value, bool)
 
-        need(number(self.temperature) and 0 <= self.temperature <= 10, "temperature", "must be in [0, 10]", self.temperature)
+        need(number(self.temperature) and 0 <= self.temperature <= 10, "temperature", "must be in [0, 10]",
+             self.temperature)
         need(number(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
         need(integer(self.top_k) and 0 <= self.top_k <= MAX_TOP_K, "top_k", f"must be an integer in [0, {MAX_TOP_K}]",
              self.top_k)
@@ -94,7 +95,8 @@ class SamplingParams:
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(raw) - known)
         if unknown:
-            raise FieldError(f"sampling_params.{unknown[0]}", f"unknown field (expected one of: {', '.join(sorted(known))})")
+            raise FieldError(f"sampling_params.{unknown[0]}",
+                             f"unknown field (expected one of: {', '.join(sorted(known))})")
         return cls(**raw)
 
 

@@ -42,7 +42,7 @@ COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction], None], Callable
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from omnipipe.api.async_omni import RequestFailedError
-    from omnipipe.engine.orchestrator import EngineStartError
+    from omnipipe.engine.startup import EngineStartError
     from omnipipe.models.preparation import ModelPreparationError
 
     return (*USER_ERRORS, CLIError, gateway_cli.GatewayCLIError, UnknownPipelineError, RequestFailedError,

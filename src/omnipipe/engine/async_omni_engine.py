@@ -1,8 +1,9 @@
 """AsyncOmniEngine: the thin proxy between the API layer and the orchestrator thread.
 
 Requests go to the orchestrator's loop and events come back to the caller's loop by one thread-safe call each
-(``call_soon_threadsafe``: a wake-up of the other loop, no queue object between the threads). It runs input processing (the pipeline's prompt processor:
-decoding media, choosing the entry stage) in the caller's process, and starts/stops the orchestrator.
+(``call_soon_threadsafe``: a wake-up of the other loop, no queue object between the threads). It runs input
+processing (the pipeline's prompt processor: decoding media, choosing the entry stage) in the caller's process,
+and starts/stops the orchestrator.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from omnipipe.config.deploy_config import DeployConfig
 from omnipipe.config.pipeline_spec import EntryInput, PipelineSpec
 from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
 from omnipipe.engine.liveness import EngineHealth
-from omnipipe.engine.orchestrator import EngineStartError, Orchestrator
+from omnipipe.engine.orchestrator import Orchestrator
+from omnipipe.engine.startup import EngineStartError
 from omnipipe.stage.schedulers import SCHEDULERS, has_scheduler
 from omnipipe.util.dotted import resolve
 
@@ -40,18 +42,15 @@ def check_stage_kinds(pipeline: PipelineSpec) -> None:
 
 
 class AsyncOmniEngine:
-    def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, log_level: str = "WARNING",
-                 progress: Callable[[str], None] | None = None,
-                 on_event: Callable[[EngineEvent], None] | None = None) -> None:
-        """``on_event`` takes each event on the caller's loop (the loop that called ``start``) as it arrives;
-        without it events wait in a queue for ``get_output_async``."""
+    def __init__(self, pipeline: PipelineSpec, deploy: DeployConfig, on_event: Callable[[EngineEvent], None],
+                 log_level: str = "WARNING", progress: Callable[[str], None] | None = None) -> None:
+        """``on_event`` takes each event on the caller's loop (the loop that called ``start``) as it arrives."""
         check_stage_kinds(pipeline)
         self.pipeline = pipeline
         self.deploy = deploy
         self.run_id = f"{os.getpid():x}{uuid.uuid4().hex[:6]}"
         self._prompt_processor = resolve(pipeline.prompt_processor)
         self._ids = itertools.count(1)
-        self.output_queue: asyncio.Queue[EngineEvent] | None = None
         self.on_event = on_event
         self.orchestrator: Orchestrator | None = None
         self.log_level = log_level
@@ -61,12 +60,10 @@ class AsyncOmniEngine:
     async def start(self) -> None:
         """Start the orchestrator (blocks until stages load); its events reach this loop."""
         loop = asyncio.get_running_loop()
-        self.output_queue = asyncio.Queue()
-        take = self.on_event or self.output_queue.put_nowait
 
         def emit(event: EngineEvent) -> None:  # on the orchestrator's thread
             with contextlib.suppress(RuntimeError):  # the caller's loop has closed: nobody is left to tell
-                loop.call_soon_threadsafe(take, event)
+                loop.call_soon_threadsafe(self.on_event, event)
 
         orchestrator = self.orchestrator = Orchestrator(self.pipeline, self.deploy, self.run_id, emit=emit,
                                                         log_level=self.log_level, progress=self.progress)
@@ -114,10 +111,6 @@ class AsyncOmniEngine:
     def abort(self, request_ids: list[str]) -> None:
         if self.orchestrator is not None and self.orchestrator.is_alive:
             self.orchestrator.submit(AbortRequests(request_ids))
-
-    async def get_output_async(self) -> EngineEvent:
-        assert self.output_queue is not None
-        return await self.output_queue.async_q.get()
 
     def health(self) -> EngineHealth | None:
         """Whether the engine can make progress (None before it has started); never waits on the engine."""

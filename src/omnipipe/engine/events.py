@@ -24,7 +24,6 @@ class AddRequest:
 @dataclass
 class AbortRequests:
     request_ids: list[str]
-    reason: str = "aborted"
 
 
 @dataclass

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from typing import Any
 
 import msgspec
@@ -74,7 +75,7 @@ class _Reader:
 class StageClient:
     def __init__(self, ctx: zmq.asyncio.Context, name: str, launcher: Launcher, ctrl_bind: str,
                  out_bind: str, liveness: StageLiveness, dist_host: str = "127.0.0.1") -> None:
-        """Bind both sockets (``tcp://host:*`` picks a port at bind); ``launch`` is set before ``spawn``."""
+        """Bind both sockets (``tcp://host:*`` picks a port at bind); the first ``spawn`` gives the launch."""
         self.name = name
         self.launcher = launcher
         self.dist_host = dist_host  # where a tensor-parallel stage's ranks meet (the deploy file's host)
@@ -95,17 +96,19 @@ class StageClient:
         self.ready = asyncio.Event()
         self.alive = False
         self.restarts = 0  # in all
-        self.restarts_in_a_row = 0  # since the stage last ran for RESTART_WINDOW_S (what max_restarts limits)
+        self.restarts_in_a_row = 0  # since it last served a restart window (what max_restarts limits)
         self.ready_since: float | None = None  # monotonic time it last became ready
         self.load_error: str | None = None
         self.start_error: str | None = None  # a restart that failed (no node fits): the stage is down for good
         self.liveness = liveness  # heartbeats and stall record (engine/liveness.py)
 
-    def spawn(self) -> None:
-        """Start the stage (a fresh one after a death)."""
+    def spawn(self, launch: StageLaunch | None = None) -> None:
+        """Start the stage: with ``launch`` the first time, after a death with the launch it last had."""
+        if launch is not None:
+            self.launch = launch
         self.ready.clear()
         self.load_error = None
-        assert self.launch is not None, "set the client's launch before spawning it"
+        assert self.launch is not None, "give the client its launch on its first spawn"
         if self.launch.world_size > 1:  # the ranks meet at a fresh port each start
             self.launch = msgspec.structs.replace(self.launch, dist_init_address=free_tcp_address(self.dist_host))
         if self.handle is not None:
@@ -114,6 +117,60 @@ class StageClient:
         self.generation += 1
         self.handle = self.launcher.launch(self.launch)
         self.alive = True
+
+    def mark_ready(self) -> None:
+        """The stage said it is ready (first start or a restart): it starts with a clean liveness record."""
+        self.ready.set()
+        self.ready_since = time.monotonic()
+        self.liveness.reset()
+
+    def mark_dead(self, restart_window_s: float) -> str | None:
+        """The stage's processes have ended (one rank is enough: the others are killed, as they would wait in a
+        collective). A stage that had served ``restart_window_s`` since it was last ready starts its count of
+        restarts in a row over. Returns why the watchdog killed it, if it did."""
+        if self.handle is not None and self.launch is not None and self.launch.world_size > 1:
+            self.handle.kill()
+            self.handle.wait(5.0)
+        self.alive = False
+        self.ready.clear()
+        if self.ready_since is not None and time.monotonic() - self.ready_since >= restart_window_s:
+            self.restarts_in_a_row = 0
+        self.ready_since = None
+        killed_for, self.liveness.killed_for = self.liveness.killed_for, None  # a later death is its own
+        return killed_for
+
+    def prepare_restart(self, aborted_request_ids: list[str]) -> None:
+        """Count a restart; the next spawn tells the stage which requests ended meanwhile (to drop what comes)."""
+        assert self.launch is not None
+        self.restarts += 1
+        self.restarts_in_a_row += 1
+        self.launch = msgspec.structs.replace(self.launch, aborted_request_ids=aborted_request_ids)
+
+    def mark_start_failed(self, message: str) -> None:
+        """A restart could not place the stage: it is down for good."""
+        self.alive = False
+        self.start_error = message
+
+    def note_load_error(self, message: str) -> None:
+        """The stage reported an error outside any request (while loading): kept to name it if it ends."""
+        self.load_error = message
+
+    def kill_stalled(self, reason: str) -> None:
+        """The watchdog's verdict: kill the stage, remembering why (its death is then reported with it)."""
+        if self.handle is not None:
+            self.liveness.killed_for = reason
+            self.handle.kill()  # the sentinel fires: handled as a death (requests failed, stage restarted)
+
+    def connection_accepted(self, fd: int) -> None:
+        """A connection to the output socket, tagged with the start it belongs to."""
+        self.connections[fd] = self.generation
+
+    def connection_dropped(self, fd: int) -> None:
+        """A connection to the output socket dropped: one of this start's, while the stage lives, is handed to the
+        placement handle, which checks and may take it as the stage's end at once."""
+        start = self.connections.pop(fd, None)
+        if start == self.generation and self.alive and self.handle is not None:
+            self.handle.connection_lost()
 
     @property
     def pid(self) -> int | None:
