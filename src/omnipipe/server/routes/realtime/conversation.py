@@ -39,6 +39,7 @@ class ConversationItem:
     pending: bool = False  # a user item no response has answered yet
 
     def wire(self, dialect: str) -> dict[str, Any]:
+        content: list[dict[str, Any]]
         if self.role == "assistant":
             kind = part_type(dialect, self.spoken)
             content = [{"type": kind, "transcript": self.words} if self.spoken else {"type": kind, "text": self.words}]

@@ -164,7 +164,8 @@ class Responses:
         item = ConversationItem(new_item_id(), "assistant", spoken="audio" in modalities, status="in_progress")
         self.item = item
         answer = _Answer(response_id, item)
-        status, details = "failed", None
+        status = "failed"
+        details: dict[str, Any] | None = None
 
         def response(state: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
                      details: dict[str, Any] | None = None) -> dict[str, Any]:
