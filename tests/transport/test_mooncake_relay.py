@@ -123,7 +123,7 @@ def test_small_and_oversized_payloads_arrive_byte_exact(peer: _Peer) -> None:
             out = peer.read(_frame({"x": np.full(1000, i, np.int32)}, sender, f"s{i}"))
             assert (out["x"] == i).all()
         assert sender.slots_in_use() == 0  # every slot and one-off buffer acknowledged over mooncake
-        assert sender._free and sorted(sender._free) == [0, 1]
+        assert sender._slots.free and sorted(sender._slots.free) == [0, 1]
     finally:
         sender.close()
 
@@ -136,7 +136,7 @@ def test_credits_a_third_put_waits_for_an_ack_and_times_out_when_nobody_reads(pe
         thread = threading.Thread(target=lambda: third.append(_frame({"x": np.full(500, 2, np.float32)}, sender,
                                                                      "r2")))
         thread.start()
-        time.sleep(0.3)
+        time.sleep(0.3)  # stays: a stretch in which the third put must keep waiting
         assert thread.is_alive() and sender.slots_in_use() == 2  # no credit left: the put waits
         assert peer.read(frames[0])["x"][0] == 0  # the receiver's ack frees a slot
         thread.join(5)
@@ -182,7 +182,7 @@ def test_close_releases_both_ends(peer: _Peer) -> None:
     assert peer.read(frame)["x"][-1] == 199_999  # the receiver registered a pooled receive buffer
     pending = _frame({"x": np.ones(10, np.float32)}, sender, "p")
     sender.close()
-    assert sender.slots_in_use() == 0 and sender._pool is None and sender._engine is None
+    assert sender.slots_in_use() == 0 and sender._slots.pool is None and sender._engine is None
     with pytest.raises(RelayError, match="closed"):
         _frame({"x": np.ones(10, np.float32)}, sender, "q")
     status, message = peer.ask("read", pending)  # its sender is gone: an error, not a hang or a crash

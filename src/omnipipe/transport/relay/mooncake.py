@@ -10,7 +10,8 @@ to check the slot was not released while it read, and acknowledges by writing th
 acked word with ``transfer_sync_write``: the acknowledgement travels over Mooncake too, and a late one for an
 older generation never frees a slot that has been reused. The sender takes back acknowledged slots on its next
 put (or in ``slots_in_use``/``cleanup``/``close``). A payload larger than a slot gets a one-off registered buffer
-with the same one-record header, dropped once acknowledged.
+with the same one-record header, dropped once acknowledged. Credits, generations and back-pressure are the shared
+slot pool's (``slot_pool.py``); this module owns the registered buffers and their header words.
 
 The receiver's bytes land in memory that is the caller's own until dropped (a pooled receive buffer, registered
 once and reused only when nothing made from it is alive: ``recv_buffers.py``), so every read is already a
@@ -32,13 +33,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from omnipipe.transport.relay.base import Relay, RelayError
 from omnipipe.transport.relay.recv_buffers import RecvBufferPool
+from omnipipe.transport.relay.slot_pool import SlotLease, SlotPool
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +103,29 @@ class _Buffer:
             self.engine = None
 
 
-@dataclass
-class _Held:
-    buffer: _Buffer
-    slot: int
-    generation: int
-    request_id: str
-    one_off: bool
+class _BufferSlots(SlotPool[_Buffer]):
+    """A sender's slots in memory registered with its transfer engine. A receiver acknowledges a slot by writing its
+    generation into the slot's acked word over Mooncake, so a late ack for an older generation frees nothing."""
+
+    def __init__(self, relay: MooncakeRelay) -> None:
+        super().__init__(relay._lock, relay.num_slots, relay.slot_bytes, relay.acquire_timeout_s, "mooncake")
+        self.relay = relay
+
+    def new_block(self, num_slots: int, slot_bytes: int, one_off: bool) -> _Buffer:
+        return _Buffer(self.relay._ensure_engine(), num_slots, slot_bytes, prefault=not one_off)
+
+    def acknowledged(self, lease: SlotLease[_Buffer]) -> bool:
+        return bool(lease.block.header[lease.slot, 1] == lease.generation)
+
+    def clear_slot(self, block: _Buffer, slot: int) -> None:
+        block.header[slot, 0] = 0  # a reader still at it sees the generation gone
+
+    def drop_block(self, block: _Buffer) -> None:
+        block.release()
+
+    def exhausted_message(self) -> str:
+        return (f"mooncake relay pool {self.relay.session} ({self.relay.label}) exhausted: all {self.num_slots} "
+                f"slots held for {self.acquire_timeout_s:g} s without a receiver acknowledging one")
 
 
 class MooncakeRelay(Relay):
@@ -139,15 +156,12 @@ class MooncakeRelay(Relay):
         self.zero_copy = zero_copy  # no effect: every read lands in memory the caller owns (module docstring)
         self._engine: Any = None
         self.session = ""
-        self._pool: _Buffer | None = None
-        self._free: list[int] = []
-        self._held: dict[tuple[int, int], _Held] = {}  # (buffer addr, slot) -> what a receiver has not acked
-        self._generation = 0
         # receiver side: pooled receive buffers, each registered once (start address -> length)
         self._recv_buffers = RecvBufferPool(min_bytes=_RECV_MIN_POOLED_BYTES, on_new=self._register_recv)
         self._registered: dict[int, int] = {}
         self._scratch: np.ndarray | None = None  # registered words for header reads and acks
         self._lock = threading.Lock()
+        self._slots = _BufferSlots(self)  # sender side
         self._closed = False
 
     # ---------------------------------------------------------------- engine
@@ -175,76 +189,25 @@ class MooncakeRelay(Relay):
         with self._lock:
             if self._closed:
                 raise RelayError("mooncake relay is closed")
-            engine = self._ensure_engine()
-            self._reap()
-            if nbytes > self.slot_bytes:
-                buffer, slot, one_off = _Buffer(engine, 1, nbytes, prefault=False), 0, True
-            else:
-                (buffer, slot), one_off = self._acquire_slot(engine), False
-            self._generation += 1
-            generation = self._generation
-            target = buffer.slot_view(slot, nbytes)
-            for offset, piece in pieces:
-                target[offset : offset + len(piece)] = piece
-            del target
-            buffer.header[slot, 0] = generation
-            self._held[(buffer.addr, slot)] = _Held(buffer, slot, generation, request_id, one_off)
+            self._ensure_engine()
+            lease = self._slots.take(nbytes, request_id)
+            lease.write(pieces, nbytes)
+            buffer, slot = lease.block, lease.slot
+            buffer.header[slot, 0] = lease.generation
             return {"session": self.session, "addr": buffer.slot_addr(slot), "state_addr": buffer.record_addr(slot),
-                    "generation": generation, "capacity": buffer.slot_bytes, "one_off": one_off}
-
-    def _acquire_slot(self, engine: Any) -> tuple[_Buffer, int]:
-        if self._pool is None:
-            self._pool = _Buffer(engine, self.num_slots, self.slot_bytes, prefault=True)
-            self._free = list(range(self.num_slots))
-        if not self._free:
-            # back-pressure: every credit is out; wait for a receiver to acknowledge one
-            deadline = time.monotonic() + self.acquire_timeout_s
-            pause_s = 50e-6
-            while not self._free:
-                if time.monotonic() > deadline:
-                    raise RelayError(
-                        f"mooncake relay pool {self.session} ({self.label}) exhausted: all {self.num_slots} slots "
-                        f"held for {self.acquire_timeout_s:g} s without a receiver acknowledging one")
-                self._lock.release()
-                try:
-                    time.sleep(pause_s)
-                finally:
-                    self._lock.acquire()
-                if self._closed:
-                    raise RelayError("mooncake relay closed while waiting for a free slot")
-                pause_s = min(pause_s * 2, 5e-3)
-                self._reap()
-        return self._pool, self._free.pop()
-
-    def _reap(self) -> None:
-        """Take back every slot whose current generation a receiver has acknowledged."""
-        for key, held in list(self._held.items()):
-            if held.buffer.header[held.slot, 1] == held.generation:
-                self._release(key, held)
-
-    def _release(self, key: tuple[int, int], held: _Held) -> None:
-        del self._held[key]
-        if held.one_off:
-            held.buffer.release()
-        else:
-            held.buffer.header[held.slot, 0] = 0  # a reader still at it sees the generation gone
-            self._free.append(held.slot)
+                    "generation": lease.generation, "capacity": buffer.slot_bytes, "one_off": lease.one_off}
 
     def cleanup(self, request_id: str) -> None:
         with self._lock:
             if self._closed:
                 return
-            self._reap()
-            for key, held in list(self._held.items()):
-                if held.request_id == request_id:
-                    self._release(key, held)
+            self._slots.release_request(request_id)
 
     def slots_in_use(self) -> int:
         with self._lock:
             if self._closed:
                 return 0
-            self._reap()
-            return len(self._held)
+            return self._slots.in_use()
 
     # -------------------------------------------------------------- receiver
     def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> np.ndarray:
@@ -301,14 +264,7 @@ class MooncakeRelay(Relay):
             if self._closed:
                 return
             self._closed = True
-            for held in self._held.values():
-                if held.one_off:
-                    held.buffer.release()
-            self._held.clear()
-            if self._pool is not None:
-                self._pool.release()
-                self._pool = None
-            self._free.clear()
+            self._slots.close()
             if self._engine is not None:
                 for ptr in self._registered:
                     self._engine.unregister_memory(ptr)

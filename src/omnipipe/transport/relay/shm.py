@@ -2,10 +2,11 @@
 
 Layout of a pool segment: a header of ``num_slots`` records ``(state, generation)`` (two uint64 each), padded to a
 page, then the slots. The sender takes a free slot (a credit), copies the payload in, marks it FULL and sends the
-metadata over the control plane. The receiver copies the bytes out (into a reused, already-faulted buffer: ``recv_buffers.py``, which also states
-who owns it) and marks the slot FREE again: that is its
-acknowledgement, and the sender reuses the slot on its next put. A payload larger than a slot gets a one-off
-segment of its own with the same one-slot layout, unlinked by the sender once the receiver has freed it.
+metadata over the control plane. The receiver copies the bytes out (into a reused, already-faulted buffer:
+``recv_buffers.py``, which also states who owns it) and marks the slot FREE again: that is its acknowledgement,
+and the sender reuses the slot on its next put. A payload larger than a slot gets a one-off segment of its own with
+the same one-slot layout, unlinked by the sender once the receiver has freed it. Credits, generations and
+back-pressure are the shared slot pool's (``slot_pool.py``); this module owns the segments and their header words.
 
 Segments are files under /dev/shm named ``omnipipe-{run_id}-{owner}-...`` so the engine can sweep everything an
 owner left behind if that process is killed. Only the sender creates and unlinks; receivers only map.
@@ -18,15 +19,14 @@ import logging
 import mmap
 import os
 import threading
-import time
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from omnipipe.transport.relay.base import Relay, RelayError
 from omnipipe.transport.relay.recv_buffers import RecvBufferPool
+from omnipipe.transport.relay.slot_pool import SlotLease, SlotPool
 
 logger = logging.getLogger(__name__)
 
@@ -98,13 +98,35 @@ class _Segment:
             pass
 
 
-@dataclass
-class _Held:
-    segment: _Segment
-    slot: int
-    generation: int
-    request_id: str
-    one_off: bool
+class _SegmentSlots(SlotPool[_Segment]):
+    """A sender's slots in /dev/shm: a pool segment made once, a one-off segment per oversized payload. A receiver
+    acknowledges a slot by marking it FREE in the segment's header (``_release_slot``)."""
+
+    def __init__(self, prefix: str, num_slots: int, slot_bytes: int, acquire_timeout_s: float,
+                 lock: threading.Lock) -> None:
+        super().__init__(lock, num_slots, slot_bytes, acquire_timeout_s, "shm")
+        self.prefix = prefix
+        self._one_off_count = 0
+
+    def new_block(self, num_slots: int, slot_bytes: int, one_off: bool) -> _Segment:
+        if not one_off:
+            return _Segment(f"{self.prefix}pool", num_slots, slot_bytes, create=True)
+        self._one_off_count += 1
+        return _Segment(f"{self.prefix}big{self._one_off_count}", num_slots, slot_bytes, create=True)
+
+    def acknowledged(self, lease: SlotLease[_Segment]) -> bool:
+        return bool(lease.block.header[lease.slot, 0] == _FREE)
+
+    def clear_slot(self, block: _Segment, slot: int) -> None:
+        block.header[slot, 0] = _FREE
+
+    def drop_block(self, block: _Segment) -> None:
+        block.close()
+        _unlink(block.name)
+
+    def exhausted_message(self) -> str:
+        return (f"shm relay pool exhausted: {self.num_slots} slots held for {self.acquire_timeout_s:.0f} s "
+                "without the receiver freeing one")
 
 
 class ShmRelay(Relay):
@@ -124,15 +146,11 @@ class ShmRelay(Relay):
         self.slot_bytes = slot_bytes
         self.num_slots = num_slots
         self.acquire_timeout_s = acquire_timeout_s
-        self._pool: _Segment | None = None
-        self._free: list[int] = []
-        self._held: dict[tuple[str, int], _Held] = {}
-        self._generation = 0
-        self._one_off_count = 0
+        self._lock = threading.Lock()
+        self._slots = _SegmentSlots(self.prefix, num_slots, slot_bytes, acquire_timeout_s, self._lock)  # sender
         self._mapped: dict[str, _Segment] = {}  # receiver side
         # a copying receiver copies into these (recv_buffers.py: reused only once no caller holds one)
         self._recv_buffers = RecvBufferPool()
-        self._lock = threading.Lock()
         self._closed = False
 
     # ---------------------------------------------------------------- sender
@@ -140,93 +158,31 @@ class ShmRelay(Relay):
         with self._lock:
             if self._closed:
                 raise RelayError("relay is closed")
-            if nbytes > self.slot_bytes:
-                segment, slot = self._new_one_off(nbytes), 0
-                one_off = True
-            else:
-                segment, slot = self._acquire_slot()
-                one_off = False
-            self._generation += 1
-            generation = self._generation
-            target = segment.slot_view(slot, nbytes)
-            for offset, piece in pieces:
-                target[offset : offset + len(piece)] = piece
-            del target
-            segment.header[slot, 1] = generation
+            lease = self._slots.take(nbytes, request_id)
+            lease.write(pieces, nbytes)
+            segment, slot = lease.block, lease.slot
+            segment.header[slot, 1] = lease.generation
             segment.header[slot, 0] = _FULL
-            metadata = {
+            return {
                 "segment": segment.name,
                 "slot": slot,
                 "num_slots": segment.num_slots,
                 "slot_bytes": segment.slot_bytes,
-                "generation": generation,
-                "one_off": one_off,
+                "generation": lease.generation,
+                "one_off": lease.one_off,
             }
-            self._held[(segment.name, slot)] = _Held(segment, slot, generation, request_id, one_off)
-            return metadata
-
-    def _pool_segment(self) -> _Segment:
-        if self._pool is None:
-            self._pool = _Segment(f"{self.prefix}pool", self.num_slots, self.slot_bytes, create=True)
-            self._free = list(range(self.num_slots))
-        return self._pool
-
-    def _new_one_off(self, nbytes: int) -> _Segment:
-        self._reap()
-        self._one_off_count += 1
-        return _Segment(f"{self.prefix}big{self._one_off_count}", 1, nbytes, create=True)
-
-    def _acquire_slot(self) -> tuple[_Segment, int]:
-        pool = self._pool_segment()
-        self._reap()
-        if not self._free:
-            # Back-pressure only: every credit is out. Wait for a receiver to free one.
-            deadline = time.monotonic() + self.acquire_timeout_s
-            pause_s = 50e-6
-            while not self._free:
-                if time.monotonic() > deadline:
-                    raise RelayError(
-                        f"shm relay pool exhausted: {self.num_slots} slots held for {self.acquire_timeout_s:.0f} s "
-                        "without the receiver freeing one"
-                    )
-                self._lock.release()
-                try:
-                    time.sleep(pause_s)
-                finally:
-                    self._lock.acquire()
-                pause_s = min(pause_s * 2, 5e-3)
-                self._reap()
-        return pool, self._free.pop()
-
-    def _reap(self) -> None:
-        """Take back every slot a receiver has freed."""
-        for key, held in list(self._held.items()):
-            if held.segment.header[held.slot, 0] == _FREE:
-                self._release(key, held)
-
-    def _release(self, key: tuple[str, int], held: _Held) -> None:
-        del self._held[key]
-        if held.one_off:
-            held.segment.close()
-            _unlink(held.segment.name)
-        else:
-            held.segment.header[held.slot, 0] = _FREE
-            self._free.append(held.slot)
 
     def cleanup(self, request_id: str) -> None:
         with self._lock:
             if self._closed:
                 return
-            for key, held in list(self._held.items()):
-                if held.request_id == request_id:
-                    self._release(key, held)
+            self._slots.release_request(request_id)
 
     def slots_in_use(self) -> int:
         with self._lock:
             if self._closed:
                 return 0
-            self._reap()
-            return len(self._held)
+            return self._slots.in_use()
 
     # -------------------------------------------------------------- receiver
     def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> Any:
@@ -276,15 +232,7 @@ class ShmRelay(Relay):
             if self._closed:
                 return
             self._closed = True
-            for held in self._held.values():
-                if held.one_off:
-                    held.segment.close()
-                    _unlink(held.segment.name)
-            self._held.clear()
-            if self._pool is not None:
-                self._pool.close()
-                _unlink(self._pool.name)
-                self._pool = None
+            self._slots.close()
             for segment in self._mapped.values():
                 segment.close()
             self._mapped.clear()
