@@ -15,6 +15,7 @@ a stage's tensor-parallel group is untouched). The sender hosts the store on ``o
 127.0.0.1, a port the kernel picks) on its first put; the address rides in the metadata. A reader joins on its
 first get from that sender (``peers`` counter in the store, then a ``PrefixStore("p<k>/")`` for the group) and
 keeps the group for later gets; readers that never read from a torch relay never import torch or open a socket.
+The pairing itself (store, group building, joining) is ``torch_dist_groups.py``.
 
 Transfers are pulled, not pushed. ``put_objects`` packs the tensors into one byte buffer (no copy when the payload
 is one contiguous tensor already on the wire device), keeps it under a per-sender sequence number (the tag) and
@@ -57,12 +58,22 @@ import logging
 import threading
 import uuid
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from omnipipe.transport.relay.base import Relay, RelayError
+from omnipipe.transport.relay.torch_dist_groups import (
+    Peer,
+    host_store,
+    join_sender,
+    seconds,
+    sender_group,
+    shutdown_group,
+    store_client,
+    torch_module,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +81,6 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_MAX_PENDING = 256
 _ALIGN_BYTES = 64
-_CONNECT_TIMEOUT_S = 2.0  # a reader gives up connecting to a sender's store this soon (no listener: it exited)
 _IDLE_WAIT = datetime.timedelta(days=365)  # a sender thread waits this long for a reader; close() wakes it
 _STOP = b"stop"
 _HEADER_TAG = 0  # a sender's answer to a get; transfers are tagged 1, 2, ...
@@ -87,36 +97,8 @@ def set_reader_device(device: str | None) -> None:
     _reader_device = device
 
 
-def _torch() -> Any:
-    import torch  # imported on first use only: a process that never touches a torch relay never loads it
-
-    return torch
-
-
-def _c10d() -> Any:
-    from torch._C import _distributed_c10d
-
-    return _distributed_c10d
-
-
-def _seconds(value: float) -> datetime.timedelta:
-    return datetime.timedelta(seconds=float(value))
-
-
 def _aligned(nbytes: int) -> int:
     return (nbytes + _ALIGN_BYTES - 1) // _ALIGN_BYTES * _ALIGN_BYTES
-
-
-def _new_group(backend: str, store: Any, rank: int, host: str, timeout_s: float) -> Any:
-    c10d = _c10d()
-    if backend == "gloo":
-        options = c10d.ProcessGroupGloo._Options()
-        options._devices = [c10d.ProcessGroupGloo.create_device(hostname=host)]
-        options._timeout = _seconds(timeout_s)
-        return c10d.ProcessGroupGloo(store, rank, 2, options)
-    options = c10d.ProcessGroupNCCL.Options()
-    options._timeout = _seconds(timeout_s)
-    return c10d.ProcessGroupNCCL(store, rank, 2, options)
 
 
 def _from_numpy(torch: Any, array: np.ndarray) -> Any:
@@ -129,30 +111,13 @@ def _from_numpy(torch: Any, array: np.ndarray) -> Any:
         return torch.from_numpy(array)
 
 
-def _shutdown_group(group: Any) -> None:
-    try:
-        group.shutdown()
-    except Exception:  # already broken (a peer died): nothing more to release
-        logger.debug("shutting a relay process group down failed", exc_info=True)
-
-
 @dataclass
-class _Held:
+class _UnreadTransfer:
+    """A transfer its sender holds until a reader takes it (or ``cleanup`` drops it)."""
+
     request_id: str
     wire: Any  # a 1-D uint8 tensor on the wire device
     event: Any = None  # CUDA event recorded after the wire buffer was filled (nccl)
-
-
-@dataclass
-class _Peer:
-    """A reader's end of one sender: its store connection, its group and its request counter."""
-
-    key: tuple[str, int, str]
-    store: Any
-    index: int
-    group: Any = None
-    next_request: int = 0
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class TorchDistRelay(Relay):
@@ -168,7 +133,7 @@ class TorchDistRelay(Relay):
         # sender side
         self._store: Any = None  # the TCPStore server, made on the first put
         self._port = 0
-        self._held: dict[int, _Held] = {}
+        self._held: dict[int, _UnreadTransfer] = {}
         self._header_device: Any = "cpu"  # nccl: the GPU of the first transfer (answers go where the data goes)
         self._tags = itertools.count(1)
         self._threads: list[threading.Thread] = []
@@ -177,12 +142,12 @@ class TorchDistRelay(Relay):
         self._cond = threading.Condition()
         self._closed = False
         # reader side
-        self._peers: dict[tuple[str, int, str], _Peer] = {}
+        self._peers: dict[tuple[str, int, str], Peer] = {}
         self._peers_lock = threading.Lock()
 
     # ================================================================== sender
     def put_objects(self, objects: list[Any], request_id: str) -> dict[str, Any]:
-        torch = _torch()
+        torch = torch_module()
         device = self._wire_device(objects)
         items: list[list[Any]] = []
         sources: list[tuple[int, Any]] = []
@@ -210,7 +175,7 @@ class TorchDistRelay(Relay):
         return self._hold(request_id, sources, total, device, {"items": items})
 
     def put(self, pieces: list[tuple[int, memoryview]], nbytes: int, request_id: str) -> dict[str, Any]:
-        torch = _torch()
+        torch = torch_module()
         buffer = np.empty(nbytes, np.uint8)
         for offset, piece in pieces:
             buffer[offset : offset + len(piece)] = np.frombuffer(piece, np.uint8)
@@ -218,7 +183,7 @@ class TorchDistRelay(Relay):
         return self._hold(request_id, sources, nbytes, self._wire_device([]), {"bytes": nbytes})
 
     def _wire_device(self, objects: list[Any]) -> Any:
-        torch = _torch()
+        torch = torch_module()
         if self.name == "gloo":
             return torch.device("cpu")
         for obj in objects:
@@ -228,7 +193,7 @@ class TorchDistRelay(Relay):
 
     def _hold(self, request_id: str, sources: list[tuple[int, Any]], nbytes: int, device: Any,
               extra: dict[str, Any]) -> dict[str, Any]:
-        torch = _torch()
+        torch = torch_module()
         with self._cond:
             if self._closed:
                 raise RelayError(f"relay {self.name!r} is closed")
@@ -256,30 +221,20 @@ class TorchDistRelay(Relay):
                                  f"{self.timeout_s:g} s (max_pending); is the reader gone?")
             if self._closed:
                 raise RelayError(f"relay {self.name!r} is closed")
-            self._held[tag] = _Held(request_id, wire, event)
+            self._held[tag] = _UnreadTransfer(request_id, wire, event)
         return metadata
 
     def _start(self) -> None:
         """Host the store and start the thread waiting for the first reader (under ``_cond``, first put only)."""
         if self._store is not None:
             return
-        c10d = _c10d()
-        try:
-            self._store = c10d.TCPStore(self.host, 0, None, True, timeout=_seconds(self.timeout_s),
-                                        wait_for_workers=False)
-        except Exception as exc:
-            raise RelayError(f"relay {self.name!r} cannot host its store on {self.host}: {exc}") from exc
-        self._port = int(self._store.port)
-        self._store.set("sender", self._sender_id)
+        self._store, self._port = host_store(self.name, self.host, self.timeout_s, self._sender_id)
         self._spawn(1)
 
     def _spawn(self, index: int) -> None:
         thread = threading.Thread(target=self._serve, args=(index,), name=f"{self.name}-relay-{index}", daemon=True)
         self._threads.append(thread)
         thread.start()
-
-    def _client(self) -> Any:
-        return _c10d().TCPStore(self.host, self._port, None, False, timeout=_seconds(self.timeout_s))
 
     def _wait(self, store: Any, key: str) -> bytes | None:
         """Block until ``key`` is set (None when close() set it to wake this thread)."""
@@ -299,7 +254,7 @@ class TorchDistRelay(Relay):
         """Serve reader ``index``: wait for it to join, start the thread for the next one, then answer its gets."""
         group = None
         try:
-            store = self._client()
+            store = store_client(self.host, self._port, self.timeout_s)
             if self._wait(store, f"hello/{index}") is None:
                 return
             store.delete_key(f"hello/{index}")
@@ -307,7 +262,7 @@ class TorchDistRelay(Relay):
                 if self._closed:
                     return
                 self._spawn(index + 1)
-            group = _new_group(self.name, _c10d().PrefixStore(f"p{index}/", store), 0, self.host, self.timeout_s)
+            group = sender_group(self.name, store, index, self.host, self.timeout_s)
             with self._cond:
                 self._groups.append(group)
             for request in itertools.count():
@@ -331,23 +286,23 @@ class TorchDistRelay(Relay):
                 with self._cond:
                     if group in self._groups:
                         self._groups.remove(group)
-                _shutdown_group(group)
+                shutdown_group(group)
 
     def _send_header(self, group: Any, tag: int, nbytes: int) -> None:
-        torch = _torch()
+        torch = torch_module()
         header = torch.tensor([tag, nbytes], dtype=torch.int64).to(self._header_device)
         work = group.send([header], 1, _HEADER_TAG)
-        if not work.wait(_seconds(self.timeout_s)):
+        if not work.wait(seconds(self.timeout_s)):
             raise RelayError(f"relay {self.name!r}: answering for tag {tag} did not finish in {self.timeout_s:g} s")
         if header.device.type == "cuda":
             torch.cuda.current_stream(header.device).synchronize()
 
-    def _send(self, group: Any, held: _Held, tag: int) -> None:
-        torch = _torch()
+    def _send(self, group: Any, held: _UnreadTransfer, tag: int) -> None:
+        torch = torch_module()
         if held.event is not None:
             torch.cuda.current_stream(held.wire.device).wait_event(held.event)
         work = group.send([held.wire], 1, tag)
-        if not work.wait(_seconds(self.timeout_s)):
+        if not work.wait(seconds(self.timeout_s)):
             raise RelayError(f"relay {self.name!r}: sending tag {tag} did not finish in {self.timeout_s:g} s")
         if held.wire.device.type == "cuda":
             torch.cuda.current_stream(held.wire.device).synchronize()  # the buffer lives until NCCL is done
@@ -369,7 +324,7 @@ class TorchDistRelay(Relay):
         if not isinstance(items, list):
             raise RelayError(f"{self.name} relay metadata has no tensor list: {metadata!r}")
         wire = self._fetch(metadata)
-        torch = _torch()
+        torch = torch_module()
         out: list[Any] = []
         try:
             for kind, dtype, shape, offset, nbytes, device_type in items:
@@ -420,7 +375,7 @@ class TorchDistRelay(Relay):
             raise RelayError(f"{self.name} relay metadata out of range: {metadata!r}")
         if nbytes == 0:
             return None
-        torch = _torch()
+        torch = torch_module()
         peer = self._peer(key, timeout_s)
         with peer.lock:
             request = peer.next_request
@@ -430,7 +385,7 @@ class TorchDistRelay(Relay):
             try:
                 peer.store.set(f"p{peer.index}/want/{request}", str(tag))
                 work = peer.group.recv([header], 0, _HEADER_TAG)
-                if not work.wait(_seconds(timeout_s)):
+                if not work.wait(seconds(timeout_s)):
                     raise RelayError("the answer did not arrive")
                 answer_tag, answer_bytes = header.tolist()
             except Exception as exc:
@@ -449,42 +404,27 @@ class TorchDistRelay(Relay):
             wire = torch.empty(nbytes, dtype=torch.uint8, device=device)
             try:
                 work = peer.group.recv([wire], 0, tag)
-                if not work.wait(_seconds(timeout_s)):
+                if not work.wait(seconds(timeout_s)):
                     raise RelayError("the receive did not complete")
             except Exception as exc:
                 self._forget(peer)
                 raise RelayError(f"{self.name} relay: receiving tag {tag} from {key[0]}:{key[1]} failed: {exc}") from exc
         return wire
 
-    def _peer(self, key: tuple[str, int, str], timeout_s: float) -> _Peer:
+    def _peer(self, key: tuple[str, int, str], timeout_s: float) -> Peer:
         with self._peers_lock:
             if self._closed:
                 raise RelayError(f"relay {self.name!r} is closed")
             peer = self._peers.get(key)
-            if peer is not None:
-                return peer
-            host, port, sender = key
-            c10d = _c10d()
-            try:
-                store = c10d.TCPStore(host, port, None, False, timeout=_seconds(min(timeout_s, _CONNECT_TIMEOUT_S)))
-                store.set_timeout(_seconds(timeout_s))
-                if store.get("sender").decode() != sender:
-                    raise RelayError("another sender now listens on that port")
-                index = store.add("peers", 1)
-                store.set(f"hello/{index}", b"1")
-                group = _new_group(self.name, c10d.PrefixStore(f"p{index}/", store), 1, host, timeout_s)
-            except Exception as exc:
-                raise RelayError(f"{self.name} relay: cannot join the sender at {host}:{port} within "
-                                 f"{timeout_s:g} s (did its process exit?): {exc}") from exc
-            peer = _Peer(key, store, index, group)
-            self._peers[key] = peer
+            if peer is None:
+                peer = self._peers[key] = join_sender(self.name, key, timeout_s)
             return peer
 
-    def _forget(self, peer: _Peer) -> None:
+    def _forget(self, peer: Peer) -> None:
         with self._peers_lock:
             if self._peers.get(peer.key) is peer:
                 del self._peers[peer.key]
-        _shutdown_group(peer.group)
+        shutdown_group(peer.group)
 
     # ================================================================== common
     def close(self) -> None:
@@ -506,11 +446,11 @@ class TorchDistRelay(Relay):
         with self._cond:
             groups, self._groups = self._groups, []
         for group in groups:
-            _shutdown_group(group)
+            shutdown_group(group)
         with self._peers_lock:
             peers, self._peers = list(self._peers.values()), {}
         for peer in peers:
-            _shutdown_group(peer.group)
+            shutdown_group(peer.group)
         self._store = None
 
 
@@ -539,7 +479,7 @@ def make_gloo_receiver(run_id: str, owner: str, zero_copy: bool) -> TorchDistRel
 
 def make_nccl_sender(run_id: str, owner: str, options: dict[str, Any]) -> TorchDistRelay:
     """An nccl sender; refused where this process has no CUDA device or torch was built without NCCL."""
-    torch = _torch()
+    torch = torch_module()
     import torch.distributed as dist
 
     if not torch.cuda.is_available() or not dist.is_available() or not dist.is_nccl_available():
