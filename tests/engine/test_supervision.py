@@ -57,9 +57,9 @@ def test_parked_requests_are_released_in_order_once_every_stage_of_their_plan_is
         for command in commands:
             supervisor.park(command)
         clients[first].mark_ready()
-        assert [c.request_id for c in supervisor.unpark_ready()] == ["r1"]
+        assert [command.request_id for command in supervisor.unpark_ready()] == ["r1"]
         clients[second].mark_ready()
-        assert [c.request_id for c in supervisor.unpark_ready()] == ["r0", "r2"]
+        assert [command.request_id for command in supervisor.unpark_ready()] == ["r0", "r2"]
         assert supervisor.parked == {} and events == []
     finally:
         for client in clients.values():

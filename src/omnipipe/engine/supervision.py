@@ -17,7 +17,7 @@ import collections
 import contextlib
 import logging
 import time
-from typing import Any, Callable, Coroutine
+from typing import Any, Callable, Coroutine, Iterator
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -49,6 +49,8 @@ def death_message(client: StageClient, code: int | None, rank: int | None, kille
 
 
 class StageSupervisor:
+    """Watches the stages of one run for the orchestrator, on its loop (``health`` from any thread)."""
+
     def __init__(self, clients: dict[str, StageClient], deploy: DeployConfig, launcher: Launcher, run_id: str,
                  emit: Callable[[EngineEvent], None], fail_requests_of: Callable[[str, str], None],
                  recently_ended: collections.deque[str]) -> None:
@@ -105,12 +107,13 @@ class StageSupervisor:
     def unpark(self, request_id: str) -> AddRequest | None:
         return self.parked.pop(request_id, None)
 
-    def unpark_ready(self) -> list[AddRequest]:
-        """The parked requests whose every stage is ready again, taken off the park, in the order they came."""
-        ready = [command for command in self.parked.values() if self.plan_ready(command.plan)]
-        for command in ready:
-            del self.parked[command.request_id]
-        return ready
+    def unpark_ready(self) -> Iterator[AddRequest]:
+        """The parked requests whose every stage is ready again, in the order they came, each taken off the park
+        when it is reached (the caller submits each before the next: one aborted or failed meanwhile is skipped)."""
+        for request_id, command in list(self.parked.items()):
+            if self.parked.get(request_id) is command and self.plan_ready(command.plan):
+                del self.parked[request_id]
+                yield command
 
     def _fail_parked(self, stage: str, message: str) -> None:
         for request_id, command in list(self.parked.items()):
