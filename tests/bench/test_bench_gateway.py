@@ -66,7 +66,7 @@ def test_toy_run_through_the_cli(tmp_path: Path) -> None:
                     seen.setdefault(child.pid, child)
             except psutil.Error:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.5)  # stays: how often the bench's children are sampled while it runs
     finally:
         if bench.poll() is None:
             bench.kill()

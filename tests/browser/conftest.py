@@ -32,8 +32,9 @@ try:
 except ImportError:  # _chromium_present skips every test (or fails them in CI)
     expect = None
 
+from omnipipe.util.net import free_port
 from tests.gateway.conftest import ADMIN_TOKEN, CliProcess, GatewayProcess, WorkerProcess
-from tests.server.conftest import DEFAULT_DEPLOY, free_port
+from tests.server.conftest import DEFAULT_DEPLOY
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -5,7 +5,6 @@ microphone playing a spoken question."""
 from __future__ import annotations
 
 import base64
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pytest
 from PIL import Image
 
 from tests.browser.conftest import ADMIN_TOKEN, Stack, expect, screenshot, silence, speech, write_wav
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.models]
 QUESTION = "What is the capital of France?"
@@ -152,19 +152,18 @@ def test_chat_takes_a_spoken_question_from_a_file_or_the_microphone(default_stac
     expect(heard).to_contain_text("capital", timeout=60_000)
     expect(heard).to_contain_text("Heard:")
     session_id = hooks["sessionId"]
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
+    def transcribed_turns() -> list[dict]:
         turns = httpx.get(f"{default_stack.url}/api/sessions/{session_id}", timeout=10).json()["recording"]["turns"]
-        if turns and turns[0].get("user_transcript"):
-            break
-        time.sleep(0.2)
+        return turns if turns and turns[0].get("user_transcript") else []
+
+    turns = wait_for(transcribed_turns, 15, "the question's transcript recorded")
     assert "capital" in turns[0]["user_transcript"].lower(), turns
 
     # the microphone (Chromium plays the same question): record, stop, send
     record = page.locator("#record")
     record.click()
     expect(record).to_have_attribute("aria-pressed", "true")
-    page.wait_for_timeout(3500)
+    page.wait_for_timeout(3500)  # stays: the length of the recording
     record.click()
     expect(page.locator("#attachments")).to_contain_text("Recording (")
     with page.expect_request("**/v1/chat/completions") as sent:

@@ -4,13 +4,13 @@ viewer's not-found message. The gateway's only worker address has nothing listen
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.browser.conftest import ADMIN_TOKEN, Stack, expect, screenshot
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.browser
 PAGES = {"/": "Home", "/chat": "Chat", "/voice": "Voice", "/admin": "Admin"}
@@ -125,9 +125,7 @@ def test_chat_offers_what_the_model_takes_and_a_question_cancelled_in_the_queue_
     page.get_by_label("Your message").fill("Is anyone there?")
     page.get_by_role("button", name="Send").click()
     expect(page.locator("#queue-status")).to_be_visible()
-    deadline = time.monotonic() + 30
-    while not (waiting := bare_gateway.admin("GET", "/queue").json()) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    waiting = wait_for(lambda: bare_gateway.admin("GET", "/queue").json(), 30, "the question queued")
     assert bare_gateway.admin("DELETE", f"/queue/{waiting[0]['ticket_id']}").status_code == 200
     page.wait_for_function("() => window.omnipipeChat.turnsCompleted >= 1")
     error = page.locator(".msg.assistant.error .bubble")
@@ -163,7 +161,7 @@ def test_voice_asks_for_the_microphone_before_taking_a_place_in_the_queue(bare_g
     page.get_by_role("button", name="Start").click()
     expect(page.locator("#error")).to_contain_text("permission was denied")
     expect(page.get_by_role("button", name="Start")).to_be_enabled()
-    page.wait_for_timeout(300)
+    page.wait_for_timeout(300)  # stays: a stretch in which no socket may open
     assert sockets == [] and bare_gateway.admin("GET", "/queue").json() == []
     screenshot(page, "voice-microphone-denied")
 

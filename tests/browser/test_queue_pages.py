@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ from websockets.sync.client import connect
 from tests.browser.conftest import ADMIN_TOKEN, Stack, _stop_all, expect, screenshot
 from tests.gateway.conftest import CliProcess, GatewayProcess, WorkerProcess
 from tests.server.conftest import TOY_DEPLOY
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.browser
 SLOW_LOAD_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 2, "load_delay_ms": 600_000}}}}
@@ -91,7 +91,7 @@ def test_chat_counts_the_estimated_wait_down_while_queued(toy_stack: Stack, new_
         # shows "any moment now" (never a negative wait), however long it stays there
         assert toy_stack.admin("PUT", "/eta", json={"baselines": {"voice": 1}}).status_code == 200
         expect(page.locator("#queue-wait")).to_have_text(" · any moment now")
-        page.wait_for_timeout(2500)
+        page.wait_for_timeout(2500)  # stays: "however long it stays there" is this stretch of time
         expect(page.locator("#queue-wait")).to_have_text(" · any moment now")
         screenshot(page, "chat-queued-any-moment")
     # the voice session ended: the question is answered and the queue line goes away
@@ -143,7 +143,4 @@ def test_voice_counts_the_estimated_wait_down_while_queued(toy_stack: Stack, new
         screenshot(page, "voice-queued-countdown")
         page.get_by_role("button", name="Leave queue").click()
         expect(page.get_by_role("button", name="Start")).to_be_enabled()
-        deadline = time.monotonic() + 30
-        while toy_stack.admin("GET", "/queue").json() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert toy_stack.admin("GET", "/queue").json() == []
+        wait_for(lambda: toy_stack.admin("GET", "/queue").json() == [], 30, "the queue emptied")

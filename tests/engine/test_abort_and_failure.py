@@ -18,6 +18,7 @@ from omnipipe.engine.startup import EngineStartError
 from omnipipe.models.registry import get_pipeline
 from tests.conftest import child_processes, collect, shm_segments, state_is_idle, wait_until_idle
 from tests.engine.expected import expected_audio
+from tests.waiting import wait_for_async
 
 SLOW = {
     "stages": {
@@ -84,7 +85,11 @@ def test_client_that_stops_iterating_aborts_the_request(slow) -> None:
 def test_cancelled_task_aborts_the_request(slow) -> None:
     async def run() -> dict:
         task = asyncio.create_task(collect(slow.engine, PROMPT, request_id="cancelled"))
-        await asyncio.sleep(0.3)
+
+        async def under_way() -> bool:
+            return "cancelled" in (await slow.engine.debug_state())["client_requests"]
+
+        await wait_for_async(under_way, 30, "the request under way")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -129,11 +134,12 @@ def test_killed_stage_fails_its_requests_and_is_restarted(harness_factory, victi
         except RequestFailedError as exc:
             error = exc
         others = await bystander if bystander else []
-        for _ in range(200):  # wait for the restarted stage to come back
-            after = await engine.debug_state()
-            if after["pids"].get(victim_stage) not in (None, pid) and victim_stage in after["stages"]:
-                break
-            await asyncio.sleep(0.05)
+        async def back() -> dict | None:  # the restarted stage
+            state = await engine.debug_state()
+            return state if state["pids"].get(victim_stage) not in (None, pid) and victim_stage in state["stages"] \
+                else None
+
+        after = await wait_for_async(back, 10, f"the restarted {victim_stage} back", interval_s=0.05)
         return error, others, before, after
 
     error, others, before, after = harness.run(run())
@@ -209,8 +215,10 @@ def test_a_restarted_consumer_under_tcp_gets_chunks_at_its_new_port(harness_fact
     async def run() -> list:
         pid = (await engine.debug_state())["pids"][victim_stage]
         os.kill(pid, signal.SIGKILL)
-        while not (await engine.debug_state())["restarts"][victim_stage]:  # the death is noticed
-            await asyncio.sleep(0.01)
+        async def restarting() -> int:
+            return (await engine.debug_state())["restarts"][victim_stage]
+
+        await wait_for_async(restarting, 30, f"the death of {victim_stage} noticed")
         # submitted while the stage is restarting: it waits for the stage, then runs
         outputs = await collect(engine, "after a tcp restart")
         await wait_until_idle(engine)
@@ -231,7 +239,7 @@ def slow_thinker2talker(outputs: list) -> list:
     from omnipipe.models.toy.processors import thinker2talker
 
     HANDOFF_STARTED.set()
-    time.sleep(1.0)
+    time.sleep(1.0)  # stays: a handoff slow enough to abort its request while it runs
     return thinker2talker(outputs)
 
 
@@ -249,14 +257,15 @@ def test_a_request_aborted_during_its_edge_handoff_is_not_submitted_and_others_f
             assert outputs[-1].finish_reason == "abort"
 
         task = asyncio.create_task(victim())
-        while not HANDOFF_STARTED.is_set():
-            await asyncio.sleep(0.01)
+        await wait_for_async(HANDOFF_STARTED.is_set, 30, "the handoff started")
         started = time.perf_counter()
         text_only = await collect(engine, "meanwhile", output_modalities=["text"])  # not stuck behind the handoff
         elapsed_s = time.perf_counter() - started
         await engine.abort("handoff-victim")
         await task
-        await asyncio.sleep(1.2)  # the handoff finishes after the abort
+        # stays: the handoff finishes after the abort, on its thread, and what it returns reaches the orchestrator
+        # with nothing a test can wait on; the idle state below must be read after that
+        await asyncio.sleep(1.2)
         return text_only, elapsed_s, await wait_until_idle(engine)
 
     text_only, elapsed_s, state = harness.run(run())
@@ -289,16 +298,16 @@ def test_max_restarts_counts_deaths_in_a_row(harness_factory, monkeypatch) -> No
     async def kill_and_wait(stage: str) -> dict:
         pid = (await engine.debug_state())["pids"][stage]
         os.kill(pid, signal.SIGKILL)
-        for _ in range(600):
-            await asyncio.sleep(0.05)
+        def restarted() -> bool:
             health = engine.health()
-            if health.stages[stage].pid not in (None, pid) and health.stages[stage].state == "ok":
-                break
+            return health.stages[stage].pid not in (None, pid) and health.stages[stage].state == "ok"
+
+        await wait_for_async(restarted, 30, f"{stage} restarted", interval_s=0.05)
         return await engine.debug_state()
 
     async def run() -> tuple[dict, dict, str]:
         first = await kill_and_wait("talker")
-        await asyncio.sleep(1.5)  # served past the (shortened) window
+        await asyncio.sleep(1.5)  # stays: served past the (shortened) window
         second = await kill_and_wait("talker")
         outputs = await collect(engine, "still speaking")
         return first, second, outputs[-1].text

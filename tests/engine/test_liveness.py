@@ -7,6 +7,7 @@ import asyncio
 import os
 import signal
 import time
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from omnipipe.config.deploy_config import DeployConfigError, load_deploy
 from omnipipe.engine.liveness import StageLiveness
 from omnipipe.models.registry import get_pipeline
 from tests.conftest import collect, state_is_idle, wait_until_idle
+from tests.waiting import wait_for, wait_for_async
 
 REPORT_S = 0.6
 RESTART_S = 2.5
@@ -129,7 +131,11 @@ def test_a_stage_that_resumes_in_time_is_not_restarted(harness_factory) -> None:
     async def run() -> dict:
         pid = (await engine.debug_state())["pids"]["thinker"]
         task = asyncio.create_task(collect(engine, PROMPT, request_id="survives-a-pause"))
-        await asyncio.sleep(0.2)
+
+        async def under_way() -> bool:
+            return "survives-a-pause" in (await engine.debug_state())["client_requests"]
+
+        await wait_for_async(under_way, 30, "the request under way")
         os.kill(pid, signal.SIGSTOP)
         try:
             await _wait_for(engine, "thinker", {"stalled"})
@@ -154,13 +160,12 @@ def test_a_wedged_engine_loop_is_reported_without_waiting_on_it(toy) -> None:
     engine = toy.engine
     orchestrator = engine.engine.orchestrator
     assert engine.health().ok
-    orchestrator.loop.call_soon_threadsafe(time.sleep, 3.5)
-    deadline = time.monotonic() + 3.0
-    health = engine.health()
-    while health.ok and time.monotonic() < deadline:
-        time.sleep(0.05)
+    orchestrator.loop.call_soon_threadsafe(time.sleep, 3.5)  # stays: the wedge itself
+
+    def unhealthy() -> Any:
         health = engine.health()
-    assert not health.ok and any("the engine loop has not run" in p for p in health.problems), health
-    while not engine.health().ok and time.monotonic() < deadline + 30:
-        time.sleep(0.05)
-    assert engine.health().ok
+        return None if health.ok else health
+
+    health = wait_for(unhealthy, 3.0, "health said the loop is wedged")
+    assert any("the engine loop has not run" in p for p in health.problems), health
+    wait_for(lambda: engine.health().ok, 33, "health ok again once the loop runs")

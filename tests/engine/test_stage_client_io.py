@@ -34,7 +34,7 @@ def test_frames_waiting_and_arriving_later_are_all_read_in_order(tmp_path) -> No
 
             async def late() -> None:
                 for i in range(3, 6):
-                    await asyncio.sleep(0.02)  # the reader is asleep on the socket's descriptor by then
+                    await asyncio.sleep(0.02)  # stays: the reader is asleep on the socket's descriptor by then
                     out.send(control_plane.encode(StageOutput(f"r{i}", "s", False)))
 
             sender = asyncio.create_task(late())
@@ -59,11 +59,11 @@ def test_a_send_without_room_waits_and_later_sends_queue_behind_it(tmp_path) -> 
         try:
             # no stage connected: a PUSH socket has nowhere to put the message, so the first send must wait
             first = asyncio.create_task(client.send(HealthCheck(1)))
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # stays: a stretch in which the send must not complete
             waited = not first.done()
             second = asyncio.create_task(client.send(ChunkRoutes({"t": "ipc://x"})))  # must not overtake the first
             third = asyncio.create_task(client.send(HealthCheck(3)))
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # stays: the later sends start (and queue) before the stage connects
             ctrl = control_plane.make_socket(stage_ctx, zmq.PULL, client.ctrl_address, bind=False)
             await asyncio.wait_for(asyncio.gather(first, second, third), 10)
             ctrl.setsockopt(zmq.RCVTIMEO, 10_000)

@@ -86,7 +86,7 @@ def test_waiting_for_chunk_does_not_stall_other_requests(harness_factory) -> Non
     order: list[str] = []
 
     async def one(name: str, prompt: str, delay_s: float) -> None:
-        await asyncio.sleep(delay_s)
+        await asyncio.sleep(delay_s)  # stays: the short request arrives while the long one runs
         async for out in harness.engine.generate(prompt):
             if out.finished:
                 order.append(name)

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,8 @@ from typing import Any
 import httpx
 import yaml
 
-from tests.server.conftest import free_port
+from omnipipe.util.net import free_port
+from tests.waiting import wait_until_answers
 
 ADMIN_TOKEN = "gateway-test-admin-token"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -66,16 +66,9 @@ class WorkerProcess(CliProcess):
         return httpx.get(f"http://{self.address}/health", timeout=5).json()
 
     def wait_state(self, state: str, timeout_s: float) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout_s
-        last: Any = None
-        while time.monotonic() < deadline:
-            self.check_alive()
-            with contextlib.suppress(httpx.TransportError, ValueError):
-                last = self.health()
-                if last.get("state") == state:
-                    return last
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not {state} after {timeout_s} s (last {last}): {self.log_text()}")
+        return wait_until_answers(f"http://{self.address}/health", timeout_s, f"{self.name} {state}",
+                                  accept=lambda response: _health_field(response, "state") == state,
+                                  check_alive=self.check_alive, detail=self.log_text).json()
 
 
 class GatewayProcess(CliProcess):
@@ -90,22 +83,27 @@ class GatewayProcess(CliProcess):
 
     def wait_ready(self, timeout_s: float = 60, serving: bool = True) -> dict[str, Any]:
         """Wait until the gateway answers; with ``serving``, until it sees every worker IDLE."""
-        deadline = time.monotonic() + timeout_s
-        last: Any = None
-        while time.monotonic() < deadline:
-            self.check_alive()
-            with contextlib.suppress(httpx.TransportError, ValueError):
-                last = httpx.get(f"{self.url}/health", timeout=5).json()
-                if not serving or set(last.get("workers", {}).values()) == {"IDLE"}:
-                    return last
-            time.sleep(0.1)
-        raise RuntimeError(f"gateway not ready after {timeout_s} s (last {last}): {self.log_text()}")
+        def ready(response: httpx.Response) -> bool:
+            workers = _health_field(response, "workers")
+            return not serving or (isinstance(workers, dict) and set(workers.values()) == {"IDLE"})
+
+        return wait_until_answers(f"{self.url}/health", timeout_s, "the gateway ready", accept=ready,
+                                  check_alive=self.check_alive, detail=self.log_text).json()
 
     def admin(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         return httpx.request(method, f"{self.url}/api/admin{path}", headers=ADMIN, timeout=30, **kwargs)
 
     def worker_states(self) -> dict[str, str]:
         return {w["address"]: w["state"] for w in self.admin("GET", "/workers").json()}
+
+
+def _health_field(response: httpx.Response, name: str) -> Any:
+    """A field of a /health answer, or None when the answer is not a JSON object."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return body.get(name) if isinstance(body, dict) else None
 
 
 @contextlib.contextmanager

@@ -11,6 +11,8 @@ from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
 
+from tests.waiting import wait_for_async
+
 RECV_TIMEOUT_S = 180
 
 
@@ -124,9 +126,7 @@ async def kill_one_of_two(url: str, question: str, kill: Callable[[str], None]) 
         await wait_served(client)
     assert a.done["worker"] != b.done["worker"]
     turns = [asyncio.create_task(ask(c, question, ["text", "audio"])) for c in (a, b)]
-    deadline = time.monotonic() + RECV_TIMEOUT_S
-    while not (a.answer and b.answer) and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
+    await wait_for_async(lambda: a.answer and b.answer, RECV_TIMEOUT_S, "both answers under way")
     kill(a.done["worker"])
     await asyncio.gather(*turns)
     for client in (a, b):  # the survivor's session ends here, not whenever the connection is collected

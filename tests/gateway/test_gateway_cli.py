@@ -16,7 +16,8 @@ import httpx
 import psutil
 import pytest
 
-from tests.server.conftest import free_port
+from omnipipe.util.net import free_port
+from tests.waiting import wait_for, wait_until_answers
 
 CLI = [sys.executable, "-m", "omnipipe.cli.main"]
 
@@ -61,17 +62,6 @@ def test_up_starts_workers_and_gateway_and_ctrl_c_stops_them_all(tmp_path: Path)
             process.wait()
 
 
-def _wait_for(condition, timeout_s: float, what: str, interval_s: float = 0.2):  # noqa: ANN001, ANN202
-    """Poll ``condition()`` until it returns something truthy (returned), at most ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = condition()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(interval_s)
-
-
 def test_up_restarts_a_killed_worker_while_the_gateway_serves_on(tmp_path: Path) -> None:
     port, worker_port = free_port(), free_port()
     killed_port = worker_port + 1
@@ -99,7 +89,8 @@ def test_up_restarts_a_killed_worker_while_the_gateway_serves_on(tmp_path: Path)
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()["workers"].get(f"127.0.0.1:{killed_port}")
 
     try:
-        _wait_for(lambda: said("ready.") or process.poll() is not None, 180, "ready")
+        wait_for(lambda: said("ready.") or process.poll() is not None, 180, "up said ready (or ended)",
+                 interval_s=0.2)
         assert said("ready."), "".join(lines)
         [old_pid] = worker_pids()
         old_group = psutil.Process(old_pid).children(recursive=True)
@@ -107,14 +98,14 @@ def test_up_restarts_a_killed_worker_while_the_gateway_serves_on(tmp_path: Path)
         # (a) the gateway goes on answering, on the survivor, right after the kill
         assert [chat(f"after {i}") for i in range(4)] == [f"AFTER {i}" for i in range(4)]
         # (c) `up` says what it does, one line per event
-        _wait_for(lambda: said(f"worker {killed_port} exited with code -9; restarting in 1 s (restart 1 of 5)"),
-                  30, "the restart line")
+        wait_for(lambda: said(f"worker {killed_port} exited with code -9; restarting in 1 s (restart 1 of 5)"),
+                 30, "up said it restarts the worker")
         # (b) a new process serves on that port and the gateway takes it back by itself
-        [new_pid] = _wait_for(worker_pids, 30, "a new worker process")
+        [new_pid] = wait_for(worker_pids, 30, "a new worker process", interval_s=0.2)
         assert new_pid != old_pid
-        _wait_for(lambda: state() == "IDLE", 120, "the gateway to see the restarted worker IDLE")
+        wait_for(lambda: state() == "IDLE", 120, "the gateway saw the restarted worker IDLE", interval_s=0.2)
         assert httpx.get(f"http://127.0.0.1:{killed_port}/health", timeout=5).json()["state"] == "IDLE"
-        _wait_for(lambda: said(f"worker {killed_port} is back (restart 1 of 5)"), 30, "the back line")
+        wait_for(lambda: said(f"worker {killed_port} is back (restart 1 of 5)"), 30, "up said the worker is back")
         assert process.poll() is None and chat("again") == "AGAIN"
         # (d) Ctrl-C still stops everything
         children = psutil.Process(process.pid).children(recursive=True)
@@ -199,14 +190,11 @@ def test_gateway_serves_https_with_a_certificate(tmp_path: Path) -> None:
                                 "--data-dir", str(tmp_path / "data"), "--ssl-certfile", str(cert),
                                 "--ssl-keyfile", str(key)], stderr=(log := (tmp_path / "gateway.log").open("w")))
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                page = httpx.get(f"https://127.0.0.1:{port}/voice", verify=trusted, timeout=5)
-                break
-            except httpx.TransportError:
-                assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "gateway.log").read_text()
-                time.sleep(0.2)
+        def check_alive() -> None:
+            assert process.poll() is None, (tmp_path / "gateway.log").read_text()
+
+        page = wait_until_answers(f"https://127.0.0.1:{port}/voice", 60, "the gateway answered over https",
+                                  check_alive=check_alive, verify=trusted)
         assert page.status_code == 200 and "<html" in page.text.lower()
         with pytest.raises(httpx.TransportError):
             httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)  # plain http is not spoken there

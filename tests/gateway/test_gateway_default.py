@@ -7,7 +7,6 @@ import asyncio
 import json
 import os
 import signal
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -16,6 +15,7 @@ import pytest
 from tests.gateway.conftest import GatewayProcess, WorkerProcess, running
 from tests.gateway.realtime_clients import check_fifo, kill_one_of_two, six_on_two_slots
 from tests.server.conftest import DEFAULT_DEPLOY
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.models
 
@@ -62,14 +62,12 @@ def test_six_voice_sessions_on_two_workers_are_served_in_arrival_order(cluster) 
 
 def _recorded_text(gateway: GatewayProcess, session_id: str) -> str:
     """The transcript recorded in a transcription session's turn, once the session is written."""
-    deadline = time.monotonic() + 30
-    while True:
+    def completed_turn() -> dict | None:
         reply = httpx.get(f"{gateway.url}/api/sessions/{session_id}", timeout=10)
         turns = reply.json()["recording"]["turns"] if reply.status_code == 200 else []
-        if turns and turns[0]["status"] == "completed" or time.monotonic() > deadline:
-            assert turns, reply.text
-            return turns[0]["assistant_text"]
-        time.sleep(0.1)
+        return turns[0] if turns and turns[0]["status"] == "completed" else None
+
+    return wait_for(completed_turn, 30, f"session {session_id} recorded a completed turn")["assistant_text"]
 
 
 def test_a_transcription_in_every_format_is_recorded_with_its_words(cluster) -> None:
@@ -107,7 +105,4 @@ def test_killing_a_worker_mid_answer_fails_only_its_client(cluster) -> None:
     assert a.error is not None and a.error["code"] == "worker_failed", a.error
     assert a.close_code == 1011
     assert b.error is None and b.answer and b.audio_deltas > 0, (b.error, b.answer)
-    deadline = time.monotonic() + 20
-    while gateway.worker_states()[a.done["worker"]] != "OFFLINE" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert gateway.worker_states()[a.done["worker"]] == "OFFLINE"
+    wait_for(lambda: gateway.worker_states()[a.done["worker"]] == "OFFLINE", 20, "the killed worker OFFLINE")

@@ -13,8 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from omnipipe.util.net import free_port
 from tests.gateway.conftest import CliProcess, GatewayProcess, running
-from tests.server.conftest import free_port
+from tests.waiting import wait_until_answers
 
 SECRET = "top-secret-content-0451"
 SESSION = "20261122-000000_chat_0123456789"
@@ -112,13 +113,8 @@ def test_admin_is_disabled_without_a_configured_token(tmp_path: Path) -> None:
                          tmp_path)
     with running(process):
         url = f"http://127.0.0.1:{port}"
-        for _ in range(300):
-            try:
-                httpx.get(f"{url}/health", timeout=2)
-                break
-            except httpx.TransportError:
-                process.check_alive()
-                time.sleep(0.1)
+        wait_until_answers(f"{url}/health", 60, "the gateway answered", check_alive=process.check_alive,
+                           detail=process.log_text)
         response = httpx.get(f"{url}/api/admin/workers", headers={"Authorization": "Bearer anything-at-all"})
         assert response.status_code == 401 and response.json()["error"]["code"] == "admin_disabled"
         assert "--admin-token" in response.json()["error"]["message"]

@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,6 +21,7 @@ from websockets.sync.client import ClientConnection, connect
 from tests.gateway.conftest import GatewayProcess, WorkerProcess, running
 from tests.gateway.realtime_clients import check_fifo, kill_one_of_two, six_on_two_slots
 from tests.server.conftest import TOY_DEPLOY
+from tests.waiting import wait_for
 
 # the toy thinker copies its prompt, one character per 2 ms step: this answer lasts about 2 s
 LONG_QUESTION = " ".join(f"word{i}" for i in range(150))
@@ -46,15 +46,12 @@ def open_ws(url: str) -> ClientConnection:
 
 def _idle(gateway: GatewayProcess, timeout_s: float = 30) -> None:
     """Wait until no session holds a worker, every online worker reports IDLE, and nobody waits."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        workers = gateway.admin("GET", "/workers").json()
-        online = [w for w in workers if w["online"]]
-        if all(w["active_sessions"] == 0 and w["state"] == "IDLE" for w in online) and \
-                not gateway.admin("GET", "/queue").json():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"gateway still busy: {gateway.admin('GET', '/workers').json()}")
+    def idle() -> bool:
+        online = [w for w in gateway.admin("GET", "/workers").json() if w["online"]]
+        return all(w["active_sessions"] == 0 and w["state"] == "IDLE" for w in online) and \
+            not gateway.admin("GET", "/queue").json()
+
+    wait_for(idle, timeout_s, "the gateway idle", detail=lambda: gateway.admin("GET", "/workers").json())
 
 
 # ---------------------------------------------------------------------------------------------- queue
@@ -135,13 +132,11 @@ def test_openai_client_through_the_gateway_is_recorded(cluster) -> None:
     again = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"X-Omnipipe-Session-Id": session_id},
                        json={"model": "toy", "messages": [{"role": "user", "content": "second turn"}]}, timeout=60)
     assert again.status_code == 200 and again.headers["x-omnipipe-session-id"] == session_id
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        recording = httpx.get(f"{gateway.url}/api/sessions/{session_id}", timeout=10).json()["recording"]
-        if len(recording.get("turns", [])) == 2:
-            break
-        time.sleep(0.1)
-    turns = recording["turns"]
+    def two_turns() -> list[dict]:
+        turns = httpx.get(f"{gateway.url}/api/sessions/{session_id}", timeout=10).json()["recording"].get("turns", [])
+        return turns if len(turns) == 2 else []
+
+    turns = wait_for(two_turns, 10, "both turns recorded")
     assert [t["user_text"] for t in turns] == ["hello gateway", "second turn"]
     assert [t["assistant_text"] for t in turns] == ["HELLO GATEWAY", "SECOND TURN"]
     bad = httpx.post(f"{gateway.url}/v1/chat/completions", headers={"X-Omnipipe-Session-Id": "../etc"},
@@ -176,9 +171,12 @@ def test_models_say_what_they_take_and_only_served_sessions_are_recorded(cluster
                         json={"model": "toy", "messages": [{"role": "user", "content": "kept"}]})
     assert served.status_code == 200
     _idle(gateway)
-    time.sleep(0.5)  # the recording writes run on the gateway's threads
-    new = {r["session_id"] for r in gateway.admin("GET", "/recordings").json()} - before
-    assert new == {served.headers["x-omnipipe-session-id"]}
+
+    def new_recordings() -> set[str]:  # the recording writes run on the gateway's threads
+        return {r["session_id"] for r in gateway.admin("GET", "/recordings").json()} - before
+
+    wait_for(lambda: served.headers["x-omnipipe-session-id"] in new_recordings(), 10, "the served session recorded")
+    assert new_recordings() == {served.headers["x-omnipipe-session-id"]}
     assert httpx.get(f"{gateway.url}/api/sessions/{refused.headers['x-omnipipe-session-id']}",
                      timeout=10).status_code == 404
 
@@ -226,10 +224,7 @@ def test_leaving_or_cancelling_a_queued_place_frees_it(cluster) -> None:
         update = json.loads(second.recv(timeout=30))
         assert update["type"] == "queue_update" and update["position"] == 1, update
         second.close()  # leaving while queued gives the place back
-        deadline = time.monotonic() + 10
-        while gateway.admin("GET", "/queue").json() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert gateway.admin("GET", "/queue").json() == []
+        wait_for(lambda: gateway.admin("GET", "/queue").json() == [], 10, "the queue emptied")
         assert httpx.delete(f"{gateway.url}/api/queue/{ticket}", timeout=10).status_code == 404
     finally:
         for ws in held:
@@ -271,10 +266,7 @@ def _queued_chat_after(gateway: GatewayProcess, action: Callable[[], None]) -> h
             f"{gateway.url}/v1/chat/completions", json={"model": "toy", "messages": [
                 {"role": "user", "content": "x"}]})))
         waiting.start()
-        deadline = time.monotonic() + 30
-        while not gateway.admin("GET", "/queue").json() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert gateway.admin("GET", "/queue").json(), "the request never queued"
+        wait_for(lambda: gateway.admin("GET", "/queue").json(), 30, "the request queued")
         action()
         waiting.join(30)
     return result["r"]
@@ -393,10 +385,7 @@ def test_killing_a_worker_mid_session_fails_only_its_client(cluster) -> None:
     assert a.error is not None and a.error["code"] == "worker_failed", a.error
     assert a.close_code == 1011
     assert b.error is None and b.answer.startswith("WORD0"), (b.error, b.answer[:80])
-    deadline = time.monotonic() + 20
-    while gateway.worker_states()[victim] != "OFFLINE" and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert gateway.worker_states()[victim] == "OFFLINE"
+    wait_for(lambda: gateway.worker_states()[victim] == "OFFLINE", 20, "the killed worker OFFLINE")
     # new work goes to the survivor
     response = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60,
                           json={"model": "toy", "messages": [{"role": "user", "content": "still here"}]})

@@ -16,6 +16,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from tests.gateway.conftest import GatewayProcess, WorkerProcess, running
 from tests.server.conftest import TOY_DEPLOY
+from tests.waiting import wait_for
 
 VOICE_S, CHAT_S = 30.0, 10.0
 ROUNDING = 0.06  # estimates are sent rounded to 0.1 s
@@ -45,10 +46,8 @@ def loading(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess
     with running(gateway, worker):
         worker.wait_state("LOADING", 120)
         gateway.wait_ready(60, serving=False)
-        deadline = time.monotonic() + 60
-        while gateway.worker_states() != {worker.address: "LOADING"} and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert gateway.worker_states() == {worker.address: "LOADING"}
+        wait_for(lambda: gateway.worker_states() == {worker.address: "LOADING"}, 60,
+                 "the gateway saw the worker LOADING", detail=gateway.worker_states)
         yield gateway
         # still loading: the worker and its stages would only stop on SIGINT once the load has ended
         loader = psutil.Process(worker.process.pid)
@@ -81,7 +80,7 @@ def test_a_waiter_behind_a_long_session_is_told_what_is_left_of_it(one_slot: Gat
         assert receive(voice)["position"] == 0
         assert receive(voice)["type"] == "queue_done"
         served = time.monotonic()  # ... and before this
-        time.sleep(1.5)  # the voice session runs on: less than its 30 s are left
+        time.sleep(1.5)  # stays: the voice session runs on, so less than its 30 s are left
         asked = time.monotonic()
         with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=60,
                           headers={"X-Omnipipe-Queue-Events": "1"}) as chat:

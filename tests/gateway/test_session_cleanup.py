@@ -12,6 +12,7 @@ import pytest
 
 from omnipipe.gateway.recording.cleanup import CleanupReport, PeriodicCleanup, cleanup_sessions
 from omnipipe.gateway.recording.store import SessionStore
+from tests.waiting import wait_for_async
 
 DAY = 86_400.0
 NOW = time.time()  # PeriodicCleanup measures ages from the real clock
@@ -145,10 +146,7 @@ def test_periodic_cleanup(store: SessionStore, sessions: dict[str, str]) -> None
         periodic = PeriodicCleanup(store, retention_days=7, max_storage_gb=None, interval_s=0.01, protect=running)
         await periodic.start()
         await periodic.start()  # already running: no second loop
-        for _ in range(500):
-            if len(protect_calls) >= 2:
-                break
-            await asyncio.sleep(0.01)
+        await wait_for_async(lambda: len(protect_calls) >= 2, 5, "two cleanup rounds")
         await periodic.stop()
         await periodic.stop()
         return periodic
@@ -163,7 +161,7 @@ def test_periodic_cleanup_without_limits_does_not_start(store: SessionStore) -> 
     async def main() -> PeriodicCleanup:
         periodic = PeriodicCleanup(store, retention_days=None, max_storage_gb=None, interval_s=0.01)
         await periodic.start()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # stays: five intervals in which a started loop would have run
         await periodic.stop()
         return periodic
 

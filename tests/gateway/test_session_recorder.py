@@ -21,6 +21,7 @@ from omnipipe.gateway.recording.replay import merged_replay, read_wav, write_mer
 from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.recording.taps import RealtimeTap
 from omnipipe.gateway.recording.writer import RecordingWriter
+from tests.waiting import wait_for_async
 
 RATE = 24_000
 SID = "20261122-024301_voice_3f9a1c2b7d"
@@ -433,10 +434,11 @@ def test_event_bursts_are_coalesced(store: SessionStore, writer: RecordingWriter
         await asyncio.to_thread(writer.flush, 10)
         for i in range(300):
             recorder.event("tick", i=i)
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # stays: the loop runs on for less than the write interval, so no rewrite yet
         await asyncio.to_thread(writer.flush, 10)
-        assert len(read_json(store.session_dir(SID) / "recording.json")["events"]) < 300
-        await asyncio.sleep(recorder_module.RECORDING_WRITE_INTERVAL_S + 0.2)  # the delayed rewrite runs
+        path = store.session_dir(SID) / "recording.json"
+        assert len(read_json(path)["events"]) < 300
+        await wait_for_async(lambda: len(read_json(path)["events"]) == 300, 10, "the delayed rewrite wrote every event")
         await asyncio.to_thread(writer.flush, 10)
 
     asyncio.run(main())
@@ -451,7 +453,7 @@ def test_writer_keeps_lane_order_and_counts_failures() -> None:
     seen: dict[str, list[int]] = {"a": [], "b": []}
 
     def job(lane: str, i: int) -> None:
-        time.sleep(0.001 * (i % 3))
+        time.sleep(0.001 * (i % 3))  # stays: jobs of different lengths, so lanes would overtake one another
         seen[lane].append(i)
 
     def fail() -> None:

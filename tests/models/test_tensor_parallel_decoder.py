@@ -8,7 +8,6 @@ This file is also the ranks' program: ``python test_tensor_parallel_decoder.py M
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from omnipipe.util.net import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -121,19 +122,13 @@ def _rank_main(model: str, rank: int, world_size: int, port: int, out_dir: Path)
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_ranks(model: str, out_dir: Path) -> list[dict[str, Any]]:
     import omnipipe
 
     source = str(Path(omnipipe.__file__).resolve().parents[1])  # the omnipipe under test, not an installed one
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")])),
            "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    port = _free_port()
+    port = free_port()
     logs = [out_dir / f"rank{rank}.log" for rank in range(WORLD_SIZE)]
     procs = []
     for rank in range(WORLD_SIZE):

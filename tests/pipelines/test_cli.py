@@ -5,7 +5,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -113,8 +112,8 @@ def test_ctrl_c_during_start_up_stops_the_stages_at_once(tmp_path: Path) -> None
     assert lines[0].startswith("omnipipe: starting 3 stage(s) of 'toy': thinker, talker, code2wav")
     assert any("stopping stages..." in line for line in lines), lines
     assert lines[-1] == "omnipipe: interrupted" and process.returncode == 130
-    time.sleep(0.5)
-    assert not [p for p in stages if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    _, alive = psutil.wait_procs(stages, timeout=30)
+    assert not [p for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def test_without_output_the_answer_is_text_only() -> None:

@@ -43,7 +43,7 @@ def test_concurrent_requests_at_different_steps_get_the_images_they_get_alone(im
 
     async def together() -> list[Any]:
         async def late(i: int) -> Any:
-            await asyncio.sleep(0.02 * i)  # arrivals spread over the loop: newcomers join between steps
+            await asyncio.sleep(0.02 * i)  # stays: arrivals spread over the loop, so newcomers join between steps
             return await draw(image.engine, i, 100 + i, steps=steps[i])
 
         return await asyncio.gather(*(late(i) for i in range(8)))

@@ -144,7 +144,7 @@ def test_aborts_while_images_are_on_their_way_leave_nothing(tp2: EngineHarness) 
                                      request_id=f"early-{index}", sampling_params=PARAMS,
                                      output_modalities=["text"])
         task = asyncio.ensure_future(stream.__anext__())
-        await asyncio.sleep(0.002 * index)
+        await asyncio.sleep(0.002 * index)  # stays: each abort lands at another moment of the request's way
         await tp2.engine.abort(f"early-{index}")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -7,10 +7,8 @@ import functools
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,9 @@ import numpy as np
 import pytest
 import yaml
 
+from omnipipe.util.net import free_port
 from tests.conftest import state_is_idle
+from tests.waiting import wait_for, wait_until_answers
 
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -69,12 +69,6 @@ def spoken(text: str, rate: int = 24_000) -> np.ndarray:
     return _spoken(text, rate).copy()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class ServerProcess:
     def __init__(self, pipeline: str, deploy: dict[str, Any] | None, tmp: Path, api_key: str | None = API_KEY,
                  max_body_bytes: int = MAX_BODY_BYTES, command_name: str = "serve",
@@ -99,23 +93,19 @@ class ServerProcess:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        saw_loading = False
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited with {self.process.returncode}: {self.log_text()}")
-            try:
-                response = httpx.get(f"{self.url}/health", timeout=5)
-            except httpx.TransportError:
-                time.sleep(0.1)
-                continue
+        """Wait until /health says 200 (a 503 "loading" meanwhile is fine; any other answer fails)."""
+        def ready(response: httpx.Response) -> bool:
             if response.status_code == 200:
-                self.saw_loading = saw_loading
-                return
+                return True
             assert response.status_code == 503 and response.json()["status"] == "loading", response.text
-            saw_loading = True
-            time.sleep(0.1)
-        raise RuntimeError(f"server not ready after {timeout_s} s: {self.log_text()}")
+            return False
+
+        wait_until_answers(f"{self.url}/health", timeout_s, "the server got ready", accept=ready,
+                           check_alive=self.check_alive, detail=self.log_text)
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"server exited with {self.process.returncode}: {self.log_text()}")
 
     def client(self, timeout_s: float = 120) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout_s)
@@ -127,12 +117,15 @@ class ServerProcess:
 
     def wait_idle(self, timeout_s: float = 20.0) -> dict[str, Any]:
         """Poll /debug/state until every started engine holds nothing (bounded); return the last state."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            state = self.debug_state()
-            if engines_idle(state) or time.monotonic() > deadline:
-                return state
-            time.sleep(0.05)
+        last: list[dict[str, Any]] = []
+
+        def idle() -> bool:
+            last[:] = [self.debug_state()]
+            return engines_idle(last[0])
+
+        with contextlib.suppress(AssertionError):  # the caller judges the state it gets back
+            wait_for(idle, timeout_s, "every engine idle")
+        return last[0]
 
     def log_text(self) -> str:
         self.log.flush()

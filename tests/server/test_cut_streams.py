@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,6 +13,7 @@ import openai
 import pytest
 
 from tests.server.conftest import ServerProcess, running_server
+from tests.waiting import wait_for
 
 # slow vocoder and talker calls stretch a long answer over seconds, so a stage can be killed mid-stream; the
 # vocoder is killed once per test, more often in a row than the default restart limit allows
@@ -29,27 +29,19 @@ def slow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
         yield server
 
 
+def _current_pid(server: ServerProcess, pipeline: str, stage: str) -> int | None:
+    state = httpx.get(f"{server.url}/debug/state", headers=server.headers, timeout=10).json()["engines"]
+    pid = ((state.get(pipeline) or {}).get("state") or {}).get("pids", {}).get(stage)
+    return int(pid) if pid else None
+
+
 def stage_pid(server: ServerProcess, pipeline: str, stage: str, timeout_s: float = 30) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        state = httpx.get(f"{server.url}/debug/state", headers=server.headers, timeout=10).json()["engines"]
-        pid = ((state.get(pipeline) or {}).get("state") or {}).get("pids", {}).get(stage)
-        if pid:
-            return int(pid)
-        time.sleep(0.1)
-    raise AssertionError(f"no pid for {pipeline}/{stage}")
+    return wait_for(lambda: _current_pid(server, pipeline, stage), timeout_s, f"a pid for {pipeline}/{stage}")
 
 
 def wait_restarted(server: ServerProcess, pipeline: str, stage: str, old_pid: int, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if stage_pid(server, pipeline, stage, timeout_s=1) != old_pid:
-                return
-        except AssertionError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{pipeline}/{stage} did not come back")
+    wait_for(lambda: _current_pid(server, pipeline, stage) not in (None, old_pid), timeout_s,
+             f"{pipeline}/{stage} came back", interval_s=0.2)
 
 
 @pytest.mark.parametrize("response_format", ["pcm", "wav", "mp3"])

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.server.conftest import ServerProcess, running_server
+from tests.waiting import wait_for
 
 LIVENESS_DEPLOY = {
     "heartbeat_interval_s": 0.1,
@@ -33,13 +33,11 @@ def health(server: ServerProcess) -> httpx.Response:
 
 
 def wait_health(server: ServerProcess, status: str, timeout_s: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def said() -> dict[str, Any] | None:
         body = health(server).json()
-        if body["status"] == status:
-            return body
-        time.sleep(0.05)
-    raise AssertionError(f"/health never said {status!r}: {health(server).text}")
+        return body if body["status"] == status else None
+
+    return wait_for(said, timeout_s, f"/health said {status!r}", detail=lambda: health(server).text)
 
 
 def metric(text: str, name: str, stage: str) -> float:

@@ -33,6 +33,7 @@ from tests.conftest import shm_segments
 from tests.server.conftest import DEFAULT_DEPLOY, ServerProcess, engines_idle, running_server, spoken
 from tests.server.test_realtime import LONG_TEXT, SENTENCE, Conn, vad_on, ws_url
 from tests.server.test_realtime import session as open_session
+from tests.waiting import wait_for, wait_until_answers
 
 # a slow thinker: a 400-character answer streams for about 4 s
 SLOW_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 10}}}}
@@ -51,14 +52,13 @@ def health(server: ServerProcess) -> dict[str, Any]:
 def wait_health(server: ServerProcess, check: Callable[[dict[str, Any]], bool],
                 timeout_s: float = 20.0) -> dict[str, Any]:
     """Poll /health until ``check`` holds (bounded); return that reply."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        body = health(server)
-        if check(body):
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"/health never matched within {timeout_s} s; last: {body}")
-        time.sleep(0.05)
+    last: list[dict[str, Any]] = [{}]
+
+    def matched() -> dict[str, Any] | None:
+        last[0] = health(server)
+        return last[0] if check(last[0]) else None
+
+    return wait_for(matched, timeout_s, "/health matched the check", detail=lambda: f"last: {last[0]}")
 
 
 def is_idle(body: dict[str, Any]) -> bool:
@@ -68,20 +68,14 @@ def is_idle(body: dict[str, Any]) -> bool:
 def start_recording_health(server: ServerProcess, timeout_s: float) -> list[tuple[int, dict[str, Any]]]:
     """Poll /health from the first answer until a 200 or an ERROR; return every (status code, body) seen."""
     seen: list[tuple[int, dict[str, Any]]] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"worker exited with {server.process.returncode}: {server.log_text()}")
-        try:
-            response = httpx.get(f"{server.url}/health", timeout=5)
-        except httpx.TransportError:
-            time.sleep(0.05)
-            continue
+
+    def settled(response: httpx.Response) -> bool:
         seen.append((response.status_code, response.json()))
-        if response.status_code == 200 or response.json().get("state") == "ERROR":
-            return seen
-        time.sleep(0.05)
-    raise RuntimeError(f"worker not ready after {timeout_s} s: {server.log_text()}")
+        return response.status_code == 200 or response.json().get("state") == "ERROR"
+
+    wait_until_answers(f"{server.url}/health", timeout_s, "the worker ready or failed", accept=settled,
+                       check_alive=server.check_alive, detail=server.log_text)
+    return seen
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +188,7 @@ def test_a_streaming_request_is_busy_until_its_stream_ends_and_capacity_refuses_
                 error = refused.json()["error"]
                 assert error["code"] == "worker_at_capacity" and error["type"] == "rate_limit_error", error
             assert http.get("/v1/models").status_code == 200  # not a session
-            time.sleep(0.5)
+            time.sleep(0.5)  # stays: a stretch of time during which the open stream must keep the slot
             assert health(worker)["state"] == "BUSY"  # still streaming
             assert sum(1 for _ in lines) > 0
         # the whole answer was read: the slot is free at once
@@ -296,7 +290,7 @@ def test_a_session_paused_too_long_is_closed(quick_pause_worker: ServerProcess) 
         assert conn.recv()["pause_timeout_s"] == 1.0
         conn.send("session.resume")
         assert conn.recv()["type"] == "session.resumed"
-        time.sleep(1.5)
+        time.sleep(1.5)  # stays: past the 1 s pause timeout, which the resume must have cancelled
         conn.no_vad()
         # a longer one ends the session
         conn.send("session.pause")
@@ -317,7 +311,7 @@ def test_an_idle_session_is_warned_then_closed_and_gives_its_slot_back(quick_idl
         warning = conn.recv()
         assert warning["type"] == "session.idle_warning" and 0 < warning["closes_in_s"] <= 3, warning
         assert health(server)["state"] == "DUPLEX_ACTIVE"
-        time.sleep(1.5)
+        time.sleep(1.5)  # stays: idle time that the typed item below must start counting again
         conn.no_vad(output_modalities=["text"])  # a settings change is not activity
         conn.user_text("still here")  # typing is: the count starts again
         typed = time.monotonic()
@@ -340,7 +334,7 @@ def test_a_worker_whose_engine_fails_stays_up_and_reports_error(tmp_path: Path) 
         assert code == 503 and body["state"] == "ERROR" and body["status"] == "failed", history
         assert "thinker" in body["error"] and "not-a-number" in body["error"], body
         assert set(body) == HEALTH_FIELDS | {"error"} and body["capacity"] == 2
-        time.sleep(1.0)
+        time.sleep(1.0)  # stays: a stretch of time during which the worker must not exit
         assert server.process.poll() is None, server.log_text()  # still running
         assert psutil.Process(server.process.pid).children(recursive=True) == []  # no stage left behind
         assert health(server) == body
@@ -452,16 +446,14 @@ def test_a_second_ctrl_c_while_stopping_kills_every_stage_at_once(tmp_path: Path
     stages are SIGSTOPped, so that stop takes those 10 s; a second Ctrl-C kills every stage and exits at once."""
     server, children, run_ids = _loading_worker("toy", SLOW_LOAD_DEPLOY, tmp_path, own_temp, 3,
                                                 extra_args=["--verbose"])
-    wait_for = time.monotonic() + 60
-    while not all(f"stage {name} ready" in server.log_text() for name in ("talker", "code2wav")):
-        assert time.monotonic() < wait_for, server.log_text()
-        time.sleep(0.05)
+    wait_for(lambda: all(f"stage {name} ready" in server.log_text() for name in ("talker", "code2wav")), 60,
+             "the talker and code2wav stages loaded", detail=server.log_text)
     for child in children:
         child.suspend()  # the loading thinker is killed by the first stop; the loaded ones hold it up
     server.process.send_signal(signal.SIGINT)
-    while "stopping stages..." not in server.log_text():  # the first one was handled: the next is a second
-        assert time.monotonic() < wait_for, server.log_text()
-        time.sleep(0.05)
+    # the first one was handled: the next is a second
+    wait_for(lambda: "stopping stages..." in server.log_text(), 60, "the worker began stopping",
+             detail=server.log_text)
     server.process.send_signal(signal.SIGINT)
     log = _assert_all_gone(server, children, own_temp, run_ids)
     assert "omnipipe: killing stages" in log and server.process.returncode == 128 + signal.SIGINT, log

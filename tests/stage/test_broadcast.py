@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import io
 import multiprocessing as mp
-import socket
 import time
 import traceback
 from concurrent.futures import CancelledError
@@ -27,6 +26,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from omnipipe.stage.broadcast import MODES, Broadcaster
+from omnipipe.util.net import free_port
 
 RESULT_TIMEOUT_S = 180
 
@@ -149,9 +149,7 @@ def serve(rank: int, port: int, inbox: Any, outbox: Any) -> None:
 
 class RankPair:
     def __init__(self) -> None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = free_port()
         ctx = mp.get_context("spawn")
         self.inboxes = [ctx.Queue(), ctx.Queue()]
         self.outboxes = [ctx.Queue(), ctx.Queue()]
