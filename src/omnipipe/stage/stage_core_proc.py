@@ -2,7 +2,8 @@
 
 The loop blocks on its sockets (control, abort broadcast, chunk wake-ups) whenever the scheduler has nothing
 runnable, and polls them without blocking between steps otherwise. Chunk IO runs on the transfer adapter's
-threads, so the loop only computes and routes.
+threads, so the loop only computes and routes. A step itself (schedule, run, postprocess, and the retry of a
+failed batch request by request) is ``step.py``; this module delivers what a step produced.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import signal
 import sys
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
@@ -24,8 +24,9 @@ from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
 from omnipipe.stage.heartbeat import Heartbeat
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.request import StageRequest
-from omnipipe.stage.runner import NOT_RESTORABLE, RunnerContext, RunnerOutput, StageRunner
+from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner
 from omnipipe.stage.schedulers import Scheduler, scheduler_for
+from omnipipe.stage.step import StageStep
 from omnipipe.stage.tensor_parallel import StepChannel, TensorParallelGroup, rank_device
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
@@ -51,18 +52,7 @@ from omnipipe.util.process import die_with_parent
 logger = logging.getLogger(__name__)
 
 _ABORTED_MEMORY = 4096
-SLOW_STEP_S = 5.0  # a runner step longer than this is logged with its batch
 ChunkProcessor = Callable[[dict[str, Any], dict[str, Any], bool, ChunkContext], list[dict[str, Any]]]
-
-
-@dataclass
-class _Snapshot:
-    """What a runner step may consume of a request, taken before a batched step (see ``_execute_isolated``)."""
-
-    inputs: list[dict[str, Any]]  # the items themselves are shared: runners read them, never mutate them
-    consumed_inputs: int
-    prefilled: bool
-    runner: Any  # the runner's own snapshot, or NOT_RESTORABLE
 
 
 def apply_cpu_placement(launch: StageLaunch) -> None:
@@ -177,7 +167,8 @@ class StageCoreProc:
         self.recv_relays_main = create_receivers(launch.run_id, f"{self.stage}-rx")
         # chunks are consumed by the runner and dropped: read them in place, the buffer frees when they go
         recv_relays_chunks = create_receivers(launch.run_id, f"{self.stage}-rxc", zero_copy=True)
-        links = {t: EdgeLink(l.address, self.send_relays[t], l.inline_threshold_bytes) for t, l in launch.chunk_links.items()}
+        links = {target: EdgeLink(link.address, self.send_relays[target], link.inline_threshold_bytes)
+                 for target, link in launch.chunk_links.items()}
         connector = ChunkConnector(self.ctx, self.stage, links, _listen_address(launch), recv_relays_chunks)
         self._recv_relays_chunks = recv_relays_chunks
         self.adapter = ChunkTransferAdapter(self.ctx, connector, self.stage, wake_address)
@@ -198,6 +189,7 @@ class StageCoreProc:
             self.aborted[request_id] = None
             self.adapter.cleanup(request_id, aborted=True)
         self.runner: StageRunner | None = None
+        self.steps: StageStep | None = None  # made once the runner is loaded
         self.tensor_parallel: TensorParallelGroup | None = None
         self.running = True
         self.heartbeat = Heartbeat(self.ctx, launch.out_address, self.stage, launch.heartbeat_interval_s)
@@ -212,6 +204,7 @@ class StageCoreProc:
             self.runner.load()
             if self.launch.options.get("warmup", True):
                 self.runner.warmup()
+            self.steps = StageStep(self.scheduler, self.runner, self._deliver, self._fail, self.requests.__contains__)
         except Exception as exc:
             logger.exception("loading the runner failed")
             self._send(StageError("", self.stage, f"failed to load {self.launch.runner}: {type(exc).__name__}: {exc}"))
@@ -244,7 +237,7 @@ class StageCoreProc:
             if self.scheduler.has_work():
                 self.heartbeat.step_started = time.monotonic()
                 try:
-                    self._step()
+                    self.steps.run()
                 finally:
                     self.heartbeat.step_started = None
 
@@ -388,98 +381,7 @@ class StageCoreProc:
         for relay in self.send_relays.values():
             relay.cleanup(request_id)
 
-    # ------------------------------------------------------------------ compute
-    def _step(self) -> None:
-        """One step: the scheduler picks a batch, the runner runs it, the scheduler applies each output, and the
-        stage delivers what the output carries. A runner error fails only the request that caused it."""
-        assert self.runner is not None
-        batch, is_prefill = self.scheduler.schedule()
-        if not batch:
-            return
-        snapshots = [self._snapshot(request) for request in batch] if len(batch) > 1 else None
-        start = time.perf_counter()
-        try:
-            outputs = self._execute(batch, is_prefill)
-        except Exception as exc:  # a model error fails its request; the stage lives on
-            if snapshots is None:
-                logger.exception("runner failed on %s", batch[0].request_id)
-                self._fail(batch[0].request_id, f"{type(exc).__name__}: {exc}")
-            else:
-                logger.exception("runner failed on a batch of %d; retrying its requests one by one", len(batch))
-                self._execute_isolated(batch, is_prefill, snapshots)
-            return
-        elapsed = time.perf_counter() - start
-        if elapsed > SLOW_STEP_S:  # what a stall report points at: which batch, which phase
-            logger.warning("a %s step of %d request(s) took %.1f s (%s)", "prefill" if is_prefill else "decode",
-                           len(batch), elapsed, ", ".join(r.request_id for r in batch[:8]))
-        self._apply(batch, outputs, elapsed)
-
-    def _execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        assert self.runner is not None
-        outputs = self.runner.execute(batch, is_prefill)
-        if len(outputs) != len(batch):
-            raise RuntimeError(f"runner returned {len(outputs)} outputs for a batch of {len(batch)}")
-        return outputs
-
-    def _apply(self, batch: list[StageRequest], outputs: list[RunnerOutput], elapsed: float) -> None:
-        for request, output in zip(batch, outputs):
-            if output.error is not None:
-                self._fail(request.request_id, output.error, output.error_field)
-                continue
-            request.compute_s += elapsed
-            request.max_batch_size = max(request.max_batch_size, len(batch))
-            request.num_units += output.num_units
-            finished = self.scheduler.postprocess(request, output)
-            self._deliver(request, output, finished)
-
-    def _snapshot(self, request: StageRequest) -> _Snapshot:
-        assert self.runner is not None
-        try:
-            runner_snapshot = self.runner.snapshot(request)
-        except Exception:
-            logger.exception("runner could not snapshot %s", request.request_id)
-            runner_snapshot = NOT_RESTORABLE
-        return _Snapshot(list(request.inputs), request.consumed_inputs, request.prefilled, runner_snapshot)
-
-    def _execute_isolated(self, batch: list[StageRequest], is_prefill: bool, snapshots: list[_Snapshot]) -> None:
-        """After ``execute`` raised on ``batch``, run each of its requests alone, so that only the one(s) that
-        make the runner raise fail (each with its own error) and the others get the outputs they would have got
-        alone.
-
-        The failed call may have consumed inputs and advanced some members' runner state before it raised, so
-        each request is first put back as it was before the step: the stage restores what the step may consume
-        of the request itself (its pending ``inputs``, ``consumed_inputs``, ``prefilled``) and the runner its own
-        state through ``restore(request, snapshot)`` (``StageRunner.snapshot`` documents the contract; e.g. the
-        toy thinker keeps a shallow copy of its per-request dict, the default thinker rewinds its KV cache).
-        Nothing else is touched by a step: ``chunk_state``, metrics and the scheduler's bookkeeping change only
-        after the outputs are applied, which a failed step never reaches.
-
-        What cannot be restored is not retried: a request whose runner reported ``NOT_RESTORABLE`` (state that a
-        failed step may have half-advanced, e.g. a KV cache with no way back) fails, with a message that says so
-        and does not carry the other request's error. Retrying it would risk silently wrong output, which is
-        worse than an error. A request that raises again alone fails with its own error."""
-        assert self.runner is not None
-        for request, snapshot in zip(batch, snapshots):
-            request_id = request.request_id
-            if request_id not in self.requests:  # defensive: nothing above removes a batch-mate
-                continue
-            if snapshot.runner is NOT_RESTORABLE:
-                self._fail(request_id, "the runner failed on a batch this request was part of, and its state "
-                                       "cannot be restored to retry it alone")
-                continue
-            request.inputs.clear()
-            request.inputs.extend(snapshot.inputs)
-            request.consumed_inputs, request.prefilled = snapshot.consumed_inputs, snapshot.prefilled
-            start = time.perf_counter()
-            try:
-                self.runner.restore(request, snapshot.runner)
-                outputs = self._execute([request], is_prefill)
-            except Exception as exc:
-                logger.exception("runner failed on %s alone", request_id)
-                self._fail(request_id, f"{type(exc).__name__}: {exc}")
-                continue
-            self._apply([request], outputs, time.perf_counter() - start)
-
+    # ------------------------------------------------------------------ delivery
     def _deliver(self, request: StageRequest, output: RunnerOutput, finished: bool) -> None:
         """Send a step's output where it goes (the next stages, then the orchestrator: a finished request's
         metrics include what its chunk processors reported); release a finished request."""
@@ -569,7 +471,8 @@ class StageCoreProc:
             "prompt_tokens": request.num_prompt_tokens,
             "max_batch_size": request.max_batch_size,
             "edges": self.edge_stats.get(request.request_id, {}),
-        } | request.runner_metrics | {key: value for state in request.chunk_state.values() for key, value in state.get("metrics", {}).items()}
+        } | request.runner_metrics | {key: value for state in request.chunk_state.values()
+                                      for key, value in state.get("metrics", {}).items()}
 
 
 if __name__ == "__main__":  # started by a placement launcher with the launch spec on stdin
