@@ -105,9 +105,9 @@ class ChunkConnector:
             except (RelayError, ValueError) as exc:
                 logger.error("stage %s: chunk %s unreadable: %s", self.stage, message.key, exc)
                 return None
+        nbytes = (len(message.payload.skeleton) + message.payload.nbytes) if message.payload else 0
         chunk = ReceivedChunk(message.key, message.request_id, message.from_stage, message.chunk_id,
-                              message.is_last, data, (len(message.payload.skeleton) + message.payload.nbytes) if message.payload else 0,
-                              max(0.0, time.time() - message.sent_at_s))
+                              message.is_last, data, nbytes, max(0.0, time.time() - message.sent_at_s))
         with self._lock:
             self._store[message.key] = chunk
         return chunk

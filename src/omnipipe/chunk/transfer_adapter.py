@@ -101,11 +101,13 @@ class ChunkTransferAdapter:
                     continue
             start = time.perf_counter()
             try:
-                nbytes = self.connector.put(task.to_stage, chunk_key(task.request_id, self.stage, task.to_stage, task.chunk_id),
-                                            task.request_id, task.chunk_id, task.is_last, task.data)
+                key = chunk_key(task.request_id, self.stage, task.to_stage, task.chunk_id)
+                nbytes = self.connector.put(task.to_stage, key, task.request_id, task.chunk_id, task.is_last,
+                                            task.data)
             except Exception as exc:  # the request fails, the stage lives on
                 logger.exception("stage %s: sending a chunk of %s failed", self.stage, task.request_id)
-                self.save_errors.put((task.request_id, f"sending chunk {task.chunk_id} to {task.to_stage} failed: {exc}"))
+                self.save_errors.put((task.request_id,
+                                      f"sending chunk {task.chunk_id} to {task.to_stage} failed: {exc}"))
                 self._wake()
                 continue
             if task.on_sent is not None:

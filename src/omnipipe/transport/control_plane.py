@@ -75,7 +75,8 @@ class _RunKeyOnly:
         if key == self.allowed:
             return True
         self.denied += 1
-        logger.warning("control plane: refused a connection with an unknown CURVE key (%s)", key.decode(errors="replace"))
+        logger.warning("control plane: refused a connection with an unknown CURVE key (%s)",
+                       key.decode(errors="replace"))
         return False
 
 

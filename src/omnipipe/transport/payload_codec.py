@@ -146,7 +146,8 @@ def decode(skeleton: bytes, tensors: list[TensorInfo], buffer: bytes | bytearray
             continue
         end = info.offset + info.nbytes
         if info.offset < 0 or end > len(view):
-            raise PayloadCodecError(f"{info.path}: tensor bytes [{info.offset}, {end}) outside a {len(view)}-byte buffer")
+            raise PayloadCodecError(f"{info.path}: tensor bytes [{info.offset}, {end}) outside a {len(view)}-byte "
+                                    "buffer")
         if info.kind == "torch":
             restored.append(_restore_torch(view[info.offset : end], info))
         elif info.kind == "numpy":

@@ -19,7 +19,8 @@ class InlineRelay(Relay):
     def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> bytearray:
         data = metadata.get("data")
         if not isinstance(data, (bytes, bytearray)) or len(data) != nbytes:
-            raise RelayError(f"inline payload carries {len(data) if isinstance(data, (bytes, bytearray)) else 'no'} bytes, expected {nbytes}")
+            carried = len(data) if isinstance(data, (bytes, bytearray)) else "no"
+            raise RelayError(f"inline payload carries {carried} bytes, expected {nbytes}")
         return bytearray(data)
 
     def cleanup(self, request_id: str) -> None:

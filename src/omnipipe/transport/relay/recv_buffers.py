@@ -9,8 +9,8 @@ it, slices of those: each keeps a reference to the buffer). The pool reuses a bu
 reference to it itself, so nothing a caller can still reach is ever overwritten; a caller that keeps its data just
 keeps the buffer out of the pool, and the next receive of that size gets another one (or a fresh array once
 ``max_bytes`` is pooled). ``on_new`` is called with each buffer the pool creates, before it is handed out (the
-mooncake relay registers it with its transfer engine there, once). Only memory reached without a Python reference (a raw pointer taken from the array and
-kept after the array is dropped) could see a later payload: don't.
+mooncake relay registers it with its transfer engine there, once). Only memory reached without a Python reference
+(a raw pointer taken from the array and kept after the array is dropped) could see a later payload: don't.
 """
 
 from __future__ import annotations

@@ -21,8 +21,9 @@ Transfers are pulled, not pushed. ``put_objects`` packs the tensors into one byt
 is one contiguous tensor already on the wire device), keeps it under a per-sender sequence number (the tag) and
 returns metadata with the store address, the tag and each tensor's kind / dtype / shape / offset (ints and strs
 only). A reader's get writes ``p<k>/want/<n> = tag`` into the store; the sender's thread for that reader answers
-over the group with ``(tag, nbytes)`` and the buffer (tagged), or ``(tag, -1)`` when it no longer holds that tag. Gets may come in any order, from any number of readers. The sender runs one thread per reader
-(plus one waiting for the next reader); the caller of ``put_objects`` never blocks on the network. A get costs a
+over the group with ``(tag, nbytes)`` and the buffer (tagged), or ``(tag, -1)`` when it no longer holds that tag.
+Gets may come in any order, from any number of readers. The sender runs one thread per reader (plus one waiting
+for the next reader); the caller of ``put_objects`` never blocks on the network. A get costs a
 few store round trips before the data moves (well under a millisecond on an idle machine), which is why small
 payloads are cheaper over ``shm``/``inline``: a keeps_device relay takes every payload whatever its size.
 Contract, as for ``local``: a payload that is one contiguous tensor (or array) on the wire device is held by
@@ -408,7 +409,8 @@ class TorchDistRelay(Relay):
                     raise RelayError("the receive did not complete")
             except Exception as exc:
                 self._forget(peer)
-                raise RelayError(f"{self.name} relay: receiving tag {tag} from {key[0]}:{key[1]} failed: {exc}") from exc
+                raise RelayError(f"{self.name} relay: receiving tag {tag} from {key[0]}:{key[1]} failed: "
+                                 f"{exc}") from exc
         return wire
 
     def _peer(self, key: tuple[str, int, str], timeout_s: float) -> Peer:
