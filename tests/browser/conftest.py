@@ -55,7 +55,7 @@ __all__ = ["ADMIN_TOKEN", "RATE", "Stack", "expect", "launch_chromium", "screens
 # ---------------------------------------------------------------------------------------------- the browser
 def _missing(reason: str) -> None:
     if os.environ.get("CI"):
-        pytest.fail(f"{reason} (the browser tests must run in CI; .ci/run installs Chromium)", pytrace=False)
+        pytest.fail(f"{reason} (the browser tests must run in CI; make test installs Chromium)", pytrace=False)
     pytest.skip(f"{reason}; install Debian's chromium package to run the browser tests")
 
 
