@@ -26,6 +26,7 @@ def test_overlapping_stages_or_missing_stamps_give_no_hops() -> None:
 
 def test_finish_reports_hops_only_with_the_plan() -> None:
     clock = RequestClock()
+    clock.start_s -= 1.0  # the stage's stamps lie well before finish(), however soon it runs
     stages = {"a": {"arrived_at_s": clock.start_s + 1e-6, "sent_at_s": clock.start_s + 2e-6}}
     assert list(clock.finish(stages, {}, ["a"]).hops_s) == ["caller->a", "a->caller"]
     assert clock.finish(stages, {}).hops_s == {}
