@@ -14,9 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +74,7 @@ class AsyncOmni:
         self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
-    async def start(self) -> "AsyncOmni":
+    async def start(self) -> AsyncOmni:
         async with self._start_lock:
             if self._closed:
                 raise EngineClosedError("this AsyncOmni has been shut down")
@@ -82,7 +83,7 @@ class AsyncOmni:
                 self._started = True
         return self
 
-    async def __aenter__(self) -> "AsyncOmni":
+    async def __aenter__(self) -> AsyncOmni:
         return await self.start()
 
     async def __aexit__(self, *exc: Any) -> None:

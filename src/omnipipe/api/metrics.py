@@ -57,7 +57,7 @@ class RequestClock:
         end_s = time.perf_counter()
         e2e = end_s - self.start_s
         times = self.text_times_s
-        itl = [b - a for a, b in zip(times, times[1:])]
+        itl = [b - a for a, b in zip(times, times[1:], strict=False)]
         tpot = (times[-1] - times[0]) / (self.num_tokens - 1) if len(times) > 1 and self.num_tokens > 1 else None
         duration = self.audio_samples / self.sample_rate_hz if self.sample_rate_hz else 0.0
         return RequestMetrics(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tqdm import tqdm
 
@@ -101,7 +102,7 @@ class Omni:
         self._thread.join()
         self._loop.close()
 
-    def __enter__(self) -> "Omni":
+    def __enter__(self) -> Omni:
         return self
 
     def __exit__(self, *exc: Any) -> None:

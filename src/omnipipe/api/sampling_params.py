@@ -91,7 +91,7 @@ class SamplingParams:
         return {**asdict(self), "given": sorted(self.given)}
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "SamplingParams":
+    def from_dict(cls, raw: dict[str, Any]) -> SamplingParams:
         known = {f for f in cls.__dataclass_fields__}
         unknown = sorted(set(raw) - known)
         if unknown:

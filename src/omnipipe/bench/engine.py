@@ -68,8 +68,8 @@ class BenchConfig:
 
     @classmethod
     def quick_config(cls, **overrides: Any) -> BenchConfig:
-        base = cls(hop_iterations=300, pipeline_hop_requests=20, itl_requests=2, relay_sizes=(64 << 10, 1 << 20), relay_iterations=(5, 5),
-                   concurrency=(1, 2), num_prompts=2, thinker_step_ms=2.0, talker_call_ms=2.0,
+        base = cls(hop_iterations=300, pipeline_hop_requests=20, itl_requests=2, relay_sizes=(64 << 10, 1 << 20),
+                   relay_iterations=(5, 5), concurrency=(1, 2), num_prompts=2, thinker_step_ms=2.0, talker_call_ms=2.0,
                    code2wav_call_ms=1.0, quick=True)
         for key, value in overrides.items():
             setattr(base, key, value)

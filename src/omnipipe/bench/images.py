@@ -17,7 +17,7 @@ import argparse
 import asyncio
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,14 +63,14 @@ async def _run_policy(policy: str, concurrency: Sequence[int], requests: int, st
             level = Level(policy, c)
             counter = iter(range(requests))
 
-            async def client() -> None:
+            async def client(level: Level, counter: Iterator[int]) -> None:
                 for index in counter:
                     latency, batch = await draw(index)
                     level.latencies_s.append(latency)
                     level.max_batch = max(level.max_batch, batch)
 
             start = time.perf_counter()
-            await asyncio.gather(*(client() for _ in range(c)))
+            await asyncio.gather(*(client(level, counter) for _ in range(c)))
             level.wall_s = time.perf_counter() - start
             levels.append(level)
             say(f"{policy:>7} c={c:<3} {level.images_per_s:6.2f} images/s")

@@ -103,7 +103,7 @@ def burst(rank: int, mode: str, raws: list[dict[str, Any]]) -> dict[str, float]:
     dist.barrier()
     started = time.perf_counter()
     if rank == 0:
-        for request_id, raw in zip(ids, raws):
+        for request_id, raw in zip(ids, raws, strict=True):
             broadcaster.submit(request_id, raw)
         submit_s = time.perf_counter() - started
         for request_id in ids:

@@ -16,7 +16,8 @@ import argparse
 import asyncio
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from omnipipe.bench.offline import _engine_rows
 from omnipipe.bench.prompts import QUESTIONS
@@ -71,7 +72,7 @@ def format_report(data: dict[str, Any]) -> str:
         title=f"{data['pipeline']} pipeline, async chunk on: one host vs two Ray nodes (loopback)")
     lines = [table]
     half = len(rows) // 2
-    for here, there in zip(rows[:half], rows[half:]):
+    for here, there in zip(rows[:half], rows[half:], strict=False):
         if m(here, "ttfp") and m(there, "ttfp"):
             lines.append(f"TTFP two nodes / one host at concurrency {here['concurrency']}: "
                          f"{m(there, 'ttfp') / m(here, 'ttfp'):.3f} (mean), "

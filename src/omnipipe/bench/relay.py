@@ -35,7 +35,8 @@ SHM_TARGET_PCT_OF_MEMCPY = 40.0  # the whole transfer: two copies (into the slot
 SHM_READ_TARGET_PCT_OF_MEMCPY = 60.0  # the copying receive alone (read_payload): one copy out of the slot
 MOONCAKE_TARGET_PCT_OF_RAW = 85.0  # the mooncake relay end to end against raw Mooncake reads, at the largest size
 ONE_OFF_SLOT_BYTES = 4096  # a pool this small sends every measured payload through a one-off segment
-ENGINE_PATHS = ("inline", "shm", "shm one-off", "shm zero-copy", "gloo")  # what the engine benchmark's relay section runs
+# what the engine benchmark's relay section runs
+ENGINE_PATHS = ("inline", "shm", "shm one-off", "shm zero-copy", "gloo")
 # what each --backend adds to the run, in order
 BACKEND_PATHS = {"inline": ("inline",), "shm": ("shm", "shm one-off", "shm zero-copy"),
                  "mooncake": ("mooncake raw", "mooncake", "shm"), "gloo": ("gloo", "shm")}
@@ -252,7 +253,8 @@ def bench_relay_throughput(sizes: Sequence[int], iterations: Sequence[int],
     finally:
         sweep_segments(segment_prefix(run_id))
     raw = {r["size_bytes"]: r for r in rows if r["backend"] == "mooncake raw"}
-    mooncake_vs_raw = [{"size_bytes": r["size_bytes"], "relay_gbps": r["gbps"], "raw_gbps": raw[r["size_bytes"]]["gbps"],
+    mooncake_vs_raw = [{"size_bytes": r["size_bytes"], "relay_gbps": r["gbps"],
+                        "raw_gbps": raw[r["size_bytes"]]["gbps"],
                         "pct_of_raw": 100 * r["gbps"] / raw[r["size_bytes"]]["gbps"]}
                        for r in rows if r["backend"] == "mooncake" and r["size_bytes"] in raw]
     return {"pool_slot_bytes": slot_bytes, "one_off_slot_bytes": ONE_OFF_SLOT_BYTES, "memcpy": memcpy, "rows": rows,

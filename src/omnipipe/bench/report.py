@@ -92,7 +92,7 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[Cell]], digits:
 
     def line(items: Sequence[str], align_numbers: bool) -> str:
         parts = [item.rjust(w) if align_numbers and numeric[i] else item.ljust(w)
-                 for i, (item, w) in enumerate(zip(items, widths))]
+                 for i, (item, w) in enumerate(zip(items, widths, strict=True))]
         return "| " + " | ".join(parts) + " |"
 
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"

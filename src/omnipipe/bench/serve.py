@@ -186,7 +186,7 @@ async def run_level(endpoint: Endpoint, options: RequestOptions, prompts: list[B
             return result
 
         try:
-            results = await asyncio.gather(*(limited(p, a) for p, a in zip(prompts, arrivals)))
+            results = await asyncio.gather(*(limited(p, a) for p, a in zip(prompts, arrivals, strict=True)))
         finally:
             bar.close()
         wall = time.perf_counter() - start
@@ -387,7 +387,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.save_result:
         label = args.label or endpoint.backend
         result_meta = {**meta, "backend": endpoint.backend, "label": args.label, "metadata": checked["metadata"]}
-        for (level, rate, results, _), row in zip(runs, rows):
+        for (level, _, results, _), row in zip(runs, rows, strict=True):
             date = now_stamp()
             path = result_path(args.result_dir, args.result_filename, label, row["request_rate"], level, model, date)
             write_result(path, vllm_result(row, results, result_meta, selected, percentiles, args.save_detailed,

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, field, fields
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from omnipipe.util.field_error import FieldError
 

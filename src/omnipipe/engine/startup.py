@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from omnipipe.config.deploy_config import ORCHESTRATOR, DeployConfig, EdgeDeploy
 from omnipipe.config.pipeline_spec import PipelineSpec

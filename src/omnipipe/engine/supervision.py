@@ -17,7 +17,8 @@ import collections
 import contextlib
 import logging
 import time
-from typing import Any, Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message

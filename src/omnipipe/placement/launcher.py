@@ -50,7 +50,7 @@ class StageHandle(ABC):
     def wait(self, timeout_s: float | None) -> int | None:
         """Wait until every rank has exited; return ``exit_code()``, or None if ``timeout_s`` passed first."""
 
-    def connection_lost(self) -> None:
+    def connection_lost(self) -> None:  # noqa: B027 - an optional hook: a local handle sees its ends directly
         """A tcp connection to the engine's socket for this stage dropped (the stage's, or any peer's). A handle
         that cannot see its processes end directly and at once (they run on another host) checks whether they
         still run and, if not, makes its ``sentinel`` readable; one that can (a local pidfd) ignores it."""

@@ -17,6 +17,7 @@ the GCS otherwise), so this module imports it only in ``_ray()``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -166,10 +167,8 @@ class RayStageHandle(StageHandle):
         self._wake()
 
     def _wake(self) -> None:
-        try:
+        with contextlib.suppress(OSError):  # closed: nobody listens any more
             os.write(self._write_fd, b"x")
-        except OSError:  # closed: nobody listens any more
-            pass
 
     def connection_lost(self) -> None:
         """Ray hears of a dead node only after its health checks fail (seconds), while a stage process that ended
@@ -249,10 +248,8 @@ class RayStageHandle(StageHandle):
                 logger.debug("removing stage %s's placement group failed", self.stage, exc_info=True)
             self._placement_group = None
         for fd in (self._read_fd, self._write_fd):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
         self._read_fd = self._write_fd = -1
 
 
@@ -273,7 +270,7 @@ class RayLauncher(Launcher):
         self.schedule_timeout_s = schedule_timeout_s
 
     @classmethod
-    def from_deploy(cls, deploy: Any) -> "RayLauncher":
+    def from_deploy(cls, deploy: Any) -> RayLauncher:
         if deploy is None:
             return cls()
         return cls(deploy.placement.address,
@@ -328,7 +325,8 @@ class RayLauncher(Launcher):
             for rank in range(launch.world_size):
                 options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": gpus, "resources": custom}
                 if group is not None:
-                    options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=rank)
+                    options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                        group, placement_group_bundle_index=rank)
                 actors.append(_actor().options(**options).remote())
             where = actors[0].where.remote()
             if not self._ready_in_time(ray, where, launch):
@@ -352,15 +350,11 @@ class RayLauncher(Launcher):
     @staticmethod
     def _release(ray: Any, actors: list[Any], group: Any) -> None:
         for actor in actors:
-            try:
+            with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
-            except Exception:
-                pass
         if group is not None:
-            try:
+            with contextlib.suppress(Exception):
                 ray.util.remove_placement_group(group)
-            except Exception:
-                pass
 
     def _ready_in_time(self, ray: Any, ref: Any, launch: StageLaunch) -> bool:
         ready, _ = ray.wait([ref], timeout=self.schedule_timeout_s)

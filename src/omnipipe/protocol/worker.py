@@ -30,7 +30,7 @@ DEFAULT_MAX_BODY_BYTES = 32 << 20
 
 
 # -- states -------------------------------------------------------------------------------------------------------
-class WorkerState(str, Enum):
+class WorkerState(str, Enum):  # noqa: UP042 - a StrEnum would change what str() and format() of a state give
     """States a worker reports from its /health endpoint, plus the gateway-only ``OFFLINE``."""
 
     LOADING = "loading"

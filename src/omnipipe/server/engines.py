@@ -302,7 +302,8 @@ class EnginePool:
 
     def audio_model_pipelines(self) -> list[tuple[str, PipelineSpec]]:
         """The model ids whose pipelines speak, with their pipelines."""
-        return [(model, pipeline) for model, pipeline in self.model_pipelines() if "audio" in pipeline.output_modalities]
+        return [(model, pipeline) for model, pipeline in self.model_pipelines()
+                if "audio" in pipeline.output_modalities]
 
     def check_voice(self, voice: Voice, pipeline: PipelineSpec, param: str) -> str:
         """The pipeline voice that ``voice`` (a name, an OpenAI alias or ``{"id": ...}``; any case) selects; else a
@@ -330,7 +331,7 @@ class EnginePool:
                 health = engine_health.to_dict() if engine_health is not None else None
                 try:
                     state = await slot.engine.debug_state()
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     error = "the engine did not answer the state query (its loop is not running)"
             out[name] = {"status": slot.status, "error": error, "state": state, "health": health}
         return out

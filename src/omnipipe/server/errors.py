@@ -106,7 +106,8 @@ def from_validation_errors(errors: list[Any]) -> APIError:
         message = f"{param}: not supported (omnipipe does not implement this parameter)"
     if len(errors) > 1:
         message += f" (and {len(errors) - 1} more problem{'s' if len(errors) > 2 else ''})"
-    code = {"missing": "missing_field", "extra_forbidden": "unsupported_parameter"}.get(first.get("type"), "invalid_value")
+    codes = {"missing": "missing_field", "extra_forbidden": "unsupported_parameter"}
+    code = codes.get(first.get("type"), "invalid_value")
     return invalid(message, param, code=code)
 
 

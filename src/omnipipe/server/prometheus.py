@@ -50,7 +50,8 @@ class EngineCollector:
         running = GaugeMetricFamily(f"{PREFIX}num_requests_running", "requests being worked on by some stage",
                                     labels=["model_name", "pipeline"])
         waiting = GaugeMetricFamily(f"{PREFIX}num_requests_waiting",
-                                    "requests not yet scheduled by their first stage", labels=["model_name", "pipeline"])
+                                    "requests not yet scheduled by their first stage",
+                                    labels=["model_name", "pipeline"])
         stage_labels = ["model_name", "pipeline", "stage"]
         held = GaugeMetricFamily(f"{PREFIX}stage_requests", "requests a stage holds right now", labels=stage_labels)
         up = GaugeMetricFamily(f"{PREFIX}stage_up", "1 when the stage is running and making progress",

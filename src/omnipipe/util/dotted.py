@@ -6,7 +6,8 @@ Model families name their runners, processors and options this way, so the topol
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class DottedPathError(ValueError):

@@ -16,6 +16,6 @@ class FieldError(ValueError):
         self.field = field
         self.rule = rule
 
-    def renamed(self, field: str) -> "FieldError":
+    def renamed(self, field: str) -> FieldError:
         """The same rule under another name (``sampling_params.seed`` -> ``omnipipe.sampling_params.talker.seed``)."""
         return FieldError(field, self.rule)

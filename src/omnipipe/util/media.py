@@ -201,7 +201,7 @@ def _frames_of_list(value: list[Any] | tuple[Any, ...], field: str, max_frames: 
         raise FieldError(field, "the video has no frames")
     kept = spread(len(value), max_frames)
     frames = [np.asarray(load_image(value[i], f"{field}[{i}]")) for i in kept]
-    for i, frame in zip(kept, frames):
+    for i, frame in zip(kept, frames, strict=True):
         if frame.shape != frames[0].shape:
             raise FieldError(f"{field}[{i}]", f"is {frame.shape[1]}x{frame.shape[0]} pixels; every frame must be "
                              f"the size of the first ({frames[0].shape[1]}x{frames[0].shape[0]})")

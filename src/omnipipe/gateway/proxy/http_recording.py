@@ -5,6 +5,7 @@ whole JSON body, or an error). Recording never breaks serving: a tap that fails 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
@@ -108,10 +109,8 @@ def _error_sink(exchange: Exchange, status: int, safely: Callable[[Callable[[], 
             buffered.append(chunk)
             return
         text = b"".join(buffered).decode("utf-8", "replace")
-        try:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
             text = json.loads(text)["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            pass
         exchange.error = str(text)[:500]
         tap = exchange.tap
         if tap is not None:

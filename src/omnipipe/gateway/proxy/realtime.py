@@ -269,7 +269,7 @@ class RealtimeProxy:
             await _close(ws, CLOSE_TRY_AGAIN if exc.response.status_code >= 500 else CLOSE_POLICY,
                          error_event("worker_refused", message))
             return None, message
-        except (OSError, InvalidHandshake, ConnectionClosed, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, InvalidHandshake, ConnectionClosed) as exc:
             self.on_worker_failure(worker.address)
             message = f"worker {worker.address} failed: {type(exc).__name__}: {exc}"
             await _close(ws, CLOSE_INTERNAL, error_event("worker_failed", message))

@@ -106,6 +106,6 @@ def describe(images: list[Any]) -> str:
     for index, pixels in enumerate(images, start=1):
         _, height, width = pixels.shape
         mean = (pixels.mean(dim=(1, 2)) * 255.0).tolist()
-        colour = min(_COLOURS, key=lambda name: sum((a - b) ** 2 for a, b in zip(mean, _COLOURS[name])))
+        colour = min(_COLOURS, key=lambda name: sum((a - b) ** 2 for a, b in zip(mean, _COLOURS[name], strict=True)))
         lines.append(f"[Attached image {index}: {width}x{height} pixels, mostly {colour}.]")
     return "\n".join(lines)

@@ -28,7 +28,8 @@ CODE2WAV = StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:PiperCode
 
 ENCODER_TO_THINKER = EdgeSpec("encoder", "thinker", f"{_P}.processors.encoder2thinker")
 THINKER_TO_TALKER = EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker",
-                             f"{_P}.processors.thinker2talker_async_chunk", options=f"{_P}.processors:SpokenPieceOptions")
+                             f"{_P}.processors.thinker2talker_async_chunk",
+                             options=f"{_P}.processors:SpokenPieceOptions")
 TALKER_TO_CODE2WAV = EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_processors.frames_whole",
                               "omnipipe.chunk.frame_processors.frames_async_chunk",
                               options="omnipipe.chunk.accumulation:FrameChunkOptions")
@@ -36,8 +37,8 @@ TALKER_TO_CODE2WAV = EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_proces
 # One torch/ONNX thread a stage. Measured on the 2-core box, a thinker decode step of 8 requests: quiet, 1 thread
 # 472 ms vs 2 threads 492 ms (batch 1: 131 vs 137 ms); beside two busy processes (the talker and vocoder under
 # load), 1 thread 2.2 s vs 2 threads 6.8 s median (12 s max: OpenMP threads spinning on cores others hold), which
-# under a soak made steps long enough for the watchdog to kill a working thinker. The decoder needs about 10 latent frames
-# of context on each side of a seam to match a whole decode (measured: max abs diff 1.3e-6 at 10/10).
+# under a soak made steps long enough for the watchdog to kill a working thinker. The decoder needs about 10 latent
+# frames of context on each side of a seam to match a whole decode (measured: max abs diff 1.3e-6 at 10/10).
 _FRAME_EDGE = {"options": {"codec_chunk_frames": 25, "left_context_frames": 10, "right_context_frames": 10,
                           "initial_codec_chunk_frames": "auto",
                           "frame_rate_hz": VOICE_SAMPLE_RATE_HZ / VOICE_HOP_SAMPLES}}

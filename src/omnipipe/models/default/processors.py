@@ -80,9 +80,8 @@ def _decode_audio(value: Any) -> np.ndarray:
     elif isinstance(value, np.ndarray):
         raise FieldError(field, "raw samples need their rate: pass (samples, sample_rate_hz)")
     elif isinstance(value, (str, Path)):
-        if isinstance(value, Path) or not value.startswith("data:"):
-            if not Path(value).is_file():
-                raise FieldError(field, f"file not found: {value}")
+        if (isinstance(value, Path) or not value.startswith("data:")) and not Path(value).is_file():
+            raise FieldError(field, f"file not found: {value}")
         audio, _ = load_audio(value, WHISPER_RATE_HZ, max_seconds=MAX_AUDIO_S)
     elif isinstance(value, (bytes, bytearray, memoryview)):
         audio, _ = load_audio(bytes(value), WHISPER_RATE_HZ, max_seconds=MAX_AUDIO_S)

@@ -22,7 +22,8 @@ PIPELINE = PipelineSpec(
     edges=(
         EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker", f"{_P}.processors.thinker2talker_async_chunk"),
         EdgeSpec("talker", "token2wav", f"{_P}.processors.talker2token2wav",
-                 f"{_P}.processors.talker2token2wav_async_chunk", options="omnipipe.chunk.accumulation:FrameChunkOptions"),
+                 f"{_P}.processors.talker2token2wav_async_chunk",
+                 options="omnipipe.chunk.accumulation:FrameChunkOptions"),
     ),
     prompt_processor=f"{_P}.processors.omni_prompt",
     input_modalities=("text", "image", "audio", "video"),

@@ -46,10 +46,8 @@ def _items(mm: dict[str, Any], key: str) -> list[Any]:
     value = mm.get(key)
     if value is None:
         return []
-    if not isinstance(value, list) or (key == "video" and value and _is_frame(value[0])):
-        values = [value]
-    else:
-        values = value
+    one_item = not isinstance(value, list) or (key == "video" and value and _is_frame(value[0]))
+    values = [value] if one_item else value
     if len(values) > MAX_ITEMS:
         raise FieldError(f"prompt.multi_modal_data.{key}", f"give at most {MAX_ITEMS}, got {len(values)}")
     return values

@@ -86,7 +86,7 @@ class ThinkerInputBuilder:
         videos = item.get("videos") or []
         if videos:
             fps = float(item.get("video_fps", 2.0))
-            patches, grids, seconds = zip(*(self.video(v, fps) for v in videos))
+            patches, grids, seconds = zip(*(self.video(v, fps) for v in videos), strict=True)
             kwargs["pixel_values_videos"] = torch.cat(patches)
             kwargs["video_grid_thw"] = torch.cat(grids)
             kwargs["video_second_per_grid"] = torch.tensor(seconds)

@@ -19,7 +19,8 @@ PIPELINE = PipelineSpec(
     edges=(
         EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker", f"{_P}.processors.thinker2talker_async_chunk"),
         EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_processors.frames_whole",
-                 "omnipipe.chunk.frame_processors.frames_async_chunk", options="omnipipe.chunk.accumulation:FrameChunkOptions"),
+                 "omnipipe.chunk.frame_processors.frames_async_chunk",
+                 options="omnipipe.chunk.accumulation:FrameChunkOptions"),
     ),
     prompt_processor=f"{_P}.processors.text_prompt",
     input_modalities=("text",),

@@ -296,9 +296,9 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
     params, field_map = _sampling_params(body, pipeline)
     params = with_voice(params, voice, pipeline, "audio.voice")
     field_map.update(media_fields)
-    if audio_param is not None:
-        if not prompt["prompt"]:  # a spoken question alone: what a stage finds wrong with the prompt is in its audio
-            field_map["prompt"] = audio_param
+    if audio_param is not None and not prompt["prompt"]:
+        # a spoken question alone: what a stage finds wrong with the prompt is in its audio
+        field_map["prompt"] = audio_param
     edge_options: dict[str, dict[str, Any]] = {}
     chunk_frames = body.omnipipe.initial_codec_chunk_frames if body.omnipipe is not None else None
     if chunk_frames is not None:

@@ -111,7 +111,7 @@ def subtitles(segments: list[dict[str, Any]], fmt: str) -> str:
 
 async def _refuse_unknown_fields(request: Request) -> None:
     form = await request.form()  # already parsed for the declared fields: this reads the cache
-    for key in form.keys():
+    for key in form:
         if key not in FORM_FIELDS:
             param = key.removesuffix("[]")
             if param == "timestamp_granularities":

@@ -280,10 +280,11 @@ class CachedDecoder:
         request = self._requests[request_id]
         return request.num_tokens, [cache.mark() for cache in request.caches]
 
-    def rewind(self, request_id: str, checkpoint: tuple[int, list[tuple[torch.Tensor, torch.Tensor, int, int]]]) -> None:
+    def rewind(self, request_id: str,
+               checkpoint: tuple[int, list[tuple[torch.Tensor, torch.Tensor, int, int]]]) -> None:
         request = self._requests[request_id]
         request.num_tokens, marks = checkpoint
-        for cache, mark in zip(request.caches, marks):
+        for cache, mark in zip(request.caches, marks, strict=True):
             cache.reset(mark)
 
     def free(self, request_id: str) -> bool:

@@ -139,9 +139,9 @@ class PiperTalker:
 
         Piper rounds each phoneme's scaled duration up to whole frames, so ``length_scale = 1 / speed`` alone is far
         from proportional (speed 2 kept ~64 % of the frames, 0.5 gave ~172 %). The length scale is corrected by
-        secant steps on the frame count (from a first guess that
-        takes half a frame per phoneme as the unscaled part) until it is within ``SPEED_TOLERANCE``; where no scale gets there (at high
-        speeds every phoneme keeps at least one frame) the nearest try is resampled in time to the target count.
+        secant steps on the frame count (from a first guess that takes half a frame per phoneme as the unscaled
+        part) until it is within ``SPEED_TOLERANCE``; where no scale gets there (at high speeds every phoneme keeps
+        at least one frame) the nearest try is resampled in time to the target count.
         """
         base = self.latents_from_ids(phoneme_ids, noise_scale=noise_scale, length_scale=1.0, noise_w=noise_w)
         if speed == 1.0 or base.shape[1] == 0:

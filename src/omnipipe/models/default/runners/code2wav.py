@@ -31,4 +31,4 @@ class PiperCode2WavRunner(StageRunner):
         waves = self.decoder.decode_batch(windows)
         return [RunnerOutput(request.request_id, audio=np.ascontiguousarray(wave, dtype=np.float32),
                              num_units=window.new_frames)
-                for request, window, wave in zip(batch, windows, waves)]
+                for request, window, wave in zip(batch, windows, waves, strict=True)]

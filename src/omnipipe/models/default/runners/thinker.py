@@ -249,7 +249,7 @@ class ThinkerRunner(StageRunner):
         ids, tokens = [r.request_id for r in batch], [s.stream.ids[-1] for s in states]
         self._drive({"op": "decode", "ids": ids, "tokens": tokens})
         logits = self._model_call(self.model.decode, ids, tokens)
-        return [self._advance(r, s, logits[i]) for i, (r, s) in enumerate(zip(batch, states))]
+        return [self._advance(r, s, logits[i]) for i, (r, s) in enumerate(zip(batch, states, strict=True))]
 
     # ------------------------------------------------------------------ tensor parallel
     def _drive(self, message: dict[str, Any]) -> None:

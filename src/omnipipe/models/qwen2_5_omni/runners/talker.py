@@ -82,7 +82,7 @@ class QwenOmniTalkerRunner(StageRunner):
         for chunk in request.take_all_inputs():
             prompt = chunk.get("prompt", prompt)
             items += [self._tensor(e) + self._tensor(h)
-                      for e, h in zip(chunk.get("reply_embeds", []), chunk.get("reply_hidden", []))]
+                      for e, h in zip(chunk.get("reply_embeds", []), chunk.get("reply_hidden", []), strict=False)]
             done = done or bool(chunk.get("thinker_done"))
         return prompt, items, done
 

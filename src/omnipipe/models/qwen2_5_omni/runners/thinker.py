@@ -84,7 +84,8 @@ class QwenOmniThinkerRunner(StageRunner):
         text = self.processor.apply_chat_template(chat_messages(data), add_generation_prompt=True, tokenize=False)
         given = data.get("videos") or []
         fields = data.get("video_fields") or [f"prompt.multi_modal_data.video[{i}]" for i in range(len(given))]
-        videos = [load_video(v, field, self.video_fps, self.video_max_frames) for v, field in zip(given, fields)]
+        videos = [load_video(v, field, self.video_fps, self.video_max_frames)
+                  for v, field in zip(given, fields, strict=False)]
         inputs = self.processor(text=[text], images=data.get("images") or None, audio=data.get("audios") or None,
                                 videos=videos or None, fps=float(self.video_fps), return_tensors="pt")
         return {k: torch.as_tensor(v) for k, v in inputs.items() if k in ("input_ids", "attention_mask") + _MEDIA_KEYS}

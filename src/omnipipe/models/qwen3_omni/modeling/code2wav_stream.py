@@ -21,8 +21,9 @@ The last window ends where the whole decode ends (``pos(T)`` is the whole decode
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -139,7 +140,7 @@ class CodeWindow:
     start_frame: int
 
     @classmethod
-    def from_chunk(cls, chunk: Mapping[str, Any]) -> "CodeWindow":
+    def from_chunk(cls, chunk: Mapping[str, Any]) -> CodeWindow:
         """A window from a frame-edge chunk dict (``frames`` [Q, context + new + lookahead] codes,
         ``context_frames``, ``start_frame``, ``lookahead_frames``). Lookahead frames are dropped: this vocoder
         reads no frame past a sample it makes, so the next window decodes them."""
@@ -242,7 +243,7 @@ def decode_windows(code2wav: Qwen3OmniMoeCode2Wav, windows: Sequence[CodeWindow]
     positions = window_starts[:, None] + torch.arange(longest, device=device)
     waves = _decode_at_positions(code2wav, codes, positions)[:, 0]
     out = []
-    for window, wave in zip(windows, waves):
+    for window, wave in zip(windows, waves, strict=True):
         first, end = _emitted_range(window, geometry)
         out.append(wave[first:end])
     return out

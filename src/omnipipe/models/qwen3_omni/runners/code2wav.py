@@ -49,4 +49,4 @@ class QwenOmniCode2WavRunner(StageRunner):
         waves = decode_windows(self.model, windows)
         return [RunnerOutput(request.request_id, audio=np.ascontiguousarray(wave.float().cpu().numpy(), np.float32),
                              num_units=window.frames.shape[-1] - window.context_frames)
-                for (request, _), window, wave in zip(requests, windows, waves)]
+                for (request, _), window, wave in zip(requests, windows, waves, strict=True)]

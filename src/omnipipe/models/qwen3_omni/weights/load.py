@@ -18,7 +18,7 @@ def read_rows(directory: Path, name: str, rows: list[int]) -> torch.Tensor | Non
 
     for file in weight_files(directory):
         with safe_open(str(file), framework="pt", device="cpu") as handle:
-            if name in handle.keys():
+            if name in handle.keys():  # noqa: SIM118 - a safetensors handle is no mapping: it has keys() only
                 table = handle.get_slice(name)
                 return torch.stack([table[row:row + 1][0] for row in rows])
     return None

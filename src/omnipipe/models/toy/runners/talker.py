@@ -50,7 +50,7 @@ class ToyTalkerRunner(StageRunner):
         if self.call_delay_s:
             time.sleep(self.call_delay_s)
         outputs, start = [], 0
-        for request, piece in zip(batch, pieces):
+        for request, piece in zip(batch, pieces, strict=True):
             count = len(piece) * self.frames_per_char
             block = frames[:, start : start + count]
             start += count

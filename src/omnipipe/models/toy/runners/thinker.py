@@ -102,7 +102,7 @@ class ToyThinkerRunner(StageRunner):
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         outputs = []
-        for request, state, token in zip(batch, states, tokens):
+        for request, state, token in zip(batch, states, tokens, strict=True):
             fail = ToyThinkerParams(**request.params.get("extra", {})).fail if self.fault_injection else False
             if fail is True or (type(fail) is int and fail == state["step"]):
                 raise RuntimeError(f"injected fault in {request.request_id} at step {state['step']}")

@@ -61,7 +61,7 @@ class ToyVocoderRunner(StageRunner):
             time.sleep(self.call_delay_s)
         self.batch_sizes.append(len(batch))
         outputs = []
-        for request, chunk, window, wave in zip(batch, chunks, windows, waves):
+        for request, chunk, window, wave in zip(batch, chunks, windows, waves, strict=True):
             context = int(chunk.get("context_frames", 0))
             new_frames = window.shape[1] - context - int(chunk.get("lookahead_frames", 0))
             audio = np.ascontiguousarray(wave[context * HOP_SAMPLES : (context + new_frames) * HOP_SAMPLES])
