@@ -11,7 +11,7 @@ import zmq.asyncio
 from omnipipe.engine.liveness import StageLiveness
 from omnipipe.engine.stage_client import StageClient
 from omnipipe.transport import control_plane
-from omnipipe.transport.messages import ChunkRoutes, HealthCheck, StageOutput
+from omnipipe.transport.messages import ChunkRoutes, StageOutput, StateQuery
 
 
 def client_and_stage_end(tmp_path) -> tuple[StageClient, zmq.Context, zmq.Socket, zmq.Socket]:
@@ -58,11 +58,11 @@ def test_a_send_without_room_waits_and_later_sends_queue_behind_it(tmp_path) -> 
         stage_ctx = zmq.Context()
         try:
             # no stage connected: a PUSH socket has nowhere to put the message, so the first send must wait
-            first = asyncio.create_task(client.send(HealthCheck(1)))
+            first = asyncio.create_task(client.send(StateQuery(1)))
             await asyncio.sleep(0.05)  # stays: a stretch in which the send must not complete
             waited = not first.done()
             second = asyncio.create_task(client.send(ChunkRoutes({"t": "ipc://x"})))  # must not overtake the first
-            third = asyncio.create_task(client.send(HealthCheck(3)))
+            third = asyncio.create_task(client.send(StateQuery(3)))
             await asyncio.sleep(0.01)  # stays: the later sends start (and queue) before the stage connects
             ctrl = control_plane.make_socket(stage_ctx, zmq.PULL, client.ctrl_address, bind=False)
             await asyncio.wait_for(asyncio.gather(first, second, third), 10)
@@ -77,4 +77,4 @@ def test_a_send_without_room_waits_and_later_sends_queue_behind_it(tmp_path) -> 
 
     waited, received = asyncio.run(run())
     assert waited
-    assert received == [HealthCheck(1), ChunkRoutes({"t": "ipc://x"}), HealthCheck(3)]
+    assert received == [StateQuery(1), ChunkRoutes({"t": "ipc://x"}), StateQuery(3)]

@@ -43,13 +43,13 @@ from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
     ChunkRoutes,
-    HealthReply,
     Payload,
     Shutdown,
     StageError,
     StageHeartbeat,
     StageOutput,
     StageReady,
+    StateReply,
     Submit,
 )
 from omnipipe.transport.relay.base import Relay, RelayError
@@ -387,7 +387,7 @@ class Orchestrator:
                 elif isinstance(message, StageHeartbeat):
                     if message.pid == client.pid:  # not a last beat of a process already replaced
                         client.liveness.beat(message.step_s)
-                elif isinstance(message, HealthReply):
+                elif isinstance(message, StateReply):
                     self._stage_replies.on_reply(message)
                 elif isinstance(message, StageReady):
                     await self._on_stage_back(client, message)

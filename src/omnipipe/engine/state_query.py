@@ -1,5 +1,5 @@
 """The engine's state snapshot (``AsyncOmni.debug_state``, tests): what the orchestrator and every stage still
-hold. Each live stage is asked by a ``HealthCheck`` with a nonce; its ``HealthReply`` comes back on its output
+hold. Each live stage is asked by a ``StateQuery`` with a nonce; its ``StateReply`` comes back on its output
 socket, read by the orchestrator's output handler and handed here."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import zmq.asyncio
 
 from omnipipe.engine.stage_client import StageClient
 from omnipipe.transport import control_plane
-from omnipipe.transport.messages import HealthCheck, HealthReply
+from omnipipe.transport.messages import StateQuery, StateReply
 
 STAGE_SEND_TIMEOUT_S = 1.0  # a stage whose death is not yet known takes nothing: do not wait for it to come back
 REPLIES_TIMEOUT_S = 10.0
@@ -21,20 +21,20 @@ class StageReplies:
     """Asks the live stages what they hold and gathers their replies (queries may overlap: each has its nonce)."""
 
     def __init__(self) -> None:
-        self._waiters: dict[int, tuple[asyncio.Future[list[HealthReply]], list[HealthReply], int]] = {}
+        self._waiters: dict[int, tuple[asyncio.Future[list[StateReply]], list[StateReply], int]] = {}
         self._nonce = 0
 
-    async def gather(self, clients: Iterable[StageClient]) -> list[HealthReply]:
+    async def gather(self, clients: Iterable[StageClient]) -> list[StateReply]:
         """The replies of every live stage that is not stalled (a stalled stage cannot answer: its liveness
         reports it instead of holding up the query); whatever came within the timeout."""
         self._nonce += 1
         nonce = self._nonce
         alive = [c for c in clients if c.alive and c.liveness.stalled_since is None]
-        future: asyncio.Future[list[HealthReply]] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[list[StateReply]] = asyncio.get_running_loop().create_future()
         self._waiters[nonce] = (future, [], len(alive))
         for client in alive:
             try:
-                await asyncio.wait_for(client.send(HealthCheck(nonce)), timeout=STAGE_SEND_TIMEOUT_S)
+                await asyncio.wait_for(client.send(StateQuery(nonce)), timeout=STAGE_SEND_TIMEOUT_S)
             except asyncio.TimeoutError:
                 _, replies_so_far, expected = self._waiters[nonce]
                 self._waiters[nonce] = (future, replies_so_far, expected - 1)
@@ -47,7 +47,7 @@ class StageReplies:
         finally:
             self._waiters.pop(nonce, None)
 
-    def on_reply(self, reply: HealthReply) -> None:
+    def on_reply(self, reply: StateReply) -> None:
         """A stage's answer (dropped if its query has already ended)."""
         waiter = self._waiters.get(reply.nonce)
         if waiter is None:
@@ -58,7 +58,7 @@ class StageReplies:
             future.set_result(replies)
 
 
-def state_snapshot(replies: list[HealthReply], clients: dict[str, StageClient], held_request_ids: Iterable[str],
+def state_snapshot(replies: list[StateReply], clients: dict[str, StageClient], held_request_ids: Iterable[str],
                    relay_slots: int, ctx: zmq.asyncio.Context) -> dict[str, Any]:
     """The snapshot as a dict: the requests the orchestrator holds (in flight or parked) and its relay slots in
     use, each stage's reply, and where the stages run."""

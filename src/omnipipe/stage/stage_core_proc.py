@@ -32,12 +32,12 @@ from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
     ChunkRoutes,
-    HealthCheck,
-    HealthReply,
     Shutdown,
     StageError,
     StageOutput,
     StageReady,
+    StateQuery,
+    StateReply,
     Submit,
 )
 from omnipipe.transport.relay import torch_dist
@@ -277,10 +277,10 @@ class StageCoreProc:
         elif isinstance(message, Abort):
             for request_id in message.request_ids:
                 self._abort(request_id)
-        elif isinstance(message, HealthCheck):
+        elif isinstance(message, StateQuery):
             running, waiting, for_chunk = self.scheduler.counts()
             slots = self.out_relay.slots_in_use() + sum(r.slots_in_use() for r in self.send_relays.values())
-            self._send(HealthReply(self.stage, message.nonce, sorted(self.requests), running, waiting, for_chunk,
+            self._send(StateReply(self.stage, message.nonce, sorted(self.requests), running, waiting, for_chunk,
                                    slots, self.adapter.pending_chunks()))
         elif isinstance(message, Shutdown):
             self.running = False

@@ -61,7 +61,9 @@ class Shutdown(msgspec.Struct, tag="shutdown", frozen=True):
     reason: str = ""
 
 
-class HealthCheck(msgspec.Struct, tag="health", frozen=True):
+class StateQuery(msgspec.Struct, tag="state_query", frozen=True):
+    """The engine asks a stage what it holds (the debug state snapshot); liveness is ``StageHeartbeat``'s."""
+
     nonce: int
 
 
@@ -120,7 +122,9 @@ class StageHeartbeat(msgspec.Struct, tag="heartbeat", frozen=True):
     step_s: float
 
 
-class HealthReply(msgspec.Struct, tag="health_reply", frozen=True):
+class StateReply(msgspec.Struct, tag="state_reply", frozen=True):
+    """What a stage holds, in answer to the ``StateQuery`` with the same nonce."""
+
     stage: str
     nonce: int
     request_ids: list[str]
@@ -131,6 +135,6 @@ class HealthReply(msgspec.Struct, tag="health_reply", frozen=True):
     pending_chunks: int
 
 
-ToStage = Submit | ChunkRoutes | Shutdown | HealthCheck
-FromStage = StageOutput | StageError | StageReady | HealthReply | StageHeartbeat
+ToStage = Submit | ChunkRoutes | Shutdown | StateQuery
+FromStage = StageOutput | StageError | StageReady | StateReply | StageHeartbeat
 Broadcast = Abort
