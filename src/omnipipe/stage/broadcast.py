@@ -77,8 +77,9 @@ class _State(enum.Enum):
 
 
 @dataclass(eq=False)
-class _Held:
-    """One request rank 0 holds, from ``submit`` until ``take`` or ``cancel``."""
+class _SubmittedInputs:
+    """A request's raw inputs and the future of their materialised form, held on rank 0 from ``submit`` until
+    ``take`` or ``cancel``."""
 
     request_id: str
     raw: dict[str, Any] | None
@@ -123,9 +124,10 @@ class Broadcaster:
         self._timings: OrderedDict[str, dict[str, float]] = OrderedDict()
         self._closed = False
         self._broken: BaseException | None = None  # the group failed: nothing more can be sent or received
-        self._held: dict[str, _Held] = {}  # rank 0
+        self._submitted: dict[str, _SubmittedInputs] = {}  # rank 0
         self._arrived: dict[str, Future] = {}  # followers
-        self._queue: deque[tuple[Kind, Any]] = deque()  # rank 0's worker: (OBJECT or RAW, _Held) | (DROP, id) | STOP
+        # rank 0's worker: (OBJECT or RAW, _SubmittedInputs) | (DROP, id) | STOP
+        self._queue: deque[tuple[Kind, Any]] = deque()
         uses_pool = mode == "async_raw" and world_size > 1
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix=f"mm-materialize-{rank}") if uses_pool else None
         self._thread: threading.Thread | None = None
@@ -141,15 +143,15 @@ class Broadcaster:
     def submit(self, request_id: str, raw: dict[str, Any]) -> Future:
         """Start bringing ``raw``'s materialised form to every rank; the Future resolves to it on rank 0."""
         self._require_rank0("submit")
-        held = _Held(request_id, raw)
+        held = _SubmittedInputs(request_id, raw)
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"request {request_id}: the broadcaster is closed")
             if self._broken is not None:
                 raise RuntimeError(f"request {request_id}: the broadcast group failed") from self._broken
-            if request_id in self._held:
+            if request_id in self._submitted:
                 raise ValueError(f"request {request_id} is already submitted")
-            self._held[request_id] = held
+            self._submitted[request_id] = held
             if self.mode != "blocking":
                 self._queue.append((Kind.RAW if self.mode == "async_raw" else Kind.OBJECT, held))
                 self._wakeup.notify()
@@ -168,7 +170,7 @@ class Broadcaster:
         """Abort a request rank 0 holds: False when it holds none (never submitted, taken, or cancelled)."""
         self._require_rank0("cancel")
         with self._lock:
-            held = self._held.pop(request_id, None)
+            held = self._submitted.pop(request_id, None)
             if held is None:
                 return False
             held.cancelled = True
@@ -193,7 +195,7 @@ class Broadcaster:
         ``CancelledError`` if the request was cancelled; ``TimeoutError`` leaves the request held."""
         with self._lock:
             if self.rank == 0:
-                held = self._held.get(request_id)
+                held = self._submitted.get(request_id)
                 if held is None:
                     raise KeyError(f"request {request_id} is not held (never submitted, taken, or cancelled)")
                 future = held.future
@@ -214,7 +216,7 @@ class Broadcaster:
     def pending(self) -> list[str]:
         """The request ids this rank still holds (a leak check: empty once every request was taken or dropped)."""
         with self._lock:
-            return list(self._held if self.rank == 0 else self._arrived)
+            return list(self._submitted if self.rank == 0 else self._arrived)
 
     def stats(self, request_id: str) -> dict[str, float] | None:
         """``{"materialize_s", "broadcast_s"}`` this rank spent on the request (see the module docstring)."""
@@ -231,7 +233,7 @@ class Broadcaster:
                 return []
             self._closed = True
             if self.rank == 0 and self.mode != "blocking":
-                for held in self._held.values():
+                for held in self._submitted.values():
                     if held.state is _State.QUEUED:
                         held.cancelled = True  # never sent: the worker skips it
                 self._queue.append((Kind.STOP, None))
@@ -247,9 +249,9 @@ class Broadcaster:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
-            futures = [h.future for h in self._held.values()] if self.rank == 0 else list(self._arrived.values())
-            leftover = list(self._held if self.rank == 0 else self._arrived)
-            self._held.clear()
+            futures = [h.future for h in self._submitted.values()] if self.rank == 0 else list(self._arrived.values())
+            leftover = list(self._submitted if self.rank == 0 else self._arrived)
+            self._submitted.clear()
             self._arrived.clear()
         for future in futures:
             future.cancel()
@@ -285,7 +287,7 @@ class Broadcaster:
                 logger.exception("broadcaster rank 0: the wire failed; failing every request held")
                 with self._lock:
                     self._broken = exc
-                    futures = [h.future for h in self._held.values()]
+                    futures = [h.future for h in self._submitted.values()]
                 for future in futures:
                     _settle(future, error=RuntimeError(f"the broadcast group failed: {exc!r}"))
 
@@ -304,7 +306,7 @@ class Broadcaster:
         self._send_header(Kind.STOP, 0)
         self._record(Kind.STOP, None)
 
-    def _send_object(self, held: _Held) -> None:
+    def _send_object(self, held: _SubmittedInputs) -> None:
         """Materialise on this thread, then (unless cancelled meanwhile) broadcast the result as an object."""
         started = time.perf_counter()
         try:
@@ -330,7 +332,7 @@ class Broadcaster:
             self._record(Kind.OBJECT, held.request_id)
         _settle(held.future, inputs)
 
-    def _send_raw(self, held: _Held) -> None:
+    def _send_raw(self, held: _SubmittedInputs) -> None:
         started = time.perf_counter()
         payload = msgspec.msgpack.encode([held.request_id, held.raw]) if self.world_size > 1 else b""
         if self.world_size == 1 or len(payload) < self._raw_threshold_bytes:  # materialise here
@@ -348,7 +350,7 @@ class Broadcaster:
         self._note(held.request_id, broadcast_s=time.perf_counter() - started)
         self._record(Kind.RAW, held.request_id)
 
-    def _materialize_on_rank0(self, held: _Held, raw: dict[str, Any]) -> None:
+    def _materialize_on_rank0(self, held: _SubmittedInputs, raw: dict[str, Any]) -> None:
         try:
             inputs = self._timed_materialize(held.request_id, raw)
         except Exception as exc:
@@ -444,9 +446,9 @@ class Broadcaster:
     def _release(self, request_id: str, future: Future) -> None:
         with self._lock:
             if self.rank == 0:
-                held = self._held.get(request_id)
+                held = self._submitted.get(request_id)
                 if held is not None and held.future is future:
-                    del self._held[request_id]
+                    del self._submitted[request_id]
             elif self._arrived.get(request_id) is future:
                 del self._arrived[request_id]
 
