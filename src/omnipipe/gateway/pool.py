@@ -256,7 +256,6 @@ class WorkerPool:
         """
         worker = self._workers[address]
         now = self._clock()
-        worker.last_health_at = now
         worker.health_reason = reason
         if not ok:
             worker.consecutive_failures += 1

@@ -32,7 +32,6 @@ class Worker:
     health_state: WorkerState = WorkerState.LOADING
     health_reason: str | None = None
     consecutive_failures: int = 0
-    last_health_at: float | None = None
     last_ok_at: float | None = None
     last_assigned_at: float | None = None
     last_released_at: float | None = None
@@ -48,11 +47,6 @@ class Worker:
     def state(self) -> WorkerState:
         """``OFFLINE`` when not answering, else the last reported state."""
         return self.health_state if self.online else WorkerState.OFFLINE
-
-    @property
-    def free_slots(self) -> int:
-        """Sessions the gateway may still assign, ignoring health."""
-        return self.capacity - self.active_sessions
 
     @property
     def accepts_work(self) -> bool:

@@ -3,7 +3,7 @@
 Fields omnipipe reads are checked strictly, so ``"max_tokens": "10"`` is a 400 naming ``max_tokens`` rather than a
 silent conversion. A chat request is closed: a field omnipipe does not implement is a 400 naming it (as OpenAI
 answers an unknown argument), never accepted and dropped. The exceptions are the fields that cannot change an
-answer (``user``, ``store``, ``metadata``, ...: ``CHAT_IGNORED``) and the off values of features omnipipe lacks
+answer (``user``, ``store``, ``metadata``, ...) and the off values of features omnipipe lacks
 (``logprobs: false``, ``tools: []``, ``response_format: {"type": "text"}``), which clients send by default.
 """
 
@@ -138,12 +138,6 @@ class OmnipipeExtension(BaseModel):
     initial_codec_chunk_frames: int | None = Field(None, ge=1)
 
 
-CHAT_IGNORED = ("user", "store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
-                "parallel_tool_calls")
-"""Chat fields accepted and not used: they cannot change the answer (bookkeeping, or options of tools omnipipe
-refuses)."""
-
-
 class ChatCompletionRequest(BaseModel):
     model_config = _CLOSED
     model: str = Field(min_length=1)
@@ -173,7 +167,7 @@ class ChatCompletionRequest(BaseModel):
     function_call: Any = None
     response_format: dict[str, Any] | None = None
     logit_bias: dict[str, Any] | None = None
-    # accepted, not used (CHAT_IGNORED)
+    # accepted, not used: they cannot change the answer (bookkeeping, or options of tools omnipipe refuses)
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None

@@ -88,7 +88,6 @@ class SileroVAD:
         self._windows = 0  # windows scored since the reset
         self.speaking = False
         self._quiet_ms = 0
-        self.last_probability = 0.0
 
     def probability(self, window: np.ndarray) -> float:
         """Score one 512-sample 16 kHz window (the detector's state moves on)."""
@@ -109,7 +108,7 @@ class SileroVAD:
         for i in range(whole):
             start_ms = self._windows * WINDOW_MS
             self._windows += 1
-            p = self.last_probability = self.probability(audio[i * WINDOW:(i + 1) * WINDOW])
+            p = self.probability(audio[i * WINDOW:(i + 1) * WINDOW])
             if p >= self.threshold:
                 self._quiet_ms = 0
                 if not self.speaking:

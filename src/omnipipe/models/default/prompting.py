@@ -29,9 +29,6 @@ FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
 
 STOP_STRINGS: tuple[str, ...] = ("\n\n", "\nQ:", "\nA:")
 
-MAX_ANSWER_TOKENS = 64
-"""A generous cap: answers in this format are usually 5-25 tokens."""
-
 _WHITESPACE = re.compile(r"\s+")
 
 

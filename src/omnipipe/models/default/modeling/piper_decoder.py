@@ -146,18 +146,6 @@ class PiperDecoder:
             results[index] = audio[row, start : start + window.new_frames * hop].copy()
         return results
 
-    def decode_chunked(
-        self,
-        latents: np.ndarray,
-        chunk_frames: int = DEFAULT_CHUNK_FRAMES,
-        left_context_frames: int = DEFAULT_LEFT_CONTEXT_FRAMES,
-        right_context_frames: int = DEFAULT_RIGHT_CONTEXT_FRAMES,
-    ) -> Iterator[np.ndarray]:
-        """Yield the waveform of ``latents`` chunk by chunk (all latents known up front)."""
-        latents = self._check_latents(latents)
-        for window in iter_windows(latents, chunk_frames, left_context_frames, right_context_frames):
-            yield self.decode_window(*window)
-
 
 def iter_windows(
     latents: np.ndarray,
@@ -215,10 +203,6 @@ class DecoderStream:
     def done(self) -> bool:
         """Closed and every frame handed out in a window."""
         return self._closed and self._emitted_frames >= self._received_frames
-
-    @property
-    def pending_frames(self) -> int:
-        return self._received_frames - self._emitted_frames
 
     def push(self, latents: np.ndarray) -> None:
         if self._closed:

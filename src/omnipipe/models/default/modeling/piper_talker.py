@@ -46,7 +46,6 @@ class PiperTalker:
         self.hop_samples = paths.hop_samples
         self.latent_channels = paths.latent_channels
         config = PiperConfig.from_dict(json.loads(paths.config_json.read_text(encoding="utf-8")))
-        self._num_speakers = config.num_speakers
         self._default_speaker_id = config.default_speaker_id
         # The session is unused: PiperVoice is only the phonemizer front end.
         self._voice = PiperVoice(session=None, config=config)  # type: ignore[arg-type]

@@ -91,10 +91,6 @@ class VoicePaths:
     voice_name: str
     latent_channels: int = 192
 
-    @property
-    def frames_per_second(self) -> float:
-        return self.sample_rate_hz / self.hop_samples
-
 
 def list_voices(options: dict[str, Any] | None = None) -> list[str]:
     """Names of the packaged voices that are installed (``options``, the talker's stage options, change nothing)."""

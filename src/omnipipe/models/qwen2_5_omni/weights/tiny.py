@@ -190,7 +190,3 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     processor.save_pretrained(directory)
     (directory / TINY_MARKER).write_text(json.dumps({"family": "qwen2_5_omni", "seed": seed}))
     return directory
-
-
-def is_tiny_checkpoint(directory: Path) -> bool:
-    return (Path(directory) / TINY_MARKER).is_file()
