@@ -14,7 +14,8 @@ import signal
 import sys
 import time
 from collections import OrderedDict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -173,10 +174,10 @@ class StageCoreProc:
         self._recv_relays_chunks = recv_relays_chunks
         self.adapter = ChunkTransferAdapter(self.ctx, connector, self.stage, wake_address)
         self.chunk_processors: dict[str, ChunkProcessor] = {
-            t: resolve(l.chunk_processor) for t, l in launch.chunk_links.items()
+            target: resolve(link.chunk_processor) for target, link in launch.chunk_links.items()
         }
         self._option_schemas: dict[str, type] = {
-            t: resolve(l.options_schema) for t, l in launch.chunk_links.items() if l.options_schema
+            target: resolve(link.options_schema) for target, link in launch.chunk_links.items() if link.options_schema
         }
         self._extra_schema: type = resolve(launch.extra_params) if launch.extra_params else NoOptions
 
@@ -385,9 +386,9 @@ class StageCoreProc:
     def _deliver(self, request: StageRequest, output: RunnerOutput, finished: bool) -> None:
         """Send a step's output where it goes (the next stages, then the orchestrator: a finished request's
         metrics include what its chunk processors reported); release a finished request."""
-        if request.chunk_targets and (output.data is not None or finished):
-            if not self._ship_chunks(request, output, finished):
-                return
+        ships = bool(request.chunk_targets) and (output.data is not None or finished)
+        if ships and not self._ship_chunks(request, output, finished):
+            return
         if not self._emit(request, output, finished):
             return
         if finished:

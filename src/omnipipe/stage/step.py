@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import NOT_RESTORABLE, RunnerOutput, StageRunner
@@ -77,7 +78,7 @@ class StageStep:
         return outputs
 
     def _apply(self, batch: list[StageRequest], outputs: list[RunnerOutput], elapsed: float) -> None:
-        for request, output in zip(batch, outputs):
+        for request, output in zip(batch, outputs, strict=True):
             if output.error is not None:
                 self._fail(request.request_id, output.error, output.error_field)
                 continue
@@ -112,7 +113,7 @@ class StageStep:
         failed step may have half-advanced, e.g. a KV cache with no way back) fails, with a message that says so
         and does not carry the other request's error. Retrying it would risk silently wrong output, which is
         worse than an error. A request that raises again alone fails with its own error."""
-        for request, snapshot in zip(batch, snapshots):
+        for request, snapshot in zip(batch, snapshots, strict=True):
             request_id = request.request_id
             if not self._is_live(request_id):  # defensive: nothing above removes a batch-mate
                 continue
