@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -58,6 +60,27 @@ def test_exhausted_pool_applies_back_pressure_then_errors() -> None:
         write_payload({"x": np.zeros(100, np.float32)}, sender, "r3", 0)
     finally:
         sender.close()
+
+
+def test_a_put_waiting_for_a_credit_fails_when_the_relay_closes() -> None:
+    sender = ShmRelay("closing", "tx", slot_bytes=4096, num_slots=1, acquire_timeout_s=30.0)
+    errors: list[Exception] = []
+
+    def second_put() -> None:
+        try:
+            write_payload({"x": np.zeros(100, np.float32)}, sender, "r1", 0)
+        except RelayError as exc:
+            errors.append(exc)
+
+    write_payload({"x": np.zeros(100, np.float32)}, sender, "r0", 0)  # the only credit, never read
+    waiting = threading.Thread(target=second_put)
+    waiting.start()
+    time.sleep(0.1)  # stays: the second put must be waiting for a credit when the relay closes
+    assert waiting.is_alive()
+    sender.close()
+    waiting.join(5)
+    assert not waiting.is_alive() and len(errors) == 1 and "closed while waiting" in str(errors[0])
+    assert segments("closing") == []
 
 
 def test_reading_a_released_slot_is_an_error_not_garbage() -> None:
