@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from omnipipe.util.dotted import resolve
+from omnipipe.util.dotted import resolve_class
 from omnipipe.util.field_error import FieldError
 
 StageKind = Literal["ar", "generation", "encoder", "diffusion"]
@@ -120,9 +120,9 @@ class PipelineSpec:
             raise PipelineSpecError(f"pipeline {self.name}: speed stage {self.serving.speed_stage!r} unknown")
         if self.comprehension_stage is not None and self.comprehension_stage not in names:
             raise PipelineSpecError(f"pipeline {self.name}: comprehension stage {self.comprehension_stage!r} unknown")
-        for stage in self.model_stages:
-            if stage not in names:
-                raise PipelineSpecError(f"pipeline {self.name}: model stage {stage!r} unknown")
+        for model_stage in self.model_stages:
+            if model_stage not in names:
+                raise PipelineSpecError(f"pipeline {self.name}: model stage {model_stage!r} unknown")
         self._check_acyclic()
 
     def _check_acyclic(self) -> None:
@@ -188,12 +188,12 @@ class PipelineSpec:
 
     def edge_options_schema(self, edge: EdgeSpec) -> type | None:
         """The dataclass of ``edge``'s options, or None when it takes none."""
-        return resolve(edge.options) if edge.options else None
+        return resolve_class(edge.options) if edge.options else None
 
     def stage_extra_schema(self, name: str) -> type | None:
         """The dataclass of stage ``name``'s ``SamplingParams.extra`` knobs, or None when it takes none."""
         spec = self.stage(name)
-        return resolve(spec.extra_params) if spec.extra_params else None
+        return resolve_class(spec.extra_params) if spec.extra_params else None
 
     def edges_with_option(self, option: str) -> list[EdgeSpec]:
         """The edges whose options include ``option`` (a per-request knob the server maps onto every such edge)."""

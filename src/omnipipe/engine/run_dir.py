@@ -59,7 +59,7 @@ def sweep_stale_run_dirs(temp_dir: str | None = None) -> list[str]:
     Directories without a readable owner record are left alone (not ours to judge). Returns the run ids swept.
     """
     root = Path(temp_dir or tempfile.gettempdir())
-    swept = []
+    swept: list[str] = []
     try:
         candidates = [p for p in root.iterdir() if p.name.startswith(RUN_DIR_PREFIX) and p.is_dir()]
     except OSError:

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -40,14 +40,14 @@ class _Reader:
     """
 
     def __init__(self, sock: zmq.asyncio.Socket) -> None:
-        self._sock = zmq.Socket.shadow(sock.underlying)  # the same socket, plain calls
-        self._fd = self._sock.getsockopt(zmq.FD)
+        self._sock: zmq.SyncSocket = zmq.Socket.shadow(sock.underlying)  # the same socket, plain calls
+        self._fd = self._sock.fileno()  # ZMQ_FD
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future[None] | None = None
 
     async def recv(self) -> bytes:
         while True:
-            if self._sock.get(zmq.EVENTS) & _POLLIN:
+            if self._events() & _POLLIN:
                 with contextlib.suppress(zmq.Again):
                     return self._sock.recv(zmq.NOBLOCK)
             if self._loop is None:
@@ -60,8 +60,11 @@ class _Reader:
             finally:
                 self._waiter = None
 
+    def _events(self) -> int:
+        return cast(int, self._sock.get(zmq.EVENTS))  # an int option (the stubs type every option int | bytes)
+
     def _on_readable(self) -> None:
-        if self._sock.get(zmq.EVENTS) & _POLLIN and self._waiter is not None and not self._waiter.done():
+        if self._events() & _POLLIN and self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
     def close(self) -> None:
@@ -89,7 +92,7 @@ class StageClient:
         self.generation = 0  # bumped by each spawn: which start of the stage a connection belongs to
         self.connections: dict[int, int] = {}  # accepted connection (fd) -> generation
         self._reader = _Reader(self.out)
-        self._ctrl_now = zmq.Socket.shadow(self.ctrl.underlying)  # the same socket, plain calls
+        self._ctrl_now: zmq.SyncSocket = zmq.Socket.shadow(self.ctrl.underlying)  # the same socket, plain calls
         self._sends_waiting = 0  # sends waiting for room on ``ctrl``; later ones queue behind them, in order
         self.launch: StageLaunch | None = None
         self.handle: StageHandle | None = None

@@ -25,7 +25,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from omnipipe.config.deploy_config import DeployConfig
 from omnipipe.engine.events import AddRequest, EngineEvent
-from omnipipe.engine.liveness import LOOP_STALL_S, EngineHealth, StageHealth
+from omnipipe.engine.liveness import LOOP_STALL_S, EngineHealth, StageHealth, StageState
 from omnipipe.engine.stage_client import StageClient
 from omnipipe.placement import Launcher
 from omnipipe.transport.relay.shm import segment_prefix, sweep_segments
@@ -227,6 +227,8 @@ class StageSupervisor:
             liveness = client.liveness
             up = client.alive and client.ready.is_set()
             idle_for = liveness.no_progress_s(now) if up else None
+            state: StageState
+            problem: str | None
             if not client.alive:
                 state, problem = "down", f"stage {name!r} is down (restarts used: {client.restarts})"
             elif not client.ready.is_set():

@@ -28,6 +28,7 @@ from omnipipe.transport.messages import Broadcast, ChunkReady, FromStage, ToStag
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+SocketT = TypeVar("SocketT", bound=zmq.Socket)  # a plain socket, or a zmq.asyncio one from an asyncio context
 
 _encoder = msgspec.msgpack.Encoder()
 TO_STAGE = msgspec.msgpack.Decoder(ToStage)
@@ -131,7 +132,7 @@ def _apply_curve(sock: zmq.Socket, keys: ControlKeys, server: bool) -> None:
         sock.curve_serverkey = keys.server_public.encode()
 
 
-def make_socket(ctx: zmq.Context, kind: int, address: str, *, bind: bool, hwm: int = 0) -> zmq.Socket:
+def make_socket(ctx: zmq.Context[SocketT], kind: int, address: str, *, bind: bool, hwm: int = 0) -> SocketT:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     secured = _secured.get(ctx.underlying)

@@ -29,3 +29,11 @@ def resolve(dotted: str) -> Callable[..., Any]:
         return getattr(module, attr)
     except AttributeError as exc:
         raise DottedPathError(f"{module_name!r} has no attribute {attr!r} (from {dotted!r})") from exc
+
+
+def resolve_class(dotted: str) -> type:
+    """``resolve`` for a path that must name a class (an options dataclass, say)."""
+    found = resolve(dotted)
+    if not isinstance(found, type):
+        raise DottedPathError(f"{dotted!r} names {found!r}, not a class")
+    return found
