@@ -363,9 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+def _checked_levels(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The concurrency levels asked for; every argument checked (``parser.error`` exits on a bad one)."""
     try:
         levels = [int(c) for c in args.max_concurrency.split(",") if c.strip()]
     except ValueError:
@@ -378,6 +377,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--timeout and --startup-timeout must be > 0")
     if args.deploy is not None and not args.deploy.is_file():
         parser.error(f"--deploy: file not found: {args.deploy}")
+    return levels
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    levels = _checked_levels(parser, args)
     prompts = load_prompts("random", args.num_prompts, args.seed)
     info_start = machine_info()
     capacity = max(levels)

@@ -17,7 +17,8 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import yaml
@@ -115,7 +116,7 @@ def add_floor(rows: list[dict[str, Any]], floors: dict[str, Any]) -> None:
     per_prompt = floors["per_prompt"]
     for row in rows:
         asked, ttfps = row.get("prompts_asked", []), row.get("ttfp_s_each", [])
-        pairs = [(ttfp, per_prompt[p]["total_s"]) for p, ttfp in zip(asked, ttfps)
+        pairs = [(ttfp, per_prompt[p]["total_s"]) for p, ttfp in zip(asked, ttfps, strict=False)
                  if ttfp is not None and p in per_prompt and per_prompt[p]["total_s"] > 0]
         if pairs:
             row["floor_ms_mean"] = 1000 * mean([f for _, f in pairs])
@@ -190,7 +191,8 @@ def sequential_baseline(prompts: list[str], max_tokens: int) -> dict[str, Any]:
         metrics.append(RequestMetrics(
             e2e_s=end - start, ttft_s=times[0] if times else None,
             tpot_s=(times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None,
-            itl_s=[b - a for a, b in zip(times, times[1:])], ttfp_s=end - start, audio_duration_s=duration,
+            itl_s=[b - a for a, b in zip(times, times[1:], strict=False)], ttfp_s=end - start,
+            audio_duration_s=duration,
             rtf=(end - start) / duration if duration else None, num_output_tokens=len(times)))
     return _row("sequential baseline", 1, metrics, time.perf_counter() - start_all)
 
@@ -253,6 +255,27 @@ def format_report(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _deploy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The engine rows' deploy: ``--deploy``'s YAML, with ``--model`` as every model stage's checkpoint
+    (``parser.error`` exits on a bad one)."""
+    deploy: dict[str, Any] | None = None
+    if args.deploy:
+        with open(args.deploy) as handle:
+            deploy = yaml.safe_load(handle) or {}
+        if not isinstance(deploy, dict):
+            parser.error(f"--deploy: {args.deploy} must hold a mapping")
+    if args.model is not None:
+        from omnipipe.models.registry import get_pipeline
+
+        stages = get_pipeline(args.pipeline).model_stages
+        if not stages:
+            parser.error(f"--model: pipeline {args.pipeline!r} has no stage whose model can be chosen")
+        deploy = deploy or {}
+        for stage in stages:
+            deploy.setdefault("stages", {}).setdefault(stage, {}).setdefault("options", {})["model"] = args.model
+    return deploy
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omnipipe bench offline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipeline", default="default")
@@ -278,21 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     if not settings or any(s not in ("on", "off") for s in settings):
         parser.error("--settings: on, off or on,off")
-    deploy: dict[str, Any] | None = None
-    if args.deploy:
-        with open(args.deploy) as handle:
-            deploy = yaml.safe_load(handle) or {}
-        if not isinstance(deploy, dict):
-            parser.error(f"--deploy: {args.deploy} must hold a mapping")
-    if args.model is not None:
-        from omnipipe.models.registry import get_pipeline
-
-        stages = get_pipeline(args.pipeline).model_stages
-        if not stages:
-            parser.error(f"--model: pipeline {args.pipeline!r} has no stage whose model can be chosen")
-        deploy = deploy or {}
-        for stage in stages:
-            deploy.setdefault("stages", {}).setdefault(stage, {}).setdefault("options", {})["model"] = args.model
+    deploy = _deploy(parser, args)
     try:
         concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
     except ValueError:

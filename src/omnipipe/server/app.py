@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -49,6 +49,28 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
                                                            for name, slot in pool.slots.items()})
     sessions = SessionTracker(config.capacity)
     started = int(time.time())
+    app = FastAPI(title="omnipipe", version="0.1.0", lifespan=_lifespan(pool, config, on_engine_failure),
+                  description="OpenAI-compatible API for omnipipe's multi-stage omni models.")
+    app.state.pool = pool
+    app.state.metrics = metrics
+    app.state.spoken_answers = SpokenAnswers()
+    app.state.sessions = sessions
+    install_error_handlers(app)
+    app.include_router(chat.router)
+    app.include_router(speech.router)
+    app.include_router(transcription.router)
+    app.include_router(realtime.router)
+    app.include_router(images.router)
+    _add_model_routes(app, pool, started)
+    _add_health_routes(app, pool, config, sessions, metrics)
+    _add_middleware(app, config, sessions, metrics)
+    return app
+
+
+def _lifespan(pool: EnginePool, config: ServerConfig, on_engine_failure: Callable[[str], None] | None
+              ) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the main pipeline starts loading (and the preloaded companions) with the server, and
+    every pipeline is shut down with it; a main pipeline that fails to start is reported."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,18 +92,11 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
         finally:
             await pool.shutdown()
 
-    app = FastAPI(title="omnipipe", version="0.1.0", lifespan=lifespan,
-                  description="OpenAI-compatible API for omnipipe's multi-stage omni models.")
-    app.state.pool = pool
-    app.state.metrics = metrics
-    app.state.spoken_answers = SpokenAnswers()
-    app.state.sessions = sessions
-    install_error_handlers(app)
-    app.include_router(chat.router)
-    app.include_router(speech.router)
-    app.include_router(transcription.router)
-    app.include_router(realtime.router)
-    app.include_router(images.router)
+    return lifespan
+
+
+def _add_model_routes(app: FastAPI, pool: EnginePool, started: int) -> None:
+    """``/v1/models`` and ``/v1/models/{model_id}``: the model ids the pool serves, with their modalities."""
 
     def card(name: str, pipeline: PipelineSpec) -> ModelCard:
         return ModelCard(id=name, created=started, input_modalities=list(pipeline.input_modalities),
@@ -99,6 +114,10 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
         raise APIError(404, f"model: {model_id!r} does not exist (models: {', '.join(pool.model_ids())})",
                        param="model", code="model_not_found")
 
+
+def _add_health_routes(app: FastAPI, pool: EnginePool, config: ServerConfig, sessions: SessionTracker,
+                       metrics: ServerMetrics) -> None:
+    """``/health`` (the worker protocol's), ``/metrics`` (Prometheus) and ``/debug/state``."""
     preloaded = set(config.preload_companions)
 
     def companion_health(endpoint: str, slot: EngineSlot) -> CompanionHealthReply:
@@ -138,6 +157,9 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     async def debug_state(request: Request) -> JSONResponse:
         return JSONResponse({"engines": await pool.debug_states()})
 
+
+def _add_middleware(app: FastAPI, config: ServerConfig, sessions: SessionTracker, metrics: ServerMetrics) -> None:
+    """Session counting inside the request guard inside the header limits, with CORS (when configured) outermost."""
     # added first, so it runs inside the guard: refused (401/413/415) requests are never counted as sessions
     app.add_middleware(SessionLimiter, tracker=sessions)  # type: ignore
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,  # type: ignore
@@ -147,4 +169,3 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),  # type: ignore
                            allow_methods=list(config.cors_methods), allow_headers=list(config.cors_headers),
                            allow_credentials=config.cors_credentials)
-    return app

@@ -61,48 +61,58 @@ def _voice(value: Any) -> str:
 
 def changes(update: SessionConfig | BetaSessionConfig, current: Settings) -> list[Change]:
     """The settings an update changes: only the fields it gives, at every level."""
-    out: list[Change] = []
-    if isinstance(update, SessionConfig):
-        if _given(update, "output_modalities"):
-            modalities = ["text", "audio"] if "audio" in update.output_modalities else ["text"]
-            out.append(Change("modalities", modalities, "session.output_modalities"))
-        audio = update.audio if _given(update, "audio") else None
-        audio_in = audio.input if _given(audio, "input") else None
-        audio_out = audio.output if _given(audio, "output") else None
-        if _given(audio_in, "turn_detection"):
-            out.append(Change("turn_detection", _vad(audio_in.turn_detection, current.turn_detection),  # type: ignore[union-attr]
-                              "session.audio.input.turn_detection"))
-        if _given(audio_in, "transcription"):
-            out.append(Change("transcription", _transcription(audio_in.transcription),  # type: ignore[union-attr]
-                              "session.audio.input.transcription"))
-        if _given(audio_out, "voice"):
-            out.append(Change("voice", _voice(audio_out.voice), "session.audio.output.voice"))  # type: ignore[union-attr]
-        if _given(audio_out, "speed"):
-            out.append(Change("speed", audio_out.speed, "session.audio.output.speed"))  # type: ignore[union-attr]
-        if _given(update, "max_output_tokens"):
-            out.append(Change("max_output_tokens", update.max_output_tokens, "session.max_output_tokens"))
-    else:
-        if _given(update, "modalities"):
-            modalities = ["text", "audio"] if "audio" in update.modalities else ["text"]
-            out.append(Change("modalities", modalities, "session.modalities"))
-        if _given(update, "turn_detection"):
-            out.append(Change("turn_detection", _vad(update.turn_detection, current.turn_detection),
-                              "session.turn_detection"))
-        if _given(update, "input_audio_transcription"):
-            out.append(Change("transcription", _transcription(update.input_audio_transcription),
-                              "session.input_audio_transcription"))
-        if _given(update, "voice"):
-            out.append(Change("voice", update.voice, "session.voice"))
-        if _given(update, "speed"):
-            out.append(Change("speed", update.speed, "session.speed"))
-        if _given(update, "max_response_output_tokens"):
-            out.append(Change("max_output_tokens", update.max_response_output_tokens,
-                              "session.max_response_output_tokens"))
-        if _given(update, "temperature"):
-            out.append(Change("temperature", update.temperature, "session.temperature"))
+    out = _ga_changes(update, current) if isinstance(update, SessionConfig) else _beta_changes(update, current)
     for key in ("instructions", "tool_choice", "truncation"):
         if _given(update, key):
             out.append(Change(key, getattr(update, key), f"session.{key}"))
+    return out
+
+
+def _ga_changes(update: SessionConfig, current: Settings) -> list[Change]:
+    """What a GA update changes, but the fields both dialects share."""
+    out: list[Change] = []
+    if _given(update, "output_modalities"):
+        modalities = ["text", "audio"] if "audio" in update.output_modalities else ["text"]
+        out.append(Change("modalities", modalities, "session.output_modalities"))
+    audio = update.audio if _given(update, "audio") else None
+    audio_in = audio.input if _given(audio, "input") else None
+    audio_out = audio.output if _given(audio, "output") else None
+    if _given(audio_in, "turn_detection"):
+        out.append(Change("turn_detection", _vad(audio_in.turn_detection, current.turn_detection),  # type: ignore[union-attr]
+                          "session.audio.input.turn_detection"))
+    if _given(audio_in, "transcription"):
+        out.append(Change("transcription", _transcription(audio_in.transcription),  # type: ignore[union-attr]
+                          "session.audio.input.transcription"))
+    if _given(audio_out, "voice"):
+        out.append(Change("voice", _voice(audio_out.voice), "session.audio.output.voice"))  # type: ignore[union-attr]
+    if _given(audio_out, "speed"):
+        out.append(Change("speed", audio_out.speed, "session.audio.output.speed"))  # type: ignore[union-attr]
+    if _given(update, "max_output_tokens"):
+        out.append(Change("max_output_tokens", update.max_output_tokens, "session.max_output_tokens"))
+    return out
+
+
+def _beta_changes(update: BetaSessionConfig, current: Settings) -> list[Change]:
+    """What a beta update changes, but the fields both dialects share."""
+    out: list[Change] = []
+    if _given(update, "modalities"):
+        modalities = ["text", "audio"] if "audio" in update.modalities else ["text"]
+        out.append(Change("modalities", modalities, "session.modalities"))
+    if _given(update, "turn_detection"):
+        out.append(Change("turn_detection", _vad(update.turn_detection, current.turn_detection),
+                          "session.turn_detection"))
+    if _given(update, "input_audio_transcription"):
+        out.append(Change("transcription", _transcription(update.input_audio_transcription),
+                          "session.input_audio_transcription"))
+    if _given(update, "voice"):
+        out.append(Change("voice", update.voice, "session.voice"))
+    if _given(update, "speed"):
+        out.append(Change("speed", update.speed, "session.speed"))
+    if _given(update, "max_response_output_tokens"):
+        out.append(Change("max_output_tokens", update.max_response_output_tokens,
+                          "session.max_response_output_tokens"))
+    if _given(update, "temperature"):
+        out.append(Change("temperature", update.temperature, "session.temperature"))
     return out
 
 

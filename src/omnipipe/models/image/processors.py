@@ -83,6 +83,22 @@ def class_for_prompt(text: str, classes: Sequence[str]) -> int:
     return kinds[0]
 
 
+def class_named(prompt: str, labels: dict[str, int], class_names: Sequence[str]) -> int:
+    """The class a prompt names: one of ``labels`` as written or in another case, else a phrase naming one of
+    ``class_names`` ("draw a seven"). A FieldError on ``prompt`` when it names none."""
+    found = labels.get(prompt.strip())
+    if found is None:
+        found = {name.lower(): i for name, i in labels.items()}.get(prompt.strip().lower())
+    if found is None and class_names:
+        found = class_for_prompt(prompt, class_names)
+    if found is None:
+        names = sorted(labels)
+        known = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
+        known = known if names else "none: send a class_label"
+        raise FieldError("prompt", f"names no class of this model (known: {known}), got {prompt!r}")
+    return found
+
+
 def image_prompt(prompt: dict[str, Any]) -> EntryInput:
     """The prompt as text; the diffusion stage reads what it asks for (a digit, a class, a text prompt)."""
     text = prompt["prompt"]

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.models.image.processors import DiffusionParams, class_for_prompt
+from omnipipe.models.image.processors import DiffusionParams, class_named
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
@@ -264,59 +264,12 @@ class DiffusersRunner(StageRunner):
         items = request.take_all_inputs()
         inputs = items[-1] if items else {}
         extra = self._params(request.params)
-
-        def refuse(field: str, rule: str) -> RunnerOutput:
-            return RunnerOutput(request.request_id, error=f"{field}: {rule}", error_field=field)
-
-        prompt = inputs.get("prompt")
-        negative = inputs.get("negative_prompt")
-        label = inputs.get("class_label")
-        if prompt is not None and not isinstance(prompt, str):
-            return refuse("prompt", f"must be a string, got {type(prompt).__name__}")
-        if negative is not None and not isinstance(negative, str):
-            return refuse("negative_prompt", f"must be a string, got {type(negative).__name__}")
         scale = extra.guidance_scale if extra.guidance_scale is not None else self.guidance_default
         guide = scale > 1 and self.can_guide
-        cond = uncond = None
-        if self.kind == TEXT:
-            if label is not None:
-                return refuse("class_label", "this model is conditioned on text; send a prompt")
-            cond = self._encode_text(prompt or "")
-            if guide:
-                uncond = self.empty_embeds if not negative else self._encode_text(negative)
-        elif self.num_classes:
-            if negative:
-                return refuse("negative_prompt", "this model is conditioned on a class; it takes no negative prompt")
-            if label is not None and prompt:
-                return refuse("prompt", "give a class_label or a prompt naming a class, not both")
-            if prompt:
-                found = self.labels.get(prompt.strip())
-                if found is None:
-                    lowered = {name.lower(): i for name, i in self.labels.items()}
-                    found = lowered.get(prompt.strip().lower())
-                if found is None and self.class_names:  # a phrase naming a class: "draw a seven"
-                    try:
-                        found = class_for_prompt(prompt, self.class_names)
-                    except FieldError as exc:
-                        return refuse("prompt", exc.rule)
-                if found is None:
-                    names = sorted(self.labels)
-                    known = ", ".join(names[:20]) + (", ..." if len(names) > 20 else "")
-                    known = known if names else "none: send a class_label"
-                    return refuse("prompt", f"names no class of this model (known: {known}), got {prompt!r}")
-                label = found
-            if label is None:
-                return refuse("class_label", "required: this model draws a class (send class_label or a prompt)")
-            if isinstance(label, bool) or not isinstance(label, numbers.Integral) \
-                    or not 0 <= int(label) < self.num_classes or int(label) == self.null_class:
-                return refuse("class_label", f"must be an integer in [0, {self.num_classes}), got {label!r}")
-            cond = torch.tensor([int(label)], device=self.device)
-            if guide:
-                uncond = torch.tensor([self.null_class], device=self.device)
-        else:
-            for field, value in (("prompt", prompt), ("negative_prompt", negative), ("class_label", label)):
-                if value not in (None, ""):
-                    return refuse(field, "this model is unconditional; it takes no input")
+        try:
+            cond, uncond = self._conditioning(inputs, guide)
+        except FieldError as exc:
+            return RunnerOutput(request.request_id, error=f"{exc.field}: {exc.rule}", error_field=exc.field)
 
         steps = extra.steps or self.options.steps
         scheduler = copy.deepcopy(self.scheduler_template)
@@ -340,6 +293,47 @@ class DiffusersRunner(StageRunner):
         # the model runs once per timestep, which some schedulers repeat (PNDM: steps + 1; Heun: 2 * steps - 1)
         return _Denoising(scheduler, generator, latents, cond, uncond if guide else None, float(scale),
                           len(scheduler.timesteps), extra.preview_every, extra.progress, shown)
+
+    def _conditioning(self, inputs: dict[str, Any], guide: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """What the model is conditioned on, and the null conditioning when it is guided; a FieldError names an
+        input this model cannot take."""
+        prompt = inputs.get("prompt")
+        negative = inputs.get("negative_prompt")
+        label = inputs.get("class_label")
+        if prompt is not None and not isinstance(prompt, str):
+            raise FieldError("prompt", f"must be a string, got {type(prompt).__name__}")
+        if negative is not None and not isinstance(negative, str):
+            raise FieldError("negative_prompt", f"must be a string, got {type(negative).__name__}")
+        if self.kind == TEXT:
+            if label is not None:
+                raise FieldError("class_label", "this model is conditioned on text; send a prompt")
+            cond = self._encode_text(prompt or "")
+            uncond = (self.empty_embeds if not negative else self._encode_text(negative)) if guide else None
+            return cond, uncond
+        if self.num_classes:
+            return self._class_conditioning(prompt, negative, label, guide)
+        for field, value in (("prompt", prompt), ("negative_prompt", negative), ("class_label", label)):
+            if value not in (None, ""):
+                raise FieldError(field, "this model is unconditional; it takes no input")
+        return None, None
+
+    def _class_conditioning(self, prompt: str | None, negative: str | None, label: Any,
+                            guide: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """A class-conditioned model's class (a ``class_label``, or a prompt naming one) and its null class."""
+        if negative:
+            raise FieldError("negative_prompt", "this model is conditioned on a class; it takes no negative prompt")
+        if label is not None and prompt:
+            raise FieldError("prompt", "give a class_label or a prompt naming a class, not both")
+        if prompt:
+            label = class_named(prompt, self.labels, self.class_names)
+        if label is None:
+            raise FieldError("class_label", "required: this model draws a class (send class_label or a prompt)")
+        if isinstance(label, bool) or not isinstance(label, numbers.Integral) \
+                or not 0 <= int(label) < self.num_classes or int(label) == self.null_class:
+            raise FieldError("class_label", f"must be an integer in [0, {self.num_classes}), got {label!r}")
+        cond = torch.tensor([int(label)], device=self.device)
+        uncond = torch.tensor([self.null_class], device=self.device) if guide else None
+        return cond, uncond
 
     def _encode_text(self, text: str) -> torch.Tensor:
         """(1, L, D) CLIP embeddings of ``text``, as StableDiffusionPipeline.encode_prompt computes them."""
@@ -430,7 +424,7 @@ class DiffusersRunner(StageRunner):
         to_decode: dict[tuple[int, ...], list[tuple[int, torch.Tensor]]] = {}
         for members in groups.values():
             states = [batch[i].runner_state for i in members]
-            for i, state, result in zip(members, states, self._step_group(states)):
+            for i, state, result in zip(members, states, self._step_group(states), strict=True):
                 if state.step == state.steps:
                     to_decode.setdefault(tuple(state.latents.shape), []).append((i, state.latents))
                     continue
@@ -445,7 +439,7 @@ class DiffusersRunner(StageRunner):
                                               num_units=1)
         for items in to_decode.values():
             images = _to_uint8(self._decode(torch.cat([latents for _, latents in items])))
-            for (i, _), image in zip(items, images):
+            for (i, _), image in zip(items, images, strict=True):
                 image = enlarge(image, *batch[i].runner_state.size)
                 if i in outputs:  # a preview
                     outputs[i].image = image
