@@ -56,5 +56,5 @@ class StageLaunch(msgspec.Struct, frozen=True):
         return msgspec.msgpack.encode(self)
 
     @classmethod
-    def decode(cls, raw: bytes) -> "StageLaunch":
+    def decode(cls, raw: bytes) -> StageLaunch:
         return msgspec.msgpack.decode(raw, type=cls)

@@ -103,15 +103,15 @@ class StageRunner(ABC):
         stop. Only for a runner with ``supports_tensor_parallel``."""
         raise NotImplementedError(f"{type(self).__name__} does not support tensor parallelism")
 
-    def admit(self, request: StageRequest) -> None:
+    def admit(self, request: StageRequest) -> None:  # noqa: B027 - an optional hook
         """Called once when a request is accepted by the stage, before it is scheduled (e.g. to start moving its
         inputs to the other ranks while other requests run)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook
         """Release what the runner holds beyond per-request state (threads, process groups' users); called once
         when the stage stops."""
 
-    def warmup(self) -> None:
+    def warmup(self) -> None:  # noqa: B027 - an optional hook
         """Run the model once on a dummy input so the first real request does not pay one-time costs."""
 
     def validate(self, params: dict[str, Any]) -> str | None:

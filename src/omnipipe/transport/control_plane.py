@@ -59,7 +59,7 @@ class ControlKeys(msgspec.Struct, frozen=True):
     client_secret: str
 
     @classmethod
-    def generate(cls) -> "ControlKeys":
+    def generate(cls) -> ControlKeys:
         server_public, server_secret = zmq.curve_keypair()
         client_public, client_secret = zmq.curve_keypair()
         return cls(server_public.decode(), server_secret.decode(), client_public.decode(), client_secret.decode())

@@ -8,9 +8,10 @@ a receiver costs nothing until its first get.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 from omnipipe.transport.relay import inline, local, mooncake, shm, torch_dist
 from omnipipe.transport.relay.base import Relay
