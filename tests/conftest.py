@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import psutil
 import pytest

@@ -377,10 +377,9 @@ def test_killing_a_worker_mid_session_fails_only_its_client(cluster) -> None:
     a, b = asyncio.run(kill_one_of_two(gateway.ws_url, LONG_QUESTION[:300], kill))
     victim = a.done["worker"]
     # requests sent at once, before any health check ran, are not lost to the dead worker
-    with httpx.Client(timeout=60) as client:
-        with ThreadPoolExecutor(6) as threads:
-            answers = list(threads.map(lambda i: client.post(f"{gateway.url}/v1/chat/completions", json={
-                "model": "toy", "messages": [{"role": "user", "content": f"after {i}"}]}), range(6)))
+    with httpx.Client(timeout=60) as client, ThreadPoolExecutor(6) as threads:
+        answers = list(threads.map(lambda i: client.post(f"{gateway.url}/v1/chat/completions", json={
+            "model": "toy", "messages": [{"role": "user", "content": f"after {i}"}]}), range(6)))
     assert [r.status_code for r in answers] == [200] * 6, [(r.status_code, r.text[:300]) for r in answers]
     assert a.error is not None and a.error["code"] == "worker_failed", a.error
     assert a.close_code == 1011
