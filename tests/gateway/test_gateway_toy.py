@@ -383,7 +383,8 @@ def test_killing_a_worker_mid_session_fails_only_its_client(cluster) -> None:
     assert [r.status_code for r in answers] == [200] * 6, [(r.status_code, r.text[:300]) for r in answers]
     assert a.error is not None and a.error["code"] == "worker_failed", a.error
     assert a.close_code == 1011
-    assert b.error is None and b.answer.startswith("WORD0"), (b.error, b.answer[:80])
+    assert b.error is None and b.answer.startswith("WORD0") and b.audio_deltas > 0, \
+        (b.error, b.answer[:80], b.audio_deltas)
     wait_for(lambda: gateway.worker_states()[victim] == "OFFLINE", 20, "the killed worker OFFLINE")
     # new work goes to the survivor
     response = httpx.post(f"{gateway.url}/v1/chat/completions", timeout=60,
