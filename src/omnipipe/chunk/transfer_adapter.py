@@ -120,6 +120,7 @@ class ChunkTransferAdapter:
 
     def _recv_loop(self) -> None:
         sock = self.connector.receive_socket
+        assert sock is not None  # the thread runs only for a stage that receives chunks
         stop = self.ctx.socket(zmq.PAIR)
         stop.connect(self._stop_address)
         wake = self.ctx.socket(zmq.PUSH)

@@ -193,6 +193,7 @@ class Broadcaster:
         """Wait for a request's materialised inputs and release them. Rank 0: the request must be held (KeyError
         otherwise). A follower waits for data that may not have arrived yet. Raises the materialise's error, or
         ``CancelledError`` if the request was cancelled; ``TimeoutError`` leaves the request held."""
+        future: Future | None
         with self._lock:
             if self.rank == 0:
                 held = self._submitted.get(request_id)
@@ -309,8 +310,11 @@ class Broadcaster:
     def _send_object(self, held: _SubmittedInputs) -> None:
         """Materialise on this thread, then (unless cancelled meanwhile) broadcast the result as an object."""
         started = time.perf_counter()
+        raw = held.raw
+        if raw is None:  # cancelled meanwhile (``cancel`` drops the inputs): nobody waits for them
+            return
         try:
-            inputs = self._materialize(held.raw)
+            inputs = self._materialize(raw)
         except Exception as exc:
             held.state = _State.LOCAL
             logger.warning("request %s: materialising its inputs failed: %r", held.request_id, exc)
@@ -343,6 +347,7 @@ class Broadcaster:
                 return
             held.state = _State.SENT
             raw, held.raw = held.raw, None
+        assert raw is not None  # only ``cancel`` drops them before this, and it marks the request cancelled
         assert self._pool is not None
         self._pool.submit(self._materialize_on_rank0, held, raw)
         self._send_header(Kind.RAW, len(payload))
@@ -416,7 +421,7 @@ class Broadcaster:
     def _receive_bytes(self, length: int) -> memoryview:
         buffer = torch.empty(length, dtype=torch.uint8)
         dist.broadcast(buffer, group=self._group, group_src=0)
-        return memoryview(buffer.numpy())
+        return buffer.numpy().data
 
     def _arrival(self, request_id: str) -> Future:
         with self._lock:

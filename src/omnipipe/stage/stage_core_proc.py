@@ -45,7 +45,7 @@ from omnipipe.transport.relay import torch_dist
 from omnipipe.transport.relay.base import Relay, RelayError
 from omnipipe.transport.relay.registry import create_receivers, create_relay
 from omnipipe.transport.relay_io import read_payload, write_payload
-from omnipipe.util.dotted import resolve
+from omnipipe.util.dotted import resolve, resolve_class
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import NoOptions, options_from_dict
 from omnipipe.util.process import die_with_parent
@@ -177,9 +177,10 @@ class StageCoreProc:
             target: resolve(link.chunk_processor) for target, link in launch.chunk_links.items()
         }
         self._option_schemas: dict[str, type] = {
-            target: resolve(link.options_schema) for target, link in launch.chunk_links.items() if link.options_schema
+            target: resolve_class(link.options_schema)
+            for target, link in launch.chunk_links.items() if link.options_schema
         }
-        self._extra_schema: type = resolve(launch.extra_params) if launch.extra_params else NoOptions
+        self._extra_schema: type = resolve_class(launch.extra_params) if launch.extra_params else NoOptions
 
         self.scheduler: Scheduler = scheduler_for(launch.kind)(launch.max_num_seqs, dict(launch.options))
         self.requests: dict[str, StageRequest] = {}

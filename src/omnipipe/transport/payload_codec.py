@@ -92,7 +92,7 @@ def _add(array: np.ndarray, path: str, kind: str, dtype_name: str, state: Encode
     contiguous = array if array.flags.c_contiguous else np.array(array, order="C")
     nbytes = contiguous.nbytes
     state.tensors.append(TensorInfo(path, dtype_name, list(contiguous.shape), state.nbytes, nbytes, kind))
-    state.buffers.append(memoryview(contiguous.reshape(-1).view(np.uint8)) if nbytes else memoryview(b""))
+    state.buffers.append(contiguous.reshape(-1).view(np.uint8).data if nbytes else memoryview(b""))
     state.nbytes += (nbytes + _ALIGN_BYTES - 1) // _ALIGN_BYTES * _ALIGN_BYTES
     return {TENSOR_MARKER: len(state.tensors) - 1}
 

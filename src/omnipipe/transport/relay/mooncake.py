@@ -95,7 +95,7 @@ class _Buffer:
 
     def slot_view(self, slot: int, nbytes: int) -> memoryview:
         start = self.data_offset + slot * self.slot_bytes
-        return memoryview(self.array)[start : start + nbytes]
+        return self.array.data[start : start + nbytes]
 
     def release(self) -> None:
         if self.engine is not None:

@@ -46,7 +46,7 @@ def segment_prefix(run_id: str, owner: str | None = None) -> str:
 
 def sweep_segments(prefix: str) -> list[str]:
     """Unlink every segment whose name starts with ``prefix`` (after a crash, or at shutdown)."""
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
