@@ -65,7 +65,8 @@ def shm_segments(run_id: str) -> list[str]:
 
 
 def child_processes() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 @pytest.fixture(scope="module")

@@ -141,10 +141,10 @@ def test_open_loop_rates_and_goodput(toy_server: ServerProcess, tmp_path: Path, 
 def test_arrivals_and_goodput_bounds() -> None:
     assert arrival_times(3, float("inf"), 1.0, 0) == [0.0, 0.0, 0.0]
     times = arrival_times(2000, 4.0, 1.0, 7)
-    gaps = [b - a for a, b in zip(times, times[1:])]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
     assert times[0] == 0 and all(g >= 0 for g in gaps) and abs(sum(gaps) / len(gaps) - 0.25) < 0.03
     bursty_times = arrival_times(2000, 4.0, 0.2, 7)
-    bursty = [b - a for a, b in zip(bursty_times, bursty_times[1:])]
+    bursty = [b - a for a, b in zip(bursty_times, bursty_times[1:], strict=False)]
 
     def spread(values: list[float]) -> float:  # coefficient of variation
         m = sum(values) / len(values)

@@ -59,7 +59,8 @@ def test_spawned_server_survives_stage_faults(tmp_path: Path) -> None:
     # follow use up the thinker's restarts
     code, report, printed = run_soak(
         tmp_path, "--spawn", "--pipeline", "default", "--requests", "24", "--concurrency", "4", "--abort-rate", "0.2",
-        "--kill-stages", ",".join(STAGES), "--stop-stage-s", "3", "--malformed", "1", "--stall-report-s", "1", "--stall-restart-s", "30",
+        "--kill-stages", ",".join(STAGES), "--stop-stage-s", "3", "--malformed", "1", "--stall-report-s", "1",
+        "--stall-restart-s", "30",
         "--max-tokens", "16")
     load, probes = report["requests"]["load"], report["requests"]["probes"]
     assert load["stuck"] == 0 and probes["stuck"] == 0, printed

@@ -12,6 +12,7 @@ module-scoped and stopped (then killed if need be) with every process they start
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import struct
@@ -123,10 +124,8 @@ def _stop_all(processes: list[CliProcess]) -> None:
     """Stop each process (SIGINT, then kill), then kill any of its descendants that outlived it."""
     descendants: list[psutil.Process] = []
     for process in processes:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             descendants += psutil.Process(process.process.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            pass
     for process in processes:
         process.stop()
     _, alive = psutil.wait_procs(descendants, timeout=15)

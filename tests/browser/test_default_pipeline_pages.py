@@ -272,7 +272,8 @@ def test_voice_page_stops_the_answer_when_the_user_talks_over_it(default_stack: 
     # the page went quiet at once: nothing left scheduled, no longer speaking
     assert page.evaluate("window.omnipipeVoice.state") != "speaking"
     page.wait_for_function(
-        "() => window.omnipipeVoice.events.filter(e => e.type === 'response.done').length >= 2", timeout=ANSWER_TIMEOUT_MS)
+        "() => window.omnipipeVoice.events.filter(e => e.type === 'response.done').length >= 2",
+        timeout=ANSWER_TIMEOUT_MS)
     hooks = page.evaluate("() => ({...window.omnipipeVoice})")
     first = hooks["interruptions"][0]
     assert first["playing"] or first["response_id"], first

@@ -22,7 +22,8 @@ def page(bare_gateway: Stack, new_page: Any) -> Any:
 def test_sse_parser_handles_split_lines_named_events_and_comments(page: Any) -> None:
     events = page.evaluate("""async () => {
         const { readSSE } = await import("/static/js/sse.js");
-        const pieces = ["event: queue\\r", "\\ndata: {\\"type\\":\\"queued\\"}\\r\\n\\r\\n", "data: one\\n", "data: two\\n\\n",
+        const pieces = ["event: queue\\r", "\\ndata: {\\"type\\":\\"queued\\"}\\r\\n\\r\\n", "data: one\\n",
+                        "data: two\\n\\n",
                         ": a comment\\n\\n", "data: [DO", "NE]\\n\\n", "data: no blank line at the end"];
         const body = new ReadableStream({ start(controller) {
             const encoder = new TextEncoder();

@@ -92,7 +92,8 @@ def test_adaptive_chunks_grow_when_the_audio_falls_behind_playback() -> None:
 
 
 def test_adaptive_size_is_linear_in_the_lead_and_off_by_default() -> None:
-    assert [ADAPTIVE.regular_chunk_frames(lead) for lead in (None, -3.0, 0.0, 0.5, 1.0, 4.0)] == [10, 40, 40, 25, 10, 10]
+    leads = (None, -3.0, 0.0, 0.5, 1.0, 4.0)
+    assert [ADAPTIVE.regular_chunk_frames(lead) for lead in leads] == [10, 40, 40, 25, 10, 10]
     fixed = FrameChunkOptions(codec_chunk_frames=10, max_codec_chunk_frames=40, frame_rate_hz=10.0)
     assert fixed.regular_chunk_frames(-3.0) == 10
 

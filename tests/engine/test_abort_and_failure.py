@@ -110,7 +110,7 @@ def test_abort_of_one_request_leaves_the_others_intact(slow) -> None:
         results = await asyncio.gather(victim(), *(collect(slow.engine, p) for p in prompts))
         return results[1:]
 
-    for prompt, outputs in zip(prompts, slow.run(run())):
+    for prompt, outputs in zip(prompts, slow.run(run()), strict=True):
         assert outputs[-1].text == prompt.upper()
         np.testing.assert_allclose(outputs[-1].audio, expected_audio(prompt.upper()), atol=1e-5)
 

@@ -70,7 +70,7 @@ def _run_with_culprit(harness: EngineHarness, params: dict, name: str, blocker: 
 
 
 def _check_innocents(results: list) -> None:
-    for prompt, outputs in zip(INNOCENT, results):
+    for prompt, outputs in zip(INNOCENT, results, strict=False):
         text, audio = assemble(outputs)
         assert text == expected_text(prompt)
         np.testing.assert_allclose(audio, expected_audio(text), atol=1e-5)

@@ -25,7 +25,7 @@ def test_sixteen_concurrent_requests_stream_in_order_and_complete(toy) -> None:
         return await asyncio.gather(*(collect(toy.engine, p, request_id=f"r{i}") for i, p in enumerate(PROMPTS)))
 
     results = toy.run(run())
-    for prompt, outputs in zip(PROMPTS, results):
+    for prompt, outputs in zip(PROMPTS, results, strict=True):
         text, audio = assemble(outputs)
         assert text == expected_text(prompt)
         # cumulative text grows one delta at a time, in order
@@ -71,7 +71,7 @@ def test_async_chunk_on_and_off_give_identical_outputs(harness_factory, async_ch
     async def run() -> list[list]:
         return await asyncio.gather(*(collect(harness.engine, p) for p in PROMPTS[:6]))
 
-    for prompt, outputs in zip(PROMPTS[:6], harness.run(run())):
+    for prompt, outputs in zip(PROMPTS[:6], harness.run(run()), strict=True):
         text, audio = assemble(outputs)
         assert text == expected_text(prompt)
         np.testing.assert_allclose(audio, expected_audio(text), atol=1e-5)

@@ -93,7 +93,7 @@ async def six_on_two_slots(url: str, first_question: str, question: str, modalit
     for client in clients[:2]:
         await ask(client, first_question, modalities)
         await client.ws.close()
-    for task, client in zip(waiting, clients[2:]):
+    for task, client in zip(waiting, clients[2:], strict=True):
         await task
         await ask(client, question, modalities)
         await client.ws.close()
@@ -108,7 +108,8 @@ def check_fifo(clients: list[QueuedClient]) -> None:
         [c.queued for c in clients]
     # the first two were served at once (read concurrently, in either order); the four that waited, in order
     served_order = sorted(clients, key=lambda c: c.served_at)
-    assert sorted(c.index for c in served_order[:2]) == [0, 1] and [c.index for c in served_order[2:]] == [2, 3, 4, 5], \
+    assert sorted(c.index for c in served_order[:2]) == [0, 1] \
+        and [c.index for c in served_order[2:]] == [2, 3, 4, 5], \
         [(c.index, c.queued, c.updates, c.done) for c in served_order]
     for client in clients[3:]:  # everyone behind the head saw its place move up
         positions = [u["position"] for u in client.updates]

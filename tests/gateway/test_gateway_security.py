@@ -72,7 +72,8 @@ SESSION_ATTACKS = [
     f"/api/sessions/{SESSION}/files//etc/passwd", f"/api/sessions/{SESSION}/files/%2fetc%2fpasswd",
     f"/api/sessions/{SESSION}/files/leak.txt", f"/api/sessions/{SESSION}/files/ai_audio%5c..%5c..%5csecret.txt",
     f"/api/sessions/{SESSION}/files/ai_audio/%00", "/api/sessions/..%2f..%2fsecret.txt",
-    "/api/sessions/%2e%2e/files/secret.txt", "/api/sessions/evil_session", "/api/sessions/evil_session/files/secret.txt",
+    "/api/sessions/%2e%2e/files/secret.txt", "/api/sessions/evil_session",
+    "/api/sessions/evil_session/files/secret.txt",
     "/api/sessions/evil_session/download", "/api/sessions/..", "/s/..%2f..%2fsecret.txt",
     f"/api/sessions/{SESSION}%2f..%2f..%2f/files/secret.txt",
 ]

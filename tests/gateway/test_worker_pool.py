@@ -352,74 +352,79 @@ def test_six_waiters_on_capacity_two_get_positions_and_are_served_in_order() -> 
     asyncio.run(main())
 
 
-def test_concurrent_enqueue_release_cancel_never_over_assigns_or_loses_waiters() -> None:
-    async def main() -> None:
-        rng = random.Random(1234)
-        pool = ready_pool(1, 2, 3, max_queue=1000)
-        workers = pool.workers
-        enqueued: list[str] = []
-        served_order: list[str] = []
-        outcomes: dict[str, str] = {}
-        tickets: list[Ticket] = []
+class _Churn:
+    """300 clients on three workers whose health flaps: each queues, and may withdraw (DELETE), be cancelled
+    with its task, or be served and give its worker back; what each came to is noted."""
 
-        def check() -> None:
-            for w in workers:
-                assert 0 <= w.active_sessions <= w.capacity
-            for w in workers:
-                held = sum(1 for t in tickets if t.worker is w and not t.released)
-                assert w.active_sessions == held
+    def __init__(self) -> None:
+        self.rng = random.Random(1234)
+        self.pool = ready_pool(1, 2, 3, max_queue=1000)
+        self.workers = self.pool.workers
+        self.enqueued: list[str] = []
+        self.served_order: list[str] = []
+        self.outcomes: dict[str, str] = {}
+        self.tickets: list[Ticket] = []
 
-        async def client(n: int) -> None:
+    def check(self) -> None:
+        for w in self.workers:
+            assert 0 <= w.active_sessions <= w.capacity
+        for w in self.workers:
+            held = sum(1 for t in self.tickets if t.worker is w and not t.released)
+            assert w.active_sessions == held
+
+    async def client(self, n: int) -> None:
+        rng, pool, outcomes = self.rng, self.pool, self.outcomes
+        await asyncio.sleep(0)
+        for _ in range(rng.randrange(3)):
             await asyncio.sleep(0)
-            for _ in range(rng.randrange(3)):
-                await asyncio.sleep(0)
-            t = pool.enqueue(rng.choice(["chat", "duplex"]))
-            enqueued.append(t.ticket_id)
-            tickets.append(t)
-            t.future.add_done_callback(lambda f, tid=t.ticket_id: None if f.cancelled() else served_order.append(tid))
-            outcomes[t.ticket_id] = "waiting"
-            try:
-                if n % 5 == 0:
-                    # Leave via DELETE after a while, unless already served.
-                    for _ in range(rng.randrange(5)):
-                        await asyncio.sleep(0)
-                    if pool.cancel(t.ticket_id):
-                        outcomes[t.ticket_id] = "cancelled"
-                        assert t.worker is None
-                        return
-                worker = await pool.wait(t)
-            except asyncio.CancelledError:
-                outcomes[t.ticket_id] = "left"
-                if t.worker is not None:
-                    pool.release(t.worker, t)
-                else:
-                    pool.cancel(t.ticket_id)
-                raise
-            outcomes[t.ticket_id] = "holding"
-            try:
-                check()
-                for _ in range(rng.randrange(6)):
+        t = pool.enqueue(rng.choice(["chat", "duplex"]))
+        self.enqueued.append(t.ticket_id)
+        self.tickets.append(t)
+        t.future.add_done_callback(lambda f, tid=t.ticket_id: None if f.cancelled() else self.served_order.append(tid))
+        outcomes[t.ticket_id] = "waiting"
+        try:
+            if n % 5 == 0:
+                # Leave via DELETE after a while, unless already served.
+                for _ in range(rng.randrange(5)):
                     await asyncio.sleep(0)
-                outcomes[t.ticket_id] = "done"
-            finally:
-                pool.release(worker, t)  # a session handler always gives its worker back
-            check()
-
-        async def flapper() -> None:
-            for _ in range(60):
-                w = rng.choice(workers)
-                if rng.random() < 0.3:
-                    pool.apply_health(w.address, None, False)
-                else:
-                    pool.apply_health(w.address, rng.choice([WorkerState.IDLE, WorkerState.BUSY]), True)
-                check()
+                if pool.cancel(t.ticket_id):
+                    outcomes[t.ticket_id] = "cancelled"
+                    assert t.worker is None
+                    return
+            worker = await pool.wait(t)
+        except asyncio.CancelledError:
+            outcomes[t.ticket_id] = "left"
+            if t.worker is not None:
+                pool.release(t.worker, t)
+            else:
+                pool.cancel(t.ticket_id)
+            raise
+        outcomes[t.ticket_id] = "holding"
+        try:
+            self.check()
+            for _ in range(rng.randrange(6)):
                 await asyncio.sleep(0)
-            for w in workers:
-                pool.apply_health(w.address, WorkerState.IDLE, True)
+            outcomes[t.ticket_id] = "done"
+        finally:
+            pool.release(worker, t)  # a session handler always gives its worker back
+        self.check()
 
-        tasks = [asyncio.create_task(client(n)) for n in range(300)]
-        leavers = rng.sample(tasks, 20)
-        flap = asyncio.create_task(flapper())
+    async def flapper(self) -> None:
+        for _ in range(60):
+            w = self.rng.choice(self.workers)
+            if self.rng.random() < 0.3:
+                self.pool.apply_health(w.address, None, False)
+            else:
+                self.pool.apply_health(w.address, self.rng.choice([WorkerState.IDLE, WorkerState.BUSY]), True)
+            self.check()
+            await asyncio.sleep(0)
+        for w in self.workers:
+            self.pool.apply_health(w.address, WorkerState.IDLE, True)
+
+    async def run(self) -> None:
+        tasks = [asyncio.create_task(self.client(n)) for n in range(300)]
+        leavers = self.rng.sample(tasks, 20)
+        flap = asyncio.create_task(self.flapper())
         for _ in range(5):
             await asyncio.sleep(0)
         for task in leavers:
@@ -429,15 +434,24 @@ def test_concurrent_enqueue_release_cancel_never_over_assigns_or_loses_waiters()
             assert r is None or isinstance(r, asyncio.CancelledError), r
         await asyncio.sleep(0)
 
-        assert pool.queue_length == 0 and pool.positions() == []
-        assert all(w.active_sessions == 0 for w in workers)
+    def assert_settled(self) -> None:
+        outcomes, served_order = self.outcomes, self.served_order
+        assert self.pool.queue_length == 0 and self.pool.positions() == []
+        assert all(w.active_sessions == 0 for w in self.workers)
         # Every waiter was served and released, withdrew, or left with its task; none is stuck.
         assert set(outcomes.values()) <= {"done", "cancelled", "left", "holding"}
-        assert all(t.released for t in tickets if outcomes[t.ticket_id] in ("done", "holding"))
-        assert all(t.future.done() for t in tickets)
+        assert all(t.released for t in self.tickets if outcomes[t.ticket_id] in ("done", "holding"))
+        assert all(t.future.done() for t in self.tickets)
         assert all(tid not in served_order for tid, v in outcomes.items() if v == "cancelled")
         # Service was strictly in arrival order.
-        assert served_order == [tid for tid in enqueued if tid in set(served_order)]
+        assert served_order == [tid for tid in self.enqueued if tid in set(served_order)]
         assert sum(v == "done" for v in outcomes.values()) > 200
+
+
+def test_concurrent_enqueue_release_cancel_never_over_assigns_or_loses_waiters() -> None:
+    async def main() -> None:
+        churn = _Churn()
+        await churn.run()
+        churn.assert_settled()
 
     asyncio.run(main())

@@ -169,7 +169,7 @@ def drive(runner: DiffusersRunner, arrivals: dict[int, list[StageRequest]], max_
                 continue
             return outputs, latents
         batch, is_prefill = scheduler.schedule()
-        for request, output in zip(batch, runner.execute(batch, is_prefill)):
+        for request, output in zip(batch, runner.execute(batch, is_prefill), strict=True):
             outputs.setdefault(request.request_id, []).append(output)
             if output.error is not None:
                 scheduler.remove(request.request_id)
@@ -313,7 +313,7 @@ def test_a_failed_batched_step_is_retried_from_its_snapshot(digits_like_dir) -> 
     runner.execute([a, b], False)
     snapshots = [runner.snapshot(r) for r in (a, b)]
     runner.execute([a, b], False)  # the step that "failed"
-    for r, snap in zip((a, b), snapshots):
+    for r, snap in zip((a, b), snapshots, strict=True):
         runner.restore(r, snap)
         assert r.runner_state.step == 1
     outputs, latents = drive(runner, {0: [a]})

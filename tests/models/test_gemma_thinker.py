@@ -211,8 +211,8 @@ def test_shared_prefix_cache_gives_the_same_tokens_as_a_full_prefill(thinker) ->
     finally:
         thinker.set_shared_prefix([])
     assert cached == full
-    for a, b in zip(full_logits, cached_logits):
-        for x, y in zip(a, b):
+    for a, b in zip(full_logits, cached_logits, strict=False):
+        for x, y in zip(a, b, strict=False):
             assert (x - y).abs().max().item() < 1e-3
 
 
@@ -245,10 +245,10 @@ def test_layer_cache_reset_survives_growth_and_the_sliding_window() -> None:
             cache.append(torch.full((1, 1, 2), float(i)), torch.full((1, 1, 2), float(-i)))
         before = tuple(t.clone() for t in cache.view())
         mark = cache.mark()
-        for i in range(200):  # appends in place and several reallocations (the window drops old entries)
+        for _ in range(200):  # appends in place and several reallocations (the window drops old entries)
             cache.append(torch.full((1, 1, 2), 1e6), torch.full((1, 1, 2), -1e6))
         cache.reset(mark)
-        for got, want in zip(cache.view(), before):
+        for got, want in zip(cache.view(), before, strict=True):
             torch.testing.assert_close(got, want)
         cache.append(torch.full((1, 1, 2), 70.0), torch.full((1, 1, 2), -70.0))
         assert cache.view()[0][0, -1, 0] == 70.0 and cache.view()[0][0, -2, 0] == 69.0

@@ -66,7 +66,8 @@ def reference(checkpoint):
     with torch.no_grad():
         sequences, wav = model.generate(**inputs, thinker_max_new_tokens=MAX_TEXT_TOKENS,
                                         talker_max_new_tokens=MAX_CODES, talker_do_sample=False,
-                                        talker_eos_token_id=[model.talker.codec_pad_token, model.talker.codec_eos_token],
+                                        talker_eos_token_id=[model.talker.codec_pad_token,
+                                                             model.talker.codec_eos_token],
                                         speaker="Chelsie")
     ids = sequences[0, inputs["input_ids"].shape[1]:].tolist()
     return processor.tokenizer.decode(ids, skip_special_tokens=True), wav.numpy(), model, processor

@@ -115,7 +115,7 @@ def test_batched_windows_of_different_lengths_equal_unbatched(model: torch.nn.Mo
         CodeWindow(other[:, 30 - exact: 55], exact, 30),
     ]
     batched = decode_windows(model, windows)
-    for window, samples in zip(windows, batched):
+    for window, samples in zip(windows, batched, strict=True):
         alone = decode_windows(model, [window])[0]
         assert samples.shape == alone.shape
         torch.testing.assert_close(samples, alone, rtol=0, atol=1e-12 * alone.abs().max().item())

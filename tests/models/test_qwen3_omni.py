@@ -98,7 +98,7 @@ def test_stage_by_stage_equals_the_models_generate(checkpoint: Path, reference: 
             # two at once: each request keeps its own caches and rope positions
             return await asyncio.gather(*(answer(engine, text) for text in reference))
 
-    for (text, audio, pieces), (want_text, want_audio) in zip(asyncio.run(run()), reference.values()):
+    for (text, audio, pieces), (want_text, want_audio) in zip(asyncio.run(run()), reference.values(), strict=True):
         assert text == want_text
         assert audio.shape == want_audio.shape
         assert np.abs(audio - want_audio).max() <= AUDIO_BOUND * np.abs(want_audio).max()
@@ -280,7 +280,7 @@ def test_the_tiny_checkpoint_is_the_same_for_a_seed_and_finite(checkpoint: Path,
     with safe_open(str(checkpoint / "model.safetensors"), "pt") as first, \
             safe_open(str(again / "model.safetensors"), "pt") as second:
         assert set(first.keys()) == set(second.keys())
-        for key in first.keys():
+        for key in first.keys():  # noqa: SIM118 - a safetensors handle is no mapping: it has keys() only
             tensor = first.get_tensor(key)
             assert torch.isfinite(tensor.float()).all(), key
             assert torch.equal(tensor, second.get_tensor(key)), key

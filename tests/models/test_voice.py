@@ -138,7 +138,8 @@ def _silence(fmt: str, seconds: float, rate_hz: int = 8000) -> bytes:
 def test_too_long_audio_is_refused_before_it_is_decoded_or_resampled(name: str) -> None:
     """A few kB of compressed silence decode to hours of samples, and a WAV at 1 Hz resampled to 16 kHz to 16000
     times its size (a 2 MB body: 64 GB): the limit is applied while decoding, before resampling."""
-    payload = {"2 MB wav at 1 Hz": lambda: _wav(1_000_000, 1), "an hour of flac silence": lambda: _silence("FLAC", 3600),
+    payload = {"2 MB wav at 1 Hz": lambda: _wav(1_000_000, 1),
+               "an hour of flac silence": lambda: _silence("FLAC", 3600),
                "ogg": lambda: _silence("OGG", 200), "mp3": lambda: _silence("MP3", 200)}[name]()
     assert len(payload) <= 2_000_100
     with pytest.raises(AudioTooLongError, match="longer than 120 s"):

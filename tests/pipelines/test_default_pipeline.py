@@ -120,7 +120,7 @@ def test_four_concurrent_requests_and_an_abort(default_on, asr) -> None:
         texts.append(final.text)
         transcripts.append(asr.transcribe(final.audio, final.sample_rate_hz))
     # short answers make a per-answer WER coarse (one misheard word in three is 0.33): judge them together
-    assert word_error_rate(" ".join(texts), " ".join(transcripts)) <= 0.25, list(zip(texts, transcripts))
+    assert word_error_rate(" ".join(texts), " ".join(transcripts)) <= 0.25, list(zip(texts, transcripts, strict=True))
     assert max(o[-1].metrics.stages["thinker"]["max_batch_size"] for o in results) > 1
     assert state_is_idle(default_on.run(wait_until_idle(default_on.engine)))
 

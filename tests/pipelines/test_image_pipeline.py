@@ -51,7 +51,7 @@ def test_concurrent_requests_at_different_steps_get_the_images_they_get_alone(im
     batched = image.run(together())
     alone = [image.run(draw(image.engine, i, 100 + i, steps=steps[i])) for i in range(8)]
     assert max(f.metrics.stages["diffusion"]["max_batch_size"] for f in batched) > 1, "nothing was batched"
-    for i, (b, a) in enumerate(zip(batched, alone)):
+    for i, (b, a) in enumerate(zip(batched, alone, strict=True)):
         assert b.image.shape == a.image.shape == (8, 8, 1)
         diff = np.abs(b.image.astype(int) - a.image.astype(int)).max()
         assert diff <= 1, f"request {i} ({steps[i]} steps) differs by {diff} batched vs alone"
@@ -104,7 +104,8 @@ def test_the_digits_model_draws_the_digit_asked_for(image) -> None:
     asked = np.array([i % 10 for i in range(50)])
     seen = recognise(np.stack([f.image for f in finals]))
     right = float((seen == asked).mean())
-    assert right >= 0.9, f"the judge recognised {right:.0%} of 50 drawn digits as asked ({list(zip(asked, seen))})"
+    assert right >= 0.9, \
+        f"the judge recognised {right:.0%} of 50 drawn digits as asked ({list(zip(asked, seen, strict=False))})"
 
 
 def test_a_killed_diffusion_stage_fails_its_requests_and_comes_back(image) -> None:

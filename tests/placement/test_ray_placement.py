@@ -317,7 +317,7 @@ def test_the_default_pipeline_split_over_two_nodes_answers_like_one_host(cluster
         state = split.run(split.engine.debug_state())
         assert {stage: labels[node] for stage, node in state["nodes"].items()} == {
             "encoder": "node_a", "thinker": "node_a", "talker": "node_b", "code2wav": "node_b"}
-        for question, want in zip(QUESTIONS, expected):
+        for question, want in zip(QUESTIONS, expected, strict=True):
             got = split.run(collect(split.engine, question, sampling_params=params), 300)[-1]
             assert got.error is None and got.text == want.text
             assert got.sample_rate_hz == want.sample_rate_hz and got.audio.shape == want.audio.shape

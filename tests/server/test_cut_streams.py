@@ -72,12 +72,12 @@ def test_openai_client_raises_on_a_cut_speech_stream(slow_server: ServerProcess)
     client.audio.speech.create(model="toy_tts", input="warm", voice="default", response_format="pcm")  # companion up
     pid = stage_pid(slow_server, "toy_tts", "code2wav")
     # the openai client reads through its own HTTP stack: whatever it raises, it says the body was incomplete
-    with pytest.raises(Exception, match="incomplete chunked read"):
-        with client.audio.speech.with_streaming_response.create(model="toy_tts", input=LONG_INPUT, voice="default",
-                                                               response_format="pcm") as response:
-            for i, _ in enumerate(response.iter_bytes(1024)):
-                if i == 2:
-                    os.kill(pid, signal.SIGKILL)
+    with (pytest.raises(Exception, match="incomplete chunked read"),
+          client.audio.speech.with_streaming_response.create(model="toy_tts", input=LONG_INPUT, voice="default",
+                                                             response_format="pcm") as response):
+        for i, _ in enumerate(response.iter_bytes(1024)):
+            if i == 2:
+                os.kill(pid, signal.SIGKILL)
     wait_restarted(slow_server, "toy_tts", "code2wav", old_pid=pid)
 
 

@@ -35,5 +35,6 @@ def test_overload_is_429_with_retry_after(busy_server: ServerProcess) -> None:
             assert second.json()["error"]["code"] == "engine_overloaded"
             assert sum(1 for _ in lines) > 0
         assert engines_idle(busy_server.wait_idle())
-        again = http.post("/v1/chat/completions", json={"model": "toy", "messages": [{"role": "user", "content": "hi"}]})
+        again = http.post("/v1/chat/completions",
+                          json={"model": "toy", "messages": [{"role": "user", "content": "hi"}]})
         assert again.status_code == 200 and again.json()["choices"][0]["message"]["content"] == "HI"

@@ -115,14 +115,14 @@ def test_verbose_json_with_segments_and_words(client: openai.OpenAI, server: Ser
         assert 0 <= segment.start < segment.end <= verbose.duration + 0.05
         assert segment.tokens and segment.avg_logprob < 0 and segment.compression_ratio > 0
         assert 0 <= segment.no_speech_prob <= 1 and segment.temperature == 0
-    assert all(a.end <= b.start + 0.01 for a, b in zip(segments, segments[1:]))
+    assert all(a.end <= b.start + 0.01 for a, b in zip(segments, segments[1:], strict=False))
     # the pause: the second sentence starts after the first one's speech and the silence
     first_len_s = segments[0].end
     assert segments[-1].start >= first_len_s
     words = verbose.words or []
     assert word_error_rate(SPOKEN, " ".join(w.word for w in words)) <= 0.25
     assert all(0 <= w.start <= w.end <= verbose.duration + 0.05 for w in words)
-    assert all(a.start <= b.start for a, b in zip(words, words[1:]))
+    assert all(a.start <= b.start for a, b in zip(words, words[1:], strict=False))
     fox = next(w for w in words if w.word.strip(".,").lower() == "fox")
     shells = next(w for w in words if "shell" in w.word.lower())
     assert fox.end < segments[0].end + 0.01 and shells.start > segments[0].end
@@ -150,7 +150,7 @@ def test_srt_and_vtt(client: openai.OpenAI, server: ServerProcess, speech: bytes
     srt = transcribe(client, speech, response_format="srt")
     cues = SRT_CUE.findall(srt)
     assert len(cues) == len(segments) and srt.endswith("\n"), srt
-    for number, (cue, segment) in enumerate(zip(cues, segments), start=1):
+    for number, (cue, segment) in enumerate(zip(cues, segments, strict=True), start=1):
         assert int(cue[0]) == number and cue[9] == segment.text.strip()
         assert abs(_seconds(cue[1:5]) - segment.start) < 0.002 and abs(_seconds(cue[5:9]) - segment.end) < 0.002
     assert srt.count("\n\n") == len(segments) - 1  # cues apart by one blank line
@@ -158,7 +158,7 @@ def test_srt_and_vtt(client: openai.OpenAI, server: ServerProcess, speech: bytes
     assert vtt.startswith("WEBVTT\n\n")
     vcues = VTT_CUE.findall(vtt)
     assert [c[8] for c in vcues] == [s.text.strip() for s in segments]
-    assert all(abs(_seconds(c[0:4]) - s.start) < 0.002 for c, s in zip(vcues, segments))
+    assert all(abs(_seconds(c[0:4]) - s.start) < 0.002 for c, s in zip(vcues, segments, strict=True))
     with server.client() as http:
         for fmt in ("srt", "vtt", "text"):
             response = http.post("/v1/audio/transcriptions", files={"file": ("s.wav", speech, "audio/wav")},
@@ -243,15 +243,15 @@ def test_leaving_a_stream_stops_the_decoding(client: openai.OpenAI, server: Serv
     whole = transcribe(client, long_speech, response_format="verbose_json")
     whole_s = time.perf_counter() - started
     assert whole.duration > 95 and len(whole.segments or []) > 8
-    with httpx.Client(base_url=server.url, headers=server.headers, timeout=120) as http:
-        with http.stream("POST", "/v1/audio/transcriptions", files={"file": ("l.wav", long_speech, "audio/wav")},
-                         data={"model": "asr", "stream": "true"}) as response:
-            assert response.status_code == 200
-            assert response.headers["content-type"].startswith("text/event-stream")
-            lines = response.iter_lines()
-            first = next(line for line in lines if line.startswith("data:"))
-            assert "transcript.text.delta" in first
-            left = time.perf_counter()
+    with (httpx.Client(base_url=server.url, headers=server.headers, timeout=120) as http,
+          http.stream("POST", "/v1/audio/transcriptions", files={"file": ("l.wav", long_speech, "audio/wav")},
+                      data={"model": "asr", "stream": "true"}) as response):
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = response.iter_lines()
+        first = next(line for line in lines if line.startswith("data:"))
+        assert "transcript.text.delta" in first
+        left = time.perf_counter()
     # the request is aborted in the stage between two segments: gone long before a whole decode would end
     assert engines_idle(server.wait_idle(timeout_s=whole_s))
     assert time.perf_counter() - left < 0.6 * whole_s, (time.perf_counter() - left, whole_s)

@@ -412,7 +412,8 @@ def _assert_all_gone(server: ServerProcess, stages: list[psutil.Process], temp: 
         server.process.wait(timeout=STOP_BOUND_S)
     except subprocess.TimeoutExpired:
         server.process.kill()
-        raise AssertionError(f"the worker still ran {STOP_BOUND_S:.0f} s after the signal: {server.log_text()}")
+        raise AssertionError(
+            f"the worker still ran {STOP_BOUND_S:.0f} s after the signal: {server.log_text()}") from None
     finally:
         _, alive = psutil.wait_procs(stages, timeout=STOP_BOUND_S)
         for process in alive:

@@ -9,6 +9,7 @@ group, and rank 0 drives rank 1 through the default group as a scheduler would (
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import multiprocessing as mp
@@ -101,10 +102,8 @@ def run_script(rank: int, mode: str, ops: list[tuple], raw_threshold_bytes: int 
                 returned = broadcaster.cancel(op[1])
                 report["cancels"][op[1]] = (returned, futures[op[1]].cancelled())
             elif op[0] == "wait":
-                try:
+                with contextlib.suppress(CancelledError):
                     futures[op[1]].exception(timeout=60)
-                except CancelledError:
-                    pass
             elif op[0] == "sleep":
                 time.sleep(op[1])
             else:  # take

@@ -44,7 +44,7 @@ def assert_same(a, b) -> None:
             assert_same(a[k], b[k])
     elif isinstance(a, (list, tuple)):
         assert isinstance(b, list) and len(a) == len(b)
-        for x, y in zip(a, b):
+        for x, y in zip(a, b, strict=True):
             assert_same(x, y)
     else:
         assert a == b

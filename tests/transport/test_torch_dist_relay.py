@@ -124,7 +124,7 @@ def test_payloads_of_many_dtypes_and_shapes_arrive_byte_exact(reader: Reader) ->
         payloads = [write_payload(body, sender, f"r{i}", 0) for i, body in enumerate(bodies)]
         assert all(p.backend == "gloo" and p.nbytes == 0 for p in payloads)
         answers = reader.read([(f"r{i}", p) for i, p in enumerate(payloads)])
-        for body, (status, seen) in zip(bodies, answers):
+        for body, (status, seen) in zip(bodies, answers, strict=True):
             assert status == "ok", seen
             expected = _describe(body)
             expected["codes"][0] = _describe(body["codes"][0])
@@ -142,7 +142,7 @@ def test_reads_in_any_order_and_many_transfers(reader: Reader) -> None:
         assert sender.slots_in_use() == 200
         order = list(reversed(payloads[:10])) + payloads[10:][::2] + payloads[10:][1::2]
         answers = reader.read(order)
-        for (request_id, _), (status, seen) in zip(order, answers):
+        for (request_id, _), (status, seen) in zip(order, answers, strict=True):
             assert status == "ok", seen
             assert np.frombuffer(seen["x"][4], np.int64).tolist() == [int(request_id[1:])] * 64
         assert sender.slots_in_use() == 0
