@@ -21,8 +21,9 @@ import logging
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -246,7 +247,7 @@ class Orchestrator:
             if client.alive and client.ready.is_set():
                 try:
                     await asyncio.wait_for(client.send(Shutdown("engine shutdown")), timeout=1.0)
-                except (asyncio.TimeoutError, zmq.ZMQError) as exc:  # stop() below kills it after a timeout
+                except (TimeoutError, zmq.ZMQError) as exc:  # stop() below kills it after a timeout
                     logger.warning("stage %s did not take the shutdown message: %r", client.name, exc)
         for client in self.clients.values():
             self.supervisor.unwatch(client)

@@ -5,7 +5,8 @@ socket, read by the orchestrator's output handler and handed here."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import zmq.asyncio
 
@@ -35,14 +36,14 @@ class StageReplies:
         for client in alive:
             try:
                 await asyncio.wait_for(client.send(StateQuery(nonce)), timeout=STAGE_SEND_TIMEOUT_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 _, replies_so_far, expected = self._waiters[nonce]
                 self._waiters[nonce] = (future, replies_so_far, expected - 1)
                 if len(replies_so_far) >= expected - 1 and not future.done():
                     future.set_result(replies_so_far)
         try:
             return await asyncio.wait_for(future, timeout=REPLIES_TIMEOUT_S) if alive else []
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return self._waiters[nonce][1]
         finally:
             self._waiters.pop(nonce, None)

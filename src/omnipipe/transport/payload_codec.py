@@ -57,7 +57,7 @@ class EncodedPayload:
     def join(self) -> bytes:
         """The flat buffer as one bytes object (for inline transport)."""
         out = bytearray(self.nbytes)
-        for info, buf in zip(self.byte_tensors, self.buffers):
+        for info, buf in zip(self.byte_tensors, self.buffers, strict=True):
             out[info.offset : info.offset + info.nbytes] = buf
         return bytes(out)
 
@@ -68,7 +68,7 @@ class EncodedPayload:
 
     def pieces(self) -> list[tuple[int, memoryview]]:
         """(offset, bytes) of every tensor in the flat buffer, as a byte relay's ``put`` takes them."""
-        return [(info.offset, buf) for info, buf in zip(self.byte_tensors, self.buffers)]
+        return [(info.offset, buf) for info, buf in zip(self.byte_tensors, self.buffers, strict=True)]
 
 
 def _torch_dtype_name(t: Any) -> str:

@@ -14,6 +14,7 @@ owner left behind if that process is killed. Only the sender creates and unlinks
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import mmap
@@ -92,10 +93,8 @@ class _Segment:
 
     def close(self) -> None:
         self.header = None  # type: ignore[assignment]
-        try:
+        with contextlib.suppress(BufferError):  # a view is still alive; the mapping goes when it does
             self.mm.close()
-        except BufferError:  # a view is still alive; the mapping goes when it does
-            pass
 
 
 class _SegmentSlots(SlotPool[_Segment]):
@@ -249,10 +248,8 @@ def _release_slot(segment: _Segment, slot: int, generation: int, one_off: bool) 
 
 
 def _unlink(name: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(SHM_DIR, name))
-    except FileNotFoundError:
-        pass
 
 
 def make_sender(run_id: str, owner: str, options: dict[str, Any]) -> ShmRelay:
