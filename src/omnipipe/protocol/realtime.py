@@ -20,7 +20,7 @@ checks after it.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
@@ -121,7 +121,7 @@ IDLE_TIMEOUT = "idle_timeout"
 """``error`` code (and close reason) of a session in which nothing happened for the server's idle timeout."""
 IDLE_WARNING_S = 15.0
 """How long before an idle session is closed the client is warned (``session.idle_warning``)."""
-PCM_RATE = 24_000
+PCM_RATE: Final = 24_000
 MAX_OUTPUT_TOKENS = 4096
 
 
@@ -357,7 +357,8 @@ def _adapter(models: tuple[type[_Event], ...]) -> TypeAdapter[Any]:
     union = models[0]
     for model in models[1:]:
         union = union | model  # type: ignore[assignment]
-    return TypeAdapter(Annotated[union, Field(discriminator="type")])
+    event: Any = Annotated[union, Field(discriminator="type")]  # a union built at run time: no static type
+    return TypeAdapter(event)
 
 
 def _by_type(models: tuple[type[_Event], ...]) -> dict[str, type[_Event]]:
