@@ -372,4 +372,3 @@ BETA_CLIENT_EVENT: TypeAdapter[Any] = _adapter((BetaSessionUpdate, BetaResponseC
 """The same for the beta dialect."""
 CLIENT_EVENT_MODELS: dict[str, type[_Event]] = _by_type((SessionUpdate, ResponseCreate, *_COMMON))
 """The model of each GA client event type."""
-BETA_CLIENT_EVENT_MODELS: dict[str, type[_Event]] = _by_type((BetaSessionUpdate, BetaResponseCreate, *_COMMON))
