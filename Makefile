@@ -67,8 +67,12 @@ test: install-test system-deps
 test-fast: install-test
 	$(BIN)/python -m pytest -m "not models and not browser and not slow" -q
 
+# ruff (rules in pyproject.toml), the dead-code check (vulture; what only frameworks call is in
+# tools/vulture_whitelist.py) and the type check of the core folders (mypy; the folders in pyproject.toml)
 lint: install-test
-	$(BIN)/python -m ruff check --select E9,F,I src tests
+	$(BIN)/python -m ruff check src tests tools
+	$(BIN)/python -m vulture
+	$(BIN)/python -m mypy
 
 # after changing dependencies in pyproject.toml: install without the old pins, run the suite, then pin again
 lock: install-test
