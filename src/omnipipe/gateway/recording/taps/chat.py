@@ -149,6 +149,16 @@ class ChatTap(HttpTap):
         if choice.get("finish_reason"):
             self.recorder.metric("finish_reason", clipped(choice["finish_reason"]))
 
+    def _answer_choice(self, body: dict[str, Any]) -> dict[str, Any] | None:
+        """A completion's (or a streamed chunk's) first choice, its usage recorded; None for an error object,
+        which is recorded instead."""
+        if "error" in body:
+            self._record_error(body["error"])
+            return None
+        if isinstance(body.get("usage"), dict):
+            self.recorder.metric("usage", body["usage"])
+        return _first_choice(body)
+
     @never_raises
     def on_sse_data(self, data: str) -> None:
         """One ``data:`` payload of a streamed completion: a chunk, an error object or ``[DONE]``."""
@@ -158,12 +168,9 @@ class ChatTap(HttpTap):
         chunk = json.loads(payload)
         if not isinstance(chunk, dict):
             return
-        if "error" in chunk:
-            self._record_error(chunk["error"])
+        choice = self._answer_choice(chunk)
+        if choice is None:
             return
-        if isinstance(chunk.get("usage"), dict):
-            self.recorder.metric("usage", chunk["usage"])
-        choice = _first_choice(chunk)
         delta = _object(choice, "delta")
         audio = _object(delta, "audio")
         # A spoken answer carries its text both as content and as audio.transcript: record it once.
@@ -180,12 +187,9 @@ class ChatTap(HttpTap):
     def on_json_response(self, body: dict[str, Any]) -> None:
         """A whole completion: ``message.content``, ``message.audio.data`` (a file in the requested
         ``audio.format``; ``pcm16`` is headerless 24 kHz) and the drawn ``message.images``."""
-        if "error" in body:
-            self._record_error(body["error"])
+        choice = self._answer_choice(body)
+        if choice is None:
             return
-        if isinstance(body.get("usage"), dict):
-            self.recorder.metric("usage", body["usage"])
-        choice = _first_choice(body)
         message = _object(choice, "message")
         audio = _object(message, "audio")
         self._answer_text(message.get("content") if isinstance(message.get("content"), str)
