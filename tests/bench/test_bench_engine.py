@@ -31,6 +31,7 @@ def positive(*values: Any) -> bool:
     return all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in values)
 
 
+@pytest.mark.slow
 def test_quick_run_prints_every_table_and_writes_every_section(tmp_path, capsys) -> None:
     path = tmp_path / "engine.json"
     before = {p.pid for p in child_processes()}  # servers other test modules keep running

@@ -18,6 +18,8 @@ import pytest
 
 from omnipipe.bench.gateway import MAIN_HEADERS, OVERHEAD_HEADERS, REALTIME_HEADERS, TARGETS, main
 
+pytestmark = pytest.mark.slow  # a worker and two gateways started by the bench, end to end
+
 RUN_TIMEOUT_S = 840
 
 

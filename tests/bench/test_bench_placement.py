@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+pytestmark = pytest.mark.slow  # a two-node Ray cluster on loopback
+
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 pytest.importorskip("ray", reason="bench placement needs the ray package (pip install -e '.[ray]')")
 

@@ -5,12 +5,15 @@ from __future__ import annotations
 import importlib.util
 import json
 
+import pytest
+
 from omnipipe.bench.relay import BACKEND_PATHS, main, paths_for
 from omnipipe.cli.main import build_parser
 
 HAVE_MOONCAKE = importlib.util.find_spec("mooncake") is not None
 
 
+@pytest.mark.slow
 def test_tiny_run_prints_each_path_and_the_ratio(tmp_path, capsys) -> None:
     backends = ["mooncake", "shm", "inline"] if HAVE_MOONCAKE else ["shm", "inline"]
     path = tmp_path / "relay.json"

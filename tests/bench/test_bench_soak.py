@@ -88,6 +88,7 @@ def test_spawned_server_survives_stage_faults(tmp_path: Path) -> None:
         assert table_rows(printed, headers), headers
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_gateway_survives_a_killed_worker(tmp_path: Path) -> None:
     code, report, printed = run_soak(

@@ -204,6 +204,7 @@ def test_a_stage_that_fails_to_load_is_named() -> None:
     assert {p.pid for p in child_processes()} <= before
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim_stage", ["talker", "code2wav"])
 def test_a_restarted_consumer_under_tcp_gets_chunks_at_its_new_port(harness_factory, victim_stage: str) -> None:
     harness = harness_factory("toy", {"transport": "tcp", "host": "127.0.0.1"})

@@ -19,6 +19,8 @@ import pytest
 from omnipipe.util.net import free_port
 from tests.waiting import wait_for, wait_until_answers
 
+pytestmark = pytest.mark.slow  # omnipipe up: worker and gateway processes started, killed and restarted
+
 CLI = [sys.executable, "-m", "omnipipe.cli.main"]
 
 

@@ -26,6 +26,8 @@ from tests.models.media_files import mp4, png, wav
 from tests.models.server_voices import check_server_voices
 from tests.server.conftest import API_KEY, running_server
 
+pytestmark = pytest.mark.slow  # tiny Qwen2.5-Omni checkpoints written and served stage by stage
+
 MAX_TEXT_TOKENS = 8
 MAX_CODES = 40
 SEED = 5

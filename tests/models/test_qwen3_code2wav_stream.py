@@ -185,6 +185,7 @@ def test_the_bench_prints_the_seam_table(capsys: pytest.CaptureFixture[str]) -> 
     assert "needs 578 frames of left context" in out and "token2wav" not in out
 
 
+@pytest.mark.slow
 def test_the_bench_prints_both_families_tables(tmp_path) -> None:
     """``--family all``: the Qwen3 code2wav table and the Qwen2.5 token2wav one (the stage's windows against the
     whole decode: without right context the seams show, with the deploy's 24 left / 12 right codes they do not)."""

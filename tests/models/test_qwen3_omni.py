@@ -26,6 +26,8 @@ from tests.models import media_files
 from tests.models.server_voices import check_server_voices
 from tests.server.conftest import API_KEY, running_server
 
+pytestmark = pytest.mark.slow  # tiny Qwen3-Omni checkpoints written and served stage by stage
+
 STAGES = ("thinker", "talker", "code2wav")
 THINKER_TOKENS = 14
 TALKER_FRAMES = 40

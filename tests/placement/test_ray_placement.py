@@ -25,6 +25,8 @@ from omnipipe.transport import control_plane
 from omnipipe.transport.messages import StageOutput
 from tests.conftest import EngineHarness, collect, state_is_idle, wait_until_idle
 
+pytestmark = pytest.mark.slow  # a two-node Ray cluster on loopback
+
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is imported: loopback cluster
 ray = pytest.importorskip("ray", reason="placement ray needs the ray package (pip install -e '.[ray]')")
 
