@@ -18,6 +18,8 @@ from schemathesis import GenerationMode
 
 from tests.server.conftest import ServerProcess, engines_idle
 
+pytestmark = pytest.mark.slow  # schemathesis generates requests against a running server
+
 MAX_EXAMPLES = 50  # per operation and mode: the whole module takes well under a minute on the toy server
 EXCLUDED_PATHS = {"/metrics"}
 

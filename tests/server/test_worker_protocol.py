@@ -35,6 +35,8 @@ from tests.server.test_realtime import LONG_TEXT, SENTENCE, Conn, vad_on, ws_url
 from tests.server.test_realtime import session as open_session
 from tests.waiting import wait_for, wait_until_answers
 
+pytestmark = pytest.mark.slow  # worker processes started, signalled and left idle past their timeouts
+
 # a slow thinker: a 400-character answer streams for about 4 s
 SLOW_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 10}}}}
 # passes deploy validation (runner options are the runner's business) but the toy thinker cannot load with it
