@@ -23,6 +23,8 @@ from omnipipe.bench.serve_datasets import load_prompts
 from omnipipe.cli.main import main as cli_main
 from tests.server.conftest import API_KEY, TOY_DEPLOY, ServerProcess, running_server
 
+pytestmark = pytest.mark.slow  # bench serve end to end against a running server
+
 
 @pytest.fixture(scope="module")
 def toy_server(tmp_path_factory: pytest.TempPathFactory) -> Any:

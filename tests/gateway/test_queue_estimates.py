@@ -18,6 +18,8 @@ from tests.gateway.conftest import GatewayProcess, WorkerProcess, running
 from tests.server.conftest import TOY_DEPLOY
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.slow  # a gateway and workers serving sessions long enough to be estimated
+
 VOICE_S, CHAT_S = 30.0, 10.0
 ROUNDING = 0.06  # estimates are sent rounded to 0.1 s
 SLOW_LOAD_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 2, "load_delay_ms": 600_000}}}}

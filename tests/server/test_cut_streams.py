@@ -16,6 +16,8 @@ import pytest
 from tests.server.conftest import ServerProcess, running_server
 from tests.waiting import wait_for
 
+pytestmark = pytest.mark.slow  # servers whose stages are killed mid-answer, each kind of stream
+
 # slow vocoder and talker calls stretch a long answer over seconds, so a stage can be killed mid-stream; the
 # vocoder is killed once per test, more often in a row than the default restart limit allows
 SLOW_DEPLOY = {"stages": {"thinker": {"options": {"step_delay_ms": 20}},

@@ -10,6 +10,8 @@ import pytest
 
 from tests.server.conftest import ServerProcess, engines_idle, running_server
 
+pytestmark = pytest.mark.slow  # a server driven past its admission limit
+
 # one request at a time, and a slow thinker so the first is surely still running when the second arrives
 DEPLOY = {"max_pending_requests": 1, "stages": {"thinker": {"options": {"step_delay_ms": 20}}}}
 

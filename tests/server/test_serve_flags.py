@@ -15,6 +15,8 @@ import pytest
 
 from tests.server.conftest import TOY_DEPLOY, ServerProcess, running_server
 
+pytestmark = pytest.mark.slow  # omnipipe serve started once per flag
+
 ORIGIN = "https://app.example.com"
 ENV_KEY = "key-from-the-environment"
 
