@@ -89,13 +89,19 @@ class ChatTap(HttpTap):
         data = b64decode(audio.get("data"))
         self.recorder.user_audio_encoded(data, str(audio.get("format") or "bin"), t_start=self._response_started_at)
 
+    def _inline_part(self, kind: str, url: str) -> tuple[str, bytes] | None:
+        """A media part's (mime type, bytes) when its URL is a base64 data URL; any other URL is recorded as an
+        event of the part's ``kind`` (and None returned)."""
+        inline = inline_data(url, f"{kind}.url")
+        if inline is None:
+            self.recorder.event(kind, url=clipped(url))
+        return inline
+
     @never_raises
     def _image(self, image: Any) -> None:
         """An ``image_url`` part: a base64 data URL is saved; another URL is recorded as an event."""
-        url = ImageUrl.model_validate(image).url
-        inline = inline_data(url, "image_url.url")
+        inline = self._inline_part("image_url", ImageUrl.model_validate(image).url)
         if inline is None:
-            self.recorder.event("image_url", url=clipped(url))
             return
         mime, data = inline
         self.recorder.user_image(data, mime)
@@ -104,10 +110,8 @@ class ChatTap(HttpTap):
     def _audio_url(self, audio: Any) -> None:
         """An ``audio_url`` part: a base64 data URL is saved like ``input_audio`` (its type names the format);
         another URL is recorded as an event."""
-        url = AudioUrl.model_validate(audio).url
-        inline = inline_data(url, "audio_url.url")
+        inline = self._inline_part("audio_url", AudioUrl.model_validate(audio).url)
         if inline is None:
-            self.recorder.event("audio_url", url=clipped(url))
             return
         mime, data = inline
         self.recorder.user_audio_encoded(data, mime.rpartition("/")[2] or "bin", t_start=self._response_started_at)
@@ -116,10 +120,8 @@ class ChatTap(HttpTap):
     def _video_url(self, video: Any) -> None:
         """A ``video_url`` part: a base64 data URL of a video type the recorder keeps is saved like an image;
         another URL (or a type it does not keep) is recorded as an event."""
-        url = VideoUrl.model_validate(video).url
-        inline = inline_data(url, "video_url.url")
+        inline = self._inline_part("video_url", VideoUrl.model_validate(video).url)
         if inline is None:
-            self.recorder.event("video_url", url=clipped(url))
             return
         mime, data = inline
         try:
