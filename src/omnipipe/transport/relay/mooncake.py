@@ -198,16 +198,10 @@ class MooncakeRelay(Relay):
                     "generation": lease.generation, "capacity": buffer.slot_bytes, "one_off": lease.one_off}
 
     def cleanup(self, request_id: str) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._slots.release_request(request_id)
+        self._slots.release_request(request_id)
 
     def slots_in_use(self) -> int:
-        with self._lock:
-            if self._closed:
-                return 0
-            return self._slots.in_use()
+        return self._slots.in_use()
 
     # -------------------------------------------------------------- receiver
     def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> np.ndarray:

@@ -172,16 +172,10 @@ class ShmRelay(Relay):
             }
 
     def cleanup(self, request_id: str) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._slots.release_request(request_id)
+        self._slots.release_request(request_id)
 
     def slots_in_use(self) -> int:
-        with self._lock:
-            if self._closed:
-                return 0
-            return self._slots.in_use()
+        return self._slots.in_use()
 
     # -------------------------------------------------------------- receiver
     def get(self, metadata: dict[str, Any], nbytes: int, request_id: str) -> Any:

@@ -7,8 +7,8 @@ receiver acknowledges that generation; the pool takes acknowledged slots back on
 every credit is out, ``take`` waits (back-pressure) up to ``acquire_timeout_s`` for a receiver, then raises.
 
 What a block is, how a receiver acknowledges a slot, and how a block is given back belong to the transport: a
-relay subclasses ``SlotPool`` with those hooks. The pool's methods run under the relay's lock (passed in), which
-``take`` lets go of while it waits.
+relay subclasses ``SlotPool`` with those hooks. ``take`` runs under the relay's lock (passed in) and lets go of it
+while it waits; ``release_request`` and ``in_use`` take that lock themselves.
 """
 
 from __future__ import annotations
@@ -142,15 +142,23 @@ class SlotPool(ABC, Generic[BlockT]):
             self.free.append(lease.slot)
 
     def release_request(self, request_id: str) -> None:
-        """Drop every slot still held for ``request_id`` (finish or abort); a late read of one fails cleanly."""
-        self.reap()
-        for lease in list(self.leases.values()):
-            if lease.request_id == request_id:
-                self._release(lease)
+        """Drop every slot still held for ``request_id`` (finish or abort); a late read of one fails cleanly.
+        Takes the relay's lock; nothing to do once the pool is closed."""
+        with self.lock:
+            if self.closed:
+                return
+            self.reap()
+            for lease in list(self.leases.values()):
+                if lease.request_id == request_id:
+                    self._release(lease)
 
     def in_use(self) -> int:
-        self.reap()
-        return len(self.leases)
+        """How many slots receivers have not acknowledged yet (0 once closed). Takes the relay's lock."""
+        with self.lock:
+            if self.closed:
+                return 0
+            self.reap()
+            return len(self.leases)
 
     def close(self) -> None:
         """Drop every block; a ``take`` waiting for a credit raises."""
