@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from omnipipe.stage.request import RequestStatus, StageRequest
+from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.schedulers.ar import ARScheduler
 from omnipipe.stage.schedulers.generation import GenerationScheduler
 
@@ -30,8 +31,47 @@ def test_ar_new_requests_join_a_running_batch_up_to_max_num_seqs() -> None:
     batch, prefill = s.schedule()  # only one slot left: c joins, d waits
     assert prefill and [r.request_id for r in batch] == ["c"]
     s.finish(s.running[0])  # a leaves
+    batch, prefill = s.schedule()  # the running requests decode between two prefill steps
+    assert not prefill and [r.request_id for r in batch] == ["b", "c"]
     batch, prefill = s.schedule()
     assert prefill and [r.request_id for r in batch] == ["d"]
+
+
+def test_ar_a_prefill_in_pieces_alternates_with_the_running_decodes() -> None:
+    s = ARScheduler(max_num_seqs=4)
+    s.add(request("a"))
+    batch, prefill = s.schedule()
+    s.postprocess(batch[0], RunnerOutput("a"))  # prefilled at once
+    s.add(request("long"))
+    phases, pieces = [], 0
+    for _ in range(7):
+        batch, prefill = s.schedule()
+        phases.append((prefill, [r.request_id for r in batch]))
+        if prefill:
+            pieces += 1
+            s.postprocess(batch[0], RunnerOutput("long", prefill_pending=pieces < 3))
+    assert phases == [(False, ["a"]), (True, ["long"]), (False, ["a"]), (True, ["long"]), (False, ["a"]),
+                      (True, ["long"]), (False, ["a", "long"])]
+
+
+def test_ar_a_request_without_kv_memory_waits_at_the_head_until_one_leaves() -> None:
+    s = ARScheduler(max_num_seqs=4)
+    for rid in "abc":
+        s.add(request(rid))
+    batch, prefill = s.schedule()
+    assert prefill and len(batch) == 3
+    s.postprocess(batch[0], RunnerOutput("a"))
+    s.postprocess(batch[1], RunnerOutput("b", wait_for_memory=True))
+    s.postprocess(batch[2], RunnerOutput("c", wait_for_memory=True))
+    s.add(request("d"))
+    assert [r.request_id for r in s.waiting] == ["c", "b", "d"]
+    assert s.counts() == (1, 3, 0)
+    for _ in range(3):  # nothing is admitted while memory is short: a decodes alone
+        batch, prefill = s.schedule()
+        assert not prefill and [r.request_id for r in batch] == ["a"]
+    s.finish(s.running[0])
+    batch, prefill = s.schedule()
+    assert prefill and {r.request_id for r in batch} == {"b", "c", "d"}
 
 
 def test_ar_request_waiting_for_chunk_leaves_the_batch_and_comes_back() -> None:
@@ -44,6 +84,8 @@ def test_ar_request_waiting_for_chunk_leaves_the_batch_and_comes_back() -> None:
     assert [r.request_id for r in batch] == ["x"]
     streaming.inputs.append({"chunk": 0})
     s.on_input(streaming)
+    batch, prefill = s.schedule()  # x decodes between two prefill steps
+    assert not prefill and [r.request_id for r in batch] == ["x"]
     batch, prefill = s.schedule()
     assert prefill and [r.request_id for r in batch] == ["s"]
     streaming.prefilled = True

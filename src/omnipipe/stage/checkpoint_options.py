@@ -47,15 +47,47 @@ class CheckpointOptions:
 
 @dataclass(frozen=True)
 class DecoderCheckpointOptions(CheckpointOptions):
-    """``torch_compile``: compile the decoder's forward (dynamic shapes); off by default (on a CPU the compile costs
-    more than it saves at these step sizes)."""
+    """A stage whose decoder steps its requests together (``stage/kv_cache.py``):
+
+    - ``torch_compile``: compile the decoder's forward (dynamic shapes); off by default (on a CPU the compile costs
+      more than it saves at these step sizes).
+    - ``kv_cache_bytes``: the KV cache's budget, reserved at start; by default ``DEFAULT_CPU_KV_BYTES`` on a CPU, and
+      on CUDA what ``gpu_memory_fraction`` (else 0.9) of the device leaves once the weights are loaded. A request is
+      admitted when its prompt and ``max_tokens`` fit what is free; until then it waits.
+    - ``kv_block_tokens``: tokens per block of that cache.
+    - ``prefill_chunk_tokens``: at most that many prompt tokens prefilled in one step; a longer prompt is prefilled
+      in pieces with the running requests' decode steps in between, so an arrival never freezes their streams.
+    - ``step_per_request``: run each request of a batch in its own step (one forward each), as an unbatched stage
+      would; only for comparing against the batched steps (``omnipipe bench``)."""
 
     torch_compile: bool = False
+    kv_cache_bytes: int | None = None
+    kv_block_tokens: int = 16
+    prefill_chunk_tokens: int = 2048
+    step_per_request: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.torch_compile, bool):
-            raise FieldError("torch_compile", f"must be true or false, got {self.torch_compile!r}")
+        for name in ("torch_compile", "step_per_request"):
+            if not isinstance(getattr(self, name), bool):
+                raise FieldError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if self.kv_cache_bytes is not None:
+            positive_int("kv_cache_bytes", self.kv_cache_bytes, 1 << 50)
+        positive_int("kv_block_tokens", self.kv_block_tokens, 1024)
+        positive_int("prefill_chunk_tokens", self.prefill_chunk_tokens, 1 << 20)
+
+    def kv_budget_bytes(self, device: str) -> int:
+        """What the stage's KV cache may take (call once the weights are loaded)."""
+        if self.kv_cache_bytes is not None:
+            return int(self.kv_cache_bytes)
+        if not device.startswith("cuda"):
+            return DEFAULT_CPU_KV_BYTES
+        index = torch.device(device)
+        total = torch.cuda.get_device_properties(index).total_memory
+        return max(0, int(total * (self.gpu_memory_fraction or 0.9)) - torch.cuda.memory_allocated(index))
+
+
+DEFAULT_CPU_KV_BYTES = 1 << 30
 
 
 def positive_int(name: str, value: object, most: int) -> None:

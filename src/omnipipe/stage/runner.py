@@ -42,6 +42,12 @@ class RunnerOutput:
     finished: bool = False
     finish_reason: str | None = None
     needs_input: bool = False  # AR stage: wait (WAITING_FOR_CHUNK) until the next input chunk arrives
+    # AR stage, a prefill step: the prompt is not all in the cache yet (chunked prefill, or its media still being
+    # processed); the request gets another prefill step after the running requests' next decode step
+    prefill_pending: bool = False
+    # AR stage, a prefill step: the request's KV cache does not fit what is free now; it goes back to the head of
+    # the queue and no request is admitted until one leaves the stage
+    wait_for_memory: bool = False
     error: str | None = None  # this request failed (e.g. its input is too long); the rest of the batch goes on
     # with ``error``: the request's own input is at fault, and this is the field it came in (``prompt``); the
     # caller gets a FieldError naming it (HTTP 400) instead of a failure, and ``error`` is the rule it broke
@@ -70,6 +76,8 @@ class StageRunner(ABC):
 
     AR stages: ``execute(batch, is_prefill)`` is called with newly admitted requests (``is_prefill=True``: read
     ``request.take_all_inputs()``, build the per-request cache) or with the running batch (one decode step each).
+    A prefill may take several steps (``RunnerOutput.prefill_pending``: decode steps of the others run between
+    them) or wait for KV memory (``RunnerOutput.wait_for_memory``).
     Generation stages: ``execute(batch, False)``; each request has at least one input chunk, take one with
     ``request.take_input()`` and return its result; the scheduler finishes a request once its input is exhausted.
     Diffusion stages: ``execute(batch, False)`` is one denoising step for every request of the batch, each at its

@@ -154,3 +154,77 @@ def sample_next_token(
         scores = scores.masked_fill(drop, float("-inf"))
     probs = torch.softmax(scores, dim=-1).cpu()
     return int(torch.multinomial(probs, num_samples=1, generator=generator))
+
+
+@dataclass
+class SamplingRow:
+    """One request's row of a batched step: its settings, generator, and the ids its penalties read."""
+
+    params: TokenSamplingParams
+    generator: torch.Generator | None = None
+    generated_ids: Sequence[int] = ()
+    prompt_ids: Sequence[int] = ()
+
+
+def sample_next_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow],
+                       suppress: torch.Tensor | Sequence[int] = ()) -> list[int]:
+    """The next token of every row of ``logits`` [rows, vocab], each as ``sample_next_token`` would choose it alone
+    (the same scores, the same draw from the row's own generator): a request gives the same tokens whatever it is
+    batched with. Rows that are greedy without penalties take one argmax on the device together; the others have
+    their penalties applied row by row and are filtered (temperature, top-k, top-p) together in float64."""
+    if logits.dim() != 2 or logits.shape[0] != len(rows):
+        raise ValueError(f"logits must have shape [{len(rows)}, vocab], got {tuple(logits.shape)}")
+    chosen: list[int | None] = [None] * len(rows)
+    plain = [i for i, row in enumerate(rows) if row.params.greedy and not _penalised(row)]
+    if plain:
+        scores = logits[plain]
+        if len(suppress):
+            scores = scores.index_fill(1, torch.as_tensor(suppress, dtype=torch.long).to(scores.device),
+                                       float("-inf"))
+        for i, token in zip(plain, scores.argmax(dim=-1).tolist(), strict=True):
+            chosen[i] = int(token)
+    rest = [i for i in range(len(rows)) if chosen[i] is None]
+    if rest:
+        scores = torch.stack([apply_penalties(logits[i], rows[i].params, rows[i].generated_ids, rows[i].prompt_ids)
+                              for i in rest])
+        if len(suppress):
+            scores[:, torch.as_tensor(suppress, dtype=torch.long).to(scores.device)] = float("-inf")
+        for i, token in zip(rest, _filtered_choice(scores, [rows[i] for i in rest]), strict=True):
+            chosen[i] = token
+    return [int(token) for token in chosen if token is not None]
+
+
+def _penalised(row: SamplingRow) -> bool:
+    params = row.params
+    return bool((params.repetition_penalty != 1.0 and (row.generated_ids or row.prompt_ids))
+                or ((params.presence_penalty or params.frequency_penalty) and row.generated_ids))
+
+
+def _filtered_choice(scores: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
+    """Greedy rows take their argmax; sampled rows are filtered as ``sample_next_token`` does, all at once."""
+    tokens = scores.argmax(dim=-1).tolist()
+    sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
+    if not sampled:
+        return tokens
+    scores = scores[sampled]
+    temperature = torch.tensor([rows[i].params.temperature for i in sampled], dtype=scores.dtype,
+                               device=scores.device)
+    scores = (scores - scores.max(dim=-1, keepdim=True).values) / temperature[:, None]
+    vocab = scores.shape[-1]
+    top_k = [rows[i].params.top_k for i in sampled]
+    if any(0 < k < vocab for k in top_k):
+        ranked = torch.sort(scores, dim=-1, descending=True).values
+        index = torch.tensor([k - 1 if 0 < k < vocab else vocab - 1 for k in top_k], device=scores.device)
+        kth_best = ranked.gather(1, index[:, None])
+        scores = scores.masked_fill(scores < kth_best, float("-inf"))
+    top_p = torch.tensor([rows[i].params.top_p for i in sampled], dtype=scores.dtype, device=scores.device)
+    if bool((top_p < 1.0).any()):
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
+        sorted_probs = torch.softmax(sorted_scores, dim=-1)
+        drop_sorted = ((sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]) & (top_p[:, None] < 1.0)
+        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).cpu()
+    for row, i in enumerate(sampled):
+        tokens[i] = int(torch.multinomial(probs[row], num_samples=1, generator=rows[i].generator))
+    return tokens

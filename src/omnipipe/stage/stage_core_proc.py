@@ -206,7 +206,8 @@ class StageCoreProc:
             self.runner.load()
             if self.launch.options.get("warmup", True):
                 self.runner.warmup()
-            self.steps = StageStep(self.scheduler, self.runner, self._deliver, self._fail, self.requests.__contains__)
+            self.steps = StageStep(self.scheduler, self.runner, self._deliver, self._fail, self.requests.__contains__,
+                                   per_request=bool(self.launch.options.get("step_per_request", False)))
         except Exception as exc:
             logger.exception("loading the runner failed")
             self._send(StageError("", self.stage, f"failed to load {self.launch.runner}: {type(exc).__name__}: {exc}"))

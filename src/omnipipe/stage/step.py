@@ -40,9 +40,10 @@ class StageStep:
     fails one request, ``is_live`` says whether a request is still the stage's."""
 
     def __init__(self, scheduler: Scheduler, runner: StageRunner, deliver: Deliver, fail: Fail,
-                 is_live: Callable[[str], bool]) -> None:
+                 is_live: Callable[[str], bool], per_request: bool = False) -> None:
         self.scheduler = scheduler
         self.runner = runner
+        self.per_request = per_request  # the stage option step_per_request: one runner call per request
         self._deliver = deliver
         self._fail = fail
         self._is_live = is_live
@@ -72,7 +73,10 @@ class StageStep:
         self._apply(batch, outputs, elapsed)
 
     def _execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        outputs = self.runner.execute(batch, is_prefill)
+        if self.per_request and len(batch) > 1:
+            outputs = [output for request in batch for output in self._execute([request], is_prefill)]
+        else:
+            outputs = self.runner.execute(batch, is_prefill)
         if len(outputs) != len(batch):
             raise RuntimeError(f"runner returned {len(outputs)} outputs for a batch of {len(batch)}")
         return outputs

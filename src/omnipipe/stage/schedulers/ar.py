@@ -3,6 +3,11 @@
 Requests join the running batch between steps (a prefill step for the newcomers) and leave it as soon as they
 finish; at most ``max_num_seqs`` run at once. A request that has used all its input and expects more waits in
 WAITING_FOR_CHUNK outside the batch.
+
+A runner may prefill a long prompt in pieces (``RunnerOutput.prefill_pending``): prefill steps then alternate with
+decode steps of the running requests, so an arrival never freezes their streams for longer than one piece. A
+request whose KV cache does not fit what is free (``RunnerOutput.wait_for_memory``) goes back to the head of the
+queue, and nothing more is admitted until a request leaves the stage and frees its cache.
 """
 
 from __future__ import annotations
@@ -20,8 +25,11 @@ class ARScheduler(Scheduler):
     def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None) -> None:
         super().__init__(max_num_seqs, options)
         self.waiting: deque[StageRequest] = deque()
-        self.running: list[StageRequest] = []
+        self.running: list[StageRequest] = []  # admitted: being prefilled or decoding
+        self.prefilling: list[StageRequest] = []  # of ``running``: a prefill in pieces not finished yet
         self.waiting_for_chunk: dict[str, StageRequest] = {}
+        self.memory_blocked = False  # a request waits for KV memory: admit none until one leaves
+        self._last_was_prefill = False
 
     def add(self, request: StageRequest) -> None:
         if request.inputs or request.input_finished:
@@ -42,37 +50,61 @@ class ARScheduler(Scheduler):
             request.status = RequestStatus.WAITING
             self.waiting.append(request)
 
+    def _can_admit(self) -> bool:
+        return bool(self.waiting) and len(self.running) < self.max_num_seqs and not self.memory_blocked
+
     def has_work(self) -> bool:
-        return bool(self.running) or (bool(self.waiting) and len(self.running) < self.max_num_seqs)
+        return bool(self.running) or self._can_admit()
 
     def schedule(self) -> tuple[list[StageRequest], bool]:
-        """Return (batch, is_prefill). New requests are prefilled first, then the running batch decodes."""
-        admitted: list[StageRequest] = []
-        while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
-            admitted.append(self.waiting.popleft())
+        """Return (batch, is_prefill): the newcomers and the unfinished prefills, or the decoding requests; when
+        both have work the two alternate."""
         now = time.perf_counter()
-        if admitted:
-            for request in admitted:
-                request.status = RequestStatus.RUNNING
-                if request.first_scheduled_s is None:
-                    request.first_scheduled_s = now
-            self.running.extend(admitted)
-            return admitted, True
-        return list(self.running), False
+        while self._can_admit():
+            request = self.waiting.popleft()
+            request.status = RequestStatus.RUNNING
+            if request.first_scheduled_s is None:
+                request.first_scheduled_s = now
+            self.running.append(request)
+            self.prefilling.append(request)
+        decoding = [request for request in self.running if request not in self.prefilling]
+        if self.prefilling and (not decoding or not self._last_was_prefill):
+            self._last_was_prefill = True
+            batch, self.prefilling = self.prefilling, []
+            return batch, True
+        self._last_was_prefill = False
+        return decoding, False
 
     def postprocess(self, request: StageRequest, output: RunnerOutput) -> bool:
-        """An AR request finishes when the runner says so; it leaves the batch only when it needs more input."""
+        """An AR request finishes when the runner says so; it leaves the batch only when it needs more input or
+        memory, and stays among the prefills while its prefill is pending."""
         if output.finished:
             self.finish(request)
             return True
-        if output.needs_input:
+        if output.wait_for_memory:
+            self._requeue(request)
+        elif output.prefill_pending:
+            if request not in self.prefilling:
+                self.prefilling.append(request)
+        elif output.needs_input:
             self.park(request)
         return False
 
-    def park(self, request: StageRequest) -> None:
-        """The runner consumed all input and needs more."""
+    def _requeue(self, request: StageRequest) -> None:
+        self._drop_from_batch(request)
+        request.status = RequestStatus.WAITING
+        self.waiting.appendleft(request)
+        self.memory_blocked = True
+
+    def _drop_from_batch(self, request: StageRequest) -> None:
         if request in self.running:
             self.running.remove(request)
+        if request in self.prefilling:
+            self.prefilling.remove(request)
+
+    def park(self, request: StageRequest) -> None:
+        """The runner consumed all input and needs more."""
+        self._drop_from_batch(request)
         if request.inputs:
             self.running.append(request)
             return
@@ -85,14 +117,13 @@ class ARScheduler(Scheduler):
 
     def remove(self, request_id: str) -> StageRequest | None:
         found = self.waiting_for_chunk.pop(request_id, None)
-        for request in list(self.running):
-            if request.request_id == request_id:
-                self.running.remove(request)
-                found = request
-        for request in list(self.waiting):
-            if request.request_id == request_id:
-                self.waiting.remove(request)
-                found = request
+        for queue in (self.running, self.prefilling, self.waiting):
+            for request in list(queue):
+                if request.request_id == request_id:
+                    queue.remove(request)
+                    found = request
+        if found is not None:
+            self.memory_blocked = False  # what it held is free now
         return found
 
     def counts(self) -> tuple[int, int, int]:

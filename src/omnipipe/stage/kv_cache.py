@@ -1,0 +1,194 @@
+"""One KV cache for every request of an autoregressive checkpoint stage: a pool of fixed-size blocks reserved at
+start from a memory budget, each request holding the blocks its prompt and reply can fill.
+
+``PagedKVCache`` is what a transformers decoder is given as ``past_key_values``: before each forward the runner
+binds the rows of the batch (``bind``: which requests, how many new tokens each), the model's attention layers call
+``update`` with the new keys and values of every row, and get back each row's whole history, gathered from its
+blocks and padded to the longest row; ``attention_mask`` masks the padding and the future, row by row. A request
+reserves all the blocks it can ever need when it is admitted (``reserve``: its prompt plus its ``max_tokens``), so
+a decode step never runs out of memory: a request that does not fit waits until another frees its blocks.
+
+Undoing a step is setting a request's length back (``set_length``): what a failed step wrote past it is never read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+DEFAULT_BLOCK_TOKENS = 16
+
+
+@dataclass
+class _Entry:
+    blocks: list[int]
+    length: int = 0  # tokens written and kept
+
+
+class KVBudgetError(ValueError):
+    """A request that can never fit the stage's KV budget (even alone)."""
+
+
+class PagedKVCache:
+    """A block pool [layers] x [blocks x block_tokens, kv_heads, head_dim] for keys and for values."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, num_blocks: int, *,
+                 block_tokens: int = DEFAULT_BLOCK_TOKENS, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> None:
+        if num_blocks < 1:
+            raise ValueError("a KV cache needs at least one block")
+        self.block_tokens = block_tokens
+        self.num_blocks = num_blocks
+        self.dtype, self.device = dtype, torch.device(device)
+        shape = (num_blocks * block_tokens, kv_heads, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self._free = list(range(num_blocks - 1, -1, -1))
+        self._entries: dict[str, _Entry] = {}
+        self._bound: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
+
+    @classmethod
+    def for_model(cls, text_config: Any, budget_bytes: int, *, block_tokens: int = DEFAULT_BLOCK_TOKENS,
+                  dtype: torch.dtype, device: str | torch.device) -> PagedKVCache:
+        """As many blocks as ``budget_bytes`` holds for a decoder of ``text_config`` (layers, kv heads, head dim)."""
+        layers, heads, dim = model_shape(text_config)
+        per_token = token_bytes(text_config, dtype)
+        num_blocks = budget_bytes // (per_token * block_tokens)
+        if num_blocks < 1:
+            raise KVBudgetError(f"a KV budget of {budget_bytes} bytes holds no block of {block_tokens} tokens "
+                                f"({per_token} bytes a token): raise kv_cache_bytes")
+        return cls(layers, heads, dim, int(num_blocks), block_tokens=block_tokens, dtype=dtype, device=device)
+
+    # ------------------------------------------------------------------------------------------- reservations
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_tokens
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    def blocks_for(self, tokens: int) -> int:
+        return max(1, math.ceil(tokens / self.block_tokens))
+
+    def fits_ever(self, tokens: int) -> bool:
+        return self.blocks_for(tokens) <= self.num_blocks
+
+    def reserve(self, key: str, tokens: int) -> bool:
+        """Reserve room for ``tokens`` tokens of request ``key`` (more blocks if it holds some already). False when
+        the free blocks are too few now; ``KVBudgetError`` when the whole pool is too small for it."""
+        if not self.fits_ever(tokens):
+            raise KVBudgetError(f"needs {tokens} tokens of KV cache, more than the stage's whole budget holds "
+                                f"({self.capacity_tokens} tokens): raise kv_cache_bytes (or gpu_memory_fraction), "
+                                "or lower max_tokens")
+        entry = self._entries.get(key)
+        held = len(entry.blocks) if entry else 0
+        more = self.blocks_for(tokens) - held
+        if more > len(self._free):
+            return False
+        if entry is None:
+            entry = self._entries[key] = _Entry([])
+        entry.blocks.extend(self._free.pop() for _ in range(max(0, more)))
+        return True
+
+    def holds(self, key: str) -> bool:
+        return key in self._entries
+
+    def release(self, key: str) -> None:
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._free.extend(reversed(entry.blocks))
+
+    def length(self, key: str) -> int:
+        return self._entries[key].length
+
+    def set_length(self, key: str, length: int) -> None:
+        """Forget what was written after ``length`` tokens (undo a step)."""
+        entry = self._entries[key]
+        if not 0 <= length <= entry.length:
+            raise ValueError(f"cannot set {key}'s KV length to {length} (it holds {entry.length})")
+        entry.length = length
+
+    def used_tokens(self) -> int:
+        return sum(e.length for e in self._entries.values())
+
+    def reserved_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    # --------------------------------------------------------------------------------------------- a forward
+    def bind(self, keys: list[str], query_tokens: int) -> None:
+        """The next forward writes ``query_tokens`` new tokens for each row (request ``keys[b]``), after what the
+        row holds; each row's length grows by as much (``set_length`` undoes it)."""
+        starts = []
+        for key in keys:
+            entry = self._entries[key]
+            start = entry.length
+            if start + query_tokens > len(entry.blocks) * self.block_tokens:
+                raise KVBudgetError(f"request {key} writes past the KV it reserved ({start} + {query_tokens} > "
+                                    f"{len(entry.blocks) * self.block_tokens} tokens)")
+            starts.append(start)
+            entry.length = start + query_tokens
+        width = max(starts) + query_tokens
+        slots = torch.zeros(len(keys), width, dtype=torch.long)
+        for row, key in enumerate(keys):
+            blocks = torch.tensor(self._entries[key].blocks, dtype=torch.long)
+            positions = torch.arange(starts[row] + query_tokens)
+            slots[row, :len(positions)] = blocks[positions // self.block_tokens] * self.block_tokens + \
+                positions % self.block_tokens
+        start = torch.tensor(starts, dtype=torch.long)
+        writes = torch.stack([slots[row, s:s + query_tokens] for row, s in enumerate(starts)])
+        self._bound = (slots.to(self.device), writes.reshape(-1).to(self.device), start, query_tokens)
+
+    def attention_mask(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The bound step's additive mask [rows, 1, query, keys]: 0 where query i of row b may see key j (j <= its
+        start + i), the dtype's lowest value elsewhere (the future and the padding past a shorter row)."""
+        if self._bound is None:
+            raise RuntimeError("bind the batch before asking for its mask")
+        slots, _, starts, query = self._bound
+        visible = torch.arange(slots.shape[1]).view(1, 1, -1) <= \
+            (starts.view(-1, 1, 1) + torch.arange(query).view(1, -1, 1))
+        dtype = dtype or self.dtype
+        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+        return mask[:, None].to(self.device)
+
+    def positions(self) -> torch.Tensor:
+        """The bound step's token positions in the cache [rows, query] (each row's start onwards)."""
+        if self._bound is None:
+            raise RuntimeError("bind the batch before asking for its positions")
+        _, _, starts, query = self._bound
+        return (starts.view(-1, 1) + torch.arange(query).view(1, -1)).to(self.device)
+
+    # ----------------------------------------------------------------------- what transformers' layers call
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
+               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the bound rows' new keys/values [rows, heads, query, dim]; return every row's keys/values so far
+        [rows, heads, longest, dim] (padding past a row's length is masked)."""
+        if self._bound is None:
+            raise RuntimeError("PagedKVCache.update before bind")
+        slots, writes, _, _ = self._bound
+        heads, dim = key_states.shape[1], key_states.shape[3]
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        keys.index_copy_(0, writes, key_states.transpose(1, 2).reshape(-1, heads, dim).to(keys.dtype))
+        values.index_copy_(0, writes, value_states.transpose(1, 2).reshape(-1, heads, dim).to(values.dtype))
+        return keys[slots].transpose(1, 2), values[slots].transpose(1, 2)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0 if self._bound is None else int(self._bound[0].shape[1])
+
+    is_compileable = False
+
+
+def model_shape(text_config: Any) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) of a transformers decoder config."""
+    heads = int(getattr(text_config, "num_key_value_heads", None) or text_config.num_attention_heads)
+    dim = getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
+    return int(text_config.num_hidden_layers), heads, int(dim)
+
+
+def token_bytes(text_config: Any, dtype: torch.dtype) -> int:
+    """Bytes of keys and values one token takes in every layer."""
+    layers, heads, dim = model_shape(text_config)
+    return 2 * layers * heads * dim * torch.empty((), dtype=dtype).element_size()
