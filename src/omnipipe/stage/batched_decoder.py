@@ -1,0 +1,93 @@
+"""What every batched autoregressive checkpoint runner shares (the Qwen-Omni thinkers and talkers): a per-request
+``DecodeState`` (sampling, generator, tokens so far, its cap) that snapshots and restores the same way for every
+family, and ``BatchedDecoderRunner``: the stage's one ``PagedKVCache`` (``stage/kv_cache.py``), admission of a
+request's KV reservation (wait for memory, or a 400 naming what to raise when it can never fit), batch-failure
+isolation (a failed step rewinds each member's cache length and state) and release of a request's blocks.
+
+A family's runner keeps its own state as a subclass of ``DecodeState`` and calls, per step: ``reserve`` at
+prefill, ``self.kv.bind(keys, tokens)`` before each forward with ``self.kv`` as the model's ``past_key_values``
+and ``self.kv.attention_mask()`` as its mask, and ``sample_next_tokens`` over the batch's ``sampling_row``s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omnipipe.stage.checkpoint_options import DecoderCheckpointOptions
+from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache
+from omnipipe.stage.request import StageRequest
+from omnipipe.stage.runner import RunnerOutput, StageRunner
+from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams
+
+
+@dataclass
+class DecodeState:
+    """One request's decoding: its settings, its own generator (seeded requests stay reproducible whatever they
+    are batched with) and every token it sampled (an end token included)."""
+
+    sampling: TokenSamplingParams
+    generator: torch.Generator | None
+    max_tokens: int
+    generated: list[int] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)  # what the repetition penalty reads besides ``generated``
+
+    def sampling_row(self) -> SamplingRow:
+        return SamplingRow(self.sampling, self.generator, self.generated, self.prompt_ids)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What ``restore`` needs to undo a step: lists and generator copied, the rest as they are (a family's
+        subclass holding mutable fields other than lists copies them in its override)."""
+        saved = {name: list(value) if isinstance(value, list) else value for name, value in vars(self).items()}
+        saved["generator"] = None if self.generator is None else self.generator.get_state()
+        return saved
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        generator = saved.pop("generator")
+        for name, value in saved.items():
+            setattr(self, name, list(value) if isinstance(value, list) else value)
+        if generator is not None and self.generator is not None:
+            self.generator.set_state(generator)
+
+
+class BatchedDecoderRunner(StageRunner):
+    """The KV cache, admission and step isolation of a batched AR checkpoint stage; ``request.runner_state`` is a
+    ``DecodeState`` subclass (or None before the prefill)."""
+
+    kv: PagedKVCache
+
+    def make_kv_cache(self, text_config: Any, options: DecoderCheckpointOptions, dtype: torch.dtype) -> None:
+        """The stage's KV cache, from its budget (call once the weights are on the device)."""
+        self.kv = PagedKVCache.for_model(text_config, options.kv_budget_bytes(self.context.device),
+                                         block_tokens=options.kv_block_tokens, dtype=dtype, device=self.context.device)
+
+    def reserve(self, request: StageRequest, tokens: int) -> RunnerOutput | None:
+        """Reserve ``tokens`` of KV for ``request`` (its prompt plus all it may generate): None when done, else
+        the output that makes it wait for memory, or fails it when even the whole cache is too small."""
+        try:
+            if self.kv.reserve(request.request_id, tokens):
+                return None
+        except KVBudgetError as exc:
+            return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=str(exc),
+                                error_field="sampling_params.max_tokens")
+        return RunnerOutput(request.request_id, wait_for_memory=True)
+
+    def snapshot(self, request: StageRequest) -> Any:
+        state = request.runner_state
+        if state is None:
+            return None
+        held = self.kv.length(request.request_id) if self.kv.holds(request.request_id) else None
+        return {"kv_length": held, "state": state.snapshot()}
+
+    def restore(self, request: StageRequest, snapshot: Any) -> None:
+        if snapshot is None:
+            self.free(request)
+            return
+        if snapshot["kv_length"] is not None and self.kv.holds(request.request_id):
+            self.kv.set_length(request.request_id, snapshot["kv_length"])
+        request.runner_state.restore(dict(snapshot["state"]))
+
+    def free(self, request: StageRequest) -> None:
+        self.kv.release(request.request_id)
+        request.runner_state = None
