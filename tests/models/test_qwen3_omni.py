@@ -292,11 +292,11 @@ def test_the_thinker_stops_before_a_stop_string_and_never_shows_part_of_one(chec
     """Greedy through the thinker's runner: with a stop string from the middle of the reference answer, the streamed
     text is exactly what comes before it, and no delta sent ever showed a piece of it (text that may begin a stop
     string waits until the next tokens settle it)."""
-    from omnipipe.models.qwen3_omni.runners.thinker import QwenOmniThinkerRunner
+    from omnipipe.models.qwen3_omni.runners.thinker import Qwen3ThinkerRunner
     from omnipipe.stage.request import StageRequest
     from omnipipe.stage.runner import RunnerContext
 
-    runner = QwenOmniThinkerRunner(RunnerContext("thinker", "cpu", 1, 1, {"model": str(checkpoint)}))
+    runner = Qwen3ThinkerRunner(RunnerContext("thinker", "cpu", 1, 1, {"model": str(checkpoint)}))
     runner.load()
 
     def run(params: dict[str, Any]) -> tuple[list[str], int, str | None]:

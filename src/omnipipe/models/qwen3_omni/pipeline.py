@@ -12,7 +12,7 @@ PIPELINE = PipelineSpec(
     name="qwen3_omni",
     description="Qwen3-Omni: MoE thinker (text, image, audio, video in) -> talker with code predictor -> code2wav",
     stages=(
-        StageSpec("thinker", "ar", f"{_P}.runners.thinker:QwenOmniThinkerRunner", final_output="text"),
+        StageSpec("thinker", "ar", f"{_P}.runners.thinker:Qwen3ThinkerRunner", final_output="text"),
         StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner",
                   extra_params=f"{_P}.options:Qwen3TalkerParams"),
         StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:QwenOmniCode2WavRunner", final_output="audio",

@@ -1,11 +1,15 @@
 """The Qwen3-Omni thinker stage: text, images, audio and video in, text out, and per step what the talker reads.
 
-Each request keeps its own transformers cache and rope positions (4 rows: text, then the three multimodal rows, as
-``generate`` builds them); a step runs the thinker once per request of the batch (their positions differ). Logits
-are computed for the last position only; hidden states are kept only at the prefill. What the talker needs goes out
-as step data: with the first token, the prompt's ids, its layer-0 embeddings and its multimodal positions' hidden
-states at the talker's ``accept_hidden_layer`` (and the grids its rope index needs); with every token, that token's
-embedding.
+Every decoding request of the stage steps in one forward of the language model (``stage/batched_decoder.py``: one
+paged KV cache, each row its own length and rope positions; at decode a request's four position rows, text then the
+three multimodal ones, each advance by one). A prompt is processed (chat template, tokenizer, feature extractor,
+video decoding) on a background thread from the moment it arrives, its multimodal embeddings merged once by the
+model's own code, then fed to the decoder ``prefill_chunk_tokens`` at a time between the others' decode steps
+(``stage/prompt_pieces.py``). Qwen3's MoE layers route the whole batch's tokens through their experts together.
+
+What the talker needs goes out as step data: with the first token, the prompt's ids, its layer-0 embeddings and its
+multimodal positions' hidden states at the talker's ``accept_hidden_layer`` (and the grids its rope index needs);
+with every token, that token's embedding.
 
 Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``). SamplingParams (``stage/sampling.py``):
 temperature, top-k, top-p, seed, repetition / presence / frequency penalties (over the generated tokens),
@@ -15,27 +19,55 @@ held back until it is settled).
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
+from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
+from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.request import StageRequest
-from omnipipe.stage.runner import RunnerOutput, StageRunner
-from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_token
+from omnipipe.stage.runner import RunnerOutput
+from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.util.field_error import FieldError
 
+_MEDIA_FLOATS = ("pixel_values", "pixel_values_videos", "input_features")
 
-class QwenOmniThinkerRunner(StageRunner):
+
+@dataclass
+class Qwen3ThinkerState(DecodeState):
+    stream: TextStream | None = None
+    prompt: PromptPieces | None = None  # while its prefill is in pieces
+    last_position: torch.Tensor | None = None  # [4]: the rope rows of the last position fed
+    handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
+
+    def snapshot(self) -> dict[str, Any]:
+        saved = super().snapshot()
+        saved["stream"] = None if self.stream is None else self.stream.copy()
+        saved["prompt"] = None if self.prompt is None else (self.prompt, self.prompt.mark())
+        return saved
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        prompt = saved.pop("prompt")
+        super().restore(saved)
+        if prompt is not None:
+            self.prompt, mark = prompt
+            self.prompt.rewind(mark)
+
+
+class Qwen3ThinkerRunner(BatchedDecoderRunner):
     def load(self) -> None:
         self.options, self.directory, dtype = checked_options(self.context, MultimodalThinkerOptions)
         self.device = self.context.device
         self.config = load_config(self.directory)
         self.model = load_part(self.directory, "thinker", self.device, dtype)
-        compile_if(self.model.model.language_model, self.options.torch_compile)
+        self.decoder = self.model.model.language_model
+        compile_if(self.decoder, self.options.torch_compile)
         self.inputs = ThinkerInputBuilder(self.directory, self.config)
         self.accept_layer = int(self.config.talker_config.accept_hidden_layer)
         thinker = self.config.thinker_config
@@ -43,29 +75,28 @@ class QwenOmniThinkerRunner(StageRunner):
         self.eos_ids = {int(self.config.im_end_token_id)}
         if self.inputs.tokenizer.pad_token_id is not None:
             self.eos_ids.add(int(self.inputs.tokenizer.pad_token_id))  # <|endoftext|>
+        self.make_kv_cache(self.model.config.text_config, self.options, dtype)
+        self._processing: dict[str, Future[dict[str, Any]]] = {}
+        self._processor = ThreadPoolExecutor(1, thread_name_prefix="thinker-inputs")
+        self._decoding: set[str] = set()
 
-    # ------------------------------------------------------------------------------------- per-request state
-    def snapshot(self, request: StageRequest) -> Any:
-        state = request.runner_state
-        if state is None:
-            return None
-        generator = state["generator"]
-        return {"length": state["cache"].get_seq_length(), "generated": list(state["generated"]),
-                "generator": None if generator is None else generator.get_state(), "stream": state["stream"].copy(),
-                **{key: state[key] for key in ("last_position", "logits")}}
+    def close(self) -> None:
+        self._processor.shutdown(wait=False, cancel_futures=True)
 
-    def restore(self, request: StageRequest, snapshot: Any) -> None:
-        if snapshot is None:
-            request.runner_state = None
-            return
-        state = request.runner_state
-        state["cache"].crop(snapshot.pop("length"))
-        generator = snapshot.pop("generator")
-        if generator is not None:
-            state["generator"].set_state(generator)
-        state.update(snapshot)
+    # ------------------------------------------------------------------------------------- inputs, off the loop
+    def admit(self, request: StageRequest) -> None:
+        if request.inputs:
+            self._processing[request.request_id] = self._processor.submit(self._process, request.inputs[0])
 
-    # ------------------------------------------------------------------------------------------------ model
+    def _process(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A prompt (chat and media) -> the model's input tensors (on the CPU), videos sampled at ``video_fps``."""
+        try:
+            return self.inputs(self._sample_videos(item))
+        except FieldError:
+            raise
+        except (ValueError, RuntimeError) as exc:
+            raise FieldError("prompt.multi_modal_data", f"cannot be processed: {exc}") from None
+
     def _sample_videos(self, item: dict[str, Any]) -> dict[str, Any]:
         """Video files (bytes or a data: URL) sampled at ``video_fps``; frames given as frames stay."""
         from omnipipe.util.media import load_video
@@ -78,91 +109,152 @@ class QwenOmniThinkerRunner(StageRunner):
                    if isinstance(v, (bytes, str)) else v for i, v in enumerate(videos)]
         return {**item, "videos": sampled, "video_fps": fps}
 
-    def _forward(self, state: dict[str, Any], position_ids: torch.Tensor, hidden: bool = False, **kwargs: Any):
-        """One forward at ``position_ids``; the next step's positions follow the last by one. Returns the last
-        position's logits and, with ``hidden``, every layer's hidden states."""
-        state["last_position"] = position_ids[..., -1:]
-        out = self.model.model(past_key_values=state["cache"], use_cache=True, output_hidden_states=hidden,
-                               position_ids=position_ids, **kwargs)
-        logits = self.model.lm_head(out.last_hidden_state[0, -1:])[0]
-        return logits, out.hidden_states
+    def _processed(self, request: StageRequest) -> dict[str, Any] | None:
+        """The request's processed inputs; None while they are still being made and other requests decode."""
+        future = self._processing.get(request.request_id)
+        if future is None:  # not admitted through the stage loop (a direct caller): process it now
+            future = self._processing[request.request_id] = self._processor.submit(
+                self._process, request.inputs[0] if request.inputs else {})
+        if not future.done() and self._decoding:
+            return None
+        return future.result()
 
-    def _prefill(self, request: StageRequest) -> dict[str, Any]:
-        from transformers import DynamicCache
-
-        items = request.take_all_inputs()
-        item = items[0] if items else {}
-        try:
-            kwargs = self.inputs(self._sample_videos(item))
-        except FieldError:
-            raise
-        except (ValueError, RuntimeError) as exc:
-            raise FieldError("prompt.multi_modal_data", f"cannot be processed: {exc}") from None
+    # ------------------------------------------------------------------------------------------------ prefill
+    def _start(self, request: StageRequest, kwargs: dict[str, Any]) -> RunnerOutput | None:
+        """Reserve the request's KV and build its prompt's pieces; an output when it must wait or fail."""
+        ids = kwargs["input_ids"]
+        max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
+        waiting = self.reserve(request, int(ids.shape[1]) + max_tokens)
+        if waiting is not None:
+            return waiting
+        del self._processing[request.request_id]
+        request.take_all_inputs()
+        request.num_prompt_tokens = int(ids.shape[1])
         kwargs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
-        for key in ("pixel_values", "pixel_values_videos", "input_features"):
+        for key in _MEDIA_FLOATS:
             if key in kwargs:
                 kwargs[key] = kwargs[key].to(self.model.dtype)
-        ids = kwargs["input_ids"]
-        request.num_prompt_tokens = int(ids.shape[1])
-        sampling = TokenSamplingParams.from_params(request.params)
-        max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
-        state: dict[str, Any] = {"cache": DynamicCache(config=self.model.config.text_config),
-                                 "generated": [], "sampling": sampling, "generator": sampling.make_generator(),
-                                 "stream": TextStream(self._decode_ids, request.params.get("stop") or []),
-                                 "max_tokens": max_tokens}
         position_ids = self.model._prepare_position_ids_for_generation(ids, {**kwargs, "past_key_values": None})
         self.model.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
-        state["logits"], hidden = self._forward(state, position_ids, hidden=True, **kwargs)
-        mm = torch.isin(ids[0].cpu(), self.mm_token_ids).to(hidden[0].device)
-        handoff: dict[str, Any] = {
-            "prompt_ids": ids[0].cpu(),
-            "prompt_embed": hidden[0][0].float().cpu(),
-            "mm_hidden": hidden[self.accept_layer][0][mm].float().cpu(),
-        }
+        decoder_inputs = capture_decoder_inputs(self.model.model, self.decoder, position_ids=position_ids,
+                                                use_cache=False, **kwargs)
+        deepstack = decoder_inputs.get("deepstack_visual_embeds")
+        pieces = PromptPieces(decoder_inputs["inputs_embeds"], position_ids,
+                              decoder_inputs.get("visual_pos_masks"), list(deepstack) if deepstack else None,
+                              keep=(0, self.accept_layer))
+        sampling = TokenSamplingParams.from_params(request.params)
+        request.runner_state = Qwen3ThinkerState(
+            sampling, sampling.make_generator(), max_tokens, stream=TextStream(self._decode_ids,
+                                                                               request.params.get("stop") or []),
+            prompt=pieces, handoff={"ids": ids[0].cpu(), "grids": self._grids(kwargs)})
+        return None
+
+    def _grids(self, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
         grids = {k: kwargs[k].cpu() for k in ("image_grid_thw", "video_grid_thw", "video_second_per_grid")
                  if k in kwargs}
         if "feature_attention_mask" in kwargs:
             grids["audio_feature_lengths"] = kwargs["feature_attention_mask"].sum(-1).cpu()
-        handoff["grids"] = grids
-        state["handoff"] = handoff
-        request.runner_state = state
-        request.prefilled = True
-        return state
+        return grids
 
+    def _prefill(self, request: StageRequest, budget: int) -> tuple[RunnerOutput | torch.Tensor, int]:
+        """Feed the next piece of the request's prompt (at most ``budget`` tokens): the last position's logits once
+        the whole prompt is in, else the output to return now; and the tokens fed."""
+        if request.runner_state is None:
+            try:
+                kwargs = self._processed(request)
+            except FieldError as exc:
+                self._processing.pop(request.request_id, None)
+                return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
+                                    error_field=exc.field), 0
+            if kwargs is None:
+                return RunnerOutput(request.request_id, prefill_pending=True), 0
+            waiting = self._start(request, kwargs)
+            if waiting is not None:
+                return waiting, 0
+        state: Qwen3ThinkerState = request.runner_state
+        pieces = state.prompt
+        if budget < 1:
+            return RunnerOutput(request.request_id, prefill_pending=True), 0
+        piece = pieces.next_piece(budget)
+        tokens = int(piece["inputs_embeds"].shape[1])
+        self.kv.bind([request.request_id], tokens)
+        out = self.decoder(**piece, attention_mask=self.kv.attention_mask(), past_key_values=self.kv, use_cache=True,
+                           output_hidden_states=True)
+        pieces.record(tokens, out.hidden_states)
+        if pieces.remaining:
+            return RunnerOutput(request.request_id, prefill_pending=True), tokens
+        state.last_position = pieces.position_ids[:, 0, -1]
+        ids, embeds = state.handoff["ids"], pieces.gathered(0)
+        mm = torch.isin(ids, self.mm_token_ids).to(embeds.device)
+        state.handoff = {"prompt_ids": ids, "prompt_embed": embeds.float().cpu(),
+                         "mm_hidden": pieces.gathered(self.accept_layer)[mm].float().cpu(),
+                         "grids": state.handoff["grids"]}
+        state.prompt = None
+        request.prefilled = True
+        self._decoding.add(request.request_id)
+        return self.model.lm_head(out.last_hidden_state[:, -1]), tokens
+
+    # ------------------------------------------------------------------------------------------------- steps
     def _decode_ids(self, ids: list[int]) -> str:
         return self.inputs.tokenizer.decode(ids, skip_special_tokens=True)
 
+    def _decode(self, batch: list[StageRequest]) -> torch.Tensor:
+        """One forward for every request of ``batch``: each one's last token at its own next position."""
+        states: list[Qwen3ThinkerState] = [request.runner_state for request in batch]
+        self.kv.bind([request.request_id for request in batch], 1)
+        for state in states:
+            state.last_position = state.last_position + 1
+        positions = torch.stack([state.last_position for state in states], dim=1)[:, :, None]  # [4, rows, 1]
+        tokens = torch.tensor([[state.generated[-1]] for state in states], device=self.device)
+        out = self.decoder(inputs_embeds=self.model.get_input_embeddings()(tokens), position_ids=positions,
+                           attention_mask=self.kv.attention_mask(), past_key_values=self.kv, use_cache=True)
+        return self.model.lm_head(out.last_hidden_state[:, -1])
+
+    def _emit(self, request: StageRequest, token: int, embed: torch.Tensor) -> RunnerOutput:
+        state: Qwen3ThinkerState = request.runner_state
+        state.generated.append(token)
+        data: dict[str, Any] = {"token": token, "embed": embed.float().cpu()}
+        if state.handoff is not None:
+            data.update(state.handoff)
+            state.handoff = None
+        stream = state.stream
+        stopped = token in self.eos_ids  # the end token is no text
+        delta, units = ("", 0) if stopped else stream.push(token)
+        stopped = stopped or stream.stopped
+        done = stopped or len(state.generated) >= state.max_tokens
+        if done:
+            more, rest = stream.finish()
+            delta, units = delta + more, units + rest
+            stopped = stopped or stream.stopped
+        return RunnerOutput(request.request_id, text_delta=delta, data=data, num_units=units, finished=done,
+                            finish_reason=("stop" if stopped else "length") if done else None)
+
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        outputs = []
-        for request in batch:
-            if is_prefill:
-                try:
-                    state = self._prefill(request)
-                except FieldError as exc:
-                    outputs.append(RunnerOutput(request.request_id, finished=True, finish_reason="error",
-                                                error=exc.rule, error_field=exc.field))
-                    continue
-            else:
-                state = request.runner_state
-                token = torch.tensor([[state["generated"][-1]]], device=self.device)
-                state["logits"], _ = self._forward(state, state["last_position"] + 1, input_ids=token)
-            token = sample_next_token(state["logits"], state["sampling"], state["generated"], state["generator"])
-            state["generated"].append(token)
-            embed = self.model.get_input_embeddings()(torch.tensor([token], device=self.device))[0]
-            data: dict[str, Any] = {"token": token, "embed": embed.float().cpu()}
-            if "handoff" in state:
-                data.update(state.pop("handoff"))
-            stream: TextStream = state["stream"]
-            stopped = token in self.eos_ids  # the end token is no text
-            delta, units = ("", 0) if stopped else stream.push(token)
-            stopped = stopped or stream.stopped
-            done = stopped or len(state["generated"]) >= state["max_tokens"]
-            if done:
-                more, rest = stream.finish()
-                delta, units = delta + more, units + rest
-                stopped = stopped or stream.stopped
-            outputs.append(RunnerOutput(request.request_id, text_delta=delta, data=data, num_units=units,
-                                        finished=done,
-                                        finish_reason=("stop" if stopped else "length") if done else None))
-        return outputs
+        outputs: dict[str, RunnerOutput] = {}
+        ready: list[tuple[StageRequest, torch.Tensor]] = []
+        if is_prefill:
+            budget = self.options.prefill_chunk_tokens
+            for request in batch:
+                result, fed = self._prefill(request, budget)
+                budget -= fed
+                if isinstance(result, RunnerOutput):
+                    outputs[request.request_id] = result
+                else:
+                    ready.append((request, result[0]))
+        else:
+            ready = list(zip(batch, self._decode(batch), strict=True))
+        if ready:
+            logits = torch.stack([row for _, row in ready])
+            tokens = sample_next_tokens(logits, [request.runner_state.sampling_row() for request, _ in ready])
+            embeds = self.model.get_input_embeddings()(torch.tensor(tokens, device=self.device))
+            for (request, _), token, embed in zip(ready, tokens, embeds, strict=True):
+                outputs[request.request_id] = self._emit(request, token, embed)
+        return [outputs[request.request_id] for request in batch]
+
+    def free(self, request: StageRequest) -> None:
+        future = self._processing.pop(request.request_id, None)
+        if future is not None:
+            future.cancel()
+        self._decoding.discard(request.request_id)
+        super().free(request)

@@ -1,0 +1,95 @@
+"""A prompt prefilled in pieces: the decoder's inputs for the whole prompt, built once (its multimodal embeddings
+merged by the model's own code), fed to the decoder ``prefill_chunk_tokens`` at a time, with the hidden states a
+later stage needs gathered over the pieces.
+
+``capture_decoder_inputs`` runs a multimodal model's forward only up to its language model and returns what the model
+would have fed it (``inputs_embeds`` and, for Qwen3's DeepStack, ``visual_pos_masks`` and
+``deepstack_visual_embeds``): the vision and audio towers run once, whatever the number of pieces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class _Captured(Exception):
+    def __init__(self, kwargs: dict[str, Any]) -> None:
+        super().__init__("decoder inputs captured")
+        self.kwargs = kwargs
+
+
+def capture_decoder_inputs(model: torch.nn.Module, language_model: torch.nn.Module, **kwargs: Any) -> dict[str, Any]:
+    """Call ``model(**kwargs)`` and stop it where it calls ``language_model``; return that call's keyword arguments
+    (nothing of the language model runs and no cache is touched)."""
+
+    def stop(_: torch.nn.Module, args: tuple[Any, ...], called: dict[str, Any]) -> None:
+        if args:
+            raise TypeError("capture_decoder_inputs expects the language model to be called with keywords")
+        raise _Captured(called)
+
+    handle = language_model.register_forward_pre_hook(stop, with_kwargs=True)
+    try:
+        model(**kwargs)
+    except _Captured as captured:
+        return captured.kwargs
+    finally:
+        handle.remove()
+    raise RuntimeError(f"{type(model).__name__} returned without calling its language model")
+
+
+@dataclass
+class PromptPieces:
+    """A prompt's decoder inputs [1, T, D], its rope positions [rows, 1, T], and (Qwen3) its visual positions mask
+    [1, T] with the DeepStack embeddings of those positions; ``keep`` names the hidden-state layers gathered."""
+
+    inputs_embeds: torch.Tensor
+    position_ids: torch.Tensor
+    visual_pos_masks: torch.Tensor | None = None
+    deepstack_visual_embeds: list[torch.Tensor] | None = None
+    keep: tuple[int, ...] = ()
+    done: int = 0  # tokens fed so far
+    hidden: dict[int, list[torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return int(self.inputs_embeds.shape[1])
+
+    @property
+    def remaining(self) -> int:
+        return self.length - self.done
+
+    def next_piece(self, most: int) -> dict[str, Any]:
+        """The decoder's keyword arguments for the next ``most`` (or fewer) tokens; ``record`` takes its output."""
+        start, end = self.done, min(self.length, self.done + most)
+        piece: dict[str, Any] = {"inputs_embeds": self.inputs_embeds[:, start:end],
+                                 "position_ids": self.position_ids[..., start:end]}
+        if self.visual_pos_masks is not None and self.deepstack_visual_embeds is not None:
+            mask = self.visual_pos_masks[:, start:end]
+            if bool(mask.any()):
+                before = int(self.visual_pos_masks[:, :start].sum())
+                rows = slice(before, before + int(mask.sum()))
+                piece["visual_pos_masks"] = mask
+                piece["deepstack_visual_embeds"] = [layer[rows] for layer in self.deepstack_visual_embeds]
+        return piece
+
+    def record(self, tokens: int, hidden_states: tuple[torch.Tensor, ...] | None) -> None:
+        """A piece of ``tokens`` tokens went through; keep its hidden states at the ``keep`` layers."""
+        self.done += tokens
+        for layer in self.keep:
+            if hidden_states is None:
+                raise ValueError("the piece's hidden states are needed (output_hidden_states=True)")
+            self.hidden.setdefault(layer, []).append(hidden_states[layer][0])
+
+    def gathered(self, layer: int) -> torch.Tensor:
+        """Layer ``layer``'s hidden states at every prompt position [T, D]."""
+        return torch.cat(self.hidden[layer])
+
+    def mark(self) -> tuple[int, dict[int, int]]:
+        return self.done, {layer: len(states) for layer, states in self.hidden.items()}
+
+    def rewind(self, mark: tuple[int, dict[int, int]]) -> None:
+        self.done, counts = mark
+        for layer, states in self.hidden.items():
+            del states[counts.get(layer, 0):]
