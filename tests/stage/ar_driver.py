@@ -66,6 +66,24 @@ def drive(runner: StageRunner, arrivals: list[Arrival], max_num_seqs: int = 8, p
         runner.free(request)
 
     step = StageStep(scheduler, runner, deliver, fail, live.__contains__, per_request=per_request)
+    calls: list[tuple[bool, list[str]]] = []
+    execute = runner.execute
+
+    def recorded(batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+        calls.append((is_prefill, [r.request_id for r in batch]))
+        return execute(batch, is_prefill)
+
+    runner.execute = recorded  # type: ignore[method-assign]
+    try:
+        return _run(runner, scheduler, step, calls, arrivals, requests, outputs, errors, live, max_steps, on_step)
+    finally:
+        del runner.execute
+
+
+def _run(runner: StageRunner, scheduler: ARScheduler, step: StageStep, calls: list[tuple[bool, list[str]]],
+         arrivals: list[Arrival], requests: dict[str, StageRequest], outputs: dict[str, list[RunnerOutput]],
+         errors: dict[str, str], live: set[str], max_steps: int,
+         on_step: Callable[[int], None] | None) -> DriveResult:
     steps: list[tuple[bool, list[str], float]] = []
     pending = sorted(arrivals, key=lambda a: a.step)
     later: list[tuple[int, str, dict[str, Any], bool]] = []
@@ -95,11 +113,12 @@ def drive(runner: StageRunner, arrivals: list[Arrival], max_num_seqs: int = 8, p
             on_step(number)
         if not scheduler.has_work():
             continue
-        batch_ids = [r.request_id for r in scheduler.running] + [r.request_id for r in scheduler.waiting]
+        calls.clear()
         start = time.perf_counter()
         with torch.inference_mode():
             step.run()
-        steps.append((bool(scheduler._last_was_prefill), batch_ids, time.perf_counter() - start))
+        if calls:  # the batch the step ran (a per-request step: its calls together)
+            steps.append((calls[0][0], [rid for _, ids in calls for rid in ids], time.perf_counter() - start))
     else:
         raise AssertionError(f"not finished after {max_steps} steps: {sorted(live)} still running")
     return DriveResult(dict(outputs), errors, steps)
@@ -110,7 +129,7 @@ class ForwardCounter:
 
     def __init__(self, module: torch.nn.Module) -> None:
         self.calls = 0
-        self._handle = module.register_forward_pre_hook(self._count)
+        self._handle = module.register_forward_hook(self._count)  # completed forwards only
 
     def _count(self, *_: Any) -> None:
         self.calls += 1

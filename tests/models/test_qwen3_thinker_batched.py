@@ -1,0 +1,161 @@
+"""The Qwen3-Omni thinker steps every decoding request in one forward (tiny random checkpoint, in-process with the
+stage's own scheduler and step): the same text and talker handoff as each request stepped alone, forwards per
+decode step constant in the batch size, seeded sampling independent of batch-mates, a long prompt prefilled in
+pieces between the others' decode steps, admission under a tiny KV budget, and one failing request failing alone."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from omnipipe.models.qwen3_omni.runners.thinker import Qwen3ThinkerRunner
+from omnipipe.models.qwen3_omni.weights.tiny import write_tiny_checkpoint
+from omnipipe.stage.runner import RunnerContext
+from omnipipe.util.media import load_audio, load_image
+from tests.models import media_files
+from tests.stage.ar_driver import Arrival, ForwardCounter, drive
+
+GREEDY = {"temperature": 0.0, "max_tokens": 10}
+HANDOFF_BOUND = 1e-5  # of the values' absmax: float32 rounding of a different batch shape
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("qwen3-omni") / "ckpt", seed=0)
+
+
+def runner(checkpoint: Path, **options: Any) -> Qwen3ThinkerRunner:
+    loaded = Qwen3ThinkerRunner(RunnerContext("thinker", "cpu", 1, 8, {"model": str(checkpoint), **options}))
+    loaded.load()
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def thinker(checkpoint: Path) -> Qwen3ThinkerRunner:
+    return runner(checkpoint)
+
+
+def prompts() -> list[dict[str, Any]]:
+    rng = np.random.default_rng(1)
+    image = np.asarray(load_image(media_files.png(rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)), "image"))
+    audio = load_audio(media_files.wav((0.2 * np.sin(np.arange(16000) / 50)).astype(np.float32)), "audio")
+    texts = [{"text": f"question {i}: " + "tell me more " * i} for i in range(7)]
+    return [*texts, {"text": "what do you see and hear", "images": [image], "audios": [audio]}]
+
+
+def first_data(outputs: list[Any]) -> dict[str, Any]:
+    return next(o.data for o in outputs if o.data)
+
+
+def test_eight_requests_joining_at_different_steps_equal_each_stepped_alone(thinker: Qwen3ThinkerRunner) -> None:
+    params = {"temperature": 0.0, "max_tokens": 16}
+    arrivals = [Arrival(f"r{i}", params, [item], step=i) for i, item in enumerate(prompts())]
+    alone = drive(thinker, arrivals, per_request=True)
+    batched = drive(thinker, arrivals)
+    assert not alone.errors and not batched.errors
+    assert max(len(ids) for prefill, ids, _ in batched.steps if not prefill) == 8  # they did share steps
+    for arrival in arrivals:
+        rid = arrival.request_id
+        assert batched.text(rid) == alone.text(rid) and batched.finished(rid)
+        want, got = first_data(alone.outputs[rid]), first_data(batched.outputs[rid])
+        assert torch.equal(want["prompt_ids"], got["prompt_ids"])
+        for key in ("prompt_embed", "mm_hidden"):
+            scale = max(1.0, float(want[key].abs().max())) if want[key].numel() else 1.0
+            assert want[key].shape == got[key].shape
+            if want[key].numel():
+                assert float((want[key] - got[key]).abs().max()) <= HANDOFF_BOUND * scale
+        tokens = [o.data["token"] for o in batched.outputs[rid] if o.data]
+        assert tokens == [o.data["token"] for o in alone.outputs[rid] if o.data]
+
+
+@pytest.mark.parametrize("n", [1, 4, 8])
+def test_one_decoder_forward_per_decode_step_whatever_the_batch(thinker: Qwen3ThinkerRunner, n: int) -> None:
+    counter = ForwardCounter(thinker.decoder)
+    try:
+        result = drive(thinker, [Arrival(f"r{i}", GREEDY, [{"text": f"hi {i}"}]) for i in range(n)])
+    finally:
+        counter.close()
+    assert not result.errors
+    decode_steps = [ids for prefill, ids, _ in result.steps if not prefill]
+    assert len(decode_steps) == GREEDY["max_tokens"] - 1  # every request decoded in the same steps
+    assert counter.calls == n + len(decode_steps)  # one forward per prompt, then one per decode step
+
+
+def test_a_seeded_sampled_request_is_the_same_alone_and_in_a_batch(thinker: Qwen3ThinkerRunner) -> None:
+    seeded = {"temperature": 0.9, "top_k": 20, "top_p": 0.9, "seed": 1234, "max_tokens": 12}
+    alone = drive(thinker, [Arrival("seeded", seeded, [{"text": "sing"}])])
+    others = [Arrival(f"o{i}", {"temperature": 1.0, "max_tokens": 12 + i}, [{"text": f"other {i}"}], step=i)
+              for i in range(7)]
+    batched = drive(thinker, [*others, Arrival("seeded", seeded, [{"text": "sing"}], step=2)])
+    tokens = [[o.data["token"] for o in result.outputs["seeded"] if o.data] for result in (alone, batched)]
+    assert tokens[0] == tokens[1] and len(tokens[0]) == 12
+
+
+def test_a_long_prompt_is_prefilled_in_pieces_while_four_streams_decode(checkpoint: Path) -> None:
+    chunked = runner(checkpoint, prefill_chunk_tokens=16)
+    streams = [Arrival(f"s{i}", {"temperature": 0.0, "max_tokens": 40}, [{"text": f"s{i}"}]) for i in range(4)]
+    long_prompt = Arrival("long", GREEDY, [{"text": "a long story " * 60}], step=3)
+    result = drive(chunked, [*streams, long_prompt])
+    assert not result.errors
+    prompt_tokens = len(first_data(result.outputs["long"])["prompt_ids"])
+    pieces = [i for i, (prefill, ids, _) in enumerate(result.steps) if prefill and i > 0]
+    assert len(pieces) >= prompt_tokens // 16  # prefilled in pieces of at most 16 tokens
+    for earlier, later in zip(pieces, pieces[1:], strict=False):  # a decode step between any two pieces
+        assert any(not result.steps[i][0] for i in range(earlier + 1, later))
+    # every stream got a token at every step it decoded in: none waited for the whole prompt
+    decode_steps_while_prefilling = sum(1 for i in range(pieces[0], pieces[-1]) if not result.steps[i][0])
+    assert decode_steps_while_prefilling >= len(pieces) - 1
+    for stream in streams:
+        assert result.text(stream.request_id) == drive(chunked, [stream]).text(stream.request_id)
+    assert result.text("long") == drive(chunked, [long_prompt]).text("long")
+
+
+def test_admission_under_a_tiny_kv_budget_queues_and_serves_every_request(checkpoint: Path,
+                                                                          thinker: Qwen3ThinkerRunner) -> None:
+    per_token = thinker.kv.keys[0][0].numel() * 2 * len(thinker.kv.keys) * 4
+    small = runner(checkpoint, kv_cache_bytes=per_token * 16 * 6, kv_block_tokens=16)  # ~2 requests' worth
+    arrivals = [Arrival(f"r{i}", GREEDY, [{"text": f"question {i}"}]) for i in range(8)]
+    result = drive(small, arrivals)
+    assert not result.errors and all(result.finished(a.request_id) for a in arrivals)
+    assert max(len(ids) for prefill, ids, _ in result.steps if not prefill) < 8  # it could not run them all at once
+    want = drive(thinker, arrivals)
+    assert all(result.text(a.request_id) == want.text(a.request_id) for a in arrivals)
+    assert small.kv.free_blocks == small.kv.num_blocks  # every block came back
+    never = drive(small, [Arrival("huge", {"temperature": 0.0, "max_tokens": 10_000}, [{"text": "hi"}])])
+    assert "sampling_params.max_tokens" in never.errors["huge"] and "raise kv_cache_bytes" in never.errors["huge"]
+
+
+def test_a_request_that_breaks_the_step_fails_alone(thinker: Qwen3ThinkerRunner,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    arrivals = [Arrival(f"r{i}", GREEDY, [{"text": f"question {i}"}]) for i in range(4)]
+    want = drive(thinker, arrivals)
+    emit = thinker._emit
+
+    def broken(request: Any, token: int, embed: torch.Tensor) -> Any:
+        if request.request_id == "r2" and len(request.runner_state.generated) == 4:
+            raise RuntimeError("boom")
+        return emit(request, token, embed)
+
+    monkeypatch.setattr(thinker, "_emit", broken)
+    result = drive(thinker, arrivals)
+    assert set(result.errors) == {"r2"} and "boom" in result.errors["r2"]
+    for rid in ("r0", "r1", "r3"):
+        assert result.text(rid) == want.text(rid) and result.finished(rid)
+    assert thinker.kv.free_blocks == thinker.kv.num_blocks
+
+
+def test_batched_decoding_is_faster_than_stepping_each_request(thinker: Qwen3ThinkerRunner) -> None:
+    """Not a speed bound (timers do not fail tests): the figures, printed for the record."""
+    arrivals = [Arrival(f"r{i}", {"temperature": 0.0, "max_tokens": 30}, [{"text": f"q{i}"}]) for i in range(8)]
+    figures = {}
+    for per_request in (True, False):
+        start = time.perf_counter()
+        result = drive(thinker, arrivals, per_request=per_request)
+        figures[per_request] = sum(len(result.outputs[a.request_id]) for a in arrivals) / (time.perf_counter() - start)
+    print(f"tiny qwen3 thinker, 8 requests: {figures[False]:.0f} tok/s batched, {figures[True]:.0f} tok/s per "
+          f"request ({figures[False] / figures[True]:.1f}x)")
