@@ -309,6 +309,7 @@ def test_the_thinker_stops_before_a_stop_string_and_never_shows_part_of_one(chec
             deltas.append(out.text_delta)
             units += out.num_units
             if out.finished:
+                runner.free(request)  # as the stage does: its KV blocks go back
                 return deltas, units, out.finish_reason
 
     text = reference["hello world"][0]

@@ -69,7 +69,7 @@ def state_snapshot(replies: list[StateReply], clients: dict[str, StageClient], h
         "stages": {
             r.stage: {"requests": r.request_ids, "running": r.num_running, "waiting": r.num_waiting,
                       "waiting_for_chunk": r.num_waiting_for_chunk, "relay_slots": r.relay_slots_in_use,
-                      "pending_chunks": r.pending_chunks}
+                      "pending_chunks": r.pending_chunks, **({"kv_cache": r.kv_cache} if r.kv_cache else {})}
             for r in replies
         },
         "pids": {name: c.pid for name, c in clients.items() if c.alive},

@@ -54,6 +54,10 @@ class EngineCollector:
                                     labels=["model_name", "pipeline"])
         stage_labels = ["model_name", "pipeline", "stage"]
         held = GaugeMetricFamily(f"{PREFIX}stage_requests", "requests a stage holds right now", labels=stage_labels)
+        queued_at = GaugeMetricFamily(f"{PREFIX}stage_requests_waiting", "requests a stage has not admitted yet "
+                                      "(no room in its batch or its KV cache)", labels=stage_labels)
+        kv_usage = GaugeMetricFamily(f"{PREFIX}stage_kv_cache_usage", "share of a batched stage's KV cache blocks "
+                                     "reserved by its requests", labels=stage_labels)
         up = GaugeMetricFamily(f"{PREFIX}stage_up", "1 when the stage is running and making progress",
                                labels=stage_labels)
         stalled = GaugeMetricFamily(f"{PREFIX}stage_stalled", "1 while the stage makes no progress past its "
@@ -78,6 +82,10 @@ class EngineCollector:
                 running.add_metric([model, pipeline], max(0, in_engine - queued))
             for stage, report in sorted(stages.items()):
                 held.add_metric([model, pipeline, stage], len(report.get("requests") or []))
+                queued_at.add_metric([model, pipeline, stage], int(report.get("waiting", 0)))
+                kv = report.get("kv_cache")
+                if kv:
+                    kv_usage.add_metric([model, pipeline, stage], kv["blocks_reserved"] / max(1, kv["blocks"]))
             health = info.get("health")
             if not health:
                 continue
@@ -90,7 +98,7 @@ class EngineCollector:
                     beat_age.add_metric(labels, report["heartbeat_age_s"])
                 restarts.add_metric(labels, report["restarts"])
                 stalls.add_metric(labels, report["stalls"])
-        yield from (ready, running, waiting, held, up, stalled, beat_age, restarts, stalls, loop_age)
+        yield from (ready, running, waiting, held, queued_at, kv_usage, up, stalled, beat_age, restarts, stalls, loop_age)
 
 
 class ServerMetrics:

@@ -73,6 +73,13 @@ class BatchedDecoderRunner(StageRunner):
                                 error_field="sampling_params.max_tokens")
         return RunnerOutput(request.request_id, wait_for_memory=True)
 
+    def memory_stats(self) -> dict[str, int] | None:
+        kv = getattr(self, "kv", None)
+        if kv is None:
+            return None
+        return {"blocks": kv.num_blocks, "blocks_reserved": kv.reserved_blocks(), "tokens_used": kv.used_tokens(),
+                "block_tokens": kv.block_tokens}
+
     def snapshot(self, request: StageRequest) -> Any:
         state = request.runner_state
         if state is None:

@@ -119,6 +119,11 @@ class StageRunner(ABC):
         """Release what the runner holds beyond per-request state (threads, process groups' users); called once
         when the stage stops."""
 
+    def memory_stats(self) -> dict[str, int] | None:
+        """What the runner's KV cache holds (``stage/batched_decoder.py``), for /debug/state and metrics; None for
+        a runner without one."""
+        return None
+
     def warmup(self) -> None:  # noqa: B027 - an optional hook
         """Run the model once on a dummy input so the first real request does not pay one-time costs."""
 

@@ -283,8 +283,9 @@ class StageCoreProc:
         elif isinstance(message, StateQuery):
             running, waiting, for_chunk = self.scheduler.counts()
             slots = self.out_relay.slots_in_use() + sum(r.slots_in_use() for r in self.send_relays.values())
+            kv_cache = (self.runner.memory_stats() if self.runner is not None else None) or {}
             self._send(StateReply(self.stage, message.nonce, sorted(self.requests), running, waiting, for_chunk,
-                                   slots, self.adapter.pending_chunks()))
+                                   slots, self.adapter.pending_chunks(), kv_cache))
         elif isinstance(message, Shutdown):
             self.running = False
 

@@ -133,6 +133,9 @@ class StateReply(msgspec.Struct, tag="state_reply", frozen=True):
     num_waiting_for_chunk: int
     relay_slots_in_use: int
     pending_chunks: int
+    # a batched AR stage's KV cache (``StageRunner.memory_stats``): blocks, blocks_reserved, tokens_used,
+    # block_tokens; empty for a stage without one
+    kv_cache: dict[str, int] = {}
 
 
 ToStage = Submit | ChunkRoutes | Shutdown | StateQuery
