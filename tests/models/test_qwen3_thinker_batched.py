@@ -159,3 +159,40 @@ def test_batched_decoding_is_faster_than_stepping_each_request(thinker: Qwen3Thi
         figures[per_request] = sum(len(result.outputs[a.request_id]) for a in arrivals) / (time.perf_counter() - start)
     print(f"tiny qwen3 thinker, 8 requests: {figures[False]:.0f} tok/s batched, {figures[True]:.0f} tok/s per "
           f"request ({figures[False] / figures[True]:.1f}x)")
+
+
+def test_through_the_engine_a_tiny_kv_budget_queues_requests_and_the_state_shows_the_cache(checkpoint: Path) -> None:
+    """Real stage processes: six requests at once on a thinker whose KV budget holds about two; every one is
+    answered as it is alone, and /debug/state reports the thinker's cache (every block back once they are done)."""
+    import asyncio
+
+    from omnipipe import AsyncOmni, SamplingParams
+    from omnipipe.models.qwen3_omni.weights.load import load_config
+    from omnipipe.stage.kv_cache import token_bytes
+
+    text_config = load_config(checkpoint).thinker_config.text_config
+    budget = token_bytes(text_config, torch.float32) * 16 * 5  # five blocks of 16 tokens: two prompts + replies
+    deploy = {"stages": {s: {"threads": 1, "max_num_seqs": 8,
+                             "options": {"model": str(checkpoint),
+                                         **({"kv_cache_bytes": budget} if s == "thinker" else {})}}
+                         for s in ("thinker", "talker", "code2wav")}}
+    chat = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
+
+    async def run() -> tuple[list[str], list[str], dict[str, Any]]:
+        async with AsyncOmni("qwen3_omni", deploy) as engine:
+            async def ask(i: int) -> str:
+                text = ""
+                async for out in engine.generate(chat.format(f"question {i}"), output_modalities=["text"],
+                                                 sampling_params={"thinker": SamplingParams(temperature=0,
+                                                                                            max_tokens=10)}):
+                    text += out.text_delta or ""
+                return text
+
+            together = await asyncio.gather(*(ask(i) for i in range(6)))
+            alone = [await ask(i) for i in range(6)]
+            return together, alone, await engine.debug_state()
+
+    together, alone, state = asyncio.run(run())
+    assert together == alone and all(together)
+    kv = state["stages"]["thinker"]["kv_cache"]
+    assert kv["blocks"] == 5 and kv["blocks_reserved"] == 0 and kv["tokens_used"] == 0

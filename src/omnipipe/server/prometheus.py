@@ -98,7 +98,8 @@ class EngineCollector:
                     beat_age.add_metric(labels, report["heartbeat_age_s"])
                 restarts.add_metric(labels, report["restarts"])
                 stalls.add_metric(labels, report["stalls"])
-        yield from (ready, running, waiting, held, queued_at, kv_usage, up, stalled, beat_age, restarts, stalls, loop_age)
+        yield from (ready, running, waiting, held, queued_at, kv_usage, up, stalled, beat_age, restarts, stalls,
+                    loop_age)
 
 
 class ServerMetrics:

@@ -26,6 +26,13 @@ DEFAULT_BLOCK_TOKENS = 16
 class _Entry:
     blocks: list[int]
     length: int = 0  # tokens written and kept
+    slots: torch.Tensor | None = None  # the pool row of each token it reserved, in order
+
+    def slot_index(self, block_tokens: int) -> torch.Tensor:
+        if self.slots is None or len(self.slots) != len(self.blocks) * block_tokens:
+            blocks = torch.tensor(self.blocks, dtype=torch.long)
+            self.slots = (blocks[:, None] * block_tokens + torch.arange(block_tokens)).reshape(-1)
+        return self.slots
 
 
 class KVBudgetError(ValueError):
@@ -134,13 +141,11 @@ class PagedKVCache:
         width = max(starts) + query_tokens
         slots = torch.zeros(len(keys), width, dtype=torch.long)
         for row, key in enumerate(keys):
-            blocks = torch.tensor(self._entries[key].blocks, dtype=torch.long)
-            positions = torch.arange(starts[row] + query_tokens)
-            slots[row, :len(positions)] = blocks[positions // self.block_tokens] * self.block_tokens + \
-                positions % self.block_tokens
-        start = torch.tensor(starts, dtype=torch.long)
+            end = starts[row] + query_tokens
+            slots[row, :end] = self._entries[key].slot_index(self.block_tokens)[:end]
         writes = torch.stack([slots[row, s:s + query_tokens] for row, s in enumerate(starts)])
-        self._bound = (slots.to(self.device), writes.reshape(-1).to(self.device), start, query_tokens)
+        self._bound = (slots.to(self.device), writes.reshape(-1).to(self.device),
+                       torch.tensor(starts, dtype=torch.long), query_tokens)
 
     def attention_mask(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The bound step's additive mask [rows, 1, query, keys]: 0 where query i of row b may see key j (j <= its
