@@ -20,6 +20,7 @@ SUITES = {
     "thinker": "omnipipe.bench.thinker",
     "placement": "omnipipe.bench.placement",
     "vocoder-seams": "omnipipe.bench.vocoder_seams",
+    "voice": "omnipipe.bench.voice",
 }
 
 _SUITES_HELP = (
@@ -33,7 +34,9 @@ _SUITES_HELP = (
     "bytes; thinker: the thinker decoder (float32 and int8) against llama.cpp and transformers on the same weights: "
     "prefill, decode tok/s at batch 1 and 8; placement: TTFP with every stage on one host vs split over two Ray nodes "
     "(a loopback cluster); vocoder-seams: a streamed vocoder decode (omnipipe's exact windows, transformers' "
-    "chunked_decode) against one whole decode: difference over absmax and samples missing")
+    "chunked_decode) against one whole decode: difference over absmax and samples missing; voice: realtime sessions "
+    "speaking questions at real-time pace (client commit and server VAD, several at once): end of speech -> first "
+    "audio p50/p99, underruns, answers right, per variant side by side")
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:

@@ -4,6 +4,8 @@ written for vLLM finds the same series by swapping the prefix.
 
 - Per request (observed when a request finishes): E2E, TTFT, TPOT, ITL, TTFP, RTF histograms; generated tokens
   and seconds of audio counters; HTTP requests by endpoint and status.
+- Per realtime turn: end of the user's speech (the commit, or server VAD's speech_stopped) -> the answer's first
+  audio, labelled by what ended the turn (``turn_end``: ``commit`` or ``server_vad``).
 - Per scrape, from the engines (``EngineCollector``): requests running and waiting, what every stage holds, and
   each stage's liveness (up, stalled, heartbeat age, restarts, stalls) and the engine loop's age.
 - The process itself (resident memory, CPU seconds, open fds, ...), from ``prometheus_client``'s collectors.
@@ -29,6 +31,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
+_TURN_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0)  # a person's pause: ~0.2-1 s
 
 
 class EngineCollector:
@@ -127,6 +130,10 @@ class ServerMetrics:
         self.tokens = Counter(f"{PREFIX}generation_tokens", "text tokens generated", labels, registry=self.registry)
         self.audio = Counter(f"{PREFIX}generation_audio_seconds", "seconds of audio generated", labels,
                              registry=self.registry)
+        self.speech_end_to_first_audio = Histogram(
+            f"{PREFIX}realtime_speech_end_to_first_audio_seconds", "realtime turn: end of the user's speech (commit, "
+            "or server VAD's speech_stopped) -> the answer's first audio", ["model_name", "turn_end"],
+            buckets=_TURN_BUCKETS, registry=self.registry)
         self.engines = EngineCollector(model_name, entry_stages)
         self.registry.register(self.engines)
 
@@ -150,6 +157,10 @@ class ServerMetrics:
             self.rtf.labels(*labels).observe(metrics.rtf)
         self.tokens.labels(*labels).inc(metrics.num_output_tokens)
         self.audio.labels(*labels).inc(metrics.audio_duration_s)
+
+    def observe_speech_end_to_first_audio(self, seconds: float, turn_end: str) -> None:
+        """One realtime turn's gap; ``turn_end`` is ``commit`` or ``server_vad``."""
+        self.speech_end_to_first_audio.labels(self.model_name, turn_end).observe(seconds)
 
     def render(self, engines: dict[str, dict[str, Any]]) -> bytes:
         """The exposition text; ``engines`` is ``EnginePool.debug_states()`` taken just before."""

@@ -1,11 +1,13 @@
 """A realtime session's input audio buffer: ``input_audio_buffer.append`` (pcm16 at 24 kHz; dropped unread while
 the session is paused), ``.commit`` (the buffer becomes a spoken user item) and ``.clear``, and the server VAD that
 hears the appended audio: speech that starts cancels a running response (barge-in), speech that stops commits the
-buffer and starts a response (each as the session's turn detection says)."""
+buffer and starts a response (each as the session's turn detection says). A commit notes when the user's speech
+ended (the commit itself, or the arrival of the audio where the VAD heard it stop), for the turn's latency metric."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,8 +42,11 @@ class InputAudioBuffer:
         self.max_bytes = session.pool.config.max_body_bytes
         self.vad = vad_for(session.settings.turn_detection)
         self._pending_item_id: str | None = None  # the item the audio being appended will become
+        self._arrivals: list[tuple[int, float]] = []  # (samples in the buffer after a chunk, when it arrived)
+        self.speech_end: tuple[float, str] | None = None  # the last commit's end of speech (perf_counter) and cause
 
     async def append(self, event: InputAudioBufferAppend) -> None:
+        arrived = time.perf_counter()
         if self.session.pause.paused:
             return  # dropped unread
         samples = decode_pcm16(event.audio, "audio")
@@ -52,6 +57,7 @@ class InputAudioBuffer:
             return
         self.chunks.append(samples)
         self.size_bytes += samples.size * 2
+        self._arrivals.append((self.size_bytes // 2, arrived))
         if self.vad is not None:
             await self._detect_turns(samples)
 
@@ -71,7 +77,7 @@ class InputAudioBuffer:
                 await session.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STOPPED, audio_end_ms=vad_event.audio_ms,
                                    item_id=self._next_item_id())
                 try:
-                    await self.commit()
+                    await self.commit(speech_end=(self._arrival_of(vad_event.audio_ms), "server_vad"))
                     if detection.get("create_response", True) and not session.responses.running:
                         await session.responses.start(None)
                 except (EventError, APIError) as exc:
@@ -82,12 +88,19 @@ class InputAudioBuffer:
             self._pending_item_id = new_item_id()
         return self._pending_item_id
 
-    async def commit(self, _: Any = None) -> None:
-        """The buffer becomes a spoken user item at the end of the conversation."""
+    def _arrival_of(self, audio_ms: int) -> float:
+        """When the chunk holding the buffer's audio at ``audio_ms`` arrived (now, past the buffer's end)."""
+        sample = audio_ms * PCM16_RATE_HZ // 1000
+        return next((at for end, at in self._arrivals if end >= sample), time.perf_counter())
+
+    async def commit(self, _: Any = None, speech_end: tuple[float, str] | None = None) -> None:
+        """The buffer becomes a spoken user item at the end of the conversation; ``speech_end``: when the speech
+        ended and what ended the turn (default: now, by the client's commit)."""
         session = self.session
         if not self.chunks:
             raise EventError("the input audio buffer is empty", None, code=COMMIT_EMPTY)
         check_takes_audio(session.pipeline, None)
+        self.speech_end = speech_end or (time.perf_counter(), "commit")
         audio = np.concatenate(self.chunks)
         self.reset()
         item_id = self._next_item_id()
@@ -98,7 +111,7 @@ class InputAudioBuffer:
 
     def reset(self) -> None:
         """Empty the buffer (its audio is dropped) and restart the VAD."""
-        self.chunks, self.size_bytes = [], 0
+        self.chunks, self.size_bytes, self._arrivals = [], 0, []
         if self.vad is not None:
             self.vad.reset()
 

@@ -1,12 +1,14 @@
 """A realtime session's responses, one at a time: ``response.create`` (the pending user items as the turn, the
 conversation before them as history), the answer streamed through the engine with the events of its item and
 content part (``response.created`` ... ``response.done``), and ``response.cancel`` (also a barge-in, a pause or a
-disconnect): a cancelled answer closes its part and item too and keeps the words it sent."""
+disconnect): a cancelled answer closes its part and item too and keeps the words it sent. A spoken turn's first
+answer audio is timed from the end of the user's speech (``omnipipe:realtime_speech_end_to_first_audio_seconds``)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -39,6 +41,7 @@ class _Answer:
     audio_samples: int = 0  # pcm16 samples at 24 kHz sent
     pcm: Pcm16Stream | None = None
     final: OmniRequestOutput | None = None  # the engine's finished output
+    speech_end: tuple[float, str] | None = None  # the spoken turn's end of speech (perf_counter) and what ended it
 
     @property
     def base(self) -> dict[str, Any]:
@@ -59,6 +62,7 @@ class Responses:
         self.id: str | None = None
         self.item: ConversationItem | None = None
         self._cancel_reason = "client_cancelled"  # why the running response is being cancelled
+        self._speech_end: tuple[float, str] | None = None  # of the turn being started (None: no audio in it)
 
     @property
     def running(self) -> bool:
@@ -81,6 +85,8 @@ class Responses:
         modalities, limit = self._modalities_and_limit(options)
         sampling = self._sampling(modalities, limit)
         turn, history = session.conversation.take_turn()
+        speech_end, session.audio.speech_end = session.audio.speech_end, None
+        self._speech_end = speech_end if turn.audio is not None else None
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
         if session.pipeline.takes_history:
             prompt["history"] = history
@@ -163,7 +169,7 @@ class Responses:
         session = self.session
         item = ConversationItem(new_item_id(), "assistant", spoken="audio" in modalities, status="in_progress")
         self.item = item
-        answer = _Answer(response_id, item)
+        answer = _Answer(response_id, item, speech_end=self._speech_end)
         status = "failed"
         details: dict[str, Any] | None = None
 
@@ -231,9 +237,13 @@ class Responses:
                 await self._audio_delta(answer, tail)
 
     async def _audio_delta(self, answer: _Answer, data: bytes) -> None:
+        first = answer.audio_samples == 0
         answer.audio_samples += len(data) // 2
         await self.session.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA, delta=base64.b64encode(data).decode(),
                                 **answer.base)
+        if first and answer.speech_end is not None:
+            ended_at, turn_end = answer.speech_end
+            self.session.metrics.observe_speech_end_to_first_audio(time.perf_counter() - ended_at, turn_end)
 
     async def _close_item(self, answer: _Answer, text: str) -> None:
         """The ``.done`` events of the answer's deltas, content part and item (sent also for a cancelled answer)."""

@@ -1,0 +1,80 @@
+"""What ``omnipipe bench voice`` asks and how it checks the answers.
+
+The questions are short factual ones of ``bench quality`` whose answer has a key word ("Paris"). Each is spoken by
+the server's tts pipeline (``/v1/audio/speech``, 24 kHz pcm16, made once and cached as ``bench serve``'s spoken
+dataset is), and its trailing quiet is cut, so the clip ends at its last speech sample: the moment the bench times
+the turn from. An answer is right when its audio, transcribed by the server's ``/v1/audio/transcriptions``, holds
+the key word.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from omnipipe.bench.quality import QUESTIONS, Question, is_correct
+from omnipipe.bench.serve_datasets import default_spoken_cache, speak
+from omnipipe.protocol.audio import PCM16_RATE_HZ, PCM16_SAMPLE_BYTES
+from omnipipe.protocol.worker import TRANSCRIPTION_PATH
+from omnipipe.util.audio import encode_audio
+
+_TEXTS = (
+    "What is the capital of France?", "What is the largest planet in our solar system?",
+    "Who wrote Romeo and Juliet?", "What color is the sky on a clear day?", "What is the capital of Italy?",
+    "Which planet is known as the Red Planet?", "What is the capital of Germany?",
+    "In which country are the pyramids of Giza?",
+)
+VOICE_QUESTIONS: tuple[Question, ...] = tuple(next(q for q in QUESTIONS if q.text == text) for text in _TEXTS)
+
+QUIET_FRAME_S = 0.01
+QUIET_DB = -40.0  # a frame this far below the clip's loudest frame is quiet
+
+
+@dataclass(frozen=True)
+class SpokenQuestion:
+    question: Question
+    pcm16: bytes  # 24 kHz mono, ending at its last speech sample
+
+    @property
+    def speech_s(self) -> float:
+        return len(self.pcm16) / PCM16_SAMPLE_BYTES / PCM16_RATE_HZ
+
+
+def cut_trailing_quiet(pcm16: bytes) -> bytes:
+    """``pcm16`` up to the end of its last frame louder than ``QUIET_DB`` below the loudest (all of it if silent)."""
+    samples = np.frombuffer(pcm16, "<i2").astype(np.float32)
+    frame = int(QUIET_FRAME_S * PCM16_RATE_HZ)
+    frames = len(samples) // frame
+    if frames == 0:
+        return pcm16
+    rms = np.sqrt(np.mean(samples[:frames * frame].reshape(frames, frame) ** 2, axis=1))
+    loud = np.flatnonzero(rms > rms.max() * 10 ** (QUIET_DB / 20))
+    if rms.max() == 0 or loud.size == 0:
+        return pcm16
+    return pcm16[:(int(loud[-1]) + 1) * frame * PCM16_SAMPLE_BYTES]
+
+
+def spoken_questions(client: httpx.Client, model: str, cache_dir: Path | None = None) -> list[SpokenQuestion]:
+    """Every question of ``VOICE_QUESTIONS`` spoken by the server (RuntimeError when it cannot speak)."""
+    cache = cache_dir or default_spoken_cache()
+    return [SpokenQuestion(q, cut_trailing_quiet(speak(client, model, q.text, cache))) for q in VOICE_QUESTIONS]
+
+
+def wav(pcm16: bytes) -> bytes:
+    return encode_audio(np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768.0, PCM16_RATE_HZ, "wav")
+
+
+async def transcribe(client: httpx.AsyncClient, model: str, pcm16: bytes) -> str:
+    """What the server hears in ``pcm16`` (24 kHz); RuntimeError naming the status when it cannot transcribe."""
+    response = await client.post(TRANSCRIPTION_PATH, files={"file": ("answer.wav", wav(pcm16), "audio/wav")},
+                                 data={"model": model, "response_format": "json"})
+    if response.status_code != 200:
+        raise RuntimeError(f"{TRANSCRIPTION_PATH}: HTTP {response.status_code}: {response.text[:200]}")
+    return str(response.json().get("text") or "")
+
+
+def answered_right(question: Question, heard: str) -> bool:
+    return is_correct(heard, question.accept)

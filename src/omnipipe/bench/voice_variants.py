@@ -1,0 +1,65 @@
+"""The variants ``omnipipe bench voice`` compares side by side: a name, what it changes, and how: settings merged
+over the server's deploy file (a variant with its own deploy gets a server of its own) and fields merged into every
+session's ``session.update``. Adding a feature switch to the comparison is one line in ``VARIANTS``."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+COMMIT, SERVER_VAD = "commit", "server_vad"
+MODES = (COMMIT, SERVER_VAD)
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    about: str
+    deploy: dict[str, Any] = field(default_factory=dict)  # merged over the server's deploy file
+    session: dict[str, Any] = field(default_factory=dict)  # merged into each session.update's ``session``
+
+    @property
+    def deploy_key(self) -> str:
+        """Variants with equal keys share a server."""
+        return json.dumps(self.deploy, sort_keys=True)
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("baseline", "the voice turn as the server has it"),
+)
+
+
+def parse_variants(value: str, known: tuple[Variant, ...] = VARIANTS) -> list[Variant]:
+    """``"baseline,x"`` -> those variants in that order (``all``: every one); ValueError naming the flag."""
+    by_name = {v.name: v for v in known}
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if names == ["all"]:
+        return list(known)
+    if not names:
+        raise ValueError("--variants: a comma-separated list of variant names, or 'all'")
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"--variants: unknown {', '.join(map(repr, unknown))} (known: {', '.join(by_name)})")
+    return [by_name[n] for n in dict.fromkeys(names)]
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in: mappings key by key, everything else replaced (neither is changed)."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def session_update(mode: str, max_tokens: int, variant: Variant) -> dict[str, Any]:
+    """The ``session.update`` a session of ``variant`` sends: spoken answers, the token limit, the turn detection
+    of ``mode`` (none: the client commits; server VAD at its defaults), then the variant's own fields."""
+    detection = None if mode == COMMIT else {"type": "server_vad"}
+    session = {"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": max_tokens,
+               "audio": {"input": {"turn_detection": detection}}}
+    return {"type": "session.update", "session": merged(session, variant.session)}
