@@ -9,6 +9,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from omnipipe.protocol.realtime import ClientEvent
+
 COMMIT, SERVER_VAD = "commit", "server_vad"
 MODES = (COMMIT, SERVER_VAD)
 
@@ -62,4 +64,4 @@ def session_update(mode: str, max_tokens: int, variant: Variant) -> dict[str, An
     detection = None if mode == COMMIT else {"type": "server_vad"}
     session = {"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": max_tokens,
                "audio": {"input": {"turn_detection": detection}}}
-    return {"type": "session.update", "session": merged(session, variant.session)}
+    return {"type": ClientEvent.SESSION_UPDATE, "session": merged(session, variant.session)}
