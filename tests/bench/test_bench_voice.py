@@ -89,7 +89,8 @@ def test_variants_name_their_settings_and_merge_into_the_session_update() -> Non
     assert fields == {"turn_detection": {"type": "server_vad"}, "noise_reduction": "x"}
     base = {"stages": {"thinker": {"options": {"a": 1}}}}
     assert merged(base, {"stages": {"thinker": {"options": {"b": 2}}}}) == \
-        {"stages": {"thinker": {"options": {"a": 1, "b": 2}}}} and base == {"stages": {"thinker": {"options": {"a": 1}}}}
+        {"stages": {"thinker": {"options": {"a": 1, "b": 2}}}}
+    assert base == {"stages": {"thinker": {"options": {"a": 1}}}}  # unchanged
 
 
 def test_each_session_asks_its_own_questions_in_turn() -> None:
