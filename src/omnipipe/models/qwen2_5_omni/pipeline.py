@@ -16,7 +16,7 @@ PIPELINE = PipelineSpec(
         StageSpec("thinker", "ar", f"{_P}.runners.thinker:QwenOmniThinkerRunner", final_output="text"),
         StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner",
                   extra_params=f"{_P}.processors:Qwen25TalkerParams"),
-        StageSpec("token2wav", "generation", f"{_P}.runners.token2wav:QwenOmniToken2WavRunner",
+        StageSpec("token2wav", "generation", f"{_P}.runners.token2wav:Qwen25Token2WavRunner",
                   final_output="audio", sample_rate_hz=SAMPLE_RATE_HZ),
     ),
     edges=(

@@ -1,5 +1,6 @@
 """Streaming token2wav (DiT codes -> mel, BigVGAN mel -> waveform) for Qwen2.5-Omni, chunk by chunk, equal to a
-whole decode as far as the models' receptive fields allow.
+whole decode as far as the models' receptive fields allow, and batched over requests: one step decodes the windows
+of every request together (the DiT sampler in ``token2wav_dit.py``, BigVGAN once per distinct window length).
 
 - Fixed noise: the DiT's sampler starts from Gaussian noise. The noise of an utterance is drawn once, seeded per
   request, for the longest utterance the DiT takes; a chunk reads its slice, so a chunk sees the noise a whole
@@ -9,21 +10,27 @@ whole decode as far as the models' receptive fields allow.
   the mel of the new codes. The DiT's attention works in blocks of ``block_size`` mel frames (some layers see one
   block back or ahead), so windows start on a block boundary of the whole utterance.
 - BigVGAN context: the vocoder is non-causal; each new stretch of mel is vocoded with the mel before it (kept from
-  earlier chunks) and the right-context mel of its window, and only the new stretch's samples are kept.
+  earlier chunks) and the right-context mel of its window, and only the new stretch's samples are kept. Its
+  convolutions pad each input's ends with zeros, so windows are vocoded together only when equally long (padding
+  one would change its last samples).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
 
-NUM_STEPS = 10
-GUIDANCE_SCALE = 0.5
-SWAY_COEFFICIENT = -1.0
+from omnipipe.models.qwen2_5_omni.modeling.token2wav_dit import (
+    SpeakerConditioning,
+    dit_mels,
+    model_dtype,
+    ode_dtype,
+    speaker_conditioning,
+)
 
 
 def hop_samples(token2wav: Any) -> int:
@@ -39,74 +46,88 @@ def utterance_noise(token2wav: Any, seed: int, device: torch.device | str = "cpu
 
 
 @torch.no_grad()
-def dit_mel(token2wav: Any, codes: torch.Tensor, conditioning: torch.Tensor, reference_mel: torch.Tensor,
-            noise: torch.Tensor, num_steps: int = NUM_STEPS, guidance_scale: float = GUIDANCE_SCALE,
-            sway_coefficient: float = SWAY_COEFFICIENT) -> torch.Tensor:
-    """The DiT's sampler (as ``Qwen2_5OmniToken2WavDiTModel.sample``) from the given starting ``noise``
-    [1, 2 * codes, mel_dim] instead of a fresh draw: codes [1, T] -> mel [1, mel_dim, repeats * T]."""
-    dit = token2wav.code2wav_dit_model
-    frames = codes.shape[1] * dit.repeats
-    if noise.shape[1] != frames:
-        raise ValueError(f"noise covers {noise.shape[1]} mel frames, the codes need {frames}")
-    condition = conditioning.unsqueeze(1).repeat(1, frames, 1)
-
-    def velocity(time_step: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        output = dit(hidden_states=state, quantized_code=codes, speaker_embedding=condition,
-                     condition_vector=reference_mel, time_step=time_step, apply_cfg=True)
-        guided, unconditioned = torch.chunk(output, 2, dim=0)
-        return guided + (guided - unconditioned) * guidance_scale
-
-    times = torch.linspace(0, 1, num_steps, device=codes.device, dtype=condition.dtype)
-    if sway_coefficient is not None:
-        times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
-    trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise.to(condition.dtype)).integrate(times)
-    return trajectory[-1].permute(0, 2, 1)
-
-
-@torch.no_grad()
-def vocode(token2wav: Any, mel: torch.Tensor) -> torch.Tensor:
-    """BigVGAN: mel [1, mel_dim, F] -> waveform [F * hop]."""
-    return token2wav.code2wav_bigvgan_model(mel).reshape(-1)
+def vocode(token2wav: Any, mels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """BigVGAN: mels [mel_dim, F_i] -> waveforms [F_i * hop] (in ``ode_dtype``), one call per distinct length."""
+    bigvgan = token2wav.code2wav_bigvgan_model
+    dtype = model_dtype(bigvgan)
+    by_length: dict[int, list[int]] = {}
+    for i, mel in enumerate(mels):
+        by_length.setdefault(mel.shape[1], []).append(i)
+    waves: list[torch.Tensor | None] = [None] * len(mels)
+    for indices in by_length.values():
+        batch = torch.stack([mels[i] for i in indices]).to(dtype)
+        for i, wave in zip(indices, bigvgan(batch).reshape(len(indices), -1), strict=True):
+            waves[i] = wave.to(ode_dtype(bigvgan))
+    return waves
 
 
 @torch.no_grad()
 def decode_whole(token2wav: Any, codes: torch.Tensor, conditioning: torch.Tensor, reference_mel: torch.Tensor,
                  noise: torch.Tensor) -> torch.Tensor:
     """All codes [1, T] in one DiT call and one BigVGAN call."""
-    repeats = token2wav.code2wav_dit_model.repeats
-    mel = dit_mel(token2wav, codes, conditioning, reference_mel, noise[:, : codes.shape[1] * repeats])
-    return vocode(token2wav, mel)
+    frames = codes.shape[1] * token2wav.code2wav_dit_model.repeats
+    speaker = speaker_conditioning(token2wav, conditioning, reference_mel)
+    mel = dit_mels(token2wav, [codes[0]], [speaker], [noise[0, :frames]])[0]
+    return vocode(token2wav, [mel])[0]
+
+
+@dataclass(frozen=True)
+class Token2WavWindow:
+    """A window of codes [L + N + R] whose N new codes begin at ``start_code``: L context codes before them and R
+    look-ahead codes after them."""
+
+    codes: torch.Tensor
+    start_code: int
+    context_codes: int
+    lookahead_codes: int
+
+    @property
+    def new_codes(self) -> int:
+        return self.codes.shape[0] - self.context_codes - self.lookahead_codes
 
 
 @dataclass
 class Token2WavStream:
-    """One utterance decoded window by window. ``vocoder_left_mel`` mel frames before each new stretch are kept
-    for the vocoder's left context."""
+    """One utterance decoded window by window: its voice (encoded once), its noise [1, max_mel, mel_dim], and the
+    last ``vocoder_left_mel`` mel frames decoded (the vocoder's left context for the next window)."""
 
-    token2wav: Any
-    conditioning: torch.Tensor
-    reference_mel: torch.Tensor
+    speaker: SpeakerConditioning
     noise: torch.Tensor
     vocoder_left_mel: int = 24
     mel_tail: torch.Tensor | None = field(default=None, repr=False)
 
-    @torch.no_grad()
-    def decode(self, codes: torch.Tensor, start_code: int, context_codes: int, lookahead_codes: int) -> torch.Tensor:
-        """A window of codes [1, L + N + R] whose N new codes begin at ``start_code`` -> the N codes' samples."""
-        repeats = self.token2wav.code2wav_dit_model.repeats
-        first = (start_code - context_codes) * repeats
-        noise = self.noise[:, first : first + codes.shape[1] * repeats]
-        mel = dit_mel(self.token2wav, codes, self.conditioning, self.reference_mel, noise)
-        new_count = codes.shape[1] - context_codes - lookahead_codes
-        new_mel = mel[:, :, context_codes * repeats : (context_codes + new_count) * repeats]
-        right_mel = mel[:, :, (context_codes + new_count) * repeats :]
-        left_mel = self.mel_tail if self.mel_tail is not None else new_mel[:, :, :0]
-        wave = vocode(self.token2wav, torch.cat([left_mel, new_mel, right_mel], dim=2))
-        hop = hop_samples(self.token2wav)
-        audio = wave[left_mel.shape[2] * hop : (left_mel.shape[2] + new_mel.shape[2]) * hop]
-        history = torch.cat([left_mel, new_mel], dim=2)
-        self.mel_tail = history[:, :, max(0, history.shape[2] - self.vocoder_left_mel):]
-        return audio
+    @classmethod
+    def start(cls, token2wav: Any, conditioning: torch.Tensor, reference_mel: torch.Tensor, noise: torch.Tensor,
+              vocoder_left_mel: int = 24) -> Token2WavStream:
+        return cls(speaker_conditioning(token2wav, conditioning, reference_mel), noise, vocoder_left_mel)
+
+
+@torch.no_grad()
+def decode_windows(token2wav: Any, streams: Sequence[Token2WavStream],
+                   windows: Sequence[Token2WavWindow]) -> list[torch.Tensor]:
+    """One window of each stream decoded together -> each window's new codes' samples. The streams'
+    vocoder context moves on only once every window is decoded, so a call that raises leaves them as they were."""
+    repeats = token2wav.code2wav_dit_model.repeats
+    noises = []
+    for stream, window in zip(streams, windows, strict=True):
+        first = (window.start_code - window.context_codes) * repeats
+        noises.append(stream.noise[0, first : first + window.codes.shape[0] * repeats])
+    mels = dit_mels(token2wav, [w.codes for w in windows], [s.speaker for s in streams], noises)
+    histories, vocoder_inputs = [], []
+    for stream, window, mel in zip(streams, windows, mels, strict=True):
+        new_end = (window.context_codes + window.new_codes) * repeats
+        new_mel = mel[:, window.context_codes * repeats : new_end]
+        left_mel = stream.mel_tail if stream.mel_tail is not None else new_mel[:, :0]
+        histories.append(torch.cat([left_mel, new_mel], dim=1))
+        vocoder_inputs.append(torch.cat([left_mel, new_mel, mel[:, new_end:]], dim=1))
+    hop = hop_samples(token2wav)
+    audios = []
+    for stream, history, wave in zip(streams, histories, vocode(token2wav, vocoder_inputs), strict=True):
+        left = 0 if stream.mel_tail is None else stream.mel_tail.shape[1]
+        audios.append(wave[left * hop : history.shape[1] * hop])
+    for stream, history in zip(streams, histories, strict=True):
+        stream.mel_tail = history[:, max(0, history.shape[1] - stream.vocoder_left_mel):]
+    return audios
 
 
 def _windows(total: int, chunk: int, left: int, right: int, aligned_to: int) -> list[tuple[int, int, int]]:
@@ -132,14 +153,14 @@ def stream_windows(token2wav: Any, codes: torch.Tensor, conditioning: torch.Tens
     time)."""
     block_codes = token2wav.config.dit_config.block_size // token2wav.code2wav_dit_model.repeats
     samples_per_code = token2wav.code2wav_dit_model.repeats * hop_samples(token2wav)
-    stream = Token2WavStream(token2wav, conditioning, reference_mel, noise,
-                             vocoder_left_mel=vocoder_left_mel if left else 0)
+    stream = Token2WavStream.start(token2wav, conditioning, reference_mel, noise,
+                                   vocoder_left_mel=vocoder_left_mel if left else 0)
     pieces, decoded = [], 0
     for start, context, lookahead in _windows(codes.shape[1], chunk, left, right, block_codes):
         count = min(chunk, codes.shape[1] - start)
-        window = codes[:, start - context : start + count + lookahead]
-        pieces.append((start * samples_per_code, stream.decode(window, start, context, lookahead)))
-        decoded += window.shape[1]
+        window = Token2WavWindow(codes[0, start - context : start + count + lookahead], start, context, lookahead)
+        pieces.append((start * samples_per_code, decode_windows(token2wav, [stream], [window])[0]))
+        decoded += window.codes.shape[0]
     return pieces, decoded
 
 

@@ -1,9 +1,10 @@
 """The Qwen2.5-Omni token2wav stage: codec code windows -> waveform at 24 kHz through
 ``Qwen2_5OmniToken2WavModel`` (DiT + BigVGAN), streamed per request with fixed noise and context
-(``modeling/token2wav_stream.py``); float32 unless its ``dtype`` option says otherwise (``Token2WavOptions``). The
-noise seed is the token2wav
-stage's ``SamplingParams.seed`` (0 without one); its token-sampling fields have no meaning here and are refused
-unless neutral (``max_tokens`` is not read: the talker's bounds the codes)."""
+(``modeling/token2wav_stream.py``), one step decoding the windows of every request of its batch together (one DiT
+forward per ODE evaluation for all of them); a request's voice is encoded once, when its first window comes.
+float32 unless its ``dtype`` option says otherwise (``Token2WavOptions``; the ODE itself stays float32). The noise
+seed is the token2wav stage's ``SamplingParams.seed`` (0 without one); its token-sampling fields have no meaning
+here and are refused unless neutral (``max_tokens`` is not read: the talker's bounds the codes)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.models.qwen2_5_omni.modeling.token2wav_stream import Token2WavStream, utterance_noise
+from omnipipe.models.qwen2_5_omni.modeling.token2wav_stream import (
+    Token2WavStream,
+    Token2WavWindow,
+    decode_windows,
+    utterance_noise,
+)
 from omnipipe.models.qwen2_5_omni.options import Token2WavOptions
 from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
 from omnipipe.stage.checkpoint_options import checked_options
@@ -27,11 +33,13 @@ NEUTRAL_PARAMS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "stop": [], "rep
                   "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-class QwenOmniToken2WavRunner(StageRunner):
+class Qwen25Token2WavRunner(StageRunner):
     def load(self) -> None:
         self.options, directory, dtype = checked_options(self.context, Token2WavOptions)
         self.device = torch.device(self.context.device)
         self.model = load_part(directory, "token2wav", self.device, dtype)
+        # the vocoder's anti-aliasing filters are buffers built in float32 whatever dtype the weights load in
+        self.model.code2wav_bigvgan_model.to(dtype)
         self.speakers = {name: (s["cond"].float().to(self.device), s["ref_mel"].float().to(self.device))
                          for name, s in load_speakers(directory).items()}
         self.vocoder_left_mel = self.options.vocoder_left_mel
@@ -44,28 +52,47 @@ class QwenOmniToken2WavRunner(StageRunner):
         return None
 
     def _stream(self, request: StageRequest, speaker: str | None) -> Token2WavStream:
+        """The request's stream, started (its voice encoded, its noise drawn) at its first window."""
         if request.runner_state is None:
             conditioning, reference_mel = self.speakers[speaker or DEFAULT_SPEAKER]
             seed = request.params.get("seed")
             noise = utterance_noise(self.model, 0 if seed is None else int(seed), self.device)
-            request.runner_state = Token2WavStream(self.model, conditioning, reference_mel, noise,
-                                                   vocoder_left_mel=self.vocoder_left_mel)
+            request.runner_state = Token2WavStream.start(self.model, conditioning, reference_mel, noise,
+                                                         vocoder_left_mel=self.vocoder_left_mel)
         return request.runner_state
+
+    @staticmethod
+    def _window(chunk: dict[str, Any], device: torch.device) -> Token2WavWindow:
+        frames = np.asarray(chunk.get("frames", np.zeros((1, 0), np.int64)))
+        codes = torch.tensor(frames.reshape(-1), device=device)  # a copy: the input is read-only
+        return Token2WavWindow(codes, int(chunk.get("start_frame", 0)), int(chunk.get("context_frames", 0)),
+                               int(chunk.get("lookahead_frames", 0)))
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        outputs = []
-        for request in batch:
+        outputs = [RunnerOutput(request.request_id) for request in batch]
+        decoding: list[tuple[int, Token2WavStream, Token2WavWindow]] = []
+        for i, request in enumerate(batch):
             chunk = request.take_input() or {}
-            frames = np.asarray(chunk.get("frames", np.zeros((1, 0), np.int64)))
-            context = int(chunk.get("context_frames", 0))
-            lookahead = int(chunk.get("lookahead_frames", 0))
-            new = frames.shape[-1] - context - lookahead
-            if new <= 0:
-                outputs.append(RunnerOutput(request.request_id))
-                continue
-            stream = self._stream(request, chunk.get("speaker"))
-            codes = torch.tensor(frames.reshape(1, -1), device=self.device)  # a copy: the input is read-only
-            audio = stream.decode(codes, int(chunk.get("start_frame", 0)), context, lookahead)
-            outputs.append(RunnerOutput(request.request_id, audio=audio.float().cpu().numpy(), num_units=new))
+            window = self._window(chunk, self.device)
+            if window.new_codes > 0:
+                decoding.append((i, self._stream(request, chunk.get("speaker")), window))
+        if decoding:
+            audios = decode_windows(self.model, [stream for _, stream, _ in decoding],
+                                    [window for _, _, window in decoding])
+            for (i, _, window), audio in zip(decoding, audios, strict=True):
+                outputs[i] = RunnerOutput(batch[i].request_id, audio=audio.float().cpu().numpy(),
+                                          num_units=window.new_codes)
         return outputs
+
+    def snapshot(self, request: StageRequest) -> Any:
+        """The stream's vocoder context (a step replaces it, never changes it in place); None before its first
+        window (``restore`` then drops the stream the failed step started)."""
+        stream = request.runner_state
+        return None if stream is None else (stream.mel_tail,)
+
+    def restore(self, request: StageRequest, snapshot: Any) -> None:
+        if snapshot is None:
+            self.free(request)
+        else:
+            request.runner_state.mel_tail = snapshot[0]
