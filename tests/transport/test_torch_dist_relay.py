@@ -48,7 +48,7 @@ def _reader(conn: Any, device: str | None, default_group: bool) -> None:
     if default_group:  # like a tensor-parallel stage: the relay's groups must not touch or need this one
         dist.init_process_group("gloo", init_method="tcp://127.0.0.1:0", rank=0, world_size=1)
     if device is not None:
-        torch_dist.set_reader_device(device)
+        torch_dist.set_process_device(device)
     receivers = create_receivers("td", "rx")
     while True:
         command, argument = conn.recv()
@@ -280,12 +280,12 @@ def test_close_leaves_no_thread_or_process() -> None:
 
 def test_the_nccl_reader_device_is_a_cuda_device_named_without_importing_anything() -> None:
     try:
-        torch_dist.set_reader_device("cuda:1")
-        assert torch_dist._reader_device == "cuda:1"
+        torch_dist.set_process_device("cuda:1")
+        assert torch_dist._process_device == "cuda:1"
         with pytest.raises(ValueError, match="must be cuda"):
-            torch_dist.set_reader_device("cpu")
+            torch_dist.set_process_device("cpu")
     finally:
-        torch_dist.set_reader_device(None)
+        torch_dist.set_process_device(None)
 
 
 def test_a_reader_builds_nothing_until_its_first_get() -> None:

@@ -15,6 +15,7 @@ import yaml
 
 from omnipipe.config.deploy_knobs import (
     build,
+    check_device_present,
     core_affinity,
     device_name,
     flag,
@@ -305,17 +306,27 @@ def _validate_against_pipeline(config: DeployConfig, pipeline: PipelineSpec, ori
         except FieldError as exc:
             raise _fail(origin, exc.field, exc.rule) from None
     for stage in pipeline.stages:
-        settings = config.stage(stage.name)
-        if settings.stall_report_s < 2 * config.heartbeat_interval_s:
-            raise _fail(origin, f"stages.{stage.name}.stall_report_s", f"must be at least twice heartbeat_interval_s "
-                        f"({config.heartbeat_interval_s:g} s), got {settings.stall_report_s:g}")
-        if settings.stall_restart_s is not None and settings.stall_restart_s <= settings.stall_report_s:
-            raise _fail(origin, f"stages.{stage.name}.stall_restart_s", f"must be above stall_report_s "
-                        f"({settings.stall_report_s:g} s) or null (never), got {settings.stall_restart_s:g}")
-        affinity = settings.cpu.affinity
-        if affinity is not None and settings.threads > len(affinity):
-            raise _fail(origin, f"stages.{stage.name}.threads", f"{settings.threads} threads on the "
-                        f"{len(affinity)} core(s) of cpu.affinity {affinity}: at most {len(affinity)}")
+        _validate_stage(config, stage.name, origin)
         merged = dict(stage.default_options)
         merged.update(config.stages[stage.name].options)
         config.stages[stage.name].options = merged
+
+
+def _validate_stage(config: DeployConfig, name: str, origin: str) -> None:
+    """One stage's knobs against each other and against this host (its device, where it runs here)."""
+    settings = config.stage(name)
+    if settings.stall_report_s < 2 * config.heartbeat_interval_s:
+        raise _fail(origin, f"stages.{name}.stall_report_s", f"must be at least twice heartbeat_interval_s "
+                    f"({config.heartbeat_interval_s:g} s), got {settings.stall_report_s:g}")
+    if settings.stall_restart_s is not None and settings.stall_restart_s <= settings.stall_report_s:
+        raise _fail(origin, f"stages.{name}.stall_restart_s", f"must be above stall_report_s "
+                    f"({settings.stall_report_s:g} s) or null (never), got {settings.stall_restart_s:g}")
+    affinity = settings.cpu.affinity
+    if affinity is not None and settings.threads > len(affinity):
+        raise _fail(origin, f"stages.{name}.threads", f"{settings.threads} threads on the "
+                    f"{len(affinity)} core(s) of cpu.affinity {affinity}: at most {len(affinity)}")
+    if config.placement.backend == "local":  # a Ray stage's GPUs are its node's: checked where it runs
+        try:
+            check_device_present(settings.device, f"stages.{name}.device", settings.tensor_parallel_size)
+        except FieldError as exc:
+            raise _fail(origin, exc.field, exc.rule) from None

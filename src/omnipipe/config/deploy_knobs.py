@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, field, fields
 from typing import Any, TypeVar
@@ -132,9 +133,29 @@ def number(minimum: float, nullable: bool = False) -> Check:
 
 # ---------------------------------------------------------------------------------------------- stage knobs
 def device_name(value: Any, key: str) -> str:
-    if not isinstance(value, str) or not (value == "cpu" or value.startswith("cuda")):
+    if not isinstance(value, str) or not (value == "cpu" or re.fullmatch(r"cuda(:\d+)?", value)):
         raise FieldError(key, f'must be "cpu" or "cuda[:N]", got {value!r}')
     return value
+
+
+def check_device_present(device: str, key: str, ranks: int = 1) -> None:
+    """Refuse (``FieldError(key, ...)``) a CUDA ``device`` this process cannot use: no CUDA at all, or fewer GPUs
+    than ``ranks`` consecutive ones from its index (a tensor-parallel stage's ranks take ``cuda:N``, ``N+1``, ...).
+    The one check of a stage's device, made where its processes will run: at deploy validation for stages on this
+    host, in the stage process otherwise. torch is imported only for a CUDA device."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    first = int(device.partition(":")[2] or 0)
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if visible == 0:
+        raise FieldError(key, f"{device!r} needs a CUDA GPU, and this host has none that torch {torch.__version__} "
+                         "can use (a CPU-only build, no driver, or CUDA_VISIBLE_DEVICES empty); use cpu")
+    if first + ranks > visible:
+        needs = f"cuda:{first}" if ranks == 1 else f"cuda:{first}..cuda:{first + ranks - 1} (one per rank)"
+        raise FieldError(key, f"{device!r} needs {needs}, and this host has {visible} GPU(s): "
+                         f"cuda:0..cuda:{visible - 1}")
 
 
 def niceness(value: Any, key: str) -> int:

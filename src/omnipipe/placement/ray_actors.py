@@ -333,7 +333,9 @@ class RayLauncher(Launcher):
                 raise RuntimeError(self._unplaced(launch))
             node_id, node_address = ray.get(where)
             host = self.hosts.get(launch.stage) or node_address
-            spec = msgspec.structs.replace(launch, host=host, node=node_id)
+            # each rank's actor sees only the GPUs Ray gave it (CUDA_VISIBLE_DEVICES), from cuda:0 (stage/device.py)
+            spec = msgspec.structs.replace(launch, host=host, node=node_id,
+                                           placed_gpus=gpus > 0 and launch.device.startswith("cuda"))
             if launch.world_size > 1:
                 spec = msgspec.structs.replace(spec, dist_init_address=ray.get(actors[0].free_tcp_address.remote(host)))
             pids = ray.get([actor.start.remote(msgspec.structs.replace(spec, rank=rank).encode())

@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -132,6 +132,12 @@ def checked_options(context: RunnerContext, schema: type[Options]) -> tuple[Opti
                              f"limits a CUDA device's memory; this stage runs on {context.device!r}")
         torch.cuda.set_per_process_memory_fraction(float(options.gpu_memory_fraction), torch.device(context.device))
     return options, directory, options.torch_dtype(context.device)
+
+
+def device_on_load(device: str | torch.device) -> dict[str, Any]:
+    """transformers ``from_pretrained`` keywords that load a part's weights straight onto a CUDA ``device`` (a
+    released thinker never sits whole in host memory first); none on the CPU, which loads as it always did."""
+    return {"device_map": str(device)} if str(device).startswith("cuda") else {}
 
 
 def compile_if(module: torch.nn.Module, enabled: bool) -> torch.nn.Module:

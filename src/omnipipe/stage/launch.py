@@ -41,6 +41,9 @@ class StageLaunch(msgspec.Struct, frozen=True):
     aborted_request_ids: list[str] = []  # a restarted stage drops late chunks of these
     world_size: int = 1  # rank processes of this stage (tensor parallel); rank 0 holds the control sockets
     rank: int = 0  # set per process by the launcher
+    # the placement gave each rank GPUs of its own, visible to it from cuda:0 (Ray sets CUDA_VISIBLE_DEVICES per
+    # actor): a CUDA stage's ranks then all compute on cuda:0 of their own process (stage/device.py)
+    placed_gpus: bool = False
     dist_init_address: str | None = None  # where the ranks meet to set up their process groups (tcp://host:port)
     input_broadcast: str = "async_raw"  # how multimodal inputs reach every rank (stage/broadcast.py)
     input_broadcast_threshold_bytes: int = 256 * 1024  # async_raw: smaller raw inputs take the async path

@@ -22,13 +22,14 @@ import zmq
 from omnipipe.chunk.connector import ChunkConnector, EdgeLink, ReceivedChunk
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.transfer_adapter import ChunkTransferAdapter
+from omnipipe.stage.device import enter_device, stage_device
 from omnipipe.stage.heartbeat import Heartbeat
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerContext, RunnerOutput, StageRunner
 from omnipipe.stage.schedulers import Scheduler, scheduler_for
 from omnipipe.stage.step import StageStep
-from omnipipe.stage.tensor_parallel import StepChannel, TensorParallelGroup, rank_device
+from omnipipe.stage.tensor_parallel import StepChannel, TensorParallelGroup
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
@@ -90,8 +91,11 @@ def run_stage_process(launch_bytes: bytes) -> None:
 
 
 def runner_context(launch: StageLaunch) -> RunnerContext:
-    """The runner's context; for a tensor-parallel stage this rank joins the stage's process groups first."""
-    context = RunnerContext(launch.stage, launch.device, launch.threads, launch.max_num_seqs, dict(launch.options),
+    """The runner's context, on this rank's device (checked and made current first); for a tensor-parallel stage
+    this rank joins the stage's process groups first."""
+    device = stage_device(launch.device, launch.rank, launch.placed_gpus)
+    enter_device(launch.stage, device)
+    context = RunnerContext(launch.stage, device, launch.threads, launch.max_num_seqs, dict(launch.options),
                             launch.rank, launch.world_size, input_broadcast=launch.input_broadcast,
                             input_broadcast_threshold_bytes=launch.input_broadcast_threshold_bytes)
     if launch.world_size > 1:
@@ -100,9 +104,8 @@ def runner_context(launch: StageLaunch) -> RunnerContext:
             raise ValueError(f"{launch.runner} does not support tensor_parallel_size > 1")
         if not launch.dist_init_address:
             raise ValueError("a tensor-parallel stage needs dist_init_address")
-        context.device = rank_device(launch.device, launch.rank)
         context.tensor_parallel = TensorParallelGroup.join(launch.rank, launch.world_size, launch.dist_init_address,
-                                                           launch.device)
+                                                           device)
         context.steps = StepChannel(context.tensor_parallel)
     return context
 
@@ -151,8 +154,8 @@ class StageCoreProc:
         wake_address = f"inproc://wake-{self.stage}"
         self.wake = control_plane.make_socket(self.ctx, zmq.PULL, wake_address, bind=True)
 
-        if launch.device.startswith("cuda"):  # nccl reads land on this stage's GPU, whichever thread reads them
-            torch_dist.set_reader_device(rank_device(launch.device, launch.rank))
+        if launch.device.startswith("cuda"):  # nccl transfers use this stage's GPU, whichever thread makes them
+            torch_dist.set_process_device(stage_device(launch.device, launch.rank, launch.placed_gpus))
         relay_options = {backend: dict(options) for backend, options in launch.relay_options.items()}
         if launch.host is not None:  # relays that listen (mooncake) do so on this stage's own host
             for options in relay_options.values():

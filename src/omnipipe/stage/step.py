@@ -2,17 +2,20 @@
 
 A runner error fails only the request that caused it: a batch whose ``execute`` raises is retried request by request
 from snapshots taken before the step (``StageStep._execute_isolated``). What an applied output carries is the stage
-loop's to deliver; a failure is the stage loop's to report.
+loop's to deliver; a failure is the stage loop's to report. A sticky CUDA error is no request's fault and breaks
+every later step: the process exits instead (``exit_if_cuda_broke``), and the engine restarts the stage.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from omnipipe.stage.device import is_sticky_cuda_error
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import NOT_RESTORABLE, RunnerOutput, StageRunner
 from omnipipe.stage.schedulers import Scheduler
@@ -20,6 +23,8 @@ from omnipipe.stage.schedulers import Scheduler
 logger = logging.getLogger(__name__)
 
 SLOW_STEP_S = 5.0  # a runner step longer than this is logged with its batch
+# the exit code of a stage whose CUDA context broke (a device-side assert): the engine restarts it
+CUDA_ERROR_EXIT = 71
 
 Deliver = Callable[[StageRequest, RunnerOutput, bool], None]  # (request, output, finished)
 Fail = Callable[[str, str, str | None], None]  # (request id, message, field)
@@ -59,6 +64,7 @@ class StageStep:
         try:
             outputs = self._execute(batch, is_prefill)
         except Exception as exc:  # a model error fails its request; the stage lives on
+            exit_if_cuda_broke(exc)
             if snapshots is None:
                 logger.exception("runner failed on %s", batch[0].request_id)
                 self._fail(batch[0].request_id, f"{type(exc).__name__}: {exc}", None)
@@ -133,7 +139,19 @@ class StageStep:
                 self.runner.restore(request, snapshot.runner)
                 outputs = self._execute([request], is_prefill)
             except Exception as exc:
+                exit_if_cuda_broke(exc)
                 logger.exception("runner failed on %s alone", request_id)
                 self._fail(request_id, f"{type(exc).__name__}: {exc}", None)
                 continue
             self._apply([request], outputs, time.perf_counter() - start)
+
+
+def exit_if_cuda_broke(exc: BaseException) -> None:
+    """A sticky CUDA error (a device-side assert, an illegal address) leaves this process's CUDA context unusable:
+    failing the request alone would fail every later one too, and the stage would never be restarted. End the
+    process instead; the engine fails its requests and restarts the stage."""
+    if is_sticky_cuda_error(exc):
+        logger.critical("CUDA error, this process's CUDA context is lost; exiting so the stage restarts: %s", exc,
+                        exc_info=exc)
+        logging.shutdown()
+        os._exit(CUDA_ERROR_EXIT)

@@ -63,14 +63,11 @@ class TensorParallelGroup:
 
     @classmethod
     def join(cls, rank: int, world_size: int, address: str, device: str) -> TensorParallelGroup:
-        """Meet the other ranks at ``address`` (``tcp://host:port``; rank 0 listens there) and create the groups."""
+        """Meet the other ranks at ``address`` (``tcp://host:port``; rank 0 listens there) and create the groups;
+        ``device``: this rank's (``stage/device.py`` made it current: nccl binds the group to it)."""
         import torch.distributed as dist
 
         backend = "nccl" if device.startswith("cuda") else "gloo"
-        if backend == "nccl":
-            import torch
-
-            torch.cuda.set_device(rank_device(device, rank))
         dist.init_process_group(backend, init_method=address, rank=rank, world_size=world_size,
                                 timeout=timedelta(seconds=INIT_TIMEOUT_S))
         model = dist.group.WORLD

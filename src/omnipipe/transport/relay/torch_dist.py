@@ -1,12 +1,13 @@
 """torch.distributed relays, "gloo" and "nccl": tensors go point to point from a sender's process to a reader's.
 
 Both are ``keeps_device`` relays: the payload codec hands tensors over as objects. On ``nccl`` a CUDA tensor goes
-GPU to GPU and lands on the reader's device: the one ``set_reader_device`` named for this process (a stage on
-``cuda:N`` names its device), else ``cuda:<current device>`` of the reading thread (per thread in CUDA: a chunk
-thread's current device is 0 unless set). CPU tensors and numpy arrays in the same payload are staged through the
-sender's GPU and land on the CPU again. ``gloo`` is the CPU equivalent: everything travels over TCP and lands on the
-CPU (a CUDA tensor put into a gloo relay is copied to host memory first). NCCL needs one GPU per end: two processes
-on the same GPU cannot form an NCCL group. The engine process reads stage outputs and makes edge handoffs through
+GPU to GPU and lands on the reader's device: the one ``set_process_device`` named for this process (a stage names
+its own), else ``cuda:<current device>`` of the reading thread (per thread in CUDA: a chunk thread's current device
+is 0 unless set, which is why a stage names its device here). CPU tensors and numpy arrays in the same payload are
+staged through the sender's GPU (its first CUDA tensor's, else this process's device) and land on the CPU again.
+``gloo`` is the CPU equivalent: everything travels over TCP and lands on the CPU (a CUDA tensor put into a gloo
+relay is copied to host memory first). NCCL needs one GPU per end: two processes on the same GPU cannot form an
+NCCL group. The engine process reads stage outputs and makes edge handoffs through
 the same backends, so with ``nccl`` there it needs a GPU other than its stages' too; ``gloo`` has no such limit.
 
 Groups. Every (sender, reader process) pair gets a 2-rank process group of its own, built directly over the
@@ -86,16 +87,19 @@ _IDLE_WAIT = datetime.timedelta(days=365)  # a sender thread waits this long for
 _STOP = b"stop"
 _HEADER_TAG = 0  # a sender's answer to a get; transfers are tagged 1, 2, ...
 _instances = itertools.count()
-_reader_device: str | None = None  # where nccl reads land in this process (set_reader_device); None: current device
+# this process's GPU for nccl transfers (set_process_device): where reads land and where a put without a CUDA tensor
+# stages its bytes; None: the calling thread's current device
+_process_device: str | None = None
 
 
-def set_reader_device(device: str | None) -> None:
-    """Name the CUDA device this process's nccl reads land on (``"cuda:1"``); None: the reading thread's current
-    device. A plain string, so a process that never reads from nccl never imports torch for it."""
-    global _reader_device
+def set_process_device(device: str | None) -> None:
+    """Name this process's CUDA device for nccl transfers (``"cuda:1"``): reads land there and a put with no CUDA
+    tensor stages through it; None: the calling thread's current device. A plain string, so a process that never
+    uses nccl never imports torch for it."""
+    global _process_device
     if device is not None and not device.startswith("cuda"):
-        raise ValueError(f"an nccl reader device must be cuda[:N], got {device!r}")
-    _reader_device = device
+        raise ValueError(f"an nccl process device must be cuda[:N], got {device!r}")
+    _process_device = device
 
 
 def _aligned(nbytes: int) -> int:
@@ -190,7 +194,7 @@ class TorchDistRelay(Relay):
         for obj in objects:
             if isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
                 return obj.device
-        return torch.device("cuda", torch.cuda.current_device())
+        return _nccl_device(torch)
 
     def _hold(self, request_id: str, sources: list[tuple[int, Any]], nbytes: int, device: Any,
               extra: dict[str, Any]) -> dict[str, Any]:
@@ -381,7 +385,7 @@ class TorchDistRelay(Relay):
         with peer.lock:
             request = peer.next_request
             peer.next_request += 1
-            device = torch.device("cpu") if self.name == "gloo" else _nccl_reader_device(torch)
+            device = torch.device("cpu") if self.name == "gloo" else _nccl_device(torch)
             header = torch.empty(2, dtype=torch.int64, device=device)
             try:
                 peer.store.set(f"p{peer.index}/want/{request}", str(tag))
@@ -456,10 +460,11 @@ class TorchDistRelay(Relay):
         self._store = None
 
 
-def _nccl_reader_device(torch: Any) -> Any:
-    if _reader_device is None:
+def _nccl_device(torch: Any) -> Any:
+    """This process's nccl device (``set_process_device``), else the calling thread's current one."""
+    if _process_device is None:
         return torch.device("cuda", torch.cuda.current_device())
-    device = torch.device(_reader_device)
+    device = torch.device(_process_device)
     return device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
 
 
@@ -491,5 +496,5 @@ def make_nccl_sender(run_id: str, owner: str, options: dict[str, Any]) -> TorchD
 
 
 def make_nccl_receiver(run_id: str, owner: str, zero_copy: bool) -> TorchDistRelay:
-    """An nccl reader: nothing happens until its first get (which lands tensors on the current CUDA device)."""
+    """An nccl reader: nothing happens until its first get (which lands tensors on this process's CUDA device)."""
     return TorchDistRelay("nccl")

@@ -16,6 +16,9 @@ Embeddings and norms are replicated; the lm_head is split by vocabulary (each ra
 and rank 0 gathers the slices: only rank 0 gets logits, the others get None. Every rank must pass the same
 ``logits`` to ``prefill``/``decode`` (``False`` skips the lm_head and the gather everywhere). Each rank's KV caches
 hold only its own KV heads. With ``world_size`` 1 there is no communication at all.
+
+``device`` (the stage's, e.g. ``cuda:1``): the weights are read from the checkpoint straight onto it, and the KV
+caches and every step's tensors live there; logits come back on it. int8 weights are CPU only (fbgemm).
 """
 
 from __future__ import annotations
@@ -39,9 +42,10 @@ _SHARED_PREFIX_ID = "\0shared-prefix"
 class LayerCache:
     """Growable K/V store for one layer of one request; optionally keeps only the newest entries."""
 
-    def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, keep_last: int | None) -> None:
+    def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, keep_last: int | None,
+                 device: torch.device | str = "cpu") -> None:
         self.keep_last = keep_last
-        self.k = torch.empty(kv_heads, 64, head_dim, dtype=dtype)
+        self.k = torch.empty(kv_heads, 64, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
         self.start = 0
         self.end = 0
@@ -56,7 +60,7 @@ class LayerCache:
             capacity = max(self.k.shape[1], 2 * (size + n))
             if self.keep_last is not None:
                 capacity = min(capacity, 2 * (self.keep_last + n))
-            k_new = torch.empty(self.k.shape[0], capacity, self.k.shape[2], dtype=self.k.dtype)
+            k_new = self.k.new_empty(self.k.shape[0], capacity, self.k.shape[2])
             v_new = torch.empty_like(k_new)
             k_new[:, :size] = self.k[:, self.start : self.end]
             v_new[:, :size] = self.v[:, self.start : self.end]
@@ -119,13 +123,18 @@ class CachedDecoder:
     _projections: tuple[tuple[str, str | None], ...] = ()
 
     def __init__(self, model_dir: Path, num_threads: int | None = None, dtype: torch.dtype = torch.float32, *,
-                 rank: int = 0, world_size: int = 1, group: Any = None, weights: str = "float32") -> None:
+                 rank: int = 0, world_size: int = 1, group: Any = None, weights: str = "float32",
+                 device: torch.device | str = "cpu") -> None:
         from transformers import AutoTokenizer
 
         started_s = time.perf_counter()
         self.weights = check_weight_format(weights)
         if weights == "int8" and dtype != torch.float32:
             raise ValueError(f"int8 weights take float32 activations, not {dtype}")
+        self.device = torch.device(device)
+        if weights == "int8" and self.device.type != "cpu":
+            raise ValueError(f"stages.thinker.options.weights: int8 weights run on the CPU only (fbgemm); a thinker on "
+                             f"{self.device} takes float32")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of size {world_size}")
         self.rank, self.world_size, self.group = rank, world_size, group
@@ -331,12 +340,13 @@ class CachedDecoder:
         else:
             start = 0
             caches = self._new_caches()
-        positions = torch.arange(start, num_tokens).unsqueeze(0)
-        distance = positions.T - torch.arange(num_tokens).unsqueeze(0)  # [query, key]: how far back the key is
+        positions = torch.arange(start, num_tokens, device=self.device).unsqueeze(0)
+        # [query, key]: how far back the key is
+        distance = positions.T - torch.arange(num_tokens, device=self.device).unsqueeze(0)
         causal = distance >= 0
         local = causal if self.sliding_window is None else causal & (distance < self.sliding_window)
         masks = (local[None, None], causal[None, None])
-        ids = torch.tensor([token_ids[start:]], dtype=torch.long)
+        ids = torch.tensor([token_ids[start:]], dtype=torch.long, device=self.device)
         hidden = self._forward(ids, positions, [caches], masks, padded=False, extend=prefix is not None)
         self._requests[request_id] = _Request(caches=caches, num_tokens=num_tokens)
         return self._final_logits(hidden[0, -1]) if logits else None
@@ -356,8 +366,8 @@ class CachedDecoder:
             raise KeyError(f"unknown request ids (prefill first): {missing}")
         requests = [self._requests[rid] for rid in request_ids]
         self._check_tokens(token_ids, max(r.num_tokens for r in requests) + 1)
-        positions = torch.tensor([[r.num_tokens] for r in requests], dtype=torch.long)
-        ids = torch.tensor(token_ids, dtype=torch.long).unsqueeze(1)
+        positions = torch.tensor([[r.num_tokens] for r in requests], dtype=torch.long, device=self.device)
+        ids = torch.tensor(token_ids, dtype=torch.long, device=self.device).unsqueeze(1)
         hidden = self._forward(ids, positions, [r.caches for r in requests], None, padded=True)
         for request in requests:
             request.num_tokens += 1
@@ -372,12 +382,14 @@ class CachedDecoder:
 
 class ShardedCheckpoint:
     """A safetensors file read tensor by tensor, whole or as a slice of rows or columns (only the slice is read),
-    converted to ``dtype``. Use as a context manager; ``unused`` names the tensors nothing asked for."""
+    converted to ``dtype`` on ``device`` (read there directly: a GPU's weights never sit whole in host memory). Use
+    as a context manager; ``unused`` names the tensors nothing asked for."""
 
-    def __init__(self, path: Path, dtype: torch.dtype) -> None:
+    def __init__(self, path: Path, dtype: torch.dtype, device: torch.device | str = "cpu") -> None:
         from safetensors import safe_open
 
-        self._file = safe_open(str(path), framework="pt")
+        self._device = torch.device(device)
+        self._file = safe_open(str(path), framework="pt", device=str(self._device))
         self._dtype = dtype
         self._unused = set(self._file.keys())
 
@@ -395,16 +407,16 @@ class ShardedCheckpoint:
 
     def full(self, name: str, dtype: torch.dtype | None = None) -> torch.Tensor:
         self._unused.discard(name)
-        return self._file.get_tensor(name).to(dtype or self._dtype).contiguous()
+        return self._file.get_tensor(name).to(self._device, dtype or self._dtype).contiguous()
 
     def rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows [start, stop) of a matrix (or elements of a vector: a bias)."""
         self._unused.discard(name)
-        return self._file.get_slice(name)[start:stop].to(self._dtype).contiguous()
+        return self._file.get_slice(name)[start:stop].to(self._device, self._dtype).contiguous()
 
     def columns(self, name: str, start: int, stop: int) -> torch.Tensor:
         self._unused.discard(name)
-        return self._file.get_slice(name)[:, start:stop].to(self._dtype).contiguous()
+        return self._file.get_slice(name)[:, start:stop].to(self._device, self._dtype).contiguous()
 
 
 def _check_group(rank: int, world_size: int, group: Any) -> None:
@@ -427,8 +439,9 @@ def gather_cache(layer_caches: list[LayerCache], k: torch.Tensor, v: torch.Tenso
         views.append(cache.view())
     if len(views) == 1:
         return views[0][0][None], views[0][1][None], None
-    lengths = torch.tensor([key.shape[1] for key, _ in views])
-    longest = int(lengths.max())
+    sizes = [key.shape[1] for key, _ in views]
+    lengths = torch.tensor(sizes, device=k.device)
+    longest = max(sizes)  # from the host's numbers: no device sync per layer
     keys = k.new_empty(len(views), k.shape[1], longest, k.shape[3])
     values = torch.empty_like(keys)
     for b, (key, value) in enumerate(views):
@@ -437,7 +450,7 @@ def gather_cache(layer_caches: list[LayerCache], k: torch.Tensor, v: torch.Tenso
         values[b, :, :length] = value
         keys[b, :, length:] = 0  # padding must stay finite: masked weights are 0, and 0 * nan = nan
         values[b, :, length:] = 0
-    mask = (torch.arange(longest)[None, :] < lengths[:, None])[:, None, None, :]
+    mask = (torch.arange(longest, device=k.device)[None, :] < lengths[:, None])[:, None, None, :]
     return keys, values, mask
 
 

@@ -117,7 +117,7 @@ class GemmaThinker(CachedDecoder):
         cfg = self.config = GemmaConfig.from_dict(raw)
         self.vocab_size, self.max_positions = cfg.vocab_size, cfg.max_position_embeddings
         self.sliding_window = cfg.sliding_window
-        head_range = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim
+        head_range = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=self.device).float() / cfg.head_dim
         self._inv_freq_local = 1.0 / (cfg.rope_theta_local**head_range)
         self._inv_freq_global = 1.0 / (cfg.rope_theta_global**head_range)
         self._scale = cfg.query_pre_attn_scalar**-0.5
@@ -129,13 +129,13 @@ class GemmaThinker(CachedDecoder):
         q_rows = (self._head_start * dim, (self._head_start + self._heads) * dim)
         kv_rows = (self._kv_head_start * dim, (self._kv_head_start + self._kv_heads) * dim)
         inner = self._shard(cfg.intermediate_size)
-        with ShardedCheckpoint(path, self.dtype) as weights:
+        with ShardedCheckpoint(path, self.dtype, self.device) as weights:
 
             def norm(name: str) -> torch.Tensor:
                 return 1.0 + weights.full(name, torch.float32)
 
             self._embed = weights.full("model.embed_tokens.weight")
-            self._embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.dtype)
+            self._embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.dtype, device=self.device)
             self._final_norm = norm("model.norm.weight")
             self._lm_head = weights.full("lm_head.weight") if "lm_head.weight" in weights else self._embed
             self._layers: list[_LayerWeights] = []
@@ -162,7 +162,8 @@ class GemmaThinker(CachedDecoder):
 
     def _new_caches(self) -> list[LayerCache]:
         cfg = self.config
-        return [LayerCache(self._kv_heads, cfg.head_dim, self.dtype, cfg.sliding_window if sliding else None)
+        return [LayerCache(self._kv_heads, cfg.head_dim, self.dtype, cfg.sliding_window if sliding else None,
+                           self.device)
                 for sliding in cfg.layer_is_sliding]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:

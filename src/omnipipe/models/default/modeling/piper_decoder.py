@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class DecoderWindow(NamedTuple):
 class PiperDecoder:
     """Runs the decoder graph of a split Piper voice (see ``voice_weights``)."""
 
-    def __init__(self, paths: VoicePaths, num_threads: int = 1) -> None:
+    def __init__(self, paths: VoicePaths, num_threads: int = 1, providers: list[Any] | None = None) -> None:
         try:
             import onnxruntime
         except ImportError as exc:
@@ -66,7 +66,7 @@ class PiperDecoder:
         self._session = onnxruntime.InferenceSession(
             str(paths.decoder_onnx),
             sess_options=make_session_options(num_threads),
-            providers=["CPUExecutionProvider"],
+            providers=providers or ["CPUExecutionProvider"],
         )
 
     def _check_latents(self, latents: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ class PiperTalker:
     ``paths.hop_samples`` samples at ``paths.sample_rate_hz``.
     """
 
-    def __init__(self, paths: VoicePaths, num_threads: int = 1) -> None:
+    def __init__(self, paths: VoicePaths, num_threads: int = 1, providers: list[Any] | None = None) -> None:
         try:
             import onnxruntime
             from piper.config import PiperConfig
@@ -52,7 +53,7 @@ class PiperTalker:
         self._session = onnxruntime.InferenceSession(
             str(paths.talker_onnx),
             sess_options=make_session_options(num_threads),
-            providers=["CPUExecutionProvider"],
+            providers=providers or ["CPUExecutionProvider"],
         )
         self._input_names = {value.name for value in self._session.get_inputs()}
 

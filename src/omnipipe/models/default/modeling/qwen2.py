@@ -101,7 +101,7 @@ class Qwen2Thinker(CachedDecoder):
         cfg = self.config = Qwen2Config.from_dict(raw)
         self.vocab_size, self.max_positions = cfg.vocab_size, cfg.max_position_embeddings
         self.sliding_window = None
-        head_range = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64).float() / cfg.head_dim
+        head_range = torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=self.device).float() / cfg.head_dim
         self._inv_freq = 1.0 / (cfg.rope_theta**head_range)
         self._scale = cfg.head_dim**-0.5
         self._shard_attention(cfg.num_heads, cfg.num_kv_heads)
@@ -112,7 +112,7 @@ class Qwen2Thinker(CachedDecoder):
         q_rows = (self._head_start * dim, (self._head_start + self._heads) * dim)
         kv_rows = (self._kv_head_start * dim, (self._kv_head_start + self._kv_heads) * dim)
         inner = self._shard(cfg.intermediate_size)
-        with ShardedCheckpoint(path, self.dtype) as weights:
+        with ShardedCheckpoint(path, self.dtype, self.device) as weights:
             self._embed = weights.full("model.embed_tokens.weight")
             self._final_norm = weights.full("model.norm.weight", torch.float32)
             if "lm_head.weight" in weights:
@@ -142,7 +142,7 @@ class Qwen2Thinker(CachedDecoder):
 
     def _new_caches(self) -> list[LayerCache]:
         cfg = self.config
-        return [LayerCache(self._kv_heads, cfg.head_dim, self.dtype, None) for _ in range(cfg.num_layers)]
+        return [LayerCache(self._kv_heads, cfg.head_dim, self.dtype, None, self.device) for _ in range(cfg.num_layers)]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = _rms_norm(hidden, self._final_norm, self.config.rms_norm_eps)

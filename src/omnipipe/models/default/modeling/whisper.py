@@ -29,6 +29,7 @@ class WhisperASR:
         num_threads: int = 1,
         compute_type: str = "int8",
         language: str = "en",
+        device: str = "cpu",
     ) -> None:
         try:
             from faster_whisper import WhisperModel
@@ -42,7 +43,8 @@ class WhisperASR:
         self.language = language
         self._model = WhisperModel(
             str(directory),
-            device="cpu",
+            device="cuda" if device.startswith("cuda") else "cpu",
+            device_index=int(device.partition(":")[2] or 0),
             compute_type=compute_type,
             cpu_threads=max(1, int(num_threads)),
             local_files_only=True,

@@ -6,7 +6,7 @@ import numpy as np
 
 from omnipipe.models.default.modeling.piper_decoder import DecoderWindow, PiperDecoder
 from omnipipe.models.default.pipeline import VOICE_SAMPLE_RATE_HZ
-from omnipipe.models.default.weights.voice import prepare_voice
+from omnipipe.models.default.weights.voice import onnx_providers, prepare_voice
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
@@ -17,7 +17,8 @@ class PiperCode2WavRunner(StageRunner):
         if paths.sample_rate_hz != VOICE_SAMPLE_RATE_HZ:
             raise RuntimeError(f"voice {paths.voice_name} is {paths.sample_rate_hz} Hz; the pipeline expects "
                                f"{VOICE_SAMPLE_RATE_HZ} Hz")
-        self.decoder = PiperDecoder(paths, num_threads=self.context.threads)
+        self.decoder = PiperDecoder(paths, num_threads=self.context.threads,
+                                    providers=onnx_providers(self.context.device, self.context.stage))
 
     def warmup(self) -> None:
         self.decoder.decode_batch([DecoderWindow(np.zeros((self.decoder.latent_channels, 30), np.float32), 10, 10)])

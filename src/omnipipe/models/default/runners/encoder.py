@@ -28,7 +28,7 @@ class WhisperEncoderRunner(StageRunner):
     """An ``ar`` stage: a request's runner state is its :class:`Decoding` (not restorable after a failed step)."""
 
     def load(self) -> None:
-        self.asr = WhisperASR(num_threads=self.context.threads)
+        self.asr = WhisperASR(num_threads=self.context.threads, device=self.context.device)
 
     def warmup(self) -> None:
         import numpy as np

@@ -10,7 +10,7 @@ import numpy as np
 
 from omnipipe.models.default.modeling.piper_talker import PiperTalker
 from omnipipe.models.default.processors import PiperTalkerParams, first_sentence
-from omnipipe.models.default.weights.voice import prepare_voice
+from omnipipe.models.default.weights.voice import onnx_providers, prepare_voice
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
@@ -20,7 +20,8 @@ class PiperTalkerRunner(StageRunner):
 
     def load(self) -> None:
         self.paths = prepare_voice(progress=True)
-        self.talker = PiperTalker(self.paths, num_threads=self.context.threads)
+        self.talker = PiperTalker(self.paths, num_threads=self.context.threads,
+                                  providers=onnx_providers(self.context.device, self.context.stage))
         self.noise_scale = float(self.context.options.get("noise_scale", 0.667))
         self.noise_w = float(self.context.options.get("noise_w", 0.8))
 

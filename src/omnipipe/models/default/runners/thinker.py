@@ -110,7 +110,8 @@ class ThinkerRunner(StageRunner):
         group = self.context.tensor_parallel
         shard = {} if group is None else {"rank": group.rank, "world_size": group.world_size, "group": group.model}
         weights = check_weight_format(self.context.options.get("weights", DEFAULT_WEIGHTS))
-        self.model = chosen.decoder(model_dir, num_threads=self.context.threads, weights=weights, **shard)
+        self.model = chosen.decoder(model_dir, num_threads=self.context.threads, weights=weights,
+                                    device=self.context.device, **shard)
         self.tokenizer = self.model.tokenizer
         self.prompt_format = chosen.prompt_format()
         self.max_prompt_tokens = int(self.context.options.get("max_prompt_tokens", MAX_PROMPT_TOKENS))

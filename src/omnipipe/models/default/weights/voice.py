@@ -300,6 +300,21 @@ def _split_voice(voice: PackagedVoice, directory: Path, *, progress: bool) -> di
     return marker
 
 
+def onnx_providers(device: str, stage: str) -> list[Any]:
+    """onnxruntime's execution providers for a stage on ``device``: the CPU's, or CUDA's on that GPU (with the CPU's
+    for the nodes CUDA lacks), refused naming ``stages.<stage>.device`` where this onnxruntime has no CUDA."""
+    if not device.startswith("cuda"):
+        return ["CPUExecutionProvider"]
+    import onnxruntime
+
+    available = onnxruntime.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        raise ModelPreparationError(f"stages.{stage}.device: {device!r} needs onnxruntime's CUDA provider "
+                                    f"(pip install onnxruntime-gpu); this onnxruntime has {', '.join(available)}: "
+                                    "set the stage's device to cpu")
+    return [("CUDAExecutionProvider", {"device_id": int(device.partition(":")[2] or 0)}), "CPUExecutionProvider"]
+
+
 def make_session_options(num_threads: int) -> Any:
     """onnxruntime options for a CPU session using ``num_threads`` threads."""
     import onnxruntime

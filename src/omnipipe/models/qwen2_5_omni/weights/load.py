@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.stage.checkpoint_options import quiet_loading
+from omnipipe.stage.checkpoint_options import device_on_load, quiet_loading
 
 STAGE_PARTS = ("thinker", "talker", "token2wav")
 
@@ -21,7 +21,8 @@ def load_config(directory: Path):
 
 def load_part(directory: Path, part: str, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
     """The ``part`` of the checkpoint in ``directory`` (thinker, talker or token2wav), in eval mode on ``device``.
-    Only the tensors under ``part.`` are read (a sharded checkpoint's index is followed)."""
+    Only the tensors under ``part.`` are read (a sharded checkpoint's index is followed), straight onto a GPU
+    (``device_on_load``)."""
     from transformers.models.qwen2_5_omni import (
         Qwen2_5OmniTalkerForConditionalGeneration,
         Qwen2_5OmniThinkerForConditionalGeneration,
@@ -37,7 +38,8 @@ def load_part(directory: Path, part: str, device: torch.device, dtype: torch.dty
     cls, sub_config = classes[part]
     with quiet_loading():  # its load report would list the other parts' tensors as unexpected
         model, info = cls.from_pretrained(directory, config=sub_config, local_files_only=True, dtype=dtype,
-                                          key_mapping={rf"^{part}\.": ""}, output_loading_info=True)
+                                          key_mapping={rf"^{part}\.": ""}, output_loading_info=True,
+                                          **device_on_load(device))
     missing = sorted(info["missing_keys"])
     if missing:
         raise ValueError(f"{directory}: the {part} is missing {len(missing)} tensors, e.g. {missing[:3]}")

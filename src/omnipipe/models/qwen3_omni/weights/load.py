@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from omnipipe.stage.checkpoint_options import quiet_loading
+from omnipipe.stage.checkpoint_options import device_on_load, quiet_loading
 
 
 def read_rows(directory: Path, name: str, rows: list[int]) -> torch.Tensor | None:
@@ -86,12 +86,13 @@ def _fuse_experts(module: torch.nn.Module, directory: Path, prefix: str, missing
         else:
             fused = torch.stack([tensors[f"{base}.{e}.down_proj.weight"] for e in range(count)])
         with torch.no_grad():
-            params[name].copy_(fused.to(params[name].dtype))
+            params[name].copy_(fused.to(params[name].device, params[name].dtype))
     return left
 
 
 def load_part(directory: Path, part: str, device: str, dtype: torch.dtype) -> torch.nn.Module:
-    """Build ``part`` of the checkpoint in ``directory`` with only its own weights, in eval mode."""
+    """Build ``part`` of the checkpoint in ``directory`` with only its own weights, in eval mode, loaded straight
+    onto a GPU ``device`` (``device_on_load``: never whole in host memory first)."""
     from transformers import (
         Qwen3OmniMoeCode2Wav,
         Qwen3OmniMoeTalkerForConditionalGeneration,
@@ -109,7 +110,7 @@ def load_part(directory: Path, part: str, device: str, dtype: torch.dtype) -> to
     mapping = None if part == "thinker" else {rf"^{part}\.": ""}
     with quiet_loading():  # its load report would list the fused MoE experts filled below as missing
         module, info = cls.from_pretrained(directory, config=sub_config, dtype=dtype, key_mapping=mapping,
-                                           local_files_only=True, output_loading_info=True)
+                                           local_files_only=True, output_loading_info=True, **device_on_load(device))
     missing = _fuse_experts(module, directory, f"{part}.", sorted(info["missing_keys"]))
     if missing:
         raise ValueError(f"{directory}: the checkpoint lacks {len(missing)} tensors of the {part} "
