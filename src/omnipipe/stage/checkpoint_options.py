@@ -3,7 +3,8 @@ families that load transformers checkpoints: ``model`` (the checkpoint directory
 ``dtype`` (``auto``: bfloat16 on CUDA, float32 elsewhere), ``gpu_memory_fraction`` (0 < f <= 1 of its CUDA device's
 memory, for stages sharing a GPU; CUDA only) and, for a stage with a decoder, ``torch_compile``. A family subclasses
 these with its stages' own options; ``checked_options`` refuses unknown keys and names the key of every error.
-``quiet_loading`` keeps transformers' progress bars and load reports out of a stage's log."""
+``quiet_loading`` keeps transformers' progress bars and load reports out of a stage's log; ``device_on_load``
+loads a part straight onto its GPU."""
 
 from __future__ import annotations
 
