@@ -54,7 +54,7 @@ _ = SimpleNamespace()
 # (models/registry.py).
 _PIPELINES = (default_pipeline.DEFAULT, default_pipeline.TTS, default_pipeline.ASR, image_pipeline.IMAGE,
               image_pipeline.THINK_AND_DRAW, toy_pipeline.TTS_PIPELINE)
-_STAGE_RUNNERS = (WhisperEncoderRunner, DiffusersRunner, qwen2_5_thinker.QwenOmniThinkerRunner,
+_STAGE_RUNNERS = (WhisperEncoderRunner, DiffusersRunner, qwen2_5_thinker.Qwen25ThinkerRunner,
                   qwen2_5_talker.QwenOmniTalkerRunner, QwenOmniToken2WavRunner, qwen3_thinker.QwenOmniThinkerRunner,
                   qwen3_talker.QwenOmniTalkerRunner, QwenOmniCode2WavRunner, ToyThinkerRunner, ToyTalkerRunner,
                   ToyVocoderRunner)

@@ -223,10 +223,10 @@ def test_chunked_token2wav_matches_a_whole_decode(reference) -> None:
 @pytest.fixture(scope="module")
 def thinker(checkpoint):
     """The thinker stage's runner, loaded outside an engine."""
-    from omnipipe.models.qwen2_5_omni.runners.thinker import QwenOmniThinkerRunner
+    from omnipipe.models.qwen2_5_omni.runners.thinker import Qwen25ThinkerRunner
     from omnipipe.stage.runner import RunnerContext
 
-    runner = QwenOmniThinkerRunner(RunnerContext("thinker", "cpu", 1, 1, {"model": str(checkpoint)}))
+    runner = Qwen25ThinkerRunner(RunnerContext("thinker", "cpu", 1, 1, {"model": str(checkpoint)}))
     runner.load()
     return runner
 
@@ -243,7 +243,9 @@ def _run_thinker(runner, params: dict, item: dict | None = None) -> tuple[list[s
         is_prefill = False
         deltas.append(out.text_delta)
         if out.finished:
-            return deltas, list(request.runner_state.generated), out.finish_reason
+            generated = list(request.runner_state.generated)
+            runner.free(request)  # as the stage does: its KV blocks go back
+            return deltas, generated, out.finish_reason
 
 
 def test_thinker_stops_before_a_stop_string(thinker, reference) -> None:

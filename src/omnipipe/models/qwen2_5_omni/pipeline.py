@@ -13,7 +13,7 @@ PIPELINE = PipelineSpec(
     description="Qwen2.5-Omni stage by stage: thinker -> talker -> token2wav (DiT + BigVGAN); text, image, audio "
                 "and video in, text and speech out",
     stages=(
-        StageSpec("thinker", "ar", f"{_P}.runners.thinker:QwenOmniThinkerRunner", final_output="text"),
+        StageSpec("thinker", "ar", f"{_P}.runners.thinker:Qwen25ThinkerRunner", final_output="text"),
         StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner",
                   extra_params=f"{_P}.processors:Qwen25TalkerParams"),
         StageSpec("token2wav", "generation", f"{_P}.runners.token2wav:Qwen25Token2WavRunner",

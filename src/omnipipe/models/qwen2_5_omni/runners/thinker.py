@@ -1,192 +1,283 @@
-"""The Qwen2.5-Omni thinker stage: the checkpoint's processor turns a prompt's chat and media into inputs, then
-``Qwen2_5OmniThinkerForConditionalGeneration`` decodes with a per-request DynamicCache and per-request 3D rope
-deltas; each step emits its text delta and the hidden states the talker reads (see ``processors.py``).
+"""The Qwen2.5-Omni thinker stage: text, images, audio and video in, text out, and per step the hidden states the
+talker reads (see ``processors.py``).
 
-Requests of a batch run one after another (each its own cache length and positions); only the last position's
-logits are computed. A request's SamplingParams are all honoured (``stage/sampling.py``): the repetition penalty over
-the prompt and the reply (as transformers' ``generate``), the presence and frequency penalties over the reply, and
-``stop`` (``stage/text_stream.py``): the text ends before the first stop string, which is not part of it (finish
-reason ``stop``); text that may begin a stop string is held back until it is settled. The talker speaks the reply's
-tokens before the one that completed the stop string.
+Every decoding request of the stage steps in one forward of the language model (``stage/batched_decoder.py``: one
+paged KV cache, each row its own length; at decode a request's four position rows are its cache position, then
+three times that plus its multimodal rope delta). A prompt is processed (chat template, tokenizer, feature
+extractor, video decoding: ``qwen2_5_omni/thinker_inputs.py``) on a background thread from the moment it arrives, its multimodal
+embeddings merged once by the model's own code, then fed to the decoder ``prefill_chunk_tokens`` at a time between
+the others' decode steps (``stage/prompt_pieces.py``); only the last position's logits are computed.
 
-Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``)."""
+What the talker needs goes out as step data: with the first token, the prompt part (ids, layer-0 embeddings with
+the multimodal positions zeroed, last-layer hidden states, the grids its rope index needs); with every later token,
+the layer-0 embedding and last-layer hidden state of the token the step read. Layer 0 is what the decoder is fed and
+the last layer (after the final norm, as transformers' ``hidden_states[-1]``) is what it returns, so no forward
+collects the layers in between.
+
+Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``). SamplingParams (``stage/sampling.py``):
+temperature, top-k, top-p, seed, the repetition penalty over the prompt and the reply (as transformers'
+``generate``), the presence and frequency penalties over the reply, ``max_tokens``, ``stop``
+(``stage/text_stream.py``: the text ends before the first stop string, finish reason ``stop``; text that may begin
+one is held back until it is settled; the talker speaks the reply's tokens before the one that completed it)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
-from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
-from omnipipe.models.qwen2_5_omni.processors import chat_messages
-from omnipipe.models.qwen2_5_omni.weights.load import (
-    load_config,
-    load_part,
-    load_speakers,
-)
+from omnipipe.models.qwen2_5_omni.thinker_inputs import MEDIA_KEYS, ThinkerInputs
+from omnipipe.models.qwen2_5_omni.weights.load import load_config, load_part, load_speakers
+from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
+from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.request import StageRequest
-from omnipipe.stage.runner import RunnerOutput, StageRunner
-from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_token
+from omnipipe.stage.runner import RunnerOutput
+from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.util.field_error import FieldError
-from omnipipe.util.media import load_video
 
-_MEDIA_KEYS = ("pixel_values", "image_grid_thw", "input_features", "feature_attention_mask",
-               "pixel_values_videos", "video_grid_thw", "video_second_per_grid")
+_GRID_KEYS = ("image_grid_thw", "video_grid_thw", "video_second_per_grid")
 
 
 @dataclass
-class ThinkerState:
-    cache: DynamicCache
-    rope_deltas: torch.Tensor
-    length: int  # tokens in the cache
-    prompt_ids: list[int]
-    sampling: TokenSamplingParams
-    generator: torch.Generator | None
-    stream: TextStream
-    max_tokens: int
-    generated: list[int] = field(default_factory=list)  # every token sampled, an end token included
+class Qwen25ThinkerState(DecodeState):
+    stream: TextStream | None = None
+    prompt: PromptPieces | None = None  # while its prefill is in pieces
+    rope_delta: int = 0  # a decode position's multimodal rows: its cache position plus this
+    handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
+
+    def snapshot(self) -> dict[str, Any]:
+        saved = super().snapshot()
+        saved["stream"] = None if self.stream is None else self.stream.copy()
+        saved["prompt"] = None if self.prompt is None else (self.prompt, self.prompt.mark())
+        return saved
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        prompt = saved.pop("prompt")
+        super().restore(saved)
+        if prompt is not None:
+            self.prompt, mark = prompt
+            self.prompt.rewind(mark)
 
 
-class QwenOmniThinkerRunner(StageRunner):
+class Qwen25ThinkerRunner(BatchedDecoderRunner):
     def load(self) -> None:
         self.options, self.directory, self.dtype = checked_options(self.context, MultimodalThinkerOptions)
         self.device = torch.device(self.context.device)
         self.model = load_part(self.directory, "thinker", self.device, self.dtype)
-        compile_if(self.model.model, self.options.torch_compile)
-        self.processor = OmniProcessor.from_pretrained(self.directory, local_files_only=True)
-        self.tokenizer = self.processor.tokenizer
-        self.video_fps, self.video_max_frames = self.options.video_fps, self.options.video_max_frames
-        config = load_config(self.directory)
-        self.talker_config = config.talker_config
+        self.decoder = self.model.model.language_model
+        compile_if(self.decoder, self.options.torch_compile)
+        self.inputs = ThinkerInputs(self.directory, self.options.video_fps, self.options.video_max_frames)
+        self.tokenizer = self.inputs.tokenizer
+        talker_config = load_config(self.directory).talker_config
         eos = self.model.generation_config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        embed = self.model.get_input_embeddings()
+        config = self.model.config
+        self.mm_tokens = {"input_features": config.audio_token_index, "pixel_values": config.image_token_index,
+                          "pixel_values_videos": config.video_token_index}
         speakers = load_speakers(self.directory)
         with torch.no_grad():
             def vector(token: int) -> np.ndarray:
-                return embed(torch.tensor([token], device=self.device))[0].float().cpu().numpy()
+                return self._embed(torch.tensor([token], device=self.device))[0].float().cpu().numpy()
 
             self.special_embeds = {
-                "text_eos": vector(self.talker_config.tts_text_end_token_id),
-                "text_pad": vector(self.talker_config.tts_text_pad_token_id),
+                "text_eos": vector(talker_config.tts_text_end_token_id),
+                "text_pad": vector(talker_config.tts_text_pad_token_id),
                 "bos": {name: vector(int(s["bos_token"])) for name, s in speakers.items()},
             }
+        self.make_kv_cache(config.text_config, self.options, self.dtype)
+        self._processing: dict[str, Future[dict[str, torch.Tensor]]] = {}
+        self._processor = ThreadPoolExecutor(1, thread_name_prefix="thinker-inputs")
+        self._decoding: set[str] = set()
 
-    # ------------------------------------------------------------------ steps
-    def process(self, data: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """A thinker input (chat and media) -> the processor's tensors; video files sampled at ``video_fps``, every
-        video cut to ``video_max_frames``."""
-        text = self.processor.apply_chat_template(chat_messages(data), add_generation_prompt=True, tokenize=False)
-        given = data.get("videos") or []
-        fields = data.get("video_fields") or [f"prompt.multi_modal_data.video[{i}]" for i in range(len(given))]
-        videos = [load_video(v, field, self.video_fps, self.video_max_frames)
-                  for v, field in zip(given, fields, strict=False)]
-        inputs = self.processor(text=[text], images=data.get("images") or None, audio=data.get("audios") or None,
-                                videos=videos or None, fps=float(self.video_fps), return_tensors="pt")
-        return {k: torch.as_tensor(v) for k, v in inputs.items() if k in ("input_ids", "attention_mask") + _MEDIA_KEYS}
+    def close(self) -> None:
+        self._processor.shutdown(wait=False, cancel_futures=True)
 
-    def _prefill(self, request: StageRequest) -> RunnerOutput:
-        data: dict[str, Any] = {}
-        for item in request.take_all_inputs():
-            data.update(item)
-        try:
-            inputs = self.process(data)
-        except FieldError as exc:  # a video file that cannot be decoded: the caller's input
-            return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
-                                error_field=exc.field)
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(tokens)
+
+    # ------------------------------------------------------------------------------------- inputs, off the loop
+    def admit(self, request: StageRequest) -> None:
+        self._processing[request.request_id] = self._processor.submit(self.inputs, _merged(request))
+
+    def _processed(self, request: StageRequest) -> dict[str, torch.Tensor] | None:
+        """The request's processed inputs; None while they are still being made and other requests decode."""
+        future = self._processing.get(request.request_id)
+        if future is None:  # not admitted through the stage loop (a direct caller): process it now
+            future = self._processing[request.request_id] = self._processor.submit(self.inputs, _merged(request))
+        if not future.done() and self._decoding:
+            return None
+        return future.result()
+
+    # ------------------------------------------------------------------------------------------------ prefill
+    def _start(self, request: StageRequest, inputs: dict[str, torch.Tensor]) -> RunnerOutput | None:
+        """Reserve the request's KV, merge its prompt's multimodal embeddings and build its pieces; an output when
+        it must wait or fail."""
         input_ids = inputs["input_ids"].to(self.device)
+        prompt_tokens = int(input_ids.shape[1])
+        max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
+        waiting = self.reserve(request, prompt_tokens + max_tokens)
+        if waiting is not None:
+            return waiting
+        del self._processing[request.request_id]
+        request.take_all_inputs()
+        request.num_prompt_tokens = prompt_tokens
         attention_mask = inputs["attention_mask"].to(self.device)
         media = {k: (v.to(self.device, self.dtype) if v.is_floating_point() and k != "video_second_per_grid"
-                     else v.to(self.device)) for k, v in inputs.items() if k in _MEDIA_KEYS}
+                     else v.to(self.device)) for k, v in inputs.items() if k in MEDIA_KEYS}
         feature_mask = media.get("feature_attention_mask")
         audio_lengths = feature_mask.sum(-1) if feature_mask is not None else None
         vision_positions, rope_deltas = self.model.get_rope_index(
             input_ids, media.get("image_grid_thw"), media.get("video_grid_thw"), attention_mask, False,
             audio_lengths, media.get("video_second_per_grid"))
-        text_positions = torch.arange(input_ids.shape[1], device=self.device).view(1, 1, -1)
-        cache = DynamicCache()
-        out = self.model.model(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                               use_cache=True, position_ids=torch.cat([text_positions, vision_positions]),
-                               output_hidden_states=True, use_audio_in_video=False, **media)
-        request.num_prompt_tokens = int(input_ids.shape[1])
-        params = request.params
-        sampling = TokenSamplingParams.from_params(params)
-        state = ThinkerState(cache, rope_deltas, int(input_ids.shape[1]), input_ids[0].tolist(), sampling,
-                             sampling.make_generator(),
-                             TextStream(self._decode_ids, list(params.get("stop") or [])),
-                             int(given_params(params).get("max_tokens", self.options.max_new_tokens)))
-        request.runner_state = state
-        request.prefilled = True
-        embeds = out.hidden_states[0][0].clone()
-        for key, token in (("input_features", self.model.config.audio_token_index),
-                           ("pixel_values", self.model.config.image_token_index),
-                           ("pixel_values_videos", self.model.config.video_token_index)):
-            if key in media:  # the talker does not read the multimodal positions' embeddings
-                embeds[input_ids[0] == token] = 0
-        prompt = {
+        text_positions = torch.arange(prompt_tokens, device=self.device).view(1, 1, -1)
+        position_ids = torch.cat([text_positions, vision_positions])
+        decoder_inputs = capture_decoder_inputs(self.model.model, self.decoder, input_ids=input_ids,
+                                                attention_mask=attention_mask, position_ids=position_ids,
+                                                use_cache=False, use_audio_in_video=False, **media)
+        sampling = TokenSamplingParams.from_params(request.params)
+        handoff: dict[str, Any] = {
             "input_ids": input_ids[0].cpu().numpy(),
             "attention_mask": attention_mask[0].cpu().numpy(),
-            "embeds": embeds.float().cpu().numpy(),
-            "hidden": out.hidden_states[-1][0].float().cpu().numpy(),
             "special_embeds": self.special_embeds,
         }
-        for key in ("image_grid_thw", "video_grid_thw", "video_second_per_grid"):
+        for key in _GRID_KEYS:
             if key in media:
-                prompt[key] = media[key].float().cpu().numpy() if key == "video_second_per_grid" else \
+                handoff[key] = media[key].float().cpu().numpy() if key == "video_second_per_grid" else \
                     media[key].cpu().numpy()
         if audio_lengths is not None:
-            prompt["audio_feature_lengths"] = audio_lengths.cpu().numpy()
-        output = self._emit(request, state, out.last_hidden_state[0, -1])
-        prompt["first_token"] = state.generated[0]
-        output.data = {**(output.data or {}), "prompt": prompt}
-        output.details = {"inputs": {k: list(v.shape) for k, v in inputs.items()}}
-        return output
+            handoff["audio_feature_lengths"] = audio_lengths.cpu().numpy()
+        embeds = decoder_inputs["inputs_embeds"][0].clone()  # what the decoder's layer 0 reads
+        for key, token in self.mm_tokens.items():
+            if key in media:  # the talker does not read the multimodal positions' embeddings
+                embeds[input_ids[0] == token] = 0
+        handoff["embeds"] = embeds.float().cpu().numpy()
+        request.runner_state = Qwen25ThinkerState(
+            sampling, sampling.make_generator(), max_tokens, prompt_ids=input_ids[0].tolist(),
+            stream=TextStream(self._decode_ids, list(request.params.get("stop") or [])),
+            prompt=PromptPieces(decoder_inputs["inputs_embeds"], position_ids, keep=(-1,)),
+            rope_delta=int(rope_deltas.view(-1)[0]), handoff=handoff)
+        return None
 
-    def _decode(self, request: StageRequest) -> RunnerOutput:
-        state: ThinkerState = request.runner_state
-        token = torch.tensor([[state.generated[-1]]], device=self.device)
-        position = torch.full((3, 1, 1), state.length, device=self.device) + state.rope_deltas.view(1, -1, 1)
-        text_position = torch.full((1, 1, 1), state.length, device=self.device)
-        mask = torch.ones(1, state.length + 1, dtype=torch.long, device=self.device)
-        out = self.model.model(input_ids=token, attention_mask=mask, past_key_values=state.cache, use_cache=True,
-                               position_ids=torch.cat([text_position, position]), output_hidden_states=True)
-        state.length += 1
-        reply = {"reply_embed": out.hidden_states[0][0, -1].float().cpu().numpy(),
-                 "reply_hidden": out.hidden_states[-1][0, -1].float().cpu().numpy()}
-        output = self._emit(request, state, out.last_hidden_state[0, -1])
-        output.data = {**(output.data or {}), **reply}
-        return output
+    def _prefill(self, request: StageRequest, budget: int) -> tuple[RunnerOutput | torch.Tensor, int]:
+        """Feed the next piece of the request's prompt (at most ``budget`` tokens): the last position's logits once
+        the whole prompt is in, else the output to return now; and the tokens fed."""
+        if request.runner_state is None:
+            try:
+                inputs = self._processed(request)
+            except FieldError as exc:  # e.g. a video file that cannot be decoded: the caller's input
+                self._processing.pop(request.request_id, None)
+                return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
+                                    error_field=exc.field), 0
+            if inputs is None:
+                return RunnerOutput(request.request_id, prefill_pending=True), 0
+            waiting = self._start(request, inputs)
+            if waiting is not None:
+                return waiting, 0
+        state: Qwen25ThinkerState = request.runner_state
+        if budget < 1:
+            return RunnerOutput(request.request_id, prefill_pending=True), 0
+        pieces = state.prompt
+        piece = pieces.next_piece(budget)
+        tokens = int(piece["inputs_embeds"].shape[1])
+        self.kv.bind([request.request_id], tokens)
+        out = self.decoder(**piece, attention_mask=self.kv.attention_mask(), past_key_values=self.kv, use_cache=True)
+        pieces.record(tokens, (out.last_hidden_state,))  # the last layer's hidden states: the decoder's output
+        if pieces.remaining:
+            return RunnerOutput(request.request_id, prefill_pending=True), tokens
+        state.handoff = {**state.handoff, "hidden": pieces.gathered(-1).float().cpu().numpy()}
+        state.prompt = None
+        request.prefilled = True
+        self._decoding.add(request.request_id)
+        return self.model.lm_head(out.last_hidden_state[:, -1]), tokens
 
+    # ------------------------------------------------------------------------------------------------- steps
     def _decode_ids(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _emit(self, request: StageRequest, state: ThinkerState, hidden: torch.Tensor) -> RunnerOutput:
-        """The next token from the last position's hidden state [H], and the text it lets out."""
-        token = sample_next_token(self.model.lm_head(hidden), state.sampling, state.generated, state.generator,
-                                  prompt_ids=state.prompt_ids)
+    def _decode(self, batch: list[StageRequest]) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+        """One forward for every request of ``batch``, each reading its last token at its own next position: the
+        last position's logits [rows, vocab] and each row's reply item for the talker."""
+        states: list[Qwen25ThinkerState] = [request.runner_state for request in batch]
+        self.kv.bind([request.request_id for request in batch], 1)
+        cache_positions = self.kv.positions()  # [rows, 1]
+        deltas = torch.tensor([state.rope_delta for state in states], device=self.device).view(-1, 1)
+        positions = torch.stack([cache_positions] + [cache_positions + deltas] * 3)  # [4, rows, 1]
+        embeds = self._embed(torch.tensor([[state.generated[-1]] for state in states], device=self.device))
+        out = self.decoder(inputs_embeds=embeds, position_ids=positions, attention_mask=self.kv.attention_mask(),
+                           past_key_values=self.kv, use_cache=True)
+        last = out.last_hidden_state[:, -1]
+        embeds, hidden = embeds[:, -1].float().cpu(), last.float().cpu()
+        replies = [{"reply_embed": embeds[row].numpy(), "reply_hidden": hidden[row].numpy()}
+                   for row in range(len(batch))]
+        return self.model.lm_head(last), replies
+
+    def _emit(self, request: StageRequest, token: int) -> RunnerOutput:
+        """The output of the request's next token: the text it lets out, and the talker's part."""
+        state: Qwen25ThinkerState = request.runner_state
         state.generated.append(token)
+        output = self._text(request, state, token)
+        if state.handoff is not None:
+            output.data = {**(output.data or {}), "prompt": {**state.handoff, "first_token": token}}
+            state.handoff = None
+        return output
+
+    def _text(self, request: StageRequest, state: Qwen25ThinkerState, token: int) -> RunnerOutput:
+        stream = state.stream
         if token in self.eos_ids:
-            delta, units = state.stream.finish()
+            delta, units = stream.finish()
             return RunnerOutput(request.request_id, text_delta=delta, num_units=units, finished=True,
                                 finish_reason="stop")
-        delta, units = state.stream.push(token)
-        if state.stream.stopped:
+        delta, units = stream.push(token)
+        if stream.stopped:
             return RunnerOutput(request.request_id, text_delta=delta, num_units=units, finished=True,
                                 finish_reason="stop")
         if len(state.generated) >= state.max_tokens:
-            more, rest = state.stream.finish()
+            more, rest = stream.finish()
             return RunnerOutput(request.request_id, text_delta=delta + more, num_units=units + rest, finished=True,
-                                finish_reason="stop" if state.stream.stopped else "length", data={"token": token})
+                                finish_reason="stop" if stream.stopped else "length", data={"token": token})
         return RunnerOutput(request.request_id, text_delta=delta, num_units=units, data={"token": token})
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        return [self._prefill(r) if is_prefill else self._decode(r) for r in batch]
+        outputs: dict[str, RunnerOutput] = {}
+        ready: list[tuple[StageRequest, torch.Tensor, dict[str, Any]]] = []
+        if is_prefill:
+            budget = self.options.prefill_chunk_tokens
+            for request in batch:
+                result, fed = self._prefill(request, budget)
+                budget -= fed
+                if isinstance(result, RunnerOutput):
+                    outputs[request.request_id] = result
+                else:
+                    ready.append((request, result[0], {}))
+        else:
+            logits, replies = self._decode(batch)
+            ready = list(zip(batch, logits, replies, strict=True))
+        if ready:
+            tokens = sample_next_tokens(torch.stack([row for _, row, _ in ready]),
+                                        [request.runner_state.sampling_row() for request, _, _ in ready])
+            for (request, _, reply), token in zip(ready, tokens, strict=True):
+                output = outputs[request.request_id] = self._emit(request, token)
+                if reply:
+                    output.data = {**(output.data or {}), **reply}
+        return [outputs[request.request_id] for request in batch]
 
     def free(self, request: StageRequest) -> None:
-        request.runner_state = None
+        future = self._processing.pop(request.request_id, None)
+        if future is not None:
+            future.cancel()
+        self._decoding.discard(request.request_id)
+        super().free(request)
+
+
+def _merged(request: StageRequest) -> dict[str, Any]:
+    """The request's input items as one thinker input (read, not consumed)."""
+    data: dict[str, Any] = {}
+    for item in request.inputs:
+        data.update(item)
+    return data
