@@ -6,6 +6,8 @@ piper/onnxruntime code, as a user would write it without omnipipe).
     omnipipe bench offline --seed001            # seed 001's conditions: ~100-token answers, 50 prompts, c=1/4/10
     omnipipe bench offline --seed001 --pipeline qwen3_omni --model DIR   # a Qwen3-Omni checkpoint (a tiny one on
                                                 # a CPU shows only the framework's share)
+    omnipipe bench offline --pipeline qwen3_omni --model DIR --concurrency 1,8,32   # without --seed001: the
+                                                # Qwen-Omni batching bench (``bench/omni_batching.py``)
 
 Each row also shows the compute floor of time to first audio (``bench/floor.py``: the first packet's stage pieces
 timed one request at a time in this process, before the engine rows) and TTFP over that floor.
@@ -25,6 +27,8 @@ import yaml
 
 from omnipipe import AsyncOmni, SamplingParams
 from omnipipe.api.outputs import RequestMetrics
+from omnipipe.bench import omni_batching
+from omnipipe.bench.omni_load import OMNI_PIPELINES
 from omnipipe.bench.prompts import LONG_QUESTIONS, QUESTIONS
 from omnipipe.bench.report import format_table, machine_info, mean, summarize, write_json
 
@@ -277,6 +281,12 @@ def _deploy(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    peek = argparse.ArgumentParser(add_help=False)
+    peek.add_argument("--pipeline")
+    peek.add_argument("--seed001", action="store_true")
+    known, _ = peek.parse_known_args(argv)
+    if known.pipeline in OMNI_PIPELINES and not known.seed001:
+        return omni_batching.main(argv)
     parser = argparse.ArgumentParser(prog="omnipipe bench offline", description=__doc__.split("\n\n")[0])
     parser.add_argument("--pipeline", default="default")
     parser.add_argument("--seed001", action="store_true",

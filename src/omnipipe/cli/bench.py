@@ -21,11 +21,13 @@ SUITES = {
     "placement": "omnipipe.bench.placement",
     "vocoder-seams": "omnipipe.bench.vocoder_seams",
     "voice": "omnipipe.bench.voice",
+    "max-num-seqs": "omnipipe.bench.max_num_seqs",
 }
 
 _SUITES_HELP = (
     "engine: framework costs on test stages; relay: relay throughput between two processes per backend (mooncake "
-    "beside raw Mooncake reads and shm); offline: the default pipeline vs a sequential baseline; quality: the default "
+    "beside raw Mooncake reads and shm); offline: the default pipeline vs a sequential baseline (a Qwen-Omni "
+    "pipeline: its stages batched vs stepped per request, side by side); quality: the default "
     "pipeline's thinkers side by side on 30 factual questions (right answers, decode tok/s) and a multi-turn recall; "
     "serve: load on a running server; gateway: a worker directly vs through a gateway (recording and not), side by "
     "side; soak: load with stage kills, a stopped stage, clients that leave and malformed requests, and what was left "
@@ -36,7 +38,8 @@ _SUITES_HELP = (
     "(a loopback cluster); vocoder-seams: a streamed vocoder decode (omnipipe's exact windows, transformers' "
     "chunked_decode) against one whole decode: difference over absmax and samples missing; voice: realtime sessions "
     "speaking questions at real-time pace (client commit and server VAD, several at once): end of speech -> first "
-    "audio p50/p99, underruns, answers right, per variant side by side")
+    "audio p50/p99, underruns, answers right, per variant side by side; max-num-seqs: 8 requests at once through "
+    "AsyncOmni with every stage's max_num_seqs 8 vs 1, both Qwen-Omni families")
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
