@@ -140,28 +140,33 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
                                                 attention_mask=attention_mask, position_ids=position_ids,
                                                 use_cache=False, use_audio_in_video=False, **media)
         sampling = TokenSamplingParams.from_params(request.params)
-        handoff: dict[str, Any] = {
-            "input_ids": input_ids[0].cpu().numpy(),
-            "attention_mask": attention_mask[0].cpu().numpy(),
-            "special_embeds": self.special_embeds,
-        }
-        for key in _GRID_KEYS:
-            if key in media:
-                handoff[key] = media[key].float().cpu().numpy() if key == "video_second_per_grid" else \
-                    media[key].cpu().numpy()
-        if audio_lengths is not None:
-            handoff["audio_feature_lengths"] = audio_lengths.cpu().numpy()
-        embeds = decoder_inputs["inputs_embeds"][0].clone()  # what the decoder's layer 0 reads
-        for key, token in self.mm_tokens.items():
-            if key in media:  # the talker does not read the multimodal positions' embeddings
-                embeds[input_ids[0] == token] = 0
-        handoff["embeds"] = embeds.float().cpu().numpy()
+        handoff = self._prompt_part(input_ids[0], attention_mask[0], media, decoder_inputs["inputs_embeds"][0])
         request.runner_state = Qwen25ThinkerState(
             sampling, sampling.make_generator(), max_tokens, prompt_ids=input_ids[0].tolist(),
             stream=TextStream(self._decode_ids, list(request.params.get("stop") or [])),
             prompt=PromptPieces(decoder_inputs["inputs_embeds"], position_ids, keep=(-1,)),
             rope_delta=int(rope_deltas.view(-1)[0]), handoff=handoff)
         return None
+
+    def _prompt_part(self, ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, torch.Tensor],
+                     inputs_embeds: torch.Tensor) -> dict[str, Any]:
+        """The talker's prompt part but the last layer's hidden states (added once the prompt is in): the ids, the
+        embeddings the decoder's layer 0 reads (the multimodal positions' zeroed: the talker does not read them),
+        the grids its rope index needs and the special embeddings it speaks with."""
+        part: dict[str, Any] = {"input_ids": ids.cpu().numpy(), "attention_mask": attention_mask.cpu().numpy(),
+                                "special_embeds": self.special_embeds}
+        for key in _GRID_KEYS:
+            if key in media:
+                part[key] = media[key].float().cpu().numpy() if key == "video_second_per_grid" else \
+                    media[key].cpu().numpy()
+        if "feature_attention_mask" in media:
+            part["audio_feature_lengths"] = media["feature_attention_mask"].sum(-1).cpu().numpy()
+        embeds = inputs_embeds.clone()
+        for key, token in self.mm_tokens.items():
+            if key in media:
+                embeds[ids == token] = 0
+        part["embeds"] = embeds.float().cpu().numpy()
+        return part
 
     def _prefill(self, request: StageRequest, budget: int) -> tuple[RunnerOutput | torch.Tensor, int]:
         """Feed the next piece of the request's prompt (at most ``budget`` tokens): the last position's logits once
