@@ -56,7 +56,7 @@ _PIPELINES = (default_pipeline.DEFAULT, default_pipeline.TTS, default_pipeline.A
               image_pipeline.THINK_AND_DRAW, toy_pipeline.TTS_PIPELINE)
 _STAGE_RUNNERS = (WhisperEncoderRunner, DiffusersRunner, qwen2_5_thinker.Qwen25ThinkerRunner,
                   qwen2_5_talker.QwenOmniTalkerRunner, QwenOmniToken2WavRunner, qwen3_thinker.QwenOmniThinkerRunner,
-                  qwen3_talker.QwenOmniTalkerRunner, QwenOmniCode2WavRunner, ToyThinkerRunner, ToyTalkerRunner,
+                  qwen3_talker.Qwen3TalkerRunner, QwenOmniCode2WavRunner, ToyThinkerRunner, ToyTalkerRunner,
                   ToyVocoderRunner)
 _PROCESSORS = (default_processors.default_prompt, default_processors.tts_prompt, default_processors.asr_prompt,
                default_processors.encoder2thinker, default_processors.thinker2talker, image_processors.image_prompt,

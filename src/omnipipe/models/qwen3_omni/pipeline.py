@@ -13,7 +13,7 @@ PIPELINE = PipelineSpec(
     description="Qwen3-Omni: MoE thinker (text, image, audio, video in) -> talker with code predictor -> code2wav",
     stages=(
         StageSpec("thinker", "ar", f"{_P}.runners.thinker:Qwen3ThinkerRunner", final_output="text"),
-        StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner",
+        StageSpec("talker", "ar", f"{_P}.runners.talker:Qwen3TalkerRunner",
                   extra_params=f"{_P}.options:Qwen3TalkerParams"),
         StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:QwenOmniCode2WavRunner", final_output="audio",
                   sample_rate_hz=SAMPLE_RATE_HZ),
