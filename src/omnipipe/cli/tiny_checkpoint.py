@@ -4,6 +4,7 @@ pipeline on a CPU without a download. The families that have one register its wr
 from __future__ import annotations
 
 import argparse
+import inspect
 from pathlib import Path
 
 from omnipipe.cli.errors import CLIError
@@ -17,6 +18,10 @@ def add_tiny_checkpoint(sub: argparse._SubParsersAction) -> None:
     t.add_argument("directory", type=Path, help="where to write it (created)")
     t.add_argument("--seed", type=int, default=0, help="weights seed (the same seed writes the same weights)")
     t.add_argument("--force", action="store_true", help="write into a directory that already holds files")
+    t.add_argument("--size", choices=("tiny", "released"), default="tiny", help="tiny: toy sizes (seconds on a "
+                   "CPU); released: the published config's sizes, random weights in bfloat16 (tens of GB)")
+    t.add_argument("--layers", type=int, default=None, help="with --size released: this many layers in every "
+                   "decoder and encoder stack (a smaller file of the same widths)")
 
 
 def run_tiny_checkpoint(args: argparse.Namespace) -> int:
@@ -27,7 +32,16 @@ def run_tiny_checkpoint(args: argparse.Namespace) -> int:
     if args.directory.is_dir() and any(args.directory.iterdir()) and not args.force:
         raise CLIError(f"directory: {args.directory} is not empty (its config, tokenizer and weights would be "
                        "replaced): give an empty or new directory, or --force")
-    path = resolve(TINY_CHECKPOINTS[args.family])(args.directory, seed=args.seed)
+    writer = resolve(TINY_CHECKPOINTS[args.family])
+    if args.layers is not None and (args.size != "released" or args.layers < 1):
+        raise CLIError("--layers: a number >= 1, with --size released")
+    if args.size == "released":
+        if "size" not in inspect.signature(writer).parameters:
+            raise CLIError(f"--size released: {args.family} has no released-size writer yet; use --size tiny")
+        path = writer(args.directory, seed=args.seed, size="released", layers=args.layers)
+        print(f"wrote a random {args.family} checkpoint at the released sizes to {path}")
+        return 0
+    path = writer(args.directory, seed=args.seed)
     print(f"wrote a tiny random {args.family} checkpoint to {path}")
     print(f"run it: omnipipe generate --pipeline {args.family} --model {path} \"hello\" -o answer.wav")
     return 0
