@@ -50,7 +50,7 @@ def prompts() -> list[dict[str, Any]]:
     image = np.asarray(load_image(media_files.png(rng.integers(0, 255, (40, 56, 3), dtype=np.uint8)), "image"))
     audio = load_audio(media_files.wav((0.2 * np.sin(np.arange(16000) / 50)).astype(np.float32)), "audio", 16000)
     texts = [{"text": f"question {i}: " + "tell me more " * 3 * i} for i in range(7)]
-    return [*texts, {"text": "what do you see and hear", "images": [image], "audios": [audio]}]
+    return [{"text": "what do you see and hear", "images": [image], "audios": [audio]}, *texts]
 
 
 def prompt_part(result: DriveResult, request_id: str) -> dict[str, Any]:
@@ -79,7 +79,8 @@ def within(want: Any, got: Any) -> bool:
 
 
 def test_eight_requests_joining_at_different_steps_equal_each_run_alone(thinker: Qwen25ThinkerRunner) -> None:
-    params = {"temperature": 0.0, "max_tokens": 16}
+    params = {"temperature": 0.0, "max_tokens": 32}
+    # the image and audio prompt first: its processing (the slowest) is waited for, as nothing decodes yet
     arrivals = [Arrival(f"r{i}", params, [item], step=2 * i) for i, item in enumerate(prompts())]
     batched = drive(thinker, arrivals)
     assert not batched.errors
@@ -98,6 +99,8 @@ def test_eight_requests_joining_at_different_steps_equal_each_run_alone(thinker:
         replies = [[o.data["reply_embed"] for o in result.outputs[rid] if o.data and "reply_embed" in o.data]
                    for result in (alone, batched)]
         assert len(replies[0]) == len(replies[1]) and all(map(within, *replies))
+    shapes = next(o.details for o in batched.outputs["r0"] if o.details)["inputs"]  # with the first token
+    assert shapes["image_grid_thw"] == [1, 3] and shapes["feature_attention_mask"][0] == 1
     assert thinker.kv.free_blocks == thinker.kv.num_blocks
 
 

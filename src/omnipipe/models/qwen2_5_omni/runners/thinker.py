@@ -49,6 +49,7 @@ class Qwen25ThinkerState(DecodeState):
     prompt: PromptPieces | None = None  # while its prefill is in pieces
     rope_delta: int = 0  # a decode position's multimodal rows: its cache position plus this
     handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
+    input_shapes: dict[str, list[int]] | None = None  # the processor's tensors' shapes, reported with it
 
     def snapshot(self) -> dict[str, Any]:
         saved = super().snapshot()
@@ -104,12 +105,12 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
     def admit(self, request: StageRequest) -> None:
         self._processing[request.request_id] = self._processor.submit(self.inputs, _merged(request))
 
-    def _processed(self, request: StageRequest) -> dict[str, torch.Tensor] | None:
-        """The request's processed inputs; None while they are still being made and other requests decode."""
+    def _processed(self, request: StageRequest, wait: bool) -> dict[str, torch.Tensor] | None:
+        """The request's processed inputs; None while they are still being made, unless ``wait``."""
         future = self._processing.get(request.request_id)
         if future is None:  # not admitted through the stage loop (a direct caller): process it now
             future = self._processing[request.request_id] = self._processor.submit(self.inputs, _merged(request))
-        if not future.done() and self._decoding:
+        if not future.done() and not wait:
             return None
         return future.result()
 
@@ -145,7 +146,8 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
             sampling, sampling.make_generator(), max_tokens, prompt_ids=input_ids[0].tolist(),
             stream=TextStream(self._decode_ids, list(request.params.get("stop") or [])),
             prompt=PromptPieces(decoder_inputs["inputs_embeds"], position_ids, keep=(-1,)),
-            rope_delta=int(rope_deltas.view(-1)[0]), handoff=handoff)
+            rope_delta=int(rope_deltas.view(-1)[0]), handoff=handoff,
+            input_shapes={key: list(value.shape) for key, value in inputs.items()})
         return None
 
     def _prompt_part(self, ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, torch.Tensor],
@@ -168,12 +170,13 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         part["embeds"] = embeds.float().cpu().numpy()
         return part
 
-    def _prefill(self, request: StageRequest, budget: int) -> tuple[RunnerOutput | torch.Tensor, int]:
-        """Feed the next piece of the request's prompt (at most ``budget`` tokens): the last position's logits once
-        the whole prompt is in, else the output to return now; and the tokens fed."""
+    def _prefill(self, request: StageRequest, budget: int, wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
+        """Feed the next piece of the request's prompt (at most ``budget`` tokens; its processing waited for if
+        ``wait``): the last position's logits once the whole prompt is in, else the output to return now; and the
+        tokens fed."""
         if request.runner_state is None:
             try:
-                inputs = self._processed(request)
+                inputs = self._processed(request, wait)
             except FieldError as exc:  # e.g. a video file that cannot be decoded: the caller's input
                 self._processing.pop(request.request_id, None)
                 return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
@@ -228,6 +231,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         output = self._text(request, state, token)
         if state.handoff is not None:
             output.data = {**(output.data or {}), "prompt": {**state.handoff, "first_token": token}}
+            output.details = {"inputs": state.input_shapes}
             state.handoff = None
         return output
 
@@ -253,8 +257,9 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         ready: list[tuple[StageRequest, torch.Tensor, dict[str, Any]]] = []
         if is_prefill:
             budget = self.options.prefill_chunk_tokens
+            wait = not self._decoding  # no stream is held up while this step waits for a prompt's processing
             for request in batch:
-                result, fed = self._prefill(request, budget)
+                result, fed = self._prefill(request, budget, wait)
                 budget -= fed
                 if isinstance(result, RunnerOutput):
                     outputs[request.request_id] = result
