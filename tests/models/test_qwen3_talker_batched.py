@@ -1,7 +1,8 @@
 """The Qwen3-Omni talker steps every decoding request together (tiny random checkpoint, in-process with the stage's
 own scheduler and step): one talker forward and ``num_code_groups - 1`` code-predictor forwards per decode step
 whatever the batch size, the same codes as each request stepped alone, seeded sampling independent of batch-mates
-(and of torch's global generator), admission under a tiny KV budget, and one failing request failing alone.
+(and of torch's global generator), a long prompt prefilled in pieces between the others' decode steps, admission
+under a tiny KV budget, and one failing request failing alone.
 
 The talker's inputs are the thinker's, as they reach it: the thinker stage run on the prompts, its step data put
 through the thinker -> talker chunk processor, the chunks arriving at chosen steps."""
@@ -174,6 +175,23 @@ def test_a_seeded_sampled_request_is_the_same_alone_and_in_a_batch(talker: Qwen3
     greedy = drive(talker, [streamed("greedy", {**GREEDY}, thinker_data[3], step=0)])
     # the residual codes are sampled too, not only the talker's own
     assert [f[1:] for f in frames(alone, "seeded")] != [f[1:] for f in frames(greedy, "greedy")]
+
+
+def test_a_long_prompt_is_prefilled_in_pieces_while_four_streams_decode(checkpoint: Path,
+                                                                        talker: Qwen3TalkerRunner,
+                                                                        thinker_data: list) -> None:
+    chunked = runner(checkpoint, prefill_chunk_tokens=16)
+    streams = [whole(f"s{i}", {**GREEDY, "max_tokens": 60}, thinker_data[i]) for i in range(4)]
+    long_prompt = whole("long", GREEDY, thinker_data[6], step=30)  # the longest prompt, once the streams decode
+    result = drive(chunked, [*streams, long_prompt])
+    assert not result.errors
+    pieces = [i for i, (prefill, ids, _) in enumerate(result.steps) if prefill and ids == ["long"]]
+    assert len(pieces) >= 4
+    for earlier, later in zip(pieces, pieces[1:], strict=False):  # the four streams decoded between any two pieces
+        assert [ids for _, ids, _ in result.steps[earlier + 1:later]] == [[s.request_id for s in streams]]
+    want = drive(talker, [*streams, long_prompt])
+    assert all(frames(result, a.request_id) == frames(want, a.request_id) for a in [*streams, long_prompt])
+    assert chunked.kv.free_blocks == chunked.kv.num_blocks
 
 
 def test_admission_under_a_tiny_kv_budget_queues_and_serves_every_request(checkpoint: Path,

@@ -3,9 +3,10 @@
 
 The prefill is the model's: the prompt's user turns projected into the talker (text positions through
 ``text_projection`` of their embeddings, multimodal positions through ``hidden_projection`` of the thinker's hidden
-states), then the assistant's opening with the codec's think/speaker/bos ids. It runs for one request when the
-thinker's first chunk (the prompt and the first text embedding) is there, whether the scheduler gave the request a
-prefill step or, its chunk having come in while it was parked, a decode step. Each step then feeds the sum of the
+states), then the assistant's opening with the codec's think/speaker/bos ids. It starts once the thinker's first
+chunk (the prompt and the first text embedding) is there, whether the scheduler gave the request a prefill step or,
+its chunk having come in while it was parked, a decode step, and feeds at most ``prefill_chunk_tokens`` a step
+(``stage/prompt_pieces.py``: a long prompt goes in pieces between the others' decode steps). Each step then feeds the sum of the
 last frame's code embeddings plus the next text embedding (``tts_eos`` once the text is done, ``tts_pad`` after). A
 step whose text embedding has not arrived yet waits for the thinker (``needs_input``).
 
@@ -32,6 +33,7 @@ from omnipipe.models.qwen3_omni.options import Qwen3TalkerParams, TalkerOptions
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, read_rows, speaker_ids
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
+from omnipipe.stage.prompt_pieces import PromptPieces
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
@@ -48,9 +50,22 @@ class Qwen3TalkerState(DecodeState):
     text: list[torch.Tensor] = field(default_factory=list)  # the thinker's token embeddings, unprojected
     done: bool = False  # the thinker's text is all there
     prompt: dict[str, Any] | None = None  # the prompt part of the thinker's first chunk, until the prefill
+    pieces: PromptPieces | None = None  # the talker's prompt while it is prefilled
     step: int = 0  # decode steps taken: the next text embedding is text[step + 1]
     last_position: torch.Tensor | None = None  # [4]: the rope rows of the last position fed
     last_hidden: torch.Tensor | None = None  # [hidden]: the talker's last hidden state (the predictor's input)
+
+    def snapshot(self) -> dict[str, Any]:
+        saved = super().snapshot()
+        saved["pieces"] = None if self.pieces is None else (self.pieces, self.pieces.mark())
+        return saved
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        pieces = saved.pop("pieces")
+        super().restore(saved)
+        if pieces is not None:
+            self.pieces, mark = pieces
+            self.pieces.rewind(mark)
 
 
 class Qwen3TalkerRunner(BatchedDecoderRunner):
@@ -178,26 +193,44 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         self.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
         return inputs_embeds, position_ids
 
-    def _prefill(self, request: StageRequest, state: Qwen3TalkerState) -> RunnerOutput | torch.Tensor:
-        """The request's prompt into the KV cache in one forward: its first code's logits [vocab], or the output
-        to return now (waiting for the thinker or for KV memory, or nothing to speak)."""
+    def _start(self, request: StageRequest, state: Qwen3TalkerState) -> RunnerOutput | None:
+        """The request's prompt built and its KV reserved; else the output to return now (waiting for the thinker
+        or for KV memory, or nothing to speak)."""
         if state.prompt is None or (not state.text and not state.done):
             return RunnerOutput(request.request_id, needs_input=True)
         if not state.text:  # the thinker said nothing to speak
             return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
         inputs_embeds, position_ids = self._prompt_inputs(request, state)
-        length = int(inputs_embeds.shape[1])
-        waiting = self.reserve(request, length + state.max_tokens)
+        waiting = self.reserve(request, int(inputs_embeds.shape[1]) + state.max_tokens)
         if waiting is not None:
             return waiting
-        self.kv.bind([request.request_id], length)
-        out = self.model.model(inputs_embeds=inputs_embeds, position_ids=position_ids, past_key_values=self.kv,
-                               attention_mask=self.kv.attention_mask(), use_cache=True)
-        state.prompt = None
-        state.last_position = position_ids[:, 0, -1]
+        state.pieces, state.prompt = PromptPieces(inputs_embeds, position_ids), None
+        return None
+
+    def _prefill(self, request: StageRequest, state: Qwen3TalkerState,
+                 budget: int) -> tuple[RunnerOutput | torch.Tensor, int]:
+        """Feed the next piece of the request's prompt (at most ``budget`` tokens): its first code's logits [vocab]
+        once the whole prompt is in, else the output to return now; and the tokens fed."""
+        if state.pieces is None:
+            waiting = self._start(request, state)
+            if waiting is not None:
+                return waiting, 0
+        pieces = state.pieces
+        if budget < 1:
+            return RunnerOutput(request.request_id, prefill_pending=True), 0
+        piece = pieces.next_piece(budget)
+        tokens = int(piece["inputs_embeds"].shape[1])
+        self.kv.bind([request.request_id], tokens)
+        out = self.model.model(**piece, past_key_values=self.kv, attention_mask=self.kv.attention_mask(),
+                               use_cache=True)
+        pieces.record(tokens, None)
+        if pieces.remaining:
+            return RunnerOutput(request.request_id, prefill_pending=True), tokens
+        state.last_position = pieces.position_ids[:, 0, -1]
         state.last_hidden = out.last_hidden_state[0, -1]
+        state.pieces = None
         request.prefilled = True
-        return self.model.codec_head(out.last_hidden_state[0, -1])
+        return self.model.codec_head(out.last_hidden_state[0, -1]), tokens
 
     # ------------------------------------------------------------------------------------------------- steps
     def _project_texts(self, texts: list[tuple[torch.Tensor, bool]]) -> torch.Tensor:
@@ -254,10 +287,12 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         ready: list[tuple[StageRequest, torch.Tensor, torch.Tensor | None]] = []  # (request, logits, frame)
         decoding: list[StageRequest] = []
         texts: list[tuple[torch.Tensor, bool]] = []
+        budget = self.options.prefill_chunk_tokens
         for request in batch:
             state = self._state(request)
             if not request.prefilled:  # its first chunk may have come while it was parked: prefill it now
-                result = self._prefill(request, state)
+                result, fed = self._prefill(request, state, budget)
+                budget -= fed
                 if isinstance(result, RunnerOutput):
                     outputs[request.request_id] = result
                 else:
