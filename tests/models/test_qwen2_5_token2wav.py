@@ -140,7 +140,7 @@ def test_batched_windows_equal_each_request_alone(runner, alone) -> None:
 def test_a_step_makes_the_same_dit_forwards_for_one_request_and_for_eight(runner) -> None:
     dit = runner.model.code2wav_dit_model
     forwards, voices = [], []
-    hooks = [dit.transformer_blocks[0].register_forward_hook(lambda *_: forwards.append(1)),
+    hooks = [dit.proj_out.register_forward_hook(lambda *_: forwards.append(1)),
              dit.input_embed.spk_encoder.register_forward_hook(lambda *_: voices.append(1))]
     per_step = []
 

@@ -4,12 +4,12 @@ voice's speaker conditioning computed once.
 - One ODE for the batch: every window runs the same 10-step RK4 schedule, so each of the sampler's 36 velocity
   evaluations is one DiT forward over all windows (rows conditioned and unconditioned, as classifier-free guidance
   has them in transformers). Windows of different lengths are padded at the end; a padded frame is a key no real
-  frame attends to (its block distance is set past every layer's reach, the mask ``DiTDecoderLayer`` builds), and
-  it attends to itself alone, so its values stay finite and never reach a real frame. Every window's positions and
-  blocks count from its own first frame, as when it is decoded alone.
+  frame attends to, and it attends to itself alone, so its values stay finite and never reach a real frame. Every
+  window's positions and blocks count from its own first frame, as when it is decoded alone.
 - What transformers recomputes in every evaluation and is fixed for a request: the ECAPA embedding of the voice's
   reference mel (and of silence, guidance's unconditioned half) is ``SpeakerConditioning``, made once per request;
-  the code embeddings, rotary angles and block mask are made once per batch.
+  the code embeddings, rotary angles and each block's attention mask are made once per batch (transformers' blocks
+  rebuild the mask from block distances in every evaluation, ``_decoder_block`` takes it made).
 - Precision: the ODE state, its times and the guidance run in float32, or the model's dtype where it is wider
   (``ode_dtype``); the DiT reads its inputs in its own dtype (bfloat16 on a GPU), so a bfloat16 token2wav runs and
   stays close to float32.
@@ -65,21 +65,31 @@ class _BatchInputs:
 
     fixed_features: torch.Tensor  # [2B, F, enc_dim + emb_dim + enc_emb_dim]: reference, codes, speaker vector
     position_embeddings: tuple[torch.Tensor, torch.Tensor]
-    block_diff: torch.Tensor  # [2B, heads, F, F] block distances, past every layer's reach where masked
+    attention_masks: list[torch.Tensor]  # per transformer block, additive [2B or 1, 1, F, F]
 
 
-def _block_diff(dit: Any, lengths: torch.Tensor, frames: int) -> torch.Tensor:
-    """Block distances key - query as ``Qwen2_5OmniToken2WavDiTModel._create_block_diff`` makes them, with a padded
-    key out of every real query's reach and each padded query seeing only itself."""
+def _attention_masks(dit: Any, lengths: torch.Tensor, frames: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    """Each block's attention mask as ``DiTDecoderLayer`` makes it from block distances (a frame sees its block,
+    and the one before or after where the layer looks back or ahead), as an additive mask made once for the batch,
+    with a padded key out of every real query's reach and each padded query seeing only itself."""
     device = lengths.device
     blocks = torch.arange(frames, device=device) // dit.block_size
-    diff = (blocks[None, :] - blocks[:, None]).expand(len(lengths), frames, frames)
+    diff = (blocks[None, :] - blocks[:, None])[None]  # key block - query block, [1, F, F]
     padded_keys = torch.arange(frames, device=device)[None, :] >= lengths[:, None]  # [B, F]
+    hidden = None
     if bool(padded_keys.any()):
         hidden = padded_keys[:, None, :] & ~torch.eye(frames, dtype=torch.bool, device=device)
-        diff = diff.float().masked_fill(hidden, float("inf"))
-    diff = torch.cat([diff, diff], dim=0)
-    return diff[:, None].expand(diff.shape[0], dit.num_attention_heads, frames, frames)
+        hidden = torch.cat([hidden, hidden], dim=0)
+    masks: dict[tuple[int, int], torch.Tensor] = {}
+    for block in dit.transformer_blocks:
+        reach = (block.look_backward_block, block.look_ahead_block)
+        if reach not in masks:
+            visible = (diff >= -reach[0]) & (diff <= reach[1])
+            if hidden is not None:
+                visible = visible & ~hidden
+            additive = torch.zeros(visible.shape, dtype=dtype, device=device).masked_fill(~visible, float("-inf"))
+            masks[reach] = additive[:, None]
+    return [masks[(block.look_backward_block, block.look_ahead_block)] for block in dit.transformer_blocks]
 
 
 def _batch_inputs(dit: Any, codes: torch.Tensor, lengths: torch.Tensor,
@@ -93,7 +103,19 @@ def _batch_inputs(dit: Any, codes: torch.Tensor, lengths: torch.Tensor,
     fixed = torch.cat((reference[:, None].expand(-1, frames, -1), torch.cat([code_embed, unconditioned_code_embed]),
                        vector[:, None].expand(-1, frames, -1)), dim=-1)
     positions = torch.arange(frames, device=codes.device)[None].expand(fixed.shape[0], -1)
-    return _BatchInputs(fixed, dit.rotary_embed(fixed, positions), _block_diff(dit, lengths * dit.repeats, frames))
+    return _BatchInputs(fixed, dit.rotary_embed(fixed, positions),
+                        _attention_masks(dit, lengths * dit.repeats, frames, fixed.dtype))
+
+
+def _decoder_block(block: Any, hidden: torch.Tensor, time_embedding: torch.Tensor,
+                   position_embeddings: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """``DiTDecoderLayer.forward`` given its attention mask (made once per batch: the layer's own forward makes
+    it from block distances in every evaluation, at [2B, heads, F, F])."""
+    norm, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.attn_norm(hidden, emb=time_embedding)
+    attention = block.attn(hidden_states=norm, position_embeddings=position_embeddings, attention_mask=mask)
+    hidden = hidden + gate_msa.unsqueeze(1) * attention
+    norm = block.ff_norm(hidden) * (1 + scale_mlp[:, None]) + shift_mlp[:, None]
+    return hidden + gate_mlp.unsqueeze(1) * block.ff(norm)
 
 
 def _velocity(dit: Any, inputs: _BatchInputs, time: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
@@ -107,9 +129,8 @@ def _velocity(dit: Any, inputs: _BatchInputs, time: torch.Tensor, state: torch.T
         time_embedding = layer(time_embedding)
     hidden = torch.cat([state, state], dim=0).to(dtype)
     hidden = dit.input_embed.proj(torch.cat((hidden, inputs.fixed_features), dim=-1))
-    for block in dit.transformer_blocks:
-        hidden = block(hidden, time_embedding, position_embeddings=inputs.position_embeddings,
-                       block_diff=inputs.block_diff)
+    for block, mask in zip(dit.transformer_blocks, inputs.attention_masks, strict=True):
+        hidden = _decoder_block(block, hidden, time_embedding, inputs.position_embeddings, mask)
     output = dit.proj_out(dit.norm_out(hidden, time_embedding)).to(state.dtype)
     guided, unconditioned = torch.chunk(output, 2, dim=0)
     return guided + (guided - unconditioned) * GUIDANCE_SCALE
