@@ -26,9 +26,13 @@ Options = TypeVar("Options", bound="CheckpointOptions")
 
 @dataclass(frozen=True)
 class CheckpointOptions:
+    """``step_per_request``: run each request of a batch in its own runner call (one forward each), as an unbatched
+    stage would; read by the stage loop, only for comparing against the batched steps (``omnipipe bench``)."""
+
     model: str = ""
     dtype: str = "auto"
     gpu_memory_fraction: float | None = None
+    step_per_request: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -39,6 +43,8 @@ class CheckpointOptions:
         value = self.gpu_memory_fraction
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1):
             raise FieldError("gpu_memory_fraction", f"must be a number in (0, 1], got {value!r}")
+        if not isinstance(self.step_per_request, bool):
+            raise FieldError("step_per_request", f"must be true or false, got {self.step_per_request!r}")
 
     def torch_dtype(self, device: str) -> torch.dtype:
         if self.dtype == "auto":
@@ -57,21 +63,17 @@ class DecoderCheckpointOptions(CheckpointOptions):
       admitted when its prompt and ``max_tokens`` fit what is free; until then it waits.
     - ``kv_block_tokens``: tokens per block of that cache.
     - ``prefill_chunk_tokens``: at most that many prompt tokens prefilled in one step; a longer prompt is prefilled
-      in pieces with the running requests' decode steps in between, so an arrival never freezes their streams.
-    - ``step_per_request``: run each request of a batch in its own step (one forward each), as an unbatched stage
-      would; only for comparing against the batched steps (``omnipipe bench``)."""
+      in pieces with the running requests' decode steps in between, so an arrival never freezes their streams."""
 
     torch_compile: bool = False
     kv_cache_bytes: int | None = None
     kv_block_tokens: int = 16
     prefill_chunk_tokens: int = 2048
-    step_per_request: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("torch_compile", "step_per_request"):
-            if not isinstance(getattr(self, name), bool):
-                raise FieldError(name, f"must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.torch_compile, bool):
+            raise FieldError("torch_compile", f"must be true or false, got {self.torch_compile!r}")
         if self.kv_cache_bytes is not None:
             positive_int("kv_cache_bytes", self.kv_cache_bytes, 1 << 50)
         positive_int("kv_block_tokens", self.kv_block_tokens, 1024)
