@@ -55,7 +55,7 @@ _ = SimpleNamespace()
 _PIPELINES = (default_pipeline.DEFAULT, default_pipeline.TTS, default_pipeline.ASR, image_pipeline.IMAGE,
               image_pipeline.THINK_AND_DRAW, toy_pipeline.TTS_PIPELINE)
 _STAGE_RUNNERS = (WhisperEncoderRunner, DiffusersRunner, qwen2_5_thinker.Qwen25ThinkerRunner,
-                  qwen2_5_talker.QwenOmniTalkerRunner, QwenOmniToken2WavRunner, qwen3_thinker.QwenOmniThinkerRunner,
+                  qwen2_5_talker.Qwen25TalkerRunner, QwenOmniToken2WavRunner, qwen3_thinker.QwenOmniThinkerRunner,
                   qwen3_talker.Qwen3TalkerRunner, QwenOmniCode2WavRunner, ToyThinkerRunner, ToyTalkerRunner,
                   ToyVocoderRunner)
 _PROCESSORS = (default_processors.default_prompt, default_processors.tts_prompt, default_processors.asr_prompt,

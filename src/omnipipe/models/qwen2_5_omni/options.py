@@ -1,5 +1,6 @@
 """The stage options of the Qwen2.5-Omni talker and vocoder (deploy ``stages.<name>.options``) beyond what every
-checkpoint stage takes (``stage/checkpoint_options.py``: model, dtype, gpu_memory_fraction, torch_compile); the
+checkpoint stage takes (``stage/checkpoint_options.py``: model, dtype, gpu_memory_fraction, step_per_request; the
+talker, a batched decoder, also its KV cache's budget and blocks, prefill_chunk_tokens and torch_compile); the
 thinker takes exactly a multimodal thinker's (``MultimodalThinkerOptions`` there)."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from omnipipe.stage.checkpoint_options import (
 
 @dataclass(frozen=True)
 class TalkerOptions(DecoderCheckpointOptions):
-    """``max_codes``: a request's cap in codec codes (50 per second) when it gives no talker SamplingParams."""
+    """``max_codes``: a request's cap in codec codes (50 per second) when its talker SamplingParams give no
+    ``max_tokens`` (its KV is reserved for its prompt and that many codes)."""
 
     max_codes: int = 2048
 

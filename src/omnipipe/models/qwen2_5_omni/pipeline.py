@@ -14,7 +14,7 @@ PIPELINE = PipelineSpec(
                 "and video in, text and speech out",
     stages=(
         StageSpec("thinker", "ar", f"{_P}.runners.thinker:Qwen25ThinkerRunner", final_output="text"),
-        StageSpec("talker", "ar", f"{_P}.runners.talker:QwenOmniTalkerRunner",
+        StageSpec("talker", "ar", f"{_P}.runners.talker:Qwen25TalkerRunner",
                   extra_params=f"{_P}.processors:Qwen25TalkerParams"),
         StageSpec("token2wav", "generation", f"{_P}.runners.token2wav:Qwen25Token2WavRunner",
                   final_output="audio", sample_rate_hz=SAMPLE_RATE_HZ),

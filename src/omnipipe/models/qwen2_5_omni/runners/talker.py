@@ -1,15 +1,21 @@
-"""The Qwen2.5-Omni talker stage: ``Qwen2_5OmniTalkerForConditionalGeneration`` turns the thinker's hidden states
-into codec codes, one per step, with a per-request DynamicCache and rope deltas. Its prefill reads the thinker's
-prompt part and first reply item; each later step reads the next reply item (then the text-end embedding, then the
-pad embedding for ever once the thinker is done). Under async chunk a step whose reply item has not arrived yet
-waits for it (``needs_input``).
+"""The Qwen2.5-Omni talker stage: ``Qwen2_5OmniTalkerForConditionalGeneration``'s parts turn the thinker's hidden
+states into codec codes, one per step.
+
+Every decoding request of the stage steps in one forward of the talker's decoder (``stage/batched_decoder.py``: one
+paged KV cache, each row its own length): a row's input is the codec embedding of its last code plus its next reply
+item, projected as the model does, at its own rope position (at decode the three multimodal rows are the row's
+cache length plus its own rope delta, which its prompt's media set). A request's prefill reads the thinker's prompt
+part and first reply item, and is fed ``prefill_chunk_tokens`` at a time between the others' decode steps; it
+reserves the KV of its prompt and ``max_tokens`` codes first (or waits for memory). Each later step reads the next
+reply item (then the text-end embedding, then the pad embedding for ever once the thinker is done). Under async
+chunk a request whose reply item has not arrived yet waits for it (``needs_input``) while the others step.
 
 Sampling follows the fields of the request's talker SamplingParams the caller set; every field left out keeps the
 model's decoding (that of transformers' ``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05,
-up to ``max_codes`` codes). The repetition penalty reads the
-talker's whole input (as ``generate``), the presence and frequency penalties the codes generated so far. ``stop``
-(strings) has no meaning for codec codes and is refused. The codec's begin token is suppressed; its pad and end
-tokens end the speech.
+up to ``max_codes`` codes), each request with its own generator. The repetition penalty reads the talker's whole
+input (as ``generate``), the presence and frequency penalties the codes generated so far. ``stop`` (strings) has no
+meaning for codec codes and is refused. The codec's begin token is suppressed; its pad and end tokens end the
+speech.
 
 Stage options: ``TalkerOptions`` (``options.py``)."""
 
@@ -20,48 +26,47 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from omnipipe.models.qwen2_5_omni.options import TalkerOptions
 from omnipipe.models.qwen2_5_omni.processors import Qwen25TalkerParams
-from omnipipe.models.qwen2_5_omni.weights.load import (
-    load_part,
-    load_speakers,
-)
+from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
+from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
-from omnipipe.stage.runner import RunnerOutput, StageRunner
-from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_token
+from omnipipe.stage.runner import RunnerOutput
+from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
 from omnipipe.util.field_error import FieldError
 
 MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
+_GRIDS = ("image_grid_thw", "video_grid_thw", "audio_feature_lengths", "video_second_per_grid")
 
 
 @dataclass
-class TalkerState:
-    cache: DynamicCache
-    rope_deltas: torch.Tensor
-    history: list[int]  # the talker's input ids and codes so far (for the repetition penalty)
-    prompt_length: int  # of ``history``: the codes follow
+class Qwen25TalkerState(DecodeState):
+    """``prompt_ids`` are the talker's input ids (codec mask tokens, pad, begin), ``generated`` its codes (an end
+    code included), ``max_tokens`` its cap in codes."""
+
+    speaker: str = "Chelsie"
+    rope_delta: int = 0  # decode positions are the cache length plus this (the prompt's media offset)
     replies: list[torch.Tensor] = field(default_factory=list)  # reply items not read yet
     thinker_done: bool = False
     tail: list[torch.Tensor] = field(default_factory=list)  # text-end, then pad: read after the reply
-    codes: int = 0
-    speaker: str = "Chelsie"
-    sampling: TokenSamplingParams = MODEL_DECODING
-    max_codes: int = 0
-    generator: torch.Generator | None = None
+    prompt_embeds: torch.Tensor | None = None  # [1, prompt, hidden] projected, while the prefill is in pieces
+    prompt_positions: torch.Tensor | None = None  # [3, 1, prompt]
+    prompt_fed: int = 0  # of ``prompt_embeds``: tokens already in the cache
 
 
-class QwenOmniTalkerRunner(StageRunner):
+class Qwen25TalkerRunner(BatchedDecoderRunner):
     def load(self) -> None:
         self.options, directory, self.dtype = checked_options(self.context, TalkerOptions)
         self.device = torch.device(self.context.device)
         self.model = load_part(directory, "talker", self.device, self.dtype)
-        compile_if(self.model.model, self.options.torch_compile)
+        self.decoder = self.model.model
+        compile_if(self.decoder, self.options.torch_compile)
         self.eos_codes = {self.model.codec_pad_token, self.model.codec_eos_token}
         self.max_codes = self.options.max_codes
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
+        self.make_kv_cache(self.model.config, self.options, self.dtype)
 
     def validate(self, params: dict[str, Any]) -> str | None:
         if params.get("stop"):
@@ -86,78 +91,146 @@ class QwenOmniTalkerRunner(StageRunner):
             done = done or bool(chunk.get("thinker_done"))
         return prompt, items, done
 
-    def _prefill(self, request: StageRequest) -> RunnerOutput:
-        prompt, replies, done = self._read(request)
+    # ------------------------------------------------------------------------------------------------ prefill
+    def _start(self, request: StageRequest) -> RunnerOutput | None:
+        """Reserve the request's KV, read its first input and build its prompt (embeddings projected, positions);
+        an output when it must wait or fail."""
+        rid = request.request_id
+        prompt = next((chunk["prompt"] for chunk in request.inputs if "prompt" in chunk), None)
         if prompt is None:
-            return RunnerOutput(request.request_id, error="the talker's first input carries no thinker prompt part")
+            return RunnerOutput(rid, error="the talker's first input carries no thinker prompt part")
+        max_codes = int(given_params(request.params).get("max_tokens", self.max_codes))
+        waiting = self.reserve(request, len(prompt["input_ids"]) + 2 + max_codes)
+        if waiting is not None:
+            return waiting
+        _, replies, done = self._read(request)
+        if not replies and not done:
+            return RunnerOutput(rid, error="the talker's first input carries no reply item")
         speaker = Qwen25TalkerParams(**(request.params.get("extra") or {})).speaker
         special = prompt["special_embeds"]
         eos_embed, pad_embed = self._tensor(special["text_eos"]), self._tensor(special["text_pad"])
-        bos_embed = self._tensor(special["bos"][speaker])
-        if not replies and not done:
-            return RunnerOutput(request.request_id, error="the talker's first input carries no reply item")
-        first_reply = replies[0] if replies else eos_embed
-        input_ids = torch.tensor(prompt["input_ids"], device=self.device).view(1, -1)
+        model, device = self.model, self.device
+        input_ids = torch.tensor(prompt["input_ids"], device=device).view(1, -1)
         length = input_ids.shape[1]
-        model = self.model
-        bos_token = self.bos_tokens[speaker]
-        text_ids = torch.cat([input_ids, torch.tensor([[bos_token, int(prompt["first_token"])]], device=self.device)],
-                             dim=1)
-        talker_ids = torch.tensor([[model.codec_mask_token] * length + [model.codec_pad_token, model.codec_bos_token]],
-                                  device=self.device)
-        embeds = torch.cat([self._tensor(prompt["hidden"]) + self._tensor(prompt["embeds"]), bos_embed[None],
-                            first_reply[None]])[None]
-        mask = torch.cat([torch.tensor(prompt["attention_mask"], device=self.device).view(1, -1),
-                          torch.ones(1, 2, dtype=torch.long, device=self.device)], dim=1)
-        extra = {k: torch.tensor(prompt[k], device=self.device) for k in
-                 ("image_grid_thw", "video_grid_thw", "audio_feature_lengths", "video_second_per_grid") if k in prompt}
-        cache = DynamicCache()
-        model.rope_deltas = None
-        out = model(input_ids=talker_ids, input_text_ids=text_ids, inputs_embeds=embeds, attention_mask=mask,
-                    past_key_values=cache, use_cache=True, use_audio_in_video=False, **extra)
+        text_ids = torch.cat([input_ids, torch.tensor([[self.bos_tokens[speaker], int(prompt["first_token"])]],
+                                                      device=device)], dim=1)
+        talker_ids = [model.codec_mask_token] * length + [model.codec_pad_token, model.codec_bos_token]
+        codec = model.get_input_embeddings()(torch.tensor([model.codec_pad_token, model.codec_bos_token],
+                                                          device=device))
+        first_reply = replies[0] if replies else eos_embed
+        embeds = torch.cat([self._tensor(prompt["hidden"]) + self._tensor(prompt["embeds"]),
+                            (self._tensor(special["bos"][speaker]) + codec[0])[None], (first_reply + codec[1])[None]])
+        mask = torch.cat([torch.tensor(prompt["attention_mask"], device=device).view(1, -1),
+                          torch.ones(1, 2, dtype=torch.long, device=device)], dim=1)
+        grids = {k: torch.tensor(prompt[k], device=device) for k in _GRIDS if k in prompt}
+        positions, deltas = model.get_rope_index(text_ids, grids.get("image_grid_thw"), grids.get("video_grid_thw"),
+                                                 mask, False, grids.get("audio_feature_lengths"),
+                                                 grids.get("video_second_per_grid"))
         # the fields a caller gives replace the model's decoding; the others stay the model's
         sampling = TokenSamplingParams.from_params(request.params, MODEL_DECODING)
-        state = TalkerState(cache, model.rope_deltas, talker_ids[0].tolist(), talker_ids.shape[1], replies[1:],
-                            done, [eos_embed, pad_embed], speaker=speaker, sampling=sampling,
-                            max_codes=int(given_params(request.params).get("max_tokens", self.max_codes)),
-                            generator=sampling.make_generator(salt=1))
-        request.runner_state = state
-        request.prefilled = True
-        return self._emit(request, state, out.logits[:, -1])
+        request.runner_state = Qwen25TalkerState(
+            sampling, sampling.make_generator(salt=1), max_codes, prompt_ids=talker_ids, speaker=speaker,
+            rope_delta=int(deltas[0, 0] - (1 - mask).sum()), replies=replies[1:], thinker_done=done,
+            tail=[eos_embed, pad_embed], prompt_embeds=model.thinker_to_talker_proj(embeds[None]),
+            prompt_positions=positions)
+        return None
 
-    def _decode(self, request: StageRequest) -> RunnerOutput:
-        state: TalkerState = request.runner_state
+    def _prefill(self, request: StageRequest, budget: int) -> tuple[RunnerOutput | torch.Tensor, int]:
+        """Feed the next piece of the request's prompt (at most ``budget`` tokens): the last position's logits once
+        the whole prompt is in, else the output to return now; and the tokens fed."""
+        if request.runner_state is None:
+            waiting = self._start(request)
+            if waiting is not None:
+                return waiting, 0
+        state: Qwen25TalkerState = request.runner_state
+        if budget < 1:
+            return RunnerOutput(request.request_id, prefill_pending=True), 0
+        start = state.prompt_fed
+        end = min(start + budget, state.prompt_embeds.shape[1])
+        self.kv.bind([request.request_id], end - start)
+        logits = self._forward(state.prompt_embeds[:, start:end], state.prompt_positions[:, :, start:end])
+        state.prompt_fed = end
+        if end < state.prompt_embeds.shape[1]:
+            return RunnerOutput(request.request_id, prefill_pending=True), end - start
+        state.prompt_embeds = state.prompt_positions = None
+        request.prefilled = True
+        return logits[0], end - start
+
+    # ------------------------------------------------------------------------------------------------- steps
+    def _forward(self, projected: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The decoder over the bound rows' projected inputs [rows, query, hidden] at ``positions`` [3, rows, query];
+        the codec logits of each row's last position [rows, codes]."""
+        out = self.decoder(inputs_embeds=projected, position_ids=positions, attention_mask=self.kv.attention_mask(),
+                           past_key_values=self.kv, use_cache=True)
+        return self.model.codec_head(out.last_hidden_state[:, -1]).float()
+
+    def _next_item(self, request: StageRequest) -> torch.Tensor | None:
+        """The request's next reply item (the text-end, then pad embeddings once the thinker is done); None while
+        it has not arrived."""
+        state: Qwen25TalkerState = request.runner_state
         _, items, done = self._read(request)
         state.replies += items
         state.thinker_done = state.thinker_done or done
         if state.replies:
-            item = state.replies.pop(0)
-        elif state.thinker_done:
-            item = state.tail.pop(0) if len(state.tail) > 1 else state.tail[0]
-        else:
-            return RunnerOutput(request.request_id, needs_input=True)
-        model = self.model
-        model.rope_deltas = state.rope_deltas
-        length = state.cache.get_seq_length()
-        mask = torch.ones(1, length + 1, dtype=torch.long, device=self.device)
-        out = model(input_ids=torch.tensor([[state.history[-1]]], device=self.device), attention_mask=mask,
-                    thinker_reply_part=item.view(1, 1, -1), past_key_values=state.cache, use_cache=True)
-        return self._emit(request, state, out.logits[:, -1])
+            return state.replies.pop(0)
+        if state.thinker_done:
+            return state.tail.pop(0) if len(state.tail) > 1 else state.tail[0]
+        return None
 
-    def _emit(self, request: StageRequest, state: TalkerState, logits: torch.Tensor) -> RunnerOutput:
-        code = sample_next_token(logits[0], state.sampling, state.history[state.prompt_length:], state.generator,
-                                 prompt_ids=state.history[:state.prompt_length], suppress=[self.model.codec_bos_token])
-        state.history.append(code)
+    def _decode(self, batch: list[StageRequest], outputs: dict[str, RunnerOutput]) -> list[tuple[StageRequest,
+                                                                                                  torch.Tensor]]:
+        """One forward for every request of ``batch`` whose next reply item is there (each its last code at its own
+        next position); the others get ``needs_input`` in ``outputs``."""
+        rows, items = [], []
+        for request in batch:
+            item = self._next_item(request)
+            if item is None:
+                outputs[request.request_id] = RunnerOutput(request.request_id, needs_input=True)
+            else:
+                rows.append(request)
+                items.append(item)
+        if not rows:
+            return []
+        states: list[Qwen25TalkerState] = [request.runner_state for request in rows]
+        self.kv.bind([request.request_id for request in rows], 1)
+        codes = torch.tensor([[state.generated[-1]] for state in states], device=self.device)
+        embeds = self.model.get_input_embeddings()(codes) + torch.stack(items)[:, None]
+        deltas = torch.tensor([state.rope_delta for state in states], device=self.device)
+        positions = (self.kv.positions() + deltas[:, None])[None].expand(3, -1, -1)
+        logits = self._forward(self.model.thinker_to_talker_proj(embeds), positions)
+        return list(zip(rows, logits, strict=True))
+
+    def _emit(self, request: StageRequest, code: int) -> RunnerOutput:
+        state: Qwen25TalkerState = request.runner_state
+        state.generated.append(code)
         if code in self.eos_codes:
             return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
-        state.codes += 1
-        done = state.codes >= state.max_codes
+        done = len(state.generated) >= state.max_tokens
         return RunnerOutput(request.request_id, num_units=1, finished=done, finish_reason="length" if done else None,
                             data={"frames": np.array([[code]], dtype=np.int64), "speaker": state.speaker})
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        return [self._prefill(r) if is_prefill else self._decode(r) for r in batch]
+        outputs: dict[str, RunnerOutput] = {}
+        ready: list[tuple[StageRequest, torch.Tensor]] = []
+        if is_prefill:
+            budget = self.options.prefill_chunk_tokens
+            for request in batch:
+                result, fed = self._prefill(request, budget)
+                budget -= fed
+                if isinstance(result, RunnerOutput):
+                    outputs[request.request_id] = result
+                else:
+                    ready.append((request, result))
+        else:
+            ready = self._decode(batch, outputs)
+        if ready:
+            for (request, _), code in zip(ready, self._sample(ready), strict=True):
+                outputs[request.request_id] = self._emit(request, code)
+        return [outputs[request.request_id] for request in batch]
 
-    def free(self, request: StageRequest) -> None:
-        request.runner_state = None
+    def _sample(self, ready: list[tuple[StageRequest, torch.Tensor]]) -> list[int]:
+        """The next code of each (request, its logits [codes]), each with its own settings and generator."""
+        return sample_next_tokens(torch.stack([logits for _, logits in ready]),
+                                  [request.runner_state.sampling_row() for request, _ in ready],
+                                  suppress=[self.model.codec_bos_token])
