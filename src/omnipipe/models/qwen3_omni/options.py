@@ -16,8 +16,10 @@ from omnipipe.util.field_error import FieldError
 
 @dataclass(frozen=True)
 class TalkerOptions(DecoderCheckpointOptions):
-    """``speaker``: the voice (default: Ethan where the checkpoint has him, else its first); ``max_new_tokens``: a
-    request's cap in codec frames (12.5 per second) when it gives no talker SamplingParams."""
+    """A batched decoder stage's options (``DecoderCheckpointOptions``: the KV budget, prefill pieces,
+    ``step_per_request``) and: ``speaker``, the voice (default: Ethan where the checkpoint has him, else its first);
+    ``max_new_tokens``, a request's cap in codec frames (12.5 per second) when its SamplingParams give no
+    ``max_tokens``."""
 
     speaker: str | None = None
     max_new_tokens: int = 4096
