@@ -6,9 +6,9 @@ The prefill is the model's: the prompt's user turns projected into the talker (t
 states), then the assistant's opening with the codec's think/speaker/bos ids. It starts once the thinker's first
 chunk (the prompt and the first text embedding) is there, whether the scheduler gave the request a prefill step or,
 its chunk having come in while it was parked, a decode step, and feeds at most ``prefill_chunk_tokens`` a step
-(``stage/prompt_pieces.py``: a long prompt goes in pieces between the others' decode steps). Each step then feeds the sum of the
-last frame's code embeddings plus the next text embedding (``tts_eos`` once the text is done, ``tts_pad`` after). A
-step whose text embedding has not arrived yet waits for the thinker (``needs_input``).
+(``stage/prompt_pieces.py``: a long prompt goes in pieces between the others' decode steps). Each step then feeds
+the sum of the last frame's code embeddings plus the next text embedding (``tts_eos`` once the text is done,
+``tts_pad`` after). A step whose text embedding has not arrived yet waits for the thinker (``needs_input``).
 
 Every decoding request with its text embedding steps together (``stage/batched_decoder.py``): the code predictor's
 residual codes for all of them in one loop over the codebooks (``modeling/code_predictor.py``), then one talker
