@@ -34,6 +34,7 @@ from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
 from omnipipe.stage.text_stream import TextStream
+from omnipipe.stage.warmup import warm_up
 from omnipipe.util.field_error import FieldError
 
 _MEDIA_FLOATS = ("pixel_values", "pixel_values_videos", "input_features")
@@ -82,6 +83,12 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
 
     def close(self) -> None:
         self._processor.shutdown(wait=False, cancel_futures=True)
+
+    def warmup(self) -> None:
+        """A compiled decoder is traced and compiled here (a prefill, a decode of two rows), not in the first
+        requests, where it could outlast the stall watchdog."""
+        if self.options.torch_compile:
+            warm_up(self, [{"text": "Hello"}], {"temperature": 0.0, "max_tokens": 4})
 
     # ------------------------------------------------------------------------------------- inputs, off the loop
     def admit(self, request: StageRequest) -> None:
