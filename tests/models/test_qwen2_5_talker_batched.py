@@ -290,8 +290,18 @@ def test_a_request_that_breaks_the_step_fails_alone(talker: Qwen25TalkerRunner, 
 
 
 def test_batched_decoding_is_faster_than_stepping_each_request(talker: Qwen25TalkerRunner, inputs: list) -> None:
-    """Not a speed bound (timers do not fail tests): the figures, printed for the record."""
+    """Not a speed bound (timers do not fail tests): the figures, printed for the record (one thread: other
+    processes on a small machine make torch's thread pool stall)."""
     params = {"temperature": 0.0, "max_tokens": 40}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        print_figures(talker, inputs, params)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def print_figures(talker: Qwen25TalkerRunner, inputs: list, params: dict[str, Any]) -> None:
     for n in (1, 8):
         arrivals = [arrival(f"r{i}", params, inputs[i]) for i in range(n)]
         figures = {}
