@@ -28,14 +28,14 @@ from omnipipe.models.qwen2_5_omni import processors as qwen2_5_processors
 from omnipipe.models.qwen2_5_omni.modeling.token2wav_stream import token2wav_seam_rows
 from omnipipe.models.qwen2_5_omni.runners import talker as qwen2_5_talker
 from omnipipe.models.qwen2_5_omni.runners import thinker as qwen2_5_thinker
-from omnipipe.models.qwen2_5_omni.runners.token2wav import QwenOmniToken2WavRunner
+from omnipipe.models.qwen2_5_omni.runners.token2wav import Qwen25Token2WavRunner
 from omnipipe.models.qwen2_5_omni.weights import load as qwen2_5_load
 from omnipipe.models.qwen2_5_omni.weights import tiny as qwen2_5_tiny
 from omnipipe.models.qwen3_omni import processors as qwen3_processors
 from omnipipe.models.qwen3_omni.modeling import code2wav_stream as qwen3_code2wav_stream
 from omnipipe.models.qwen3_omni.runners import talker as qwen3_talker
 from omnipipe.models.qwen3_omni.runners import thinker as qwen3_thinker
-from omnipipe.models.qwen3_omni.runners.code2wav import QwenOmniCode2WavRunner
+from omnipipe.models.qwen3_omni.runners.code2wav import Qwen3Code2WavRunner
 from omnipipe.models.qwen3_omni.weights import load as qwen3_load
 from omnipipe.models.qwen3_omni.weights import tiny as qwen3_tiny
 from omnipipe.models.toy import pipeline as toy_pipeline
@@ -55,8 +55,8 @@ _ = SimpleNamespace()
 _PIPELINES = (default_pipeline.DEFAULT, default_pipeline.TTS, default_pipeline.ASR, image_pipeline.IMAGE,
               image_pipeline.THINK_AND_DRAW, toy_pipeline.TTS_PIPELINE)
 _STAGE_RUNNERS = (WhisperEncoderRunner, DiffusersRunner, qwen2_5_thinker.Qwen25ThinkerRunner,
-                  qwen2_5_talker.Qwen25TalkerRunner, QwenOmniToken2WavRunner, qwen3_thinker.QwenOmniThinkerRunner,
-                  qwen3_talker.Qwen3TalkerRunner, QwenOmniCode2WavRunner, ToyThinkerRunner, ToyTalkerRunner,
+                  qwen2_5_talker.Qwen25TalkerRunner, Qwen25Token2WavRunner, qwen3_thinker.Qwen3ThinkerRunner,
+                  qwen3_talker.Qwen3TalkerRunner, Qwen3Code2WavRunner, ToyThinkerRunner, ToyTalkerRunner,
                   ToyVocoderRunner)
 _PROCESSORS = (default_processors.default_prompt, default_processors.tts_prompt, default_processors.asr_prompt,
                default_processors.encoder2thinker, default_processors.thinker2talker, image_processors.image_prompt,

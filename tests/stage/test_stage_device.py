@@ -3,6 +3,7 @@ TF32; a sticky CUDA error ends the process; a warm-up runs before the stage repo
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -116,10 +117,8 @@ def _step_once(error: Exception, monkeypatch: pytest.MonkeyPatch, batch: int) ->
         scheduler.add(request)
     step = StageStep(scheduler, _FailingRunner(error), lambda *a: None, lambda rid, msg, field: failed.append(rid),
                      lambda rid: True)
-    try:
+    with contextlib.suppress(_Exited):
         step.run()
-    except _Exited:
-        pass
     return exits, failed
 
 

@@ -15,7 +15,7 @@ PIPELINE = PipelineSpec(
         StageSpec("thinker", "ar", f"{_P}.runners.thinker:Qwen3ThinkerRunner", final_output="text"),
         StageSpec("talker", "ar", f"{_P}.runners.talker:Qwen3TalkerRunner",
                   extra_params=f"{_P}.options:Qwen3TalkerParams"),
-        StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:QwenOmniCode2WavRunner", final_output="audio",
+        StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:Qwen3Code2WavRunner", final_output="audio",
                   sample_rate_hz=SAMPLE_RATE_HZ),
     ),
     edges=(

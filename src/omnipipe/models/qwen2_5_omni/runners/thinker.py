@@ -4,9 +4,9 @@ talker reads (see ``processors.py``).
 Every decoding request of the stage steps in one forward of the language model (``stage/batched_decoder.py``: one
 paged KV cache, each row its own length; at decode a request's four position rows are its cache position, then
 three times that plus its multimodal rope delta). A prompt is processed (chat template, tokenizer, feature
-extractor, video decoding: ``qwen2_5_omni/thinker_inputs.py``) on a background thread from the moment it arrives, its multimodal
-embeddings merged once by the model's own code, then fed to the decoder ``prefill_chunk_tokens`` at a time between
-the others' decode steps (``stage/prompt_pieces.py``); only the last position's logits are computed.
+extractor, video decoding: ``qwen2_5_omni/thinker_inputs.py``) on a background thread from the moment it arrives,
+its multimodal embeddings merged once by the model's own code, then fed to the decoder ``prefill_chunk_tokens`` at
+a time between the others' decode steps (``stage/prompt_pieces.py``); only the last position's logits are computed.
 
 What the talker needs goes out as step data: with the first token, the prompt part (ids, layer-0 embeddings with
 the multimodal positions zeroed, last-layer hidden states, the grids its rope index needs); with every later token,
@@ -38,6 +38,7 @@ from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
 from omnipipe.stage.text_stream import TextStream
+from omnipipe.stage.warmup import warm_up
 from omnipipe.util.field_error import FieldError
 
 _GRID_KEYS = ("image_grid_thw", "video_grid_thw", "video_second_per_grid")
@@ -97,6 +98,13 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
 
     def close(self) -> None:
         self._processor.shutdown(wait=False, cancel_futures=True)
+
+    def warmup(self) -> None:
+        """A compiled decoder is traced and compiled here (a prefill, a decode of two rows), not in the first
+        requests, where it could outlast the stall watchdog."""
+        if self.options.torch_compile:
+            warm_up(self, [{"text": "Hello", "history": [], "images": [], "audios": [], "videos": []}],
+                    {"temperature": 0.0, "max_tokens": 4})
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(tokens)

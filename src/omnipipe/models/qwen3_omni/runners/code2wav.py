@@ -28,7 +28,7 @@ SAMPLE_RATE_HZ = 24000
 logger = logging.getLogger(__name__)
 
 
-class QwenOmniCode2WavRunner(StageRunner):
+class Qwen3Code2WavRunner(StageRunner):
     def load(self) -> None:
         _, directory, dtype = checked_options(self.context, Code2WavOptions)
         self.model = load_part(directory, "code2wav", self.context.device, dtype)

@@ -116,13 +116,13 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
                    if isinstance(v, (bytes, str)) else v for i, v in enumerate(videos)]
         return {**item, "videos": sampled, "video_fps": fps}
 
-    def _processed(self, request: StageRequest) -> dict[str, Any] | None:
-        """The request's processed inputs; None while they are still being made and other requests decode."""
+    def _processed(self, request: StageRequest, wait: bool) -> dict[str, Any] | None:
+        """The request's processed inputs; None while they are still being made, unless ``wait``."""
         future = self._processing.get(request.request_id)
         if future is None:  # not admitted through the stage loop (a direct caller): process it now
             future = self._processing[request.request_id] = self._processor.submit(
                 self._process, request.inputs[0] if request.inputs else {})
-        if not future.done() and self._decoding:
+        if not future.done() and not wait:
             return None
         return future.result()
 
@@ -163,12 +163,13 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             grids["audio_feature_lengths"] = kwargs["feature_attention_mask"].sum(-1).cpu()
         return grids
 
-    def _prefill(self, request: StageRequest, budget: int) -> tuple[RunnerOutput | torch.Tensor, int]:
-        """Feed the next piece of the request's prompt (at most ``budget`` tokens): the last position's logits once
-        the whole prompt is in, else the output to return now; and the tokens fed."""
+    def _prefill(self, request: StageRequest, budget: int, wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
+        """Feed the next piece of the request's prompt (at most ``budget`` tokens; its processing waited for if
+        ``wait``): the last position's logits once the whole prompt is in, else the output to return now; and the
+        tokens fed."""
         if request.runner_state is None:
             try:
-                kwargs = self._processed(request)
+                kwargs = self._processed(request, wait)
             except FieldError as exc:
                 self._processing.pop(request.request_id, None)
                 return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
@@ -242,8 +243,9 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         ready: list[tuple[StageRequest, torch.Tensor]] = []
         if is_prefill:
             budget = self.options.prefill_chunk_tokens
+            wait = not self._decoding  # no stream is held up while this step waits for a prompt's processing
             for request in batch:
-                result, fed = self._prefill(request, budget)
+                result, fed = self._prefill(request, budget, wait)
                 budget -= fed
                 if isinstance(result, RunnerOutput):
                     outputs[request.request_id] = result
