@@ -113,6 +113,10 @@ _LIBRARY_SETTINGS = (
     _.pre_tokenizer,
     # transformers: a processor's video processor, read by ProcessorMixin (models/qwen2_5_omni/modeling/processor.py)
     _.video_processor,
+    # transformers: what a decoder reads of the cache it is given (stage/kv_cache.py's PagedKVCache)
+    _.get_seq_length, _.is_compileable,
+    # torch.backends.cudnn's TF32 switch, set for a CUDA stage (stage/device.py)
+    _.allow_tf32,
 )
 
 # Parameters a caller's protocol fixes: the async context manager's __aexit__ (gateway/proxy/queue_wait.py) and
@@ -125,4 +129,4 @@ _TESTED_ONLY = (CLIENT_EVENT_MODELS, build_prompt, CachedDecoder.num_cached_toke
                 PiperDecoder.decode_window, iter_windows, DecoderStream, DecoderStream.next_window,
                 PiperTalker.phonemize_sentences, token2wav_seam_rows, qwen3_code2wav_stream.decode_window,
                 _.transformer_context_frames, _.last_report,  # Code2WavGeometry's field, PeriodicCleanup's
-                TranscriptionTap.on_response_text, RecvBufferPool.pooled_bytes)
+                TranscriptionTap.on_response_text, RecvBufferPool.pooled_bytes, _.free_blocks)

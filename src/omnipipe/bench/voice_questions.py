@@ -38,10 +38,6 @@ class SpokenQuestion:
     question: Question
     pcm16: bytes  # 24 kHz mono, ending at its last speech sample
 
-    @property
-    def speech_s(self) -> float:
-        return len(self.pcm16) / PCM16_SAMPLE_BYTES / PCM16_RATE_HZ
-
 
 def cut_trailing_quiet(pcm16: bytes) -> bytes:
     """``pcm16`` up to the end of its last frame louder than ``QUIET_DB`` below the loudest (all of it if silent)."""

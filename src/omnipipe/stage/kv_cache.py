@@ -168,7 +168,7 @@ class PagedKVCache:
 
     # ----------------------------------------------------------------------- what transformers' layers call
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               _cache_kwargs: dict[str, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the bound rows' new keys/values [rows, heads, query, dim]; return every row's keys/values so far
         [rows, heads, longest, dim] (padding past a row's length is masked)."""
         if self._bound is None:
