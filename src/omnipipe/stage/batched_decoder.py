@@ -17,9 +17,11 @@ import torch
 
 from omnipipe.stage.checkpoint_options import DecoderCheckpointOptions
 from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache
+from omnipipe.stage.prompt_pieces import PromptPieces
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams
+from omnipipe.stage.text_stream import TextStream
 
 
 @dataclass
@@ -37,18 +39,48 @@ class DecodeState:
         return SamplingRow(self.sampling, self.generator, self.generated, self.prompt_ids)
 
     def snapshot(self) -> dict[str, Any]:
-        """What ``restore`` needs to undo a step: lists and generator copied, the rest as they are (a family's
-        subclass holding mutable fields other than lists copies them in its override)."""
-        saved = {name: list(value) if isinstance(value, list) else value for name, value in vars(self).items()}
+        """What ``restore`` needs to undo a step: lists, the text stream and the generator's state copied, a prompt
+        being prefilled marked; any other field is taken as it is (a step replaces it rather than change it; a
+        family's subclass holding another mutable field copies it in its override)."""
+        saved = {name: _saved(value) for name, value in vars(self).items()}
         saved["generator"] = None if self.generator is None else self.generator.get_state()
         return saved
 
     def restore(self, saved: dict[str, Any]) -> None:
         generator = saved.pop("generator")
         for name, value in saved.items():
-            setattr(self, name, list(value) if isinstance(value, list) else value)
+            setattr(self, name, _restored(value))
         if generator is not None and self.generator is not None:
             self.generator.set_state(generator)
+
+
+def _saved(value: Any) -> Any:
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, TextStream):
+        return value.copy()
+    if isinstance(value, PromptPieces):
+        return _Marked(value, value.mark())
+    return value
+
+
+def _restored(value: Any) -> Any:
+    if isinstance(value, list):
+        return list(value)
+    if isinstance(value, TextStream):
+        return value.copy()
+    if isinstance(value, _Marked):
+        value.pieces.rewind(value.mark)
+        return value.pieces
+    return value
+
+
+@dataclass(frozen=True)
+class _Marked:
+    """A prompt being prefilled, and how far it had gone."""
+
+    pieces: PromptPieces
+    mark: tuple[int, dict[int, int]]
 
 
 class BatchedDecoderRunner(StageRunner):

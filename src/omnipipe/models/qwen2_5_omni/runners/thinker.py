@@ -22,7 +22,6 @@ one is held back until it is settled; the talker speaks the reply's tokens befor
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +33,7 @@ from omnipipe.models.qwen2_5_omni.weights.load import load_config, load_part, lo
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
+from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
@@ -51,19 +51,6 @@ class Qwen25ThinkerState(DecodeState):
     rope_delta: int = 0  # a decode position's multimodal rows: its cache position plus this
     handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
     input_shapes: dict[str, list[int]] | None = None  # the processor's tensors' shapes, reported with it
-
-    def snapshot(self) -> dict[str, Any]:
-        saved = super().snapshot()
-        saved["stream"] = None if self.stream is None else self.stream.copy()
-        saved["prompt"] = None if self.prompt is None else (self.prompt, self.prompt.mark())
-        return saved
-
-    def restore(self, saved: dict[str, Any]) -> None:
-        prompt = saved.pop("prompt")
-        super().restore(saved)
-        if prompt is not None:
-            self.prompt, mark = prompt
-            self.prompt.rewind(mark)
 
 
 class Qwen25ThinkerRunner(BatchedDecoderRunner):
@@ -92,12 +79,12 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
                 "bos": {name: vector(int(s["bos_token"])) for name, s in speakers.items()},
             }
         self.make_kv_cache(config.text_config, self.options, self.dtype)
-        self._processing: dict[str, Future[dict[str, torch.Tensor]]] = {}
-        self._processor = ThreadPoolExecutor(1, thread_name_prefix="thinker-inputs")
+        self.prompts: BackgroundPrompts[dict[str, torch.Tensor]] = BackgroundPrompts(
+            lambda request: self.inputs(_merged(request)))
         self._decoding: set[str] = set()
 
     def close(self) -> None:
-        self._processor.shutdown(wait=False, cancel_futures=True)
+        self.prompts.close()
 
     def warmup(self) -> None:
         """A compiled decoder is traced and compiled here (a prefill, a decode of two rows), not in the first
@@ -111,16 +98,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
 
     # ------------------------------------------------------------------------------------- inputs, off the loop
     def admit(self, request: StageRequest) -> None:
-        self._processing[request.request_id] = self._processor.submit(self.inputs, _merged(request))
-
-    def _processed(self, request: StageRequest, wait: bool) -> dict[str, torch.Tensor] | None:
-        """The request's processed inputs; None while they are still being made, unless ``wait``."""
-        future = self._processing.get(request.request_id)
-        if future is None:  # not admitted through the stage loop (a direct caller): process it now
-            future = self._processing[request.request_id] = self._processor.submit(self.inputs, _merged(request))
-        if not future.done() and not wait:
-            return None
-        return future.result()
+        self.prompts.start(request)
 
     # ------------------------------------------------------------------------------------------------ prefill
     def _start(self, request: StageRequest, inputs: dict[str, torch.Tensor]) -> RunnerOutput | None:
@@ -132,7 +110,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         waiting = self.reserve(request, prompt_tokens + max_tokens)
         if waiting is not None:
             return waiting
-        del self._processing[request.request_id]
+        self.prompts.forget(request)
         request.take_all_inputs()
         request.num_prompt_tokens = prompt_tokens
         attention_mask = inputs["attention_mask"].to(self.device)
@@ -184,9 +162,9 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         tokens fed."""
         if request.runner_state is None:
             try:
-                inputs = self._processed(request, wait)
+                inputs = self.prompts.result(request, wait)
             except FieldError as exc:  # e.g. a video file that cannot be decoded: the caller's input
-                self._processing.pop(request.request_id, None)
+                self.prompts.forget(request)
                 return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
                                     error_field=exc.field), 0
             if inputs is None:
@@ -286,9 +264,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         return [outputs[request.request_id] for request in batch]
 
     def free(self, request: StageRequest) -> None:
-        future = self._processing.pop(request.request_id, None)
-        if future is not None:
-            future.cancel()
+        self.prompts.forget(request)
         self._decoding.discard(request.request_id)
         super().free(request)
 

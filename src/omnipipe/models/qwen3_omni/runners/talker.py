@@ -55,18 +55,6 @@ class Qwen3TalkerState(DecodeState):
     last_position: torch.Tensor | None = None  # [4]: the rope rows of the last position fed
     last_hidden: torch.Tensor | None = None  # [hidden]: the talker's last hidden state (the predictor's input)
 
-    def snapshot(self) -> dict[str, Any]:
-        saved = super().snapshot()
-        saved["pieces"] = None if self.pieces is None else (self.pieces, self.pieces.mark())
-        return saved
-
-    def restore(self, saved: dict[str, Any]) -> None:
-        pieces = saved.pop("pieces")
-        super().restore(saved)
-        if pieces is not None:
-            self.pieces, mark = pieces
-            self.pieces.rewind(mark)
-
 
 class Qwen3TalkerRunner(BatchedDecoderRunner):
     def load(self) -> None:

@@ -19,7 +19,6 @@ held back until it is settled).
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +29,7 @@ from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
+from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
@@ -46,19 +46,6 @@ class Qwen3ThinkerState(DecodeState):
     prompt: PromptPieces | None = None  # while its prefill is in pieces
     last_position: torch.Tensor | None = None  # [4]: the rope rows of the last position fed
     handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
-
-    def snapshot(self) -> dict[str, Any]:
-        saved = super().snapshot()
-        saved["stream"] = None if self.stream is None else self.stream.copy()
-        saved["prompt"] = None if self.prompt is None else (self.prompt, self.prompt.mark())
-        return saved
-
-    def restore(self, saved: dict[str, Any]) -> None:
-        prompt = saved.pop("prompt")
-        super().restore(saved)
-        if prompt is not None:
-            self.prompt, mark = prompt
-            self.prompt.rewind(mark)
 
 
 class Qwen3ThinkerRunner(BatchedDecoderRunner):
@@ -77,12 +64,11 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         if self.inputs.tokenizer.pad_token_id is not None:
             self.eos_ids.add(int(self.inputs.tokenizer.pad_token_id))  # <|endoftext|>
         self.make_kv_cache(self.model.config.text_config, self.options, dtype)
-        self._processing: dict[str, Future[dict[str, Any]]] = {}
-        self._processor = ThreadPoolExecutor(1, thread_name_prefix="thinker-inputs")
+        self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
         self._decoding: set[str] = set()
 
     def close(self) -> None:
-        self._processor.shutdown(wait=False, cancel_futures=True)
+        self.prompts.close()
 
     def warmup(self) -> None:
         """A compiled decoder is traced and compiled here (a prefill, a decode of two rows), not in the first
@@ -92,11 +78,12 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
 
     # ------------------------------------------------------------------------------------- inputs, off the loop
     def admit(self, request: StageRequest) -> None:
-        if request.inputs:
-            self._processing[request.request_id] = self._processor.submit(self._process, request.inputs[0])
+        self.prompts.start(request)
 
-    def _process(self, item: dict[str, Any]) -> dict[str, Any]:
-        """A prompt (chat and media) -> the model's input tensors (on the CPU), videos sampled at ``video_fps``."""
+    def _process(self, request: StageRequest) -> dict[str, Any]:
+        """A request's prompt (chat and media) -> the model's input tensors (on the CPU), videos sampled at
+        ``video_fps``."""
+        item = request.inputs[0] if request.inputs else {}
         try:
             return self.inputs(self._sample_videos(item))
         except FieldError:
@@ -116,16 +103,6 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
                    if isinstance(v, (bytes, str)) else v for i, v in enumerate(videos)]
         return {**item, "videos": sampled, "video_fps": fps}
 
-    def _processed(self, request: StageRequest, wait: bool) -> dict[str, Any] | None:
-        """The request's processed inputs; None while they are still being made, unless ``wait``."""
-        future = self._processing.get(request.request_id)
-        if future is None:  # not admitted through the stage loop (a direct caller): process it now
-            future = self._processing[request.request_id] = self._processor.submit(
-                self._process, request.inputs[0] if request.inputs else {})
-        if not future.done() and not wait:
-            return None
-        return future.result()
-
     # ------------------------------------------------------------------------------------------------ prefill
     def _start(self, request: StageRequest, kwargs: dict[str, Any]) -> RunnerOutput | None:
         """Reserve the request's KV and build its prompt's pieces; an output when it must wait or fail."""
@@ -134,7 +111,7 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         waiting = self.reserve(request, int(ids.shape[1]) + max_tokens)
         if waiting is not None:
             return waiting
-        del self._processing[request.request_id]
+        self.prompts.forget(request)
         request.take_all_inputs()
         request.num_prompt_tokens = int(ids.shape[1])
         kwargs = {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in kwargs.items()}
@@ -169,9 +146,9 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         tokens fed."""
         if request.runner_state is None:
             try:
-                kwargs = self._processed(request, wait)
+                kwargs = self.prompts.result(request, wait)
             except FieldError as exc:
-                self._processing.pop(request.request_id, None)
+                self.prompts.forget(request)
                 return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
                                     error_field=exc.field), 0
             if kwargs is None:
@@ -262,8 +239,6 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         return [outputs[request.request_id] for request in batch]
 
     def free(self, request: StageRequest) -> None:
-        future = self._processing.pop(request.request_id, None)
-        if future is not None:
-            future.cancel()
+        self.prompts.forget(request)
         self._decoding.discard(request.request_id)
         super().free(request)
