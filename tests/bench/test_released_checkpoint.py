@@ -111,6 +111,7 @@ def qwen2_5_one_layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
+@pytest.mark.slow  # a 3 GB one-layer checkpoint of the released widths
 def test_qwen2_5_one_layer_checkpoint_loads_part_by_part(qwen2_5_one_layer: Path) -> None:
     from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
 
@@ -126,6 +127,7 @@ def test_qwen2_5_one_layer_checkpoint_loads_part_by_part(qwen2_5_one_layer: Path
     assert tuple(speaker["cond"].shape) == (1, 192)  # the DiT's speaker condition width (enc_emb_dim)
 
 
+@pytest.mark.slow  # a 3 GB one-layer checkpoint of the released widths
 def test_qwen2_5_one_layer_thinker_writes_to_max_tokens(qwen2_5_one_layer: Path) -> None:
     from omnipipe.models.qwen2_5_omni.runners.thinker import Qwen25ThinkerRunner
     from omnipipe.stage.request import StageRequest
