@@ -1,10 +1,12 @@
 """``omnipipe tiny-checkpoint --size released``: the released sizes (checked on a meta-device model, nothing
-written), a random checkpoint streamed one tensor at a time that safetensors reads back, and the CLI's refusals."""
+written), a random checkpoint streamed one tensor at a time that safetensors reads back, a one-layer Qwen2.5-Omni-7B
+checkpoint that the family's loader loads and whose thinker writes to max_tokens, and the CLI's refusals."""
 
 from __future__ import annotations
 
 import gc
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,8 +70,81 @@ def test_writer_streams_one_tensor_at_a_time(tmp_path, monkeypatch: pytest.Monke
         assert torch.equal(handle.get_tensor("layer.5.weight"), read["layer.5.weight"])  # seeded
 
 
-def test_cli_refuses_layers_without_released_and_a_family_without_a_released_writer(tmp_path, capsys) -> None:
+def test_cli_refuses_layers_without_released(tmp_path, capsys) -> None:
     assert cli_main(["tiny-checkpoint", "qwen3_omni", str(tmp_path / "a"), "--layers", "2"]) == 2
     assert "--layers" in capsys.readouterr().err
-    assert cli_main(["tiny-checkpoint", "qwen2_5_omni", str(tmp_path / "b"), "--size", "released"]) == 2
-    assert "no released-size writer" in capsys.readouterr().err
+    released = ["--size", "released", "--layers", "0"]
+    assert cli_main(["tiny-checkpoint", "qwen2_5_omni", str(tmp_path / "b"), *released]) == 2
+    assert "--layers" in capsys.readouterr().err
+
+
+def test_qwen2_5_released_config_has_the_published_sizes() -> None:
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniForConditionalGeneration
+
+    from omnipipe.models.qwen2_5_omni.weights import tiny
+
+    ids = {token: 151643 + i for i, token in enumerate(tiny.SPECIAL_TOKENS)}
+    config = tiny._config(ids, "released")
+    text, talker = config.thinker_config.text_config, config.talker_config
+    assert (text.vocab_size, text.hidden_size, text.num_hidden_layers, text.intermediate_size) == (152064, 3584, 28,
+                                                                                                 18944)
+    assert (config.thinker_config.vision_config.hidden_size, config.thinker_config.audio_config.d_model) == (1280, 1280)
+    assert (talker.vocab_size, talker.hidden_size, talker.num_hidden_layers, talker.embedding_size) == (8448, 896, 24,
+                                                                                                      3584)
+    dit, bigvgan = config.token2wav_config.dit_config, config.token2wav_config.bigvgan_config
+    assert (dit.hidden_size, dit.num_hidden_layers, bigvgan.upsample_initial_channel) == (1024, 22, 1536)
+    with torch.device("meta"):
+        model = Qwen2_5OmniForConditionalGeneration(config)
+    specs = random_checkpoint.checkpoint_specs(model, torch.bfloat16)
+    total = sum(s.nbytes for s in specs) // 2
+    print(f"Qwen2.5-Omni-7B at the released sizes: {total / 1e9:.3f}B parameters")
+    assert 10.6e9 < total < 10.8e9  # Qwen2.5-Omni-7B: 10.7B parameters (thinker 8.9B, talker 1.35B, token2wav 0.45B)
+    assert {"thinker.lm_head.weight", "talker.codec_head.weight"} <= {s.name for s in specs}  # untied, as released
+    assert tiny._config(ids).thinker_config.text_config.hidden_size == 64  # tiny unchanged
+
+
+@pytest.fixture(scope="module")
+def qwen2_5_one_layer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Qwen2.5-Omni-7B-wide checkpoint with one layer a stack (3 GB in bfloat16; ~30 s and ~5 GB to write)."""
+    directory = tmp_path_factory.mktemp("qwen2_5-released") / "ckpt"
+    assert cli_main(["tiny-checkpoint", "qwen2_5_omni", str(directory), "--size", "released", "--layers", "1"]) == 0
+    return directory
+
+
+@pytest.mark.slow  # a 3 GB one-layer checkpoint of the released widths
+def test_qwen2_5_one_layer_checkpoint_loads_part_by_part(qwen2_5_one_layer: Path) -> None:
+    from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
+
+    talker = load_part(qwen2_5_one_layer, "talker", torch.device("cpu"), torch.bfloat16)
+    assert len(talker.model.layers) == 1 and talker.config.hidden_size == 896
+    head = talker.codec_head.weight
+    assert torch.all(head[8193:] == 0) and bool(head[:8193].abs().sum(dim=1).gt(0).all())  # codec end: 8294
+    del talker
+    token2wav = load_part(qwen2_5_one_layer, "token2wav", torch.device("cpu"), torch.float32)
+    assert len(token2wav.code2wav_dit_model.transformer_blocks) == 1
+    del token2wav
+    speaker = next(iter(load_speakers(qwen2_5_one_layer).values()))
+    assert tuple(speaker["cond"].shape) == (1, 192)  # the DiT's speaker condition width (enc_emb_dim)
+
+
+@pytest.mark.slow  # a 3 GB one-layer checkpoint of the released widths
+def test_qwen2_5_one_layer_thinker_writes_to_max_tokens(qwen2_5_one_layer: Path) -> None:
+    from omnipipe.models.qwen2_5_omni.runners.thinker import Qwen25ThinkerRunner
+    from omnipipe.stage.request import StageRequest
+    from omnipipe.stage.runner import RunnerContext
+
+    runner = Qwen25ThinkerRunner(RunnerContext("thinker", "cpu", 1, 1, {"model": str(qwen2_5_one_layer),
+                                                                        "dtype": "bfloat16"}))
+    runner.load()
+    assert runner.model.config.text_config.hidden_size == 3584 and runner.eos_ids  # the end tokens it would stop at
+    request = StageRequest("r", {"temperature": 0.0, "max_tokens": 8}, emit_final=True, emit_data=True,
+                           chunk_targets=[])
+    request.inputs.append({"text": "hello", "history": [], "images": [], "audios": [], "videos": []})
+    out, steps = None, 0
+    while out is None or not out.finished:
+        (out,) = runner.execute([request], steps == 0)
+        steps += 1
+    generated = list(request.runner_state.generated)
+    assert out.finish_reason == "length" and len(generated) == 8
+    assert not runner.eos_ids & set(generated) and max(generated) < len(runner.tokenizer)  # tokens that decode
+    runner.close()

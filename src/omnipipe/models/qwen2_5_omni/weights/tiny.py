@@ -1,6 +1,14 @@
 """A tiny, randomly initialised Qwen2.5-Omni checkpoint written offline: the architecture of the real one at toy
 sizes (config + safetensors, speakers, a byte-level BPE tokenizer with the family's special tokens and chat template,
-and the processor), for tests and benchmarks on a CPU."""
+and the processor), for tests and benchmarks on a CPU.
+
+``size="released"`` writes the same files at Qwen2.5-Omni-7B's sizes (``RELEASED``: ~10.7B parameters, ~21 GB in
+bfloat16), random weights streamed tensor by tensor (``util/random_checkpoint.py``: never whole in memory), to
+measure throughput on a GPU without a download. End tokens are suppressed: the thinker's ``<|im_end|>`` and
+``<|endoftext|>`` rows of its output layer are zero, and so are the rows beyond the tiny tokenizer's tokens (it writes
+only tokens that decode); the talker's codec head has zero rows from the DiT's codebook on (its codec end token among
+them), so it writes only codes token2wav embeds. A zero row's logit is 0 against random logits over the vocabulary:
+never the greedy or top-k pick, so every answer runs to its ``max_tokens``."""
 
 from __future__ import annotations
 
@@ -74,7 +82,61 @@ def _train_tokenizer(directory: Path) -> None:
     wrapped.save_pretrained(directory)
 
 
-def _config(ids: dict[str, int]):
+# Qwen2.5-Omni-7B's sizes (its published config.json), merged over the tiny ones by ``size="released"``. Every figure
+# is also transformers' Qwen2_5Omni*Config default unless its line says otherwise.
+_MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [16, 24, 24]}  # head_dim 128
+RELEASED = {
+    # the thinker's decoder: Qwen2.5-7B (Qwen2_5OmniTextConfig); its output layer is untied from the embedding
+    "text": {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+             "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 32768,
+             "rope_parameters": _MROPE},
+    # Qwen2.5-VL's window-attention ViT (Qwen2_5OmniVisionEncoderConfig, but hidden_size: that default, 3584, is the
+    # output width; the encoder itself is 1280 wide, 16 heads of 80, as in config.json)
+    "vision": {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16, "patch_size": 14,
+               "out_hidden_size": 3584, "fullatt_block_indexes": [7, 15, 23, 31], "window_size": 112},
+    # whisper-large-v3's encoder (Qwen2_5OmniAudioEncoderConfig), projected to the thinker's width
+    "audio": {"encoder_layers": 32, "encoder_attention_heads": 20, "encoder_ffn_dim": 5120, "d_model": 1280,
+              "output_dim": 3584, "n_window": 100, "max_source_positions": 1500},
+    # the talker: config.json's sizes, not Qwen2_5OmniTalkerConfig's defaults (those copy the thinker's 3584-wide
+    # decoder): 24 layers 896 wide, 12 heads of 128 (4 KV heads), an 18944-wide MLP, fed the thinker's 3584-wide
+    # states. With Qwen2.5-0.5B's 14 heads of 64 and 4864-wide MLP instead, the whole would be 9.8B, not the 10.7B
+    # the release lists; with these it is 10.73B.
+    "talker": {"vocab_size": 8448, "embedding_size": 3584, "hidden_size": 896, "intermediate_size": 18944,
+               "num_hidden_layers": 24, "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 128,
+               "max_position_embeddings": 32768, "rope_parameters": _MROPE, "tts_codec_start_token_id": 8293,
+               "tts_codec_end_token_id": 8294, "tts_codec_pad_token_id": 8292, "tts_codec_mask_token_id": 8296},
+    # token2wav's sliding-window DiT (Qwen2_5OmniDiTConfig): codes 0..8192 of the talker's vocabulary embed
+    "dit": {"hidden_size": 1024, "num_hidden_layers": 22, "num_attention_heads": 16, "head_dim": 64, "ff_mult": 2,
+            "emb_dim": 512, "num_embeds": 8193, "max_position_embeddings": 32768, "look_ahead_layers": [10],
+            "look_backward_layers": [0, 20], "enc_emb_dim": 192, "enc_dim": 128,
+            "enc_channels": [256, 256, 256, 256, 768], "enc_attention_channels": 64, "enc_se_channels": 64},
+    # token2wav's BigVGAN vocoder (Qwen2_5OmniBigVGANConfig): 240 samples a mel frame
+    "bigvgan": {"upsample_initial_channel": 1536, "resblock_kernel_sizes": [3, 7, 11],
+                "resblock_dilation_sizes": [[1, 3, 5], [1, 3, 5], [1, 3, 5]], "upsample_rates": [5, 3, 2, 2, 2, 2],
+                "upsample_kernel_sizes": [11, 7, 4, 4, 4, 4]},
+}
+# the stacks ``layers`` overrides (a released checkpoint with fewer layers: a smaller file, same widths)
+_LAYER_KEYS = {"text": "num_hidden_layers", "vision": "depth", "audio": "encoder_layers",
+               "talker": "num_hidden_layers", "dit": "num_hidden_layers"}
+
+
+def _sized(parts: dict[str, dict], size: str, layers: int | None) -> dict[str, dict]:
+    """The tiny config's parts, with the released sizes merged over them for ``size="released"``; with ``layers``,
+    the layer indexes the released config names (full attention, DiT look-ahead/back) kept in range."""
+    if size == "tiny":
+        return parts
+    sized = {name: {**part, **RELEASED.get(name, {})} for name, part in parts.items()}
+    if layers is not None:
+        for name, key in _LAYER_KEYS.items():
+            sized[name][key] = layers
+        vision, dit = sized["vision"], sized["dit"]
+        vision["fullatt_block_indexes"] = [i for i in vision["fullatt_block_indexes"] if i < layers] or [layers - 1]
+        dit["look_ahead_layers"] = [i for i in dit["look_ahead_layers"] if i < layers]
+        dit["look_backward_layers"] = [i for i in dit["look_backward_layers"] if i < layers]
+    return sized
+
+
+def _config(ids: dict[str, int], size: str = "tiny", layers: int | None = None):
     from transformers.models.qwen2_5_omni.configuration_qwen2_5_omni import Qwen2_5OmniConfig
 
     hidden = 64
@@ -87,14 +149,10 @@ def _config(ids: dict[str, int]):
     text = {"vocab_size": THINKER_VOCAB, "hidden_size": hidden, "intermediate_size": 128, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
             "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [2, 3, 3]}}
-    thinker = {
-        **token_ids, "user_token_id": ids["user"] if "user" in ids else ids["<|im_start|>"],
-        "text_config": text,
-        "vision_config": {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
-                          "out_hidden_size": hidden, "fullatt_block_indexes": [1], "window_size": 56},
-        "audio_config": {"encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
-                         "output_dim": hidden, "num_mel_bins": 128, "n_window": 50, "max_source_positions": 1500},
-    }
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": hidden,
+              "fullatt_block_indexes": [1], "window_size": 56}
+    audio = {"encoder_layers": 2, "encoder_attention_heads": 2, "encoder_ffn_dim": 64, "d_model": 32,
+             "output_dim": hidden, "num_mel_bins": 128, "n_window": 50, "max_source_positions": 1500}
     talker = {
         **token_ids, "vocab_size": TALKER_VOCAB, "embedding_size": hidden, "hidden_size": 48, "intermediate_size": 96,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 12,
@@ -105,8 +163,13 @@ def _config(ids: dict[str, int]):
         "tts_codec_end_token_id": CODEC_END, "tts_codec_pad_token_id": CODEC_PAD,
         "tts_codec_mask_token_id": CODEC_MASK,
     }
-    return Qwen2_5OmniConfig(thinker_config=thinker, talker_config=talker, token2wav_config=_token2wav_config(),
-                             enable_audio_output=True)
+    token2wav = _token2wav_config()
+    p = _sized({"text": text, "vision": vision, "audio": audio, "talker": talker, "dit": token2wav["dit_config"],
+                "bigvgan": token2wav["bigvgan_config"]}, size, layers)
+    thinker = {**token_ids, "user_token_id": ids["user"] if "user" in ids else ids["<|im_start|>"],
+               "text_config": p["text"], "vision_config": p["vision"], "audio_config": p["audio"]}
+    return Qwen2_5OmniConfig(thinker_config=thinker, talker_config=p["talker"], enable_audio_output=True,
+                             token2wav_config={"dit_config": p["dit"], "bigvgan_config": p["bigvgan"]})
 
 
 def _token2wav_config() -> dict:
@@ -134,8 +197,9 @@ def _scale_vocoder(bigvgan: torch.nn.Module) -> None:
                 module.weight.normal_(0.0, 0.5 / fan_in**0.5)
 
 
-def _speaker(generator: torch.Generator) -> dict[str, torch.Tensor]:
-    return {"cond": torch.randn(1, 32, generator=generator),
+def _speaker(generator: torch.Generator, cond_dim: int = 32) -> dict[str, torch.Tensor]:
+    """A random voice: the DiT's speaker condition [1, ``cond_dim``] (its ``enc_emb_dim``) and a reference mel."""
+    return {"cond": torch.randn(1, cond_dim, generator=generator),
             "ref_mel": torch.randn(1, REFERENCE_MEL_FRAMES, 80, generator=generator)}
 
 
@@ -152,11 +216,12 @@ def tiny_token2wav(seed: int = 0) -> tuple[torch.nn.Module, torch.Tensor, torch.
     return model, voice["cond"], voice["ref_mel"]
 
 
-def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
+def write_tiny_checkpoint(directory: Path, seed: int = 0, size: str = "tiny", layers: int | None = None) -> Path:
     """Write a tiny random Qwen2.5-Omni checkpoint into ``directory`` (created if missing) and return it. The same
-    ``seed`` writes the same weights; it reloads with ``local_files_only=True``."""
+    ``seed`` writes the same weights; it reloads with ``local_files_only=True``. ``size="released"``: at the released
+    sizes (``RELEASED``; ``layers``: that many layers in each decoder and encoder stack instead), written tensor by
+    tensor."""
     from transformers import AutoTokenizer, WhisperFeatureExtractor
-    from transformers.models.qwen2_5_omni import Qwen2_5OmniForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
@@ -166,20 +231,17 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     _train_tokenizer(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
-    config = _config(ids)
-    torch.manual_seed(seed)
-    model = Qwen2_5OmniForConditionalGeneration(config).eval()
-    _scale_vocoder(model.token2wav.code2wav_bigvgan_model)
-    eos = [ids["<|im_end|>"], ids["<|endoftext|>"]]
-    model.generation_config.eos_token_id = eos
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    model.thinker.generation_config.eos_token_id = eos
-    model.thinker.generation_config.pad_token_id = ids["<|endoftext|>"]
-    model.save_pretrained(directory)
+    config = _config(ids, size, layers)
+    ends = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    if size == "released":
+        _write_released(directory, config, ends, len(tokenizer), seed)
+    else:
+        _write_tiny_weights(directory, config, ends, seed)
     generator = torch.Generator().manual_seed(seed + 1)
+    cond_dim = config.token2wav_config.dit_config.enc_emb_dim
     speakers = {
         name: {"bos_token": ids["<tts_text_bos_single>"] if index == 0 else ids["<tts_text_bos>"],
-               **_speaker(generator)}
+               **_speaker(generator, cond_dim)}
         for index, name in enumerate(SPEAKERS)
     }
     torch.save(speakers, directory / "spk_dict.pt")
@@ -188,5 +250,46 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0) -> Path:
     processor = OmniProcessor(image_processor=image_processor, feature_extractor=feature_extractor,
                                      tokenizer=tokenizer, chat_template=CHAT_TEMPLATE)
     processor.save_pretrained(directory)
-    (directory / TINY_MARKER).write_text(json.dumps({"family": "qwen2_5_omni", "seed": seed}))
+    (directory / TINY_MARKER).write_text(json.dumps({"family": "qwen2_5_omni", "seed": seed, "size": size}))
     return directory
+
+
+def _set_end_tokens(model: torch.nn.Module, ends: list[int]) -> None:
+    """The end tokens ``generate`` (and the thinker's stage) stops at; ``<|endoftext|>`` pads."""
+    for generation in (model.generation_config, model.thinker.generation_config):
+        generation.eos_token_id = ends
+        generation.pad_token_id = ends[1]
+
+
+def _write_tiny_weights(directory: Path, config, ends: list[int], seed: int) -> None:
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = Qwen2_5OmniForConditionalGeneration(config).eval()
+    _scale_vocoder(model.token2wav.code2wav_bigvgan_model)
+    _set_end_tokens(model, ends)
+    model.save_pretrained(directory)
+
+
+def _write_released(directory: Path, config, ends: list[int], tokenizer_size: int, seed: int) -> None:
+    """The released sizes' random weights, streamed tensor by tensor; config.json beside them."""
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniForConditionalGeneration
+
+    from omnipipe.util.random_checkpoint import checkpoint_specs, write_random_checkpoint
+
+    with torch.device("meta"):
+        model = Qwen2_5OmniForConditionalGeneration(config)
+    codes = config.token2wav_config.dit_config.num_embeds  # the codes token2wav embeds; the codec end is above
+
+    def thinker_head(rows: torch.Tensor) -> None:  # only tokens that decode; never an end token
+        rows[tokenizer_size:] = 0.0
+        rows[ends] = 0.0
+
+    def codec_head(rows: torch.Tensor) -> None:
+        rows[codes:] = 0.0
+
+    edits = {"thinker.lm_head.weight": thinker_head, "talker.codec_head.weight": codec_head}
+    write_random_checkpoint(directory, checkpoint_specs(model, torch.bfloat16), seed, edits=edits)
+    config.save_pretrained(directory)
+    _set_end_tokens(model, ends)
+    model.generation_config.save_pretrained(directory)
