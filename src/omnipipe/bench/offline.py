@@ -287,7 +287,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     known, _ = peek.parse_known_args(argv)
     if known.pipeline in OMNI_PIPELINES and not known.seed001:
         return omni_batching.main(argv)
-    parser = argparse.ArgumentParser(prog="omnipipe bench offline", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="omnipipe bench offline", description=__doc__.split("\n\n")[0],
+        epilog="With --pipeline qwen3_omni or qwen2_5_omni (and no --seed001) it measures the stages batched against "
+               "stepped per request instead: omnipipe bench offline --pipeline qwen3_omni --model DIR --help")
     parser.add_argument("--pipeline", default="default")
     parser.add_argument("--seed001", action="store_true",
                         help="seed 001's conditions: questions asking for long answers, --max-tokens 100, "
