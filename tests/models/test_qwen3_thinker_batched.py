@@ -196,3 +196,10 @@ def test_through_the_engine_a_tiny_kv_budget_queues_requests_and_the_state_shows
     assert together == alone and all(together)
     kv = state["stages"]["thinker"]["kv_cache"]
     assert kv["blocks"] == 5 and kv["blocks_reserved"] == 0 and kv["tokens_used"] == 0
+
+
+def test_the_default_kv_budget_is_what_max_num_seqs_whole_contexts_fill(thinker: Qwen3ThinkerRunner) -> None:
+    """Without kv_cache_bytes a small model does not take the CPU default's gigabyte: its budget is max_num_seqs
+    requests of its whole context."""
+    text_config = thinker.model.config.text_config
+    assert thinker.kv.capacity_tokens == 8 * text_config.max_position_embeddings

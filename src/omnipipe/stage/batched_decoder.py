@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from omnipipe.stage.checkpoint_options import DecoderCheckpointOptions
-from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache
+from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache, token_bytes
 from omnipipe.stage.prompt_pieces import PromptPieces
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
@@ -90,9 +90,14 @@ class BatchedDecoderRunner(StageRunner):
     kv: PagedKVCache
 
     def make_kv_cache(self, text_config: Any, options: DecoderCheckpointOptions, dtype: torch.dtype) -> None:
-        """The stage's KV cache, from its budget (call once the weights are on the device)."""
-        self.kv = PagedKVCache.for_model(text_config, options.kv_budget_bytes(self.context.device),
-                                         block_tokens=options.kv_block_tokens, dtype=dtype, device=self.context.device)
+        """The stage's KV cache, from its budget (call once the weights are on the device); without
+        ``kv_cache_bytes``, never more than ``max_num_seqs`` requests of the model's whole context can fill."""
+        budget = options.kv_budget_bytes(self.context.device)
+        context = getattr(text_config, "max_position_embeddings", None)
+        if options.kv_cache_bytes is None and context:
+            budget = min(budget, self.context.max_num_seqs * int(context) * token_bytes(text_config, dtype))
+        self.kv = PagedKVCache.for_model(text_config, budget, block_tokens=options.kv_block_tokens, dtype=dtype,
+                                         device=self.context.device)
 
     def reserve(self, request: StageRequest, tokens: int) -> RunnerOutput | None:
         """Reserve ``tokens`` of KV for ``request`` (its prompt plus all it may generate): None when done, else
