@@ -200,6 +200,6 @@ def test_through_the_engine_a_tiny_kv_budget_queues_requests_and_the_state_shows
 
 def test_the_default_kv_budget_is_what_max_num_seqs_whole_contexts_fill(thinker: Qwen3ThinkerRunner) -> None:
     """Without kv_cache_bytes a small model does not take the CPU default's gigabyte: its budget is max_num_seqs
-    requests of its whole context."""
-    text_config = thinker.model.config.text_config
-    assert thinker.kv.capacity_tokens == 8 * text_config.max_position_embeddings
+    requests of its whole context and the stage's default reply cap."""
+    context = thinker.model.config.text_config.max_position_embeddings
+    assert thinker.kv.capacity_tokens == 8 * (context + thinker.options.max_new_tokens)

@@ -89,13 +89,16 @@ class BatchedDecoderRunner(StageRunner):
 
     kv: PagedKVCache
 
-    def make_kv_cache(self, text_config: Any, options: DecoderCheckpointOptions, dtype: torch.dtype) -> None:
+    def make_kv_cache(self, text_config: Any, options: DecoderCheckpointOptions, dtype: torch.dtype,
+                      reply_tokens: int) -> None:
         """The stage's KV cache, from its budget (call once the weights are on the device); without
-        ``kv_cache_bytes``, never more than ``max_num_seqs`` requests of the model's whole context can fill."""
+        ``kv_cache_bytes``, never more than ``max_num_seqs`` requests of the model's whole context plus
+        ``reply_tokens`` (the stage's default cap on a reply) can fill."""
         budget = options.kv_budget_bytes(self.context.device)
         context = getattr(text_config, "max_position_embeddings", None)
         if options.kv_cache_bytes is None and context:
-            budget = min(budget, self.context.max_num_seqs * int(context) * token_bytes(text_config, dtype))
+            most = self.context.max_num_seqs * (int(context) + reply_tokens) * token_bytes(text_config, dtype)
+            budget = min(budget, most)
         self.kv = PagedKVCache.for_model(text_config, budget, block_tokens=options.kv_block_tokens, dtype=dtype,
                                          device=self.context.device)
 

@@ -60,7 +60,8 @@ class DecoderCheckpointOptions(CheckpointOptions):
       more than it saves at these step sizes).
     - ``kv_cache_bytes``: the KV cache's budget, reserved at start; by default ``DEFAULT_CPU_KV_BYTES`` on a CPU, and
       on CUDA what ``gpu_memory_fraction`` (else 0.9) of the device leaves once the weights are loaded; either way no
-      more than ``max_num_seqs`` requests of the model's whole context (``max_position_embeddings``) fill. A request is
+      more than ``max_num_seqs`` requests of the model's whole context (``max_position_embeddings``) and the stage's
+      default reply cap fill. A request is
       admitted when its prompt and ``max_tokens`` fit what is free; until then it waits.
     - ``kv_block_tokens``: tokens per block of that cache.
     - ``prefill_chunk_tokens``: at most that many prompt tokens prefilled in one step; a longer prompt is prefilled

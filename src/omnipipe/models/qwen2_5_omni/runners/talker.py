@@ -66,7 +66,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         self.eos_codes = {self.model.codec_pad_token, self.model.codec_eos_token}
         self.max_codes = self.options.max_codes
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
-        self.make_kv_cache(self.model.config, self.options, self.dtype)
+        self.make_kv_cache(self.model.config, self.options, self.dtype, self.options.max_codes)
 
     def validate(self, params: dict[str, Any]) -> str | None:
         if params.get("stop"):

@@ -78,7 +78,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
                 "text_pad": vector(talker_config.tts_text_pad_token_id),
                 "bos": {name: vector(int(s["bos_token"])) for name, s in speakers.items()},
             }
-        self.make_kv_cache(config.text_config, self.options, self.dtype)
+        self.make_kv_cache(config.text_config, self.options, self.dtype, self.options.max_new_tokens)
         self.prompts: BackgroundPrompts[dict[str, torch.Tensor]] = BackgroundPrompts(
             lambda request: self.inputs(_merged(request)))
         self._decoding: set[str] = set()

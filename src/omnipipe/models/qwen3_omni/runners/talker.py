@@ -73,7 +73,8 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         vocab = int(talker.text_config.vocab_size)
         self.suppress = torch.tensor([i for i in range(vocab - 1024, vocab) if i != self.eos], device=self.device)
         self._load_text_tokens()
-        self.make_kv_cache(self.model.config.text_config, self.options, self.dtype)
+        self.make_kv_cache(self.model.config.text_config, self.options, self.dtype,
+                           self.options.max_new_tokens)
 
     def _load_text_tokens(self) -> None:
         """tts_bos / tts_eos / tts_pad: the thinker's embeddings of them (three rows read from the checkpoint),

@@ -63,7 +63,7 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         self.eos_ids = {int(self.config.im_end_token_id)}
         if self.inputs.tokenizer.pad_token_id is not None:
             self.eos_ids.add(int(self.inputs.tokenizer.pad_token_id))  # <|endoftext|>
-        self.make_kv_cache(self.model.config.text_config, self.options, dtype)
+        self.make_kv_cache(self.model.config.text_config, self.options, dtype, self.options.max_new_tokens)
         self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
         self._decoding: set[str] = set()
 
