@@ -39,6 +39,10 @@ class RunnerOutput:
     # ``OmniRequestOutput.details`` where the stage's text does (its final output)
     details: dict[str, Any] | None = None
     num_units: int = 0  # tokens or frames this step produced
+    # seconds of the user's playback this output carries or will become (audio samples / rate; a talker's frames at
+    # the frame rate); None when the runner cannot tell. The ``deadline`` schedule serves by it
+    # (``schedulers/service_order.py``)
+    playback_s: float | None = None
     finished: bool = False
     finish_reason: str | None = None
     needs_input: bool = False  # AR stage: wait (WAITING_FOR_CHUNK) until the next input chunk arrives
