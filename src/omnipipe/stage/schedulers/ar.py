@@ -8,6 +8,9 @@ A runner may prefill a long prompt in pieces (``RunnerOutput.prefill_pending``):
 decode steps of the running requests, so an arrival never freezes their streams for longer than one piece. A
 request whose KV cache does not fit what is free (``RunnerOutput.wait_for_memory``) goes back to the head of the
 queue, and nothing more is admitted until a request leaves the stage and frees its cache.
+
+Which waiting request is admitted next, and which running requests a decode step takes in what order, follow the
+``schedule`` option (``service_order.py``): oldest first, or by playback deadline.
 """
 
 from __future__ import annotations
@@ -19,11 +22,14 @@ from typing import Any
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.schedulers.base import Scheduler
+from omnipipe.stage.schedulers.service_order import Clock, ServiceOrder
 
 
 class ARScheduler(Scheduler):
-    def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None) -> None:
+    def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None,
+                 clock: Clock = time.perf_counter) -> None:
         super().__init__(max_num_seqs, options)
+        self.service = ServiceOrder(options, clock)
         self.waiting: deque[StageRequest] = deque()
         self.running: list[StageRequest] = []  # admitted: being prefilled or decoding
         self.prefilling: list[StageRequest] = []  # of ``running``: a prefill in pieces not finished yet
@@ -61,7 +67,8 @@ class ARScheduler(Scheduler):
         both have work the two alternate."""
         now = time.perf_counter()
         while self._can_admit():
-            request = self.waiting.popleft()
+            request = self.service.order(self.waiting)[0]
+            self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = now
@@ -70,14 +77,15 @@ class ARScheduler(Scheduler):
         decoding = [request for request in self.running if request not in self.prefilling]
         if self.prefilling and (not decoding or not self._last_was_prefill):
             self._last_was_prefill = True
-            batch, self.prefilling = self.prefilling, []
+            batch, self.prefilling = self.service.order(self.prefilling), []
             return batch, True
         self._last_was_prefill = False
-        return decoding, False
+        return self.service.pick(decoding, len(decoding)), False
 
     def postprocess(self, request: StageRequest, output: RunnerOutput) -> bool:
         """An AR request finishes when the runner says so; it leaves the batch only when it needs more input or
         memory, and stays among the prefills while its prefill is pending."""
+        self.service.record(request, output)
         if output.finished:
             self.finish(request)
             return True
@@ -116,6 +124,7 @@ class ARScheduler(Scheduler):
         self.remove(request.request_id)
 
     def remove(self, request_id: str) -> StageRequest | None:
+        self.service.forget(request_id)
         found = self.waiting_for_chunk.pop(request_id, None)
         for queue in (self.running, self.prefilling, self.waiting):
             for request in list(queue):

@@ -1,8 +1,9 @@
 """Batching for non-autoregressive stages (talker frames, vocoder chunks, encoders).
 
 Every request with an input chunk ready is runnable; one step takes up to ``max_num_seqs`` of them, oldest
-first, and runs them in one call. Requests whose next chunk has not arrived sit in WAITING_FOR_CHUNK and cost
-nothing. A request finishes when its input is marked finished and fully consumed.
+first or by playback deadline (the ``schedule`` option, ``service_order.py``), and runs them in one call.
+Requests whose next chunk has not arrived sit in WAITING_FOR_CHUNK and cost nothing. A request finishes when its
+input is marked finished and fully consumed.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ from typing import Any
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.schedulers.base import Scheduler
+from omnipipe.stage.schedulers.service_order import Clock, ServiceOrder
 
 
 class GenerationScheduler(Scheduler):
-    def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None) -> None:
+    def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None,
+                 clock: Clock = time.perf_counter) -> None:
         super().__init__(max_num_seqs, options)
-        self.requests: OrderedDict[str, StageRequest] = OrderedDict()
+        self.requests: OrderedDict[str, StageRequest] = OrderedDict()  # in arrival order
+        self.service = ServiceOrder(options, clock)
 
     def add(self, request: StageRequest) -> None:
         self.requests[request.request_id] = request
@@ -47,7 +51,7 @@ class GenerationScheduler(Scheduler):
         return done
 
     def schedule(self) -> tuple[list[StageRequest], bool]:
-        batch = [r for r in self.requests.values() if r.inputs][: self.max_num_seqs]
+        batch = self.service.pick([r for r in self.requests.values() if r.inputs], self.max_num_seqs)
         now = time.perf_counter()
         for request in batch:
             request.status = RequestStatus.RUNNING
@@ -58,6 +62,7 @@ class GenerationScheduler(Scheduler):
     def postprocess(self, request: StageRequest, output: RunnerOutput) -> bool:
         """A request finishes once its input is finished and consumed (or the runner says so); until then it
         waits for its next chunk after every step."""
+        self.service.record(request, output)
         if output.finished or request.input_exhausted:
             self.finish(request)
             return True
@@ -69,9 +74,10 @@ class GenerationScheduler(Scheduler):
 
     def finish(self, request: StageRequest) -> None:
         request.status = RequestStatus.FINISHED
-        self.requests.pop(request.request_id, None)
+        self.remove(request.request_id)
 
     def remove(self, request_id: str) -> StageRequest | None:
+        self.service.forget(request_id)
         return self.requests.pop(request_id, None)
 
     def counts(self) -> tuple[int, int, int]:

@@ -31,5 +31,5 @@ class PiperCode2WavRunner(StageRunner):
                                          int(chunk.get("context_frames", 0)), int(chunk.get("lookahead_frames", 0))))
         waves = self.decoder.decode_batch(windows)
         return [RunnerOutput(request.request_id, audio=np.ascontiguousarray(wave, dtype=np.float32),
-                             num_units=window.new_frames)
+                             num_units=window.new_frames, playback_s=len(wave) / VOICE_SAMPLE_RATE_HZ)
                 for request, window, wave in zip(batch, windows, waves, strict=True)]

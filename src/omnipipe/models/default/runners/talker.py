@@ -24,6 +24,7 @@ class PiperTalkerRunner(StageRunner):
                                   providers=onnx_providers(self.context.device, self.context.stage))
         self.noise_scale = float(self.context.options.get("noise_scale", 0.667))
         self.noise_w = float(self.context.options.get("noise_w", 0.8))
+        self.frame_s = self.paths.hop_samples / self.paths.sample_rate_hz  # the playback one latent frame becomes
 
     def warmup(self) -> None:
         self.talker.synthesize_latents("Hello there.", noise_scale=self.noise_scale, noise_w=self.noise_w)
@@ -41,5 +42,6 @@ class PiperTalkerRunner(StageRunner):
                                                        noise_scale=self.noise_scale, noise_w=self.noise_w)
             else:
                 latents = np.zeros((self.paths.latent_channels, 0), np.float32)
-            outputs.append(RunnerOutput(request.request_id, data={"frames": latents}, num_units=latents.shape[1]))
+            outputs.append(RunnerOutput(request.request_id, data={"frames": latents}, num_units=latents.shape[1],
+                                        playback_s=latents.shape[1] * self.frame_s))
         return outputs
