@@ -10,6 +10,10 @@ The stage option ``schedule`` (``stages.<name>.options.schedule``) picks the pol
   and such requests go in arrival order. Ties go by arrival. A runner that does not say what its outputs carry
   leaves every deadline at the arrival: the order is then FIFO.
 
+A stage whose runner cannot tell, upstream of the audio (a thinker's tokens), may estimate it with
+``playback_s_per_unit``: the seconds of speech one unit (``RunnerOutput.num_units``) becomes, e.g. about 0.3 for
+an LLM's English tokens at a talker's pace.
+
 With ``deadline``, ``defer_slack_s`` (seconds, default none) lets a step leave out the requests whose slack
 (deadline minus now) exceeds it while a more urgent one is runnable: for a runner that runs a batch request by
 request, the urgent one's output then leaves after its own work, not after everyone's. Nothing starves: slack
@@ -47,27 +51,25 @@ class ServiceOrder:
         schedule = options.get("schedule", "fifo")
         if schedule not in SCHEDULES:
             raise ValueError(f"options.schedule: must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-        defer_slack_s = options.get("defer_slack_s")
-        if defer_slack_s is not None:
-            if isinstance(defer_slack_s, bool) or not isinstance(defer_slack_s, int | float) or defer_slack_s < 0:
-                raise ValueError(f"options.defer_slack_s: must be a number of seconds >= 0, got {defer_slack_s!r}")
-            if schedule != "deadline":
-                raise ValueError("options.defer_slack_s: only with options.schedule 'deadline'")
         self.by_deadline = schedule == "deadline"
-        self.defer_slack_s: float | None = None if defer_slack_s is None else float(defer_slack_s)
+        self.defer_slack_s = _deadline_seconds(options, "defer_slack_s", self.by_deadline)
+        self.playback_s_per_unit = _deadline_seconds(options, "playback_s_per_unit", self.by_deadline)
         self.clock = clock
         self.playback: dict[str, Playback] = {}
 
     def record(self, request: StageRequest, output: RunnerOutput) -> None:
-        """Count the playback an output of ``request`` carries (none when its runner does not say). Its playback
-        starts with the first output that carries some."""
-        if not output.playback_s:
+        """Count the playback an output of ``request`` carries (none when its runner does not say and the stage
+        has no ``playback_s_per_unit``). Its playback starts with the first output that carries some."""
+        seconds = output.playback_s
+        if seconds is None and self.playback_s_per_unit is not None:
+            seconds = output.num_units * self.playback_s_per_unit
+        if not seconds:
             return
         playback = self.playback.get(request.request_id)
         if playback is None:
-            self.playback[request.request_id] = Playback(self.clock(), output.playback_s)
+            self.playback[request.request_id] = Playback(self.clock(), seconds)
         else:
-            playback.seconds += output.playback_s
+            playback.seconds += seconds
 
     def forget(self, request_id: str) -> None:
         self.playback.pop(request_id, None)
@@ -97,3 +99,15 @@ class ServiceOrder:
         now = self.clock()
         urgent = [request for request in ordered if self.deadline_s(request) - now <= self.defer_slack_s]
         return urgent or ordered
+
+
+def _deadline_seconds(options: dict[str, Any], key: str, by_deadline: bool) -> float | None:
+    """A ``deadline`` knob in seconds (None when unset), checked: a number >= 0, and only with ``deadline``."""
+    value = options.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError(f"options.{key}: must be a number of seconds >= 0, got {value!r}")
+    if not by_deadline:
+        raise ValueError(f"options.{key}: only with options.schedule 'deadline'")
+    return float(value)
