@@ -167,23 +167,6 @@ def test_ar_decode_step_serves_by_deadline() -> None:
     assert s.schedule() == ([new, short, rich], False)
 
 
-def test_a_stage_upstream_estimates_playback_from_its_units() -> None:
-    clock = FakeClock()
-    s = ARScheduler(4, {"schedule": "deadline", "playback_s_per_unit": 0.25}, clock=clock)
-    ahead, behind = request("ahead", 0.0), request("behind", 0.1)
-    s.add(ahead)
-    s.add(behind)
-    s.schedule()
-    ahead.prefilled = behind.prefilled = True
-    clock.now = 1.0
-    for r, tokens in ((ahead, 12), (behind, 2)):  # dry at 1 + 3.0 and 1 + 0.5
-        s.postprocess(r, RunnerOutput(r.request_id, num_units=tokens))
-    assert ids(s.schedule()[0]) == ["behind", "ahead"]
-    assert s.service.slack_s(ahead) == pytest.approx(3.0)
-    s.postprocess(behind, RunnerOutput("behind", num_units=1, playback_s=2.0))  # a runner that says wins
-    assert s.service.slack_s(behind) == pytest.approx(2.5)
-
-
 def test_ar_admits_by_arrival_under_deadline_and_in_queue_order_under_fifo() -> None:
     for options, first in (({"schedule": "deadline"}, "early"), ({}, "late")):
         s = ARScheduler(1, options, clock=FakeClock())
@@ -207,8 +190,7 @@ def test_ar_fifo_decodes_in_admission_order() -> None:
     ({"schedule": "deadline", "defer_slack_s": -1}, "options.defer_slack_s"),
     ({"schedule": "deadline", "defer_slack_s": "1"}, "options.defer_slack_s"),
     ({"defer_slack_s": 1.0}, "options.defer_slack_s"),
-    ({"schedule": "fifo", "playback_s_per_unit": 0.3}, "options.playback_s_per_unit"),
-    ({"schedule": "deadline", "playback_s_per_unit": True}, "options.playback_s_per_unit"),
+    ({"schedule": "deadline", "defer_slack_s": True}, "options.defer_slack_s"),
 ])
 def test_a_bad_schedule_option_names_its_key(options: dict[str, object], key: str) -> None:
     with pytest.raises(ValueError, match=key):
