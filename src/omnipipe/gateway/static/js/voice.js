@@ -1,10 +1,13 @@
 // Voice page: a spoken conversation over the realtime WebSocket (WS /v1/realtime).
 //
 // Start -> the gateway queues us ("queued" / "queue_update") -> "queue_done" -> the worker's "session.created";
-// then the page turns server VAD on, opens the microphone and appends 100 ms of 24 kHz pcm16 at a time. The server
-// decides when a question ends, answers with "response.output_audio.delta" (played at once) and
+// then the page turns server VAD on, opens the microphone and appends 40 ms of 24 kHz pcm16 at a time (as
+// `omnipipe bench voice` does: a shorter chunk would reach the VAD sooner, a longer one later). The server decides
+// when a question ends, answers with "response.output_audio.delta" (played at once) and
 // "response.output_audio_transcript.delta" (shown), and reports "input_audio_buffer.speech_started" when we talk again:
 // that is a barge-in, so playback stops immediately. Pause/Resume send "session.pause" / "session.resume".
+// Each answer shows how long after the end of speech its first audio came, and the session's median beside the
+// controls (voice-answer-delay.js says how that is measured).
 
 import { bytesToBase64, base64ToBytes } from "./base64.js";
 import { $, h } from "./dom.js";
@@ -13,9 +16,11 @@ import { MicCapture } from "./mic.js";
 import { PcmPlayer } from "./pcm-player.js";
 import { floatToPcm16 } from "./wav.js";
 import { QueueCountdown } from "./queue.js";
+import { AnswerDelayClock, delayNote, showDelaySummary } from "./voice-answer-delay.js";
+import { VoiceTranscript } from "./voice-transcript.js";
 
 const RATE = 24000;
-const CHUNK_MS = 100;
+const CHUNK_MS = 40;
 const MAX_EVENTS = 2000;
 
 const els = {
@@ -29,6 +34,7 @@ const els = {
   sessionLink: $("#session-link"),
   error: $("#error"),
   transcript: $("#transcript"),
+  delays: { summary: $("#delay-summary"), median: $("#delay-median"), count: $("#delay-count") },
 };
 
 /** Hooks for tests and curious developers: the state, what was said, and every server event (audio left out). */
@@ -43,12 +49,14 @@ const hooks = {
   interruptions: [], // barge-ins: [{response_id, playing, t_ms}]
   // per answer, its playback: [{response_id, first_chunk_ms, first_audio_ms (playback starts), buffer_ms (the
   // jitter buffer chosen), arrival_rate (seconds of audio per second), audio_s, underruns, underrun_ms,
-  // max_stall_ms (the longest wait for a chunk beyond the audio the previous one carried)}]; times since the
-  // session started, like the events'
+  // max_stall_ms (the longest wait for a chunk beyond the audio the previous one carried), speech_end_to_first_audio_ms
+  // (from the end of the speech it answers to its first audio's arrival)}]; times since the session started, like
+  // the events'
   answers: [],
   jitterBuffer: true, // false: each answer's audio plays as it arrives (set before the answer starts)
 };
 window.omnipipeVoice = hooks;
+const transcript = new VoiceTranscript(els.transcript, hooks.transcript);
 
 const LABELS = {
   idle: ["Ready", "Press Start, then just talk."],
@@ -86,6 +94,7 @@ function newSession() {
     spokenItems: new Map(),  // committed audio item id -> its transcript entry
     entries: new Map(), // response id -> {entry, el}
     answers: new Map(), // response id -> [the player's figures, the hooks.answers entry]
+    delays: new AnswerDelayClock({ sampleRate: RATE }),
     userStopped: false,
     opened: false,
     lastError: null,
@@ -143,25 +152,6 @@ function showSessionLink(id) {
   els.sessionLink.classList.remove("hidden");
 }
 
-// ------------------------------------------------------------------------------------------- transcript
-function addEntry(role, text, tag = "") {
-  els.transcript.querySelector(".placeholder")?.remove();
-  const entry = { role, text, status: "" };
-  hooks.transcript.push(entry);
-  const bubble = h("div", { class: "bubble" }, text);
-  const tagEl = h("span", { class: "tag" }, tag);
-  const el = h("article", { class: `msg ${role}` },
-    h("span", { class: "who" }, role === "user" ? "You" : "Assistant"), bubble, tagEl);
-  els.transcript.append(el);
-  els.transcript.scrollTop = els.transcript.scrollHeight;
-  return { entry, bubble, tagEl, el };
-}
-
-function setTag(item, status, text) {
-  item.entry.status = status;
-  item.tagEl.textContent = text;
-}
-
 // ------------------------------------------------------------------------------------------- sending
 function send(event) {
   if (session && session.ws && session.ws.readyState === WebSocket.OPEN) session.ws.send(JSON.stringify(event));
@@ -180,8 +170,12 @@ function onMicChunk(samples, rms) {
     return;
   }
   els.meter.style.width = `${Math.min(100, Math.round(rms * 400))}%`;
-  const pcm = floatToPcm16(samples);
-  send({ type: "input_audio_buffer.append", audio: bytesToBase64(new Uint8Array(pcm.buffer)) });
+  sendAudio(samples);
+}
+
+function sendAudio(samples) {
+  send({ type: "input_audio_buffer.append", audio: bytesToBase64(new Uint8Array(floatToPcm16(samples).buffer)) });
+  session.delays.sent(samples.length);
 }
 
 /** Ask for the microphone; true once it runs. Its audio is held until the session is live (see onMicChunk). */
@@ -209,9 +203,7 @@ async function startMicrophone(current) {
 /** The session is live: send what the microphone heard while it opened, then everything as it comes. */
 function startSending(current) {
   if (!current.mic) return;
-  for (const samples of current.preroll.splice(0)) {
-    send({ type: "input_audio_buffer.append", audio: bytesToBase64(new Uint8Array(floatToPcm16(samples).buffer)) });
-  }
+  for (const samples of current.preroll.splice(0)) sendAudio(samples);
   current.sending = !current.paused;
   current.mic.setEnabled(!current.paused);
   render();
@@ -230,7 +222,7 @@ function record(event) {
 function assistantEntry(responseId) {
   let item = session.entries.get(responseId);
   if (!item) {
-    item = addEntry("assistant", "");
+    item = transcript.add("assistant", "");
     session.entries.set(responseId, item);
   }
   return item;
@@ -289,9 +281,14 @@ const HANDLERS = {
     if (session.responseId) session.interrupted.add(session.responseId);
     player.stop();
   },
-  "input_audio_buffer.speech_stopped"() {
+  "session.updated"(event) {
+    const silenceMs = event.session?.audio?.input?.turn_detection?.silence_duration_ms;
+    if (silenceMs) session.delays.silenceMs = silenceMs;
+  },
+  "input_audio_buffer.speech_stopped"(event) {
     session.userSpeaking = false;
     session.awaitingResponse = true;
+    session.delays.speechStopped(Number(event.audio_end_ms));
   },
   "conversation.item.added"(event) {
     const item = event.item || {};
@@ -299,16 +296,15 @@ const HANDLERS = {
     const parts = item.content || [];
     const text = parts.map((p) => p.text || p.transcript || "").join(" ").trim();
     const spoken = parts.some((p) => p.type === "input_audio");
-    const entry = addEntry("user", text || (spoken ? "(spoken)" : "(empty)"));
-    if (spoken && text) setTag(entry, "spoken", "spoken");
+    const entry = transcript.add("user", text || (spoken ? "(spoken)" : "(empty)"));
+    if (spoken && text) transcript.setTag(entry, "spoken", "spoken");
     if (spoken && item.id) session.spokenItems.set(item.id, entry);
   },
   "conversation.item.input_audio_transcription.completed"(event) {
     const entry = session.spokenItems.get(event.item_id);
     if (!entry || !event.transcript) return;
-    entry.entry.text = event.transcript;
-    entry.bubble.textContent = event.transcript;
-    setTag(entry, "spoken", "spoken");
+    transcript.setText(entry, event.transcript);
+    transcript.setTag(entry, "spoken", "spoken");
   },
   "response.created"(event) {
     session.awaitingResponse = false;
@@ -318,17 +314,18 @@ const HANDLERS = {
     const figures = { response_id: event.response.id };
     hooks.answers.push(figures);
     session.answers.set(event.response.id, [player.startAnswer(event.response.id), figures]);
+    session.delays.responseCreated(event.response.id);
   },
   "response.output_audio_transcript.delta"(event) { HANDLERS["response.output_text.delta"](event); },
   "response.output_text.delta"(event) {
     const item = assistantEntry(event.response_id);
-    item.entry.text += event.delta;
-    item.bubble.textContent = item.entry.text;
-    els.transcript.scrollTop = els.transcript.scrollHeight;
+    transcript.setText(item, item.entry.text + event.delta);
   },
   "response.output_audio.delta"(event) {
     if (session.interrupted.has(event.response_id)) return;
     hooks.audioChunksReceived += 1;
+    const delay = session.delays.audioArrived(event.response_id);
+    if (delay !== null) showDelay(event.response_id, delay);
     player.enqueue(base64ToBytes(event.delta));
   },
   "response.done"(event) {
@@ -338,8 +335,8 @@ const HANDLERS = {
     session.awaitingResponse = false;
     const item = session.entries.get(response.id);
     if (!item) return;
-    if (response.status === "cancelled") setTag(item, "interrupted", "interrupted");
-    else if (response.status === "failed") setTag(item, "failed", "failed");
+    if (response.status === "cancelled") transcript.setTag(item, "interrupted", "interrupted");
+    else if (response.status === "failed") transcript.setTag(item, "failed", "failed");
     else item.entry.status = "completed";
     if (!item.entry.text) {
       item.bubble.textContent = { completed: "(no words)", cancelled: "(stopped before it said anything)" }[response.status]
@@ -362,6 +359,14 @@ const HANDLERS = {
     showError(message);
   },
 };
+
+/** An answer's first audio came `delay` ms after the end of the speech it answers: shown under it and in the median. */
+function showDelay(responseId, delay) {
+  const figures = session.answers.get(responseId)?.[1];
+  if (figures) figures.speech_end_to_first_audio_ms = Math.round(delay);
+  transcript.addNote(assistantEntry(responseId), delayNote(delay));
+  showDelaySummary(session.delays, els.delays);
+}
 
 /** Copy the player's figures of an answer into its hooks.answers entry. */
 function updateAnswerFigures(responseId) {
@@ -430,6 +435,7 @@ async function start() {
   player.resume(); // inside the click: browsers only allow sound after a user gesture
   const current = newSession();
   session = current;
+  showDelaySummary(current.delays, els.delays);
   render();
   // the microphone first: without it there is no session, and no place in the queue is taken
   if (!(await startMicrophone(current))) return;
@@ -470,7 +476,10 @@ function togglePause() {
   session.paused = pause;
   session.sending = !pause && Boolean(session.mic && session.mic.active);
   if (session.mic) session.mic.setEnabled(!pause);
-  if (pause) session.userSpeaking = false;
+  if (pause) {
+    session.userSpeaking = false;
+    session.delays.bufferEmptied(); // the server drops its uncommitted audio
+  }
   render();
 }
 
