@@ -47,12 +47,24 @@ from tests.conftest import collect
     ({"prompt": "hi", "edge_options": {"talker->code2wav": {"initial_codec_chunk_frames": 10**25}}},
      "edge_options.talker->code2wav.initial_codec_chunk_frames: must be"),
     ({"prompt": "hi", "request_id": ""}, "request_id: must be a non-empty string"),
+    ({"prompt": "hi", "session_id": ""}, "session_id: must be a non-empty string of at most 256 characters"),
+    ({"prompt": "hi", "session_id": "s" * 257}, "session_id: must be a non-empty string of at most 256 characters"),
+    ({"prompt": "hi", "session_id": 7}, "session_id: must be a non-empty string"),
 ])
 def test_bad_generate_arguments(toy, kwargs, message) -> None:
     prompt = kwargs.pop("prompt")
     with pytest.raises(ValueError) as excinfo:
         toy.run(collect(toy.engine, prompt, **kwargs))
     assert message in str(excinfo.value)
+    assert toy.run(collect(toy.engine, "fine"))[-1].text == "FINE"
+
+
+def test_a_session_id_is_carried_and_its_end_is_checked(toy) -> None:
+    assert toy.run(collect(toy.engine, "fine", session_id="s" * 256))[-1].text == "FINE"
+    toy.run(toy.engine.end_session("s" * 256))  # the toy stages keep nothing for it: a no-op
+    for bad in ("", None, "s" * 257):
+        with pytest.raises(ValueError, match="session_id: must be a non-empty string"):
+            toy.run(toy.engine.end_session(bad))
     assert toy.run(collect(toy.engine, "fine"))[-1].text == "FINE"
 
 

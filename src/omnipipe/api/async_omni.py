@@ -7,6 +7,10 @@
 The engine hands each event to this loop, which puts it in its request's queue (no task in between); ``generate``
 reads its own queue and yields ``OmniRequestOutput``s until the request finishes. Leaving the loop early (break,
 cancellation, a disconnected client) aborts the request in every stage.
+
+A conversation's requests may name their session (``generate(..., session_id=...)``): a stage may keep state for it
+between them (the default thinker keeps the conversation's KV cache, so a turn prefills only its new tokens) until
+``end_session(session_id)`` or memory pressure drops it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
 
 logger = logging.getLogger(__name__)
+
+MAX_ID_CHARS = 256  # request and session ids
 
 
 class RequestFailedError(RuntimeError):
@@ -110,6 +116,7 @@ class AsyncOmni:
         sampling_params: SamplingParams | dict[str, SamplingParams] | None = None,
         output_modalities: list[str] | None = None,
         edge_options: dict[str, dict[str, Any]] | None = None,
+        session_id: str | None = None,
     ) -> AsyncIterator[OmniRequestOutput]:
         """Stream one request's outputs. Raises FieldError (a ValueError naming the argument) for bad arguments,
         also when a stage finds the input unusable (e.g. ``prompt``: too long, or spoken audio with no speech in
@@ -117,10 +124,14 @@ class AsyncOmni:
 
         ``edge_options``: per-request overrides of an edge's deploy options, by edge name, e.g.
         ``{"talker->code2wav": {"initial_codec_chunk_frames": 5}}``.
+
+        ``session_id``: the conversation this request belongs to (a non-empty string of at most 256 characters);
+        stages may keep state for it between its requests until :meth:`end_session`.
         """
         request_id = uuid.uuid4().hex if request_id is None else request_id
-        if not isinstance(request_id, str) or not request_id or len(request_id) > 256:
-            raise FieldError("request_id", "must be a non-empty string of at most 256 characters")
+        _check_id("request_id", request_id)
+        if session_id is not None:
+            _check_id("session_id", session_id)
         if request_id in self._user_ids:
             raise FieldError("request_id", f"{request_id!r} is already running")
         modalities = (self.pipeline.output_modalities if output_modalities is None
@@ -134,7 +145,7 @@ class AsyncOmni:
         internal_id = self.engine.new_internal_id(request_id)
         state = _ClientRequest(request_id, internal_id)
         clock = RequestClock()
-        self.engine.add_request(AddRequest(internal_id, entry, plan, modalities, params, overrides))
+        self.engine.add_request(AddRequest(internal_id, entry, plan, modalities, params, overrides, session_id))
         self._requests[internal_id] = state
         self._user_ids[request_id] = internal_id
         text, audio_parts, sample_rate, image = "", [], None, None
@@ -194,6 +205,13 @@ class AsyncOmni:
         state = self._requests.get(internal_id)
         if state is not None:
             state.queue.put_nowait(EngineEvent(internal_id, "aborted", ""))
+
+    async def end_session(self, session_id: str) -> None:
+        """The session has ended: every stage drops what it keeps for it (the default thinker its KV cache). Abort
+        or finish the session's requests first: one still running may keep its state again when it ends (bounded
+        by the stage's memory budget, as any session's)."""
+        _check_id("session_id", session_id)
+        self.engine.end_session(session_id)
 
     def health(self) -> EngineHealth | None:
         """Whether the engine can make progress: ``ok``, each stage's state (ok, stalled, restarting, down) with its
@@ -262,3 +280,9 @@ class AsyncOmni:
             return out
         raise FieldError("sampling_params", "must be SamplingParams or a dict of stage -> SamplingParams, "
                          f"got {type(sampling_params).__name__}")
+
+
+def _check_id(name: str, value: Any) -> None:
+    """A request or session id: a non-empty string of at most ``MAX_ID_CHARS`` characters."""
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_CHARS:
+        raise FieldError(name, f"must be a non-empty string of at most {MAX_ID_CHARS} characters")

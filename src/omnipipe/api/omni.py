@@ -46,13 +46,20 @@ class Omni:
         sampling_params: SamplingParams | dict[str, SamplingParams] | None = None,
         output_modalities: list[str] | None = None,
         use_tqdm: bool = True,
+        session_id: str | None = None,
     ) -> list[OmniRequestOutput]:
-        """Run every prompt concurrently; return the final output (full text and audio) of each, in order."""
+        """Run every prompt concurrently; return the final output (full text and audio) of each, in order.
+        ``session_id``: the conversation the prompts belong to (``AsyncOmni.generate``), kept until
+        :meth:`end_session`."""
         batch = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-        return self._call(self._generate_all(batch, sampling_params, output_modalities, use_tqdm))
+        return self._call(self._generate_all(batch, sampling_params, output_modalities, use_tqdm, session_id))
+
+    def end_session(self, session_id: str) -> None:
+        """Every stage drops what it keeps for ``session_id`` (``AsyncOmni.end_session``)."""
+        self._call(self._engine.end_session(session_id))
 
     async def _generate_all(self, prompts: list[Any], sampling_params: Any, modalities: Any,
-                            use_tqdm: bool) -> list[OmniRequestOutput]:
+                            use_tqdm: bool, session_id: str | None) -> list[OmniRequestOutput]:
         # counts what is produced as it comes (tokens, seconds of audio), not finished requests: a batch of a few
         # long requests would otherwise sit at 0% and then jump, with an ETA worth nothing
         bar = tqdm(desc="Generating", unit="tok", disable=not use_tqdm)
@@ -67,7 +74,7 @@ class Omni:
         async def one(prompt: Any) -> OmniRequestOutput:
             final = None
             async for out in self._engine.generate(prompt, sampling_params=sampling_params,
-                                                   output_modalities=modalities):
+                                                   output_modalities=modalities, session_id=session_id):
                 if out.modality == "text":
                     bar.update(out.num_tokens)
                 elif out.modality == "audio":

@@ -19,7 +19,7 @@ from typing import Any
 
 from omnipipe.config.deploy_config import DeployConfig
 from omnipipe.config.pipeline_spec import EntryInput, PipelineSpec
-from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
+from omnipipe.engine.events import AbortRequests, AddRequest, EndSession, EngineEvent, QueryState, ShutdownEngine
 from omnipipe.engine.liveness import EngineHealth
 from omnipipe.engine.orchestrator import Orchestrator
 from omnipipe.engine.startup import EngineStartError
@@ -112,6 +112,11 @@ class AsyncOmniEngine:
     def abort(self, request_ids: list[str]) -> None:
         if self.orchestrator is not None and self.orchestrator.is_alive:
             self.orchestrator.submit(AbortRequests(request_ids))
+
+    def end_session(self, session_id: str) -> None:
+        """Have every stage drop what it keeps for ``session_id`` (after any abort submitted before this call)."""
+        if self.orchestrator is not None and self.orchestrator.is_alive:
+            self.orchestrator.submit(EndSession(session_id))
 
     def health(self) -> EngineHealth | None:
         """Whether the engine can make progress (None before it has started); never waits on the engine."""

@@ -19,11 +19,19 @@ class AddRequest:
     modalities: list[str]
     params: dict[str, dict[str, Any]]  # stage -> sampling params dict
     edge_options: dict[str, dict[str, Any]]  # edge name -> per-request overrides of its deploy options
+    session_id: str | None = None  # the conversation it belongs to: stages may keep state for it between requests
 
 
 @dataclass
 class AbortRequests:
     request_ids: list[str]
+
+
+@dataclass
+class EndSession:
+    """The caller ended a session: every stage drops what it keeps for it."""
+
+    session_id: str
 
 
 @dataclass

@@ -2,8 +2,9 @@
 
 - start-up: binds each stage's sockets, launches the stages and waits until every one is ready; teardown stops
   them and removes what the run left.
-- request handler: takes commands off the request queue (add, abort, state query, shutdown); an add goes to the
-  entry stage and, with async chunk, registers the request at once with every streaming-fed stage (prewarm).
+- request handler: takes commands off the request queue (add, abort, end of a session, state query, shutdown); an
+  add goes to the entry stage and, with async chunk, registers the request at once with every streaming-fed stage
+  (prewarm); aborts and session ends are broadcast to every stage.
 - output handlers, one per stage: route each stage output. Text/audio of a stage the caller asked for goes to
   the caller; step data for a non-streaming edge is gathered and, when the stage finishes the request,
   turned into the next stage's input by the edge's input processor and forwarded.
@@ -22,7 +23,6 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -31,9 +31,10 @@ import zmq.asyncio
 from omnipipe.config.deploy_config import ORCHESTRATOR, DeployConfig
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec
 from omnipipe.engine.edge_handoff import EdgeHandoffs
-from omnipipe.engine.events import AbortRequests, AddRequest, EngineEvent, QueryState, ShutdownEngine
+from omnipipe.engine.events import AbortRequests, AddRequest, EndSession, EngineEvent, QueryState, ShutdownEngine
 from omnipipe.engine.liveness import EngineHealth, StageLiveness
-from omnipipe.engine.route_plan import RoutePlan, RoutePlans, streams
+from omnipipe.engine.request_in_flight import RequestInFlight
+from omnipipe.engine.route_plan import RoutePlans, streams
 from omnipipe.engine.run_dir import create_run_dir, sweep_stale_run_dirs
 from omnipipe.engine.stage_client import StageClient
 from omnipipe.engine.startup import stage_launches, wait_ready
@@ -44,6 +45,7 @@ from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
     ChunkRoutes,
+    DropSession,
     Payload,
     Shutdown,
     StageError,
@@ -59,19 +61,6 @@ from omnipipe.transport.relay.shm import segment_prefix, sweep_segments
 from omnipipe.transport.relay_io import read_payload, write_payload
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Request:
-    request_id: str
-    route: RoutePlan
-    params: dict[str, dict[str, Any]]
-    edge_options: dict[str, dict[str, Any]]
-    done_stages: set[str] = field(default_factory=set)
-    forward_data: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
-    forward_bytes: dict[str, int] = field(default_factory=dict)  # per stage: how big its forward_data came in
-    stage_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
-    edge_metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Orchestrator:
@@ -91,7 +80,7 @@ class Orchestrator:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.request_queue: asyncio.Queue[Any] | None = None  # read on this thread's loop; ``submit`` feeds it
         self.clients: dict[str, StageClient] = {}
-        self.requests: dict[str, _Request] = {}
+        self.requests: dict[str, RequestInFlight] = {}
         self._started = threading.Event()
         self._cancel_start = threading.Event()
         self._start_error: BaseException | None = None
@@ -270,19 +259,21 @@ class Orchestrator:
                 await self._add_request_or_fail(command)
             elif isinstance(command, AbortRequests):
                 await self._abort(command.request_ids, notify=None)
+            elif isinstance(command, EndSession):  # after any abort sent before it: the same socket, in order
+                await self.abort_pub.send(control_plane.encode(DropSession(command.session_id)))
             elif isinstance(command, QueryState):
                 asyncio.create_task(self._query_state(command))
             elif isinstance(command, ShutdownEngine):
                 await self._abort([*self.requests, *self.supervisor.parked], notify="engine shut down")
                 return
 
-    def _submit_for(self, request: _Request, stage: str, inputs: list[Payload], input_finished: bool) -> Submit:
+    def _submit_for(self, request: RequestInFlight, stage: str, inputs: list[Payload], input_finished: bool) -> Submit:
         route = request.route.routes[stage]
         return Submit(
             request_id=request.request_id, inputs=inputs, input_finished=input_finished,
             params=request.params.get(stage, {}), emit_final=route.emit_final, emit_data=route.emit_data,
             chunk_targets=list(route.chunk_targets), chunk_sources=list(route.chunk_sources),
-            edge_options=request.edge_options,
+            edge_options=request.edge_options, session_id=request.session_id,
         )
 
     async def _add_request_or_fail(self, command: AddRequest) -> None:
@@ -308,7 +299,7 @@ class Orchestrator:
             self.supervisor.park(command)  # submitted when the restarting stage is back
             return
         route = self.route_plans.get(command.entry.stage, command.plan, command.modalities)
-        request = _Request(command.request_id, route, command.params, command.edge_options)
+        request = RequestInFlight(command.request_id, route, command.params, command.edge_options, command.session_id)
         self.requests[request.request_id] = request
         entry = command.entry.stage
         try:
@@ -357,7 +348,7 @@ class Orchestrator:
             if notify:
                 self._emit(EngineEvent(rid, "error", "", error=notify))
 
-    def _fail(self, request: _Request, stage: str, message: str, field: str | None = None,
+    def _fail(self, request: RequestInFlight, stage: str, message: str, field: str | None = None,
               stage_lost: bool = False) -> None:
         if self.requests.pop(request.request_id, None) is None:
             return
@@ -451,7 +442,7 @@ class Orchestrator:
             self._emit(EngineEvent(request.request_id, "done", stage, finish_reason=reason,
                                    stage_metrics=request.stage_metrics, edge_metrics=request.edge_metrics))
 
-    async def _forward(self, request: _Request, edge: EdgeSpec, outputs: list[dict[str, Any]],
+    async def _forward(self, request: RequestInFlight, edge: EdgeSpec, outputs: list[dict[str, Any]],
                        inline: bool = False) -> None:
         """Non-streaming edge: the whole upstream output -> the downstream stage's input (``engine/edge_handoff.py``:
         in a worker thread, or on this loop if ``inline``); a request that ended meanwhile is not submitted."""

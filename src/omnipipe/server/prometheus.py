@@ -87,7 +87,7 @@ class EngineCollector:
                 held.add_metric([model, pipeline, stage], len(report.get("requests") or []))
                 queued_at.add_metric([model, pipeline, stage], int(report.get("waiting", 0)))
                 kv = report.get("kv_cache")
-                if kv:
+                if kv and "blocks" in kv:  # a paged KV cache (the default thinker reports its kept sessions)
                     kv_usage.add_metric([model, pipeline, stage], kv["blocks_reserved"] / max(1, kv["blocks"]))
             health = info.get("health")
             if not health:

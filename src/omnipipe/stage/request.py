@@ -23,6 +23,7 @@ class StageRequest:
     emit_final: bool
     emit_data: bool
     chunk_targets: list[str]
+    session_id: str | None = None  # the conversation it belongs to (``generate(session_id=...)``), if any
     status: RequestStatus = RequestStatus.WAITING
     inputs: deque[dict[str, Any]] = field(default_factory=deque)  # input chunks not consumed yet
     input_finished: bool = False

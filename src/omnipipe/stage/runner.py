@@ -124,8 +124,8 @@ class StageRunner(ABC):
         when the stage stops."""
 
     def memory_stats(self) -> dict[str, int] | None:
-        """What the runner's KV cache holds (``stage/batched_decoder.py``), for /debug/state and metrics; None for
-        a runner without one."""
+        """What the runner's KV cache holds (``stage/batched_decoder.py``; the default thinker's kept sessions), for
+        /debug/state and metrics; None for a runner without one."""
         return None
 
     def warmup(self) -> None:  # noqa: B027 - an optional hook
@@ -156,3 +156,7 @@ class StageRunner(ABC):
     def free(self, request: StageRequest) -> None:
         """Drop whatever per-request state (KV cache, buffers) the runner holds for ``request``."""
         request.runner_state = None
+
+    def end_session(self, session_id: str) -> None:  # noqa: B027 - an optional hook
+        """The caller ended a session (``AsyncOmni.end_session``): drop what the runner keeps across that session's
+        requests (e.g. a conversation's KV cache). Called for every session on every stage, known here or not."""

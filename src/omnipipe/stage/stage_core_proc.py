@@ -34,6 +34,7 @@ from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
     ChunkRoutes,
+    DropSession,
     Shutdown,
     StageError,
     StageOutput,
@@ -283,6 +284,9 @@ class StageCoreProc:
         elif isinstance(message, Abort):
             for request_id in message.request_ids:
                 self._abort(request_id)
+        elif isinstance(message, DropSession):
+            if self.runner is not None:
+                self.runner.end_session(message.session_id)
         elif isinstance(message, StateQuery):
             running, waiting, for_chunk = self.scheduler.counts()
             slots = self.out_relay.slots_in_use() + sum(r.slots_in_use() for r in self.send_relays.values())
@@ -297,7 +301,7 @@ class StageCoreProc:
         if request_id in self.aborted or request_id in self.requests:
             return
         request = StageRequest(request_id, dict(message.params), message.emit_final, message.emit_data,
-                               list(message.chunk_targets))
+                               list(message.chunk_targets), session_id=message.session_id)
         try:
             for payload in message.inputs:
                 request.inputs.append(read_payload(payload, self.recv_relays_main, request_id))

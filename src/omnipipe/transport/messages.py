@@ -46,6 +46,7 @@ class Submit(msgspec.Struct, tag="submit", frozen=True):
     chunk_targets: list[str]  # downstream stages to stream chunks to (async chunk)
     chunk_sources: list[str]  # upstream stages that stream chunks into this request (async chunk)
     edge_options: dict[str, dict[str, Any]]  # edge name -> this request's overrides of the edge's options
+    session_id: str | None = None  # the conversation the request belongs to (a runner may keep state for it)
 
 
 class ChunkRoutes(msgspec.Struct, tag="chunk_routes", frozen=True):
@@ -71,6 +72,12 @@ class Abort(msgspec.Struct, tag="abort", frozen=True):
     """Broadcast over PUB/SUB to every stage."""
 
     request_ids: list[str]
+
+
+class DropSession(msgspec.Struct, tag="drop_session", frozen=True):
+    """Broadcast over PUB/SUB to every stage: the session has ended; drop what the runner keeps for it."""
+
+    session_id: str
 
 
 class ChunkReady(msgspec.Struct, tag="chunk", frozen=True):
@@ -134,10 +141,10 @@ class StateReply(msgspec.Struct, tag="state_reply", frozen=True):
     relay_slots_in_use: int
     pending_chunks: int
     # a batched AR stage's KV cache (``StageRunner.memory_stats``): blocks, blocks_reserved, tokens_used,
-    # block_tokens; empty for a stage without one
+    # block_tokens; the default thinker's: sessions and session_cache_bytes kept; empty for a stage without one
     kv_cache: dict[str, int] = {}
 
 
 ToStage = Submit | ChunkRoutes | Shutdown | StateQuery
 FromStage = StageOutput | StageError | StageReady | StateReply | StageHeartbeat
-Broadcast = Abort
+Broadcast = Abort | DropSession

@@ -86,6 +86,12 @@ class LayerCache:
     def reset(self, mark: tuple[torch.Tensor, torch.Tensor, int, int]) -> None:
         self.k, self.v, self.start, self.end = mark
 
+    def truncate(self, num_entries: int) -> None:
+        """Keep only the first ``num_entries``; only for a cache that has dropped none (``start`` 0)."""
+        if self.start != 0 or not 0 <= num_entries <= self.end:
+            raise ValueError(f"cannot truncate a cache of [{self.start}, {self.end}) to {num_entries} entries")
+        self.end = num_entries
+
     def clone(self) -> LayerCache:
         copy = LayerCache.__new__(LayerCache)
         copy.keep_last, copy.start, copy.end = self.keep_last, self.start, self.end
@@ -99,6 +105,8 @@ class _Request:
     num_tokens: int = 0
 
 
+# a request's KV caches (one per layer) holding the first ``num_tokens`` of a prompt, for ``prefill`` to go on from
+KVPrefix = tuple[list[LayerCache], int]
 # a prefill's attention masks [1, 1, query, key]: (within the sliding window, causal)
 PrefillMasks = tuple[torch.Tensor, torch.Tensor]
 
@@ -300,9 +308,15 @@ class CachedDecoder:
         """Release a request's KV cache; returns False if it held none."""
         return self._requests.pop(request_id, None) is not None
 
+    def detach(self, request_id: str) -> KVPrefix | None:
+        """End a request but hand its KV cache over (to be continued by a later ``prefill``); None if it held none."""
+        request = self._requests.pop(request_id, None)
+        return None if request is None else (request.caches, request.num_tokens)
+
     # -- forward passes ------------------------------------------------------
 
-    def _within_window(self, num_tokens: int) -> bool:
+    def within_window(self, num_tokens: int) -> bool:
+        """No cache drops an entry within ``num_tokens``: a cache of a prompt's first tokens can be continued."""
         return self.sliding_window is None or num_tokens <= self.sliding_window
 
     @torch.inference_mode()
@@ -311,35 +325,41 @@ class CachedDecoder:
         ``prefill`` then copies it and runs only the rest of such a prompt. A prefix that fills a sliding window
         is ignored."""
         self._shared_prefix = None
-        if not token_ids or not self._within_window(len(token_ids) + 1):
+        if not token_ids or not self.within_window(len(token_ids) + 1):
             return
         self.prefill(_SHARED_PREFIX_ID, token_ids, logits=False)
         cached = self._requests.pop(_SHARED_PREFIX_ID)
         self._shared_prefix = (tuple(token_ids), cached.caches)
 
-    def _prefix_for(self, token_ids: list[int]) -> tuple[tuple[int, ...], list[LayerCache]] | None:
+    def shared_prefix_tokens(self, token_ids: list[int]) -> int:
+        """How many leading tokens of a prompt the shared prefix's cache would spare its prefill (0: none)."""
         prefix = self._shared_prefix
-        if prefix is None or not (len(prefix[0]) < len(token_ids) and self._within_window(len(token_ids))):
-            return None
-        return prefix if tuple(token_ids[: len(prefix[0])]) == prefix[0] else None
+        if prefix is None or not (len(prefix[0]) < len(token_ids) and self.within_window(len(token_ids))):
+            return 0
+        return len(prefix[0]) if tuple(token_ids[: len(prefix[0])]) == prefix[0] else 0
 
     @torch.inference_mode()
-    def prefill(self, request_id: str, token_ids: list[int], *, logits: bool = True) -> torch.Tensor | None:
+    def prefill(self, request_id: str, token_ids: list[int], *, logits: bool = True,
+                continue_from: KVPrefix | None = None) -> torch.Tensor | None:
         """Run the prompt of a new request, create its cache, return float32 logits [vocab] of the last position
-        (None with ``logits=False``, which skips the lm_head: a tensor-parallel follower's call)."""
+        (None with ``logits=False``, which skips the lm_head: a tensor-parallel follower's call).
+        ``continue_from``: caches holding the KV of the prompt's first tokens (fewer than all of them, within the
+        window: ``within_window``), taken over and extended; otherwise the shared prefix's, when the prompt starts
+        with it."""
         if request_id in self._requests:
             raise ValueError(f"request {request_id!r} is already active; free() it first")
         if not token_ids:
             raise ValueError("token_ids must not be empty")
         self._check_tokens(token_ids, len(token_ids))
         num_tokens = len(token_ids)
-        prefix = self._prefix_for(token_ids)
-        if prefix is not None:  # reuse the shared prefix's cache; run only the new tokens against it
-            start = len(prefix[0])
-            caches = [cache.clone() for cache in prefix[1]]
+        if continue_from is not None:
+            caches, start = continue_from
+            if not (0 < start < num_tokens and self.within_window(num_tokens)):
+                raise ValueError(f"cannot continue a prompt of {num_tokens} tokens from {start} cached ones")
+        elif self._shared_prefix is not None and (start := self.shared_prefix_tokens(token_ids)):
+            caches = [cache.clone() for cache in self._shared_prefix[1]]  # run only the new tokens against it
         else:
-            start = 0
-            caches = self._new_caches()
+            start, caches = 0, self._new_caches()
         positions = torch.arange(start, num_tokens, device=self.device).unsqueeze(0)
         # [query, key]: how far back the key is
         distance = positions.T - torch.arange(num_tokens, device=self.device).unsqueeze(0)
@@ -347,7 +367,7 @@ class CachedDecoder:
         local = causal if self.sliding_window is None else causal & (distance < self.sliding_window)
         masks = (local[None, None], causal[None, None])
         ids = torch.tensor([token_ids[start:]], dtype=torch.long, device=self.device)
-        hidden = self._forward(ids, positions, [caches], masks, padded=False, extend=prefix is not None)
+        hidden = self._forward(ids, positions, [caches], masks, padded=False, extend=start > 0)
         self._requests[request_id] = _Request(caches=caches, num_tokens=num_tokens)
         return self._final_logits(hidden[0, -1]) if logits else None
 

@@ -19,6 +19,15 @@ channel before making it itself; the other ranks run :meth:`ThinkerRunner.follow
 their shard. Every rank builds a request's prompt itself from the question and the decoded attachments (which the
 input broadcaster brings it), so the prompts agree token for token. Each rank scores its slice of the vocabulary;
 rank 0 gathers the logits and samples.
+
+Sessions (``generate(..., session_id=...)``, a conversation's turns): when a request of a session ends (finished,
+aborted or freed), its KV cache (the prompt and the answer tokens that went through the model) is kept as the
+session's (``modeling/session_cache.py``); the session's next request goes on from the longest common token prefix
+of its prompt and that cache, so it prefills only its new tokens (``runner_metrics["prompt_tokens_cached"]``
+counts those it was spared). The stage option ``session_cache_bytes`` (default ``DEFAULT_SESSION_CACHE_BYTES``; 0
+turns it off) bounds the kept caches, the least recently kept session dropped first; ``end_session`` drops one at
+once; ``memory_stats`` (/debug/state) reports the sessions held and their bytes. A tensor-parallel stage keeps no
+session caches (every rank would have to evict alike): its requests prefill their whole prompt.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from omnipipe.models.default.modeling.decoder import CachedDecoder
 from omnipipe.models.default.modeling.gemma import GemmaThinker
 from omnipipe.models.default.modeling.quantized import check_weight_format
 from omnipipe.models.default.modeling.qwen2 import Qwen2Thinker
+from omnipipe.models.default.modeling.session_cache import SessionCache
 from omnipipe.models.default.prompting import (
     ChatMLFormat,
     FewShotFormat,
@@ -59,6 +69,9 @@ DEFAULT_WEIGHTS = "float32"
 # more characters than the limit allows is refused before tokenising it (a megabyte of text costs seconds of one
 # step, holding every request of the batch)
 MAX_CHARS_PER_TOKEN = 128
+# the stage option session_cache_bytes when the deploy names none: what the kept sessions' KV caches may hold (Qwen2.5
+# 0.5B keeps 24 KiB a token in float32: some 10,000 tokens, a few sessions of long conversations)
+DEFAULT_SESSION_CACHE_BYTES = 256 << 20
 # a model call that fails on a rank other than by its argument checks (which every rank makes alike, before any
 # collective) may leave the ranks out of step: the process exits, and the engine restarts the whole stage
 _OUT_OF_STEP_EXIT = 70
@@ -95,6 +108,7 @@ class _Decoding:
     generator: torch.Generator | None
     question: str = ""  # what the other ranks of a tensor-parallel stage build the same prompt from
     history: list[dict[str, str]] = field(default_factory=list)
+    prompt_ids: list[int] = field(default_factory=list)  # what its prefill ran (the answer's tokens follow)
 
 
 _PENDING_ATTACHMENTS: Any = object()  # runner_state of a request whose attached images are on their way
@@ -106,6 +120,8 @@ class ThinkerRunner(StageRunner):
     def load(self) -> None:
         self.model_name = self.context.options["model"]
         chosen = thinker_model(self.model_name)
+        self.sessions = _session_cache(self.context.options.get("session_cache_bytes", DEFAULT_SESSION_CACHE_BYTES),
+                                       self.context.world_size)
         model_dir = prepare_thinker(self.model_name, progress=self.context.rank == 0)
         group = self.context.tensor_parallel
         shard = {} if group is None else {"rank": group.rank, "world_size": group.world_size, "group": group.model}
@@ -205,7 +221,7 @@ class ThinkerRunner(StageRunner):
         generator = sampling.make_generator()
         stops = [*self.prompt_format.stop_strings(), *params.get("stop", [])]
         return _Decoding(sampling, int(params.get("max_tokens", 64)), TextStream(self._decode_ids, stops, strip=True),
-                         generator, question=question, history=history), ids
+                         generator, question=question, history=history, prompt_ids=ids), ids
 
     def snapshot(self, request: StageRequest) -> Any:
         state: _Decoding | None = request.runner_state
@@ -243,7 +259,7 @@ class ThinkerRunner(StageRunner):
                 self._drive({"op": "prefill", "id": request.request_id, "question": state.question,
                              "history": state.history, "attached": request.request_id in self._images,
                              "tokens": len(ids)})
-                logits = self._model_call(self.model.prefill, request.request_id, ids)
+                logits = self._prefill(request, ids)
                 outputs.append(self._advance(request, state, logits))
             return outputs
         states: list[_Decoding] = [r.runner_state for r in batch]
@@ -252,17 +268,56 @@ class ThinkerRunner(StageRunner):
         logits = self._model_call(self.model.decode, ids, tokens)
         return [self._advance(r, s, logits[i]) for i, (r, s) in enumerate(zip(batch, states, strict=True))]
 
+    def _prefill(self, request: StageRequest, ids: list[int]) -> torch.Tensor:
+        """Prefill a request's prompt, going on from its session's kept cache where they share a prefix."""
+        kept = None
+        if self.sessions is not None and request.session_id is not None and self.model.within_window(len(ids)):
+            kept = self.sessions.take(request.session_id, ids)
+        cached = kept[1] if kept is not None else self.model.shared_prefix_tokens(ids)
+        request.runner_metrics["prompt_tokens_cached"] = float(cached)
+        return self._model_call(self.model.prefill, request.request_id, ids, continue_from=kept)
+
+    def _release_cache(self, request: StageRequest) -> bool:
+        """Free a request's KV cache on every rank, or keep it as its session's; False if it held none."""
+        if self._keep_for_session(request):  # never tensor parallel: nothing for the other ranks to do
+            return True
+        if self.model.free(request.request_id):
+            self._drive({"op": "free", "id": request.request_id})
+            return True
+        return False
+
+    def _keep_for_session(self, request: StageRequest) -> bool:
+        """A request of a session ends: keep its KV cache as the session's (True), if it holds one."""
+        state = request.runner_state
+        if self.sessions is None or request.session_id is None or not isinstance(state, _Decoding):
+            return False
+        held = self.model.detach(request.request_id)
+        if held is None:
+            return False
+        caches, num_tokens = held
+        ran = state.prompt_ids + state.stream.ids[: num_tokens - len(state.prompt_ids)]
+        if len(ran) == num_tokens and self.model.within_window(num_tokens):
+            self.sessions.keep(request.session_id, ran, caches)
+        return True
+
+    def end_session(self, session_id: str) -> None:
+        if self.sessions is not None:
+            self.sessions.end(session_id)
+
+    def memory_stats(self) -> dict[str, int] | None:
+        return self.sessions.stats() if self.sessions is not None else None
+
     # ------------------------------------------------------------------ tensor parallel
     def _drive(self, message: dict[str, Any]) -> None:
         """Rank 0 of a tensor-parallel stage: have the other ranks make this model call on their shards too."""
         if self.context.steps is not None:
             self.context.steps.send(message)
 
-    def _model_call(self, call: Callable[..., Any], *args: Any) -> Any:
+    def _model_call(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.context.steps is None:
-            return call(*args)
+            return call(*args, **kwargs)
         try:
-            return call(*args)
+            return call(*args, **kwargs)
         except (ValueError, KeyError):  # argument checks, made alike on every rank before any collective
             raise
         except Exception:
@@ -339,9 +394,8 @@ class ThinkerRunner(StageRunner):
         taken = self._images.pop(request.request_id, None) is not None
         if request.runner_state is _PENDING_ATTACHMENTS:  # still on their way: the broadcaster drops them
             self.attachments.cancel(request.request_id)
-        elif self.model.free(request.request_id):
-            self._drive({"op": "free", "id": request.request_id})
-        elif taken:  # taken here but never prefilled (its prompt was refused): the other ranks drop their copy
+        elif not self._release_cache(request) and taken:
+            # taken here but never prefilled (its prompt was refused): the other ranks drop their copy
             self._drive({"op": "discard", "id": request.request_id})
         request.runner_state = None
 
@@ -357,3 +411,12 @@ def _sampling(params: dict[str, Any]) -> TokenSamplingParams | str:
         )
     except ValueError as exc:
         return str(exc)
+
+
+def _session_cache(budget: Any, world_size: int) -> SessionCache | None:
+    """The stage's session cache of ``budget`` bytes (the option ``session_cache_bytes``); None when that is 0 or
+    the stage is tensor parallel."""
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+        raise ValueError(f"stages.thinker.options.session_cache_bytes: must be an integer >= 0 (0: keep no session's "
+                         f"KV cache), got {budget!r}")
+    return SessionCache(budget) if budget and world_size == 1 else None
