@@ -18,9 +18,10 @@ from omnipipe.bench.quality import Question
 from omnipipe.bench.voice import main, session_questions
 from omnipipe.bench.voice_questions import SpokenQuestion, cut_trailing_quiet
 from omnipipe.bench.voice_report import HEADERS, server_histogram, server_mean_ms, summarize_turns
-from omnipipe.bench.voice_session import CHUNK_BYTES, Listener, Pacer, PlaybackClock, Turn
+from omnipipe.bench.voice_session import CHUNK_BYTES, Listener, Pacer, Turn
 from omnipipe.bench.voice_variants import COMMIT, SERVER_VAD, VARIANTS, Variant, merged, parse_variants, session_update
 from omnipipe.server.prometheus import ServerMetrics
+from omnipipe.util.playback_clock import PlaybackClock
 from tests.bench.test_bench_gateway import table_rows
 
 RATE = 24_000

@@ -26,31 +26,17 @@ from omnipipe.bench.voice_questions import SpokenQuestion
 from omnipipe.bench.voice_variants import COMMIT
 from omnipipe.protocol.audio import PCM16_RATE_HZ, PCM16_SAMPLE_BYTES
 from omnipipe.protocol.realtime import ClientEvent, ServerEvent
+from omnipipe.util.playback_clock import PlaybackClock
 
 CHUNK_S = 0.04
 CHUNK_BYTES = int(CHUNK_S * PCM16_RATE_HZ) * PCM16_SAMPLE_BYTES
 SILENCE_CHUNK = bytes(CHUNK_BYTES)
 LEAD_SILENCE_S = 0.5  # server VAD: silence before the first question
-UNDERRUN_GAP_S = 0.02
 
 
 def audio_seconds(pcm16: bytes | bytearray | int) -> float:
     size = pcm16 if isinstance(pcm16, int) else len(pcm16)
     return size / PCM16_SAMPLE_BYTES / PCM16_RATE_HZ
-
-
-class PlaybackClock:
-    """The answer played at real-time pace from its first audio: when each piece would have played out, and the
-    times playback ran dry (the next piece came more than ``UNDERRUN_GAP_S`` after the previous ones ended)."""
-
-    def __init__(self) -> None:
-        self.ends_at: float | None = None  # when all audio received so far will have played
-        self.underruns = 0
-
-    def feed(self, now: float, seconds: float) -> None:
-        if self.ends_at is not None and now - self.ends_at > UNDERRUN_GAP_S:
-            self.underruns += 1
-        self.ends_at = max(self.ends_at or now, now) + seconds
 
 
 @dataclass

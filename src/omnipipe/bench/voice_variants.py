@@ -28,8 +28,32 @@ class Variant:
         return json.dumps(self.deploy, sort_keys=True)
 
 
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in: mappings key by key, everything else replaced (neither is changed)."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+_NO_LIVE = {"audio": {"input": {"live_transcription": False}}}
+_NO_SPECULATION = {"audio": {"input": {"turn_detection": {"speculative_start": False}}}}
+_NO_SESSION_CACHE = {"stages": {"thinker": {"options": {"session_cache_bytes": 0}}}}
+_FIRST_PIECE_2 = {"edges": {"thinker->talker": {"options": {"first_chunk_words": 2}}}}
+_DEADLINE = {"stages": {name: {"options": {"schedule": "deadline"}} for name in ("talker", "code2wav")}}
+
 VARIANTS: tuple[Variant, ...] = (
     Variant("baseline", "the voice turn as the server has it"),
+    Variant("no-live", "the committed audio transcribed whole by the pipeline", session=_NO_LIVE),
+    Variant("no-speculation", "server VAD answers only once its silence window closes", session=_NO_SPECULATION),
+    Variant("no-session-cache", "the thinker prefills the whole conversation every turn", deploy=_NO_SESSION_CACHE),
+    Variant("first-piece-2", "the talker's first piece is 2 words (default 4)", deploy=_FIRST_PIECE_2),
+    Variant("deadline", "talker and vocoder serve the stream whose playback runs dry soonest", deploy=_DEADLINE),
+    Variant("none", "without live transcription, speculation or the session cache: the voice turn as it was",
+            session=merged(_NO_LIVE, _NO_SPECULATION), deploy=_NO_SESSION_CACHE),
 )
 
 
@@ -47,21 +71,13 @@ def parse_variants(value: str, known: tuple[Variant, ...] = VARIANTS) -> list[Va
     return [by_name[n] for n in dict.fromkeys(names)]
 
 
-def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``over`` merged in: mappings key by key, everything else replaced (neither is changed)."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 def session_update(mode: str, max_tokens: int, variant: Variant) -> dict[str, Any]:
     """The ``session.update`` a session of ``variant`` sends: spoken answers, the token limit, the turn detection
     of ``mode`` (none: the client commits; server VAD at its defaults), then the variant's own fields."""
     detection = None if mode == COMMIT else {"type": "server_vad"}
     session = {"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": max_tokens,
                "audio": {"input": {"turn_detection": detection}}}
-    return {"type": ClientEvent.SESSION_UPDATE, "session": merged(session, variant.session)}
+    own = copy.deepcopy(variant.session)
+    if mode == COMMIT:  # the variant's VAD knobs only where there is a VAD
+        own.get("audio", {}).get("input", {}).pop("turn_detection", None)
+    return {"type": ClientEvent.SESSION_UPDATE, "session": merged(session, own)}

@@ -142,6 +142,9 @@ class ServerVad(BaseModel):
     create_response: bool = True
     interrupt_response: bool = Field(True, description="speech during a response cancels it (barge-in)")
     idle_timeout_ms: None = Field(None, description="not supported: only null")
+    speculative_start: bool = Field(True, description="omnipipe: start the answer tentatively when the speech "
+                                    "pauses, release it when the silence window closes, drop it without a trace "
+                                    "when the user goes on")
 
 
 class InputAudioTranscription(BaseModel):
@@ -168,6 +171,9 @@ class AudioInput(BaseModel):
     transcription: InputAudioTranscription | None = None
     noise_reduction: None = Field(None, description="not supported: only null")
     turn_detection: ServerVad | None = ServerVad()
+    live_transcription: bool = Field(True, description="omnipipe: transcribe the input audio while it arrives and "
+                                     "answer a spoken turn from its transcript (where the pipeline can); false: "
+                                     "the committed audio goes to the pipeline whole")
 
 
 class AudioOutput(BaseModel):

@@ -134,6 +134,22 @@ class ServerMetrics:
             f"{PREFIX}realtime_speech_end_to_first_audio_seconds", "realtime turn: end of the user's speech (commit, "
             "or server VAD's speech_stopped) -> the answer's first audio", ["model_name", "turn_end"],
             buckets=_TURN_BUCKETS, registry=self.registry)
+        self.turn_transcriptions = Counter(
+            f"{PREFIX}realtime_turn_transcriptions", "realtime spoken turns transcribed (once each)", ["model_name"],
+            registry=self.registry)
+        self.live_passes = Counter(
+            f"{PREFIX}realtime_live_transcription_passes", "realtime live transcription passes while the user spoke",
+            ["model_name"], registry=self.registry)
+        self.speculative_starts = Counter(
+            f"{PREFIX}realtime_speculative_starts", "answers started tentatively when the user paused, by outcome "
+            "(released: the turn ended; dropped: the user went on)", ["model_name", "outcome"], registry=self.registry)
+        self.spoken_answers = Counter(
+            f"{PREFIX}realtime_spoken_answers", "realtime answers that sent audio", ["model_name"],
+            registry=self.registry)
+        self.underruns = Counter(
+            f"{PREFIX}realtime_playback_underruns", "gaps in realtime answers' audio played at real-time pace from "
+            "its first chunk (the next chunk came over 20 ms after the audio before it had played out)",
+            ["model_name"], registry=self.registry)
         self.engines = EngineCollector(model_name, entry_stages)
         self.registry.register(self.engines)
 
@@ -161,6 +177,21 @@ class ServerMetrics:
     def observe_speech_end_to_first_audio(self, seconds: float, turn_end: str) -> None:
         """One realtime turn's gap; ``turn_end`` is ``commit`` or ``server_vad``."""
         self.speech_end_to_first_audio.labels(self.model_name, turn_end).observe(seconds)
+
+    def count_turn_transcription(self) -> None:
+        self.turn_transcriptions.labels(self.model_name).inc()
+
+    def count_live_transcription_pass(self) -> None:
+        self.live_passes.labels(self.model_name).inc()
+
+    def count_speculative_start(self, outcome: str) -> None:
+        """``outcome``: ``released`` or ``dropped``."""
+        self.speculative_starts.labels(self.model_name, outcome).inc()
+
+    def observe_spoken_answer(self, underruns: int) -> None:
+        """A realtime answer that sent audio, and the times its playback would have run dry."""
+        self.spoken_answers.labels(self.model_name).inc()
+        self.underruns.labels(self.model_name).inc(underruns)
 
     def render(self, engines: dict[str, dict[str, Any]]) -> bytes:
         """The exposition text; ``engines`` is ``EnginePool.debug_states()`` taken just before."""

@@ -29,6 +29,7 @@ class Settings:
     max_output_tokens: int | str = "inf"
     temperature: float | None = None
     transcription: dict[str, Any] | None = None  # {model, language}
+    live_transcription: bool = True  # spoken turns transcribed while they arrive (where the pipeline can)
     tool_choice: str = "auto"
     truncation: str = "auto"
 
@@ -83,6 +84,9 @@ def _ga_changes(update: SessionConfig, current: Settings) -> list[Change]:
     if _given(audio_in, "transcription"):
         out.append(Change("transcription", _transcription(audio_in.transcription),  # type: ignore[union-attr]
                           "session.audio.input.transcription"))
+    if _given(audio_in, "live_transcription"):
+        out.append(Change("live_transcription", audio_in.live_transcription,  # type: ignore[union-attr]
+                          "session.audio.input.live_transcription"))
     if _given(audio_out, "voice"):
         out.append(Change("voice", _voice(audio_out.voice), "session.audio.output.voice"))  # type: ignore[union-attr]
     if _given(audio_out, "speed"):
@@ -131,6 +135,7 @@ def session_object(settings: Settings, dialect: str, session_id: str, model: str
             "instructions": settings.instructions,
             "audio": {
                 "input": {"format": _pcm(), "transcription": transcription, "noise_reduction": None,
+                          "live_transcription": settings.live_transcription,
                           "turn_detection": None if detection is None else {**detection, "idle_timeout_ms": None}},
                 "output": {"format": _pcm(), "voice": settings.voice, "speed": settings.speed},
             },

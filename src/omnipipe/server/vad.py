@@ -8,6 +8,10 @@ starts at the first window at or above it and stops after ``silence_duration_ms`
 milliseconds of input audio since the detector was (re)started, i.e. since the start of the current input audio
 buffer; ``speech_started`` is moved ``prefix_padding_ms`` earlier, as OpenAI's is.
 
+Between them, two events the server keeps to itself: ``pause_started`` once speech has been quiet for
+``pause_ms`` (the turn may be ending: a realtime session starts its answer tentatively) and ``pause_ended`` when
+speech comes back before ``silence_duration_ms`` (the user goes on: the tentative answer is dropped).
+
 One model session is shared by every connection of the process (the model is stateless; the state is per
 detector). A window costs ~0.1 ms of CPU.
 """
@@ -59,15 +63,20 @@ def _model():  # type: ignore[no-untyped-def]
 
 @dataclass(frozen=True)
 class VadEvent:
-    kind: str  # "speech_started" | "speech_stopped"
-    audio_ms: int  # speech_started: audio_start_ms (after prefix padding); speech_stopped: audio_end_ms
+    kind: str  # "speech_started" | "speech_stopped" | "pause_started" | "pause_ended"
+    # speech_started: audio_start_ms (after prefix padding); speech_stopped and pause_started: where the quiet
+    # began; pause_ended: where speech came back
+    audio_ms: int
 
 
 class SileroVAD:
     def __init__(self, threshold: float = 0.5, silence_duration_ms: int = 500, prefix_padding_ms: int = 300,
-                 sample_rate_hz: int = PCM16_RATE_HZ) -> None:
+                 sample_rate_hz: int = PCM16_RATE_HZ, pause_ms: int | None = None) -> None:
+        """``pause_ms``: quiet after which ``pause_started`` is reported (None: never; at least one window and
+        less than ``silence_duration_ms``, else no pause is reported)."""
         if not 0 < threshold <= 1:
             raise ValueError("threshold: must be in (0, 1]")
+        self.pause_ms = None if pause_ms is None or pause_ms >= silence_duration_ms else max(WINDOW_MS, pause_ms)
         self.threshold = float(threshold)
         self.off_threshold = max(self.threshold - HYSTERESIS, 0.01)
         self.silence_duration_ms = int(silence_duration_ms)
@@ -110,7 +119,7 @@ class SileroVAD:
             self._windows += 1
             p = self.probability(audio[i * WINDOW:(i + 1) * WINDOW])
             if p >= self.threshold:
-                self._quiet_ms = 0
+                self._end_quiet(start_ms, events)
                 if not self.speaking:
                     self.speaking = True
                     events.append(VadEvent("speech_started", max(0, start_ms - self.prefix_padding_ms)))
@@ -118,9 +127,18 @@ class SileroVAD:
                 if p < self.off_threshold:
                     self._quiet_ms += WINDOW_MS
                 else:
-                    self._quiet_ms = 0
+                    self._end_quiet(start_ms, events)
+                quiet_from = start_ms + WINDOW_MS - self._quiet_ms
+                if self.pause_ms is not None and self._quiet_ms - WINDOW_MS < self.pause_ms <= self._quiet_ms:
+                    events.append(VadEvent("pause_started", quiet_from))
                 if self._quiet_ms >= self.silence_duration_ms:
                     self.speaking = False
-                    events.append(VadEvent("speech_stopped", start_ms + WINDOW_MS - self._quiet_ms))
+                    events.append(VadEvent("speech_stopped", quiet_from))
                     self._quiet_ms = 0
         return events
+
+    def _end_quiet(self, at_ms: int, events: list[VadEvent]) -> None:
+        """Speech (or sound near it) again: a pause reported in the quiet so far has ended."""
+        if self.pause_ms is not None and self._quiet_ms >= self.pause_ms:
+            events.append(VadEvent("pause_ended", at_ms))
+        self._quiet_ms = 0

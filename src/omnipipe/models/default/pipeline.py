@@ -72,7 +72,8 @@ DEFAULT = PipelineSpec(
     model_stages=("thinker",),
     takes_history=True,
     default_deploy=_DEPLOY,
-    serving=ServingTraits(speech_pipeline="tts", transcription_pipeline="asr", voices=_VOICES, speed_stage="talker"),
+    serving=ServingTraits(speech_pipeline="tts", transcription_pipeline="asr", live_transcription=True,
+                          voices=_VOICES, speed_stage="talker"),
     **_WEIGHTS,
 )
 

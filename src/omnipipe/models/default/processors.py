@@ -54,11 +54,15 @@ class PiperTalkerParams:
 class TranscriptionParams:
     """The encoder's ``SamplingParams.extra``: ``word_timestamps`` adds each segment's words with their times,
     ``prompt`` is text the decoding continues from (spellings, style), ``temperature`` samples the decoding (0:
-    greedy)."""
+    greedy). ``fitted_window`` decodes a short clip (a live pass over speech as it arrives) in one encoder window
+    fitted to its length, ~4x cheaper (``WhisperASR.start_fitted``); ``prefix`` (with it) gives the words the
+    transcript starts with, settled by an earlier pass over the same speech."""
 
     word_timestamps: bool = False
     prompt: str = ""
     temperature: float = 0.0
+    fitted_window: bool = False
+    prefix: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.word_timestamps, bool):
@@ -68,6 +72,14 @@ class TranscriptionParams:
         value = self.temperature
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
             raise FieldError("temperature", f"must be a number in [0, 1], got {value!r}")
+        if not isinstance(self.fitted_window, bool):
+            raise FieldError("fitted_window", f"must be true or false, got {self.fitted_window!r}")
+        if not isinstance(self.prefix, str) or len(self.prefix) > MAX_PROMPT_CHARS:
+            raise FieldError("prefix", f"must be a string of at most {MAX_PROMPT_CHARS} characters")
+        if self.prefix and not self.fitted_window:
+            raise FieldError("prefix", "is only taken with fitted_window")
+        if self.fitted_window and self.word_timestamps:
+            raise FieldError("fitted_window", "gives no word timestamps; leave word_timestamps out")
 
 
 def _decode_audio(value: Any) -> np.ndarray:

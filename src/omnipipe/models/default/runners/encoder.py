@@ -2,7 +2,8 @@
 
 The first step starts a request's decoding and reports the clip's language and duration; each later step decodes
 its next segment (a new 30 s window when the current one is used up), so the transcript streams as it is decoded
-and an aborted request stops between segments. The step after the last segment finishes the request.
+and an aborted request stops between segments. The step after the last segment finishes the request. A request
+with ``fitted_window`` (a live pass over a short clip) is decoded whole in its first step, as one segment.
 """
 
 from __future__ import annotations
@@ -41,9 +42,16 @@ class WhisperEncoderRunner(StageRunner):
     def _start(self, request: StageRequest) -> RunnerOutput:
         item = next(iter(request.take_all_inputs()), {})
         params = TranscriptionParams(**(request.params.get("extra") or {}))  # checked on arrival
-        options = DecodeOptions(word_timestamps=params.word_timestamps, initial_prompt=params.prompt,
-                                temperature=float(params.temperature))
-        decoding = self.asr.start(item["audio"], int(item["sample_rate_hz"]), options)
+        audio, rate = item["audio"], int(item["sample_rate_hz"])
+        if params.fitted_window:
+            try:
+                decoding = self.asr.start_fitted(audio, rate, params.prefix, float(params.temperature))
+            except ValueError as exc:
+                return RunnerOutput(request.request_id, error=str(exc), error_field="prompt.multi_modal_data.audio")
+        else:
+            options = DecodeOptions(word_timestamps=params.word_timestamps, initial_prompt=params.prompt,
+                                    temperature=float(params.temperature))
+            decoding = self.asr.start(audio, rate, options)
         request.runner_state = {"decoding": decoding, "instruction": item.get("instruction", ""),
                                 "history": item.get("history", [])}
         request.prefilled = True

@@ -2,11 +2,16 @@
 the session is paused), ``.commit`` (the buffer becomes a spoken user item) and ``.clear``, and the server VAD that
 hears the appended audio: speech that starts cancels a running response (barge-in), speech that stops commits the
 buffer and starts a response (each as the session's turn detection says). A commit notes when the user's speech
-ended (the commit itself, or the arrival of the audio where the VAD heard it stop), for the turn's latency metric."""
+ended (the commit itself, or the arrival of the audio where the VAD heard it stop), for the turn's latency metric.
+
+Where the pipeline can, the speech is transcribed while it arrives (``live_transcript.py``) and a commit gives the
+item its words; under server VAD a pause in the speech starts the answer tentatively (``speculative_start.py``),
+which the turn adopts when the VAD ends it, or which is dropped when the user goes on."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,10 +23,14 @@ from omnipipe.server.errors import APIError
 from omnipipe.server.routes.realtime.checks import check_takes_audio, decode_pcm16
 from omnipipe.server.routes.realtime.conversation import ConversationItem
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
+from omnipipe.server.routes.realtime.live_transcript import LiveTranscript
+from omnipipe.server.routes.realtime.speculative_start import PAUSE_MS, SpeculativeStart, TentativeAnswer
 from omnipipe.server.vad import SileroVAD
 
 if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.session import RealtimeSession
+
+logger = logging.getLogger(__name__)
 
 
 def vad_for(turn_detection: dict[str, Any] | None) -> SileroVAD | None:
@@ -29,7 +38,8 @@ def vad_for(turn_detection: dict[str, Any] | None) -> SileroVAD | None:
     if turn_detection is None:
         return None
     return SileroVAD(turn_detection["threshold"], turn_detection["silence_duration_ms"],
-                     turn_detection["prefix_padding_ms"], PCM16_RATE_HZ)
+                     turn_detection["prefix_padding_ms"], PCM16_RATE_HZ,
+                     pause_ms=PAUSE_MS if turn_detection.get("speculative_start", True) else None)
 
 
 class InputAudioBuffer:
@@ -44,6 +54,9 @@ class InputAudioBuffer:
         self._pending_item_id: str | None = None  # the item the audio being appended will become
         self._arrivals: list[tuple[int, float]] = []  # (samples in the buffer after a chunk, when it arrived)
         self.speech_end: tuple[float, str] | None = None  # the last commit's end of speech (perf_counter) and cause
+        self.live = LiveTranscript(session)
+        self.speculation = SpeculativeStart(session)
+        self._speech_from: int | None = None  # the sample where the VAD heard the buffer's speech start
 
     async def append(self, event: InputAudioBufferAppend) -> None:
         arrived = time.perf_counter()
@@ -60,15 +73,34 @@ class InputAudioBuffer:
         self._arrivals.append((self.size_bytes // 2, arrived))
         if self.vad is not None:
             await self._detect_turns(samples)
+        if self.chunks and (self.vad is None or self.vad.speaking) and self.live.enabled():
+            start = self._speech_from or 0
+            self.live.heard(self.size_bytes // 2 - start, lambda: self.audio()[start:])
+
+    def audio(self) -> np.ndarray:
+        """The buffer's audio (24 kHz float32)."""
+        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
+
+    def speech(self) -> np.ndarray:
+        """The buffer's audio from where the VAD heard speech start (all of it without a VAD)."""
+        return self.audio()[self._speech_from or 0:]
 
     async def _detect_turns(self, samples: np.ndarray) -> None:
-        """Feed the VAD; act on the speech it hears start (barge-in) and stop (commit, respond)."""
+        """Feed the VAD; act on the speech it hears start (barge-in), pause (a tentative answer), go on (the
+        tentative answer dropped) and stop (commit, respond)."""
         assert self.vad is not None
         session = self.session
         for vad_event in await asyncio.to_thread(self.vad.feed, samples):
             detection = session.settings.turn_detection or {}
-            if vad_event.kind == "speech_started":
+            if vad_event.kind == "pause_started":
+                self.speculation.begin(self.speech())
+            elif vad_event.kind == "pause_ended":
+                await self.speculation.drop()
+            elif vad_event.kind == "speech_started":
                 session.idle.touch()
+                if self._speech_from is None:
+                    self._speech_from = vad_event.audio_ms * PCM16_RATE_HZ // 1000
+                await self.speculation.drop()
                 await session.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED, audio_start_ms=vad_event.audio_ms,
                                    item_id=self._next_item_id())
                 if detection.get("interrupt_response", True):
@@ -76,12 +108,22 @@ class InputAudioBuffer:
             else:
                 await session.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STOPPED, audio_end_ms=vad_event.audio_ms,
                                    item_id=self._next_item_id())
-                try:
-                    await self.commit(speech_end=(self._arrival_of(vad_event.audio_ms), "server_vad"))
-                    if detection.get("create_response", True) and not session.responses.running:
-                        await session.responses.start(None)
-                except (EventError, APIError) as exc:
-                    await session.send_error(exc.message, param=exc.param, code=exc.code)
+                await self._end_turn(vad_event.audio_ms, detection)
+
+    async def _end_turn(self, audio_end_ms: int, detection: dict[str, Any]) -> None:
+        """The VAD heard the speech stop: commit, and respond (adopting the tentative answer, if any)."""
+        session = self.session
+        tentative = self.speculation.take()
+        try:
+            await self.commit(speech_end=(self._arrival_of(audio_end_ms), "server_vad"), tentative=tentative)
+            if detection.get("create_response", True) and not session.responses.running:
+                await session.responses.start(None, tentative)
+                tentative = None
+        except (EventError, APIError) as exc:
+            await session.send_error(exc.message, param=exc.param, code=exc.code)
+        finally:
+            if tentative is not None:
+                await tentative.drop()
 
     def _next_item_id(self) -> str:
         if self._pending_item_id is None:
@@ -93,28 +135,53 @@ class InputAudioBuffer:
         sample = audio_ms * PCM16_RATE_HZ // 1000
         return next((at for end, at in self._arrivals if end >= sample), time.perf_counter())
 
-    async def commit(self, _: Any = None, speech_end: tuple[float, str] | None = None) -> None:
+    async def commit(self, _: Any = None, speech_end: tuple[float, str] | None = None,
+                     tentative: TentativeAnswer | None = None) -> None:
         """The buffer becomes a spoken user item at the end of the conversation; ``speech_end``: when the speech
-        ended and what ended the turn (default: now, by the client's commit)."""
+        ended and what ended the turn (default: now, by the client's commit); ``tentative``: an answer started at
+        the pause before, whose transcript the item takes."""
         session = self.session
         if not self.chunks:
             raise EventError("the input audio buffer is empty", None, code=COMMIT_EMPTY)
         check_takes_audio(session.pipeline, None)
         self.speech_end = speech_end or (time.perf_counter(), "commit")
-        audio = np.concatenate(self.chunks)
-        self.reset()
+        audio = self.audio()
+        words = await self._transcript(self.speech(), tentative) if self.live.enabled() else None
+        await self.reset()
         item_id = self._next_item_id()
         self._pending_item_id = None
         await session.send(ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED,
                            previous_item_id=session.conversation.last_item_id(), item_id=item_id)
-        await session.conversation.add(ConversationItem(item_id, "user", audio=audio, spoken=True, pending=True))
+        await session.conversation.add(ConversationItem(item_id, "user", audio=audio, spoken=True, pending=True,
+                                                        words=words or "", transcribed=words is not None))
 
-    def reset(self) -> None:
-        """Empty the buffer (its audio is dropped) and restart the VAD."""
-        self.chunks, self.size_bytes, self._arrivals = [], 0, []
+    async def _transcript(self, speech: np.ndarray, tentative: TentativeAnswer | None) -> str | None:
+        """The turn's words, heard live (the tentative answer's, when it has them); None when live transcription
+        failed (the pipeline then hears the audio itself)."""
+        words = None
+        if tentative is not None:
+            try:
+                words = await asyncio.shield(tentative.transcript)
+            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - transcribed again below
+                words = None
+        if words is None:
+            try:
+                words = await self.live.final(speech)
+            except Exception:  # noqa: BLE001 - the audio goes to the pipeline instead
+                logger.warning("live transcription failed; the turn's audio goes to the pipeline", exc_info=True)
+                return None
+        self.session.metrics.count_turn_transcription()
+        return words
+
+    async def reset(self) -> None:
+        """Empty the buffer (its audio is dropped), restart the VAD, forget the live transcript and drop a
+        tentative answer."""
+        self.chunks, self.size_bytes, self._arrivals, self._speech_from = [], 0, [], None
         if self.vad is not None:
             self.vad.reset()
+        await self.speculation.drop()
+        await self.live.reset()
 
     async def clear(self, _: Any) -> None:
-        self.reset()
+        await self.reset()
         await self.session.send(ServerEvent.INPUT_AUDIO_BUFFER_CLEARED)

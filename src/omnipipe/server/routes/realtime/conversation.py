@@ -37,6 +37,7 @@ class ConversationItem:
     text_part: str | None = None  # a user item's typed part, beside its audio
     status: str = "completed"
     pending: bool = False  # a user item no response has answered yet
+    transcribed: bool = False  # a spoken user item whose words were heard live: the turn gives them, not its audio
 
     def wire(self, dialect: str) -> dict[str, Any]:
         content: list[dict[str, Any]]
@@ -59,6 +60,7 @@ class Turn:
 
     texts: list[str] = field(default_factory=list)
     audio: np.ndarray | None = None
+    heard: bool = False  # spoken words transcribed live are among the texts
 
 
 # the content part types each role's item takes in conversation.item.create
@@ -187,19 +189,30 @@ class Conversation:
         await self.session.send(ServerEvent.CONVERSATION_ITEM_RETRIEVED, item=item.wire(self.session.dialect))
 
     def take_turn(self) -> tuple[Turn, list[dict[str, str]]]:
-        """The pending user items as the turn, and every other item before them as the history."""
+        """The pending user items as the turn (no longer pending), and every other item before them as the
+        history."""
+        turn, history = self.peek_turn()
+        for item in self.items:
+            item.pending = False
+        return turn, history
+
+    def peek_turn(self, *more: ConversationItem) -> tuple[Turn, list[dict[str, str]]]:
+        """What ``take_turn`` would give were ``more`` items added first, changing nothing (a tentative answer's
+        question: the speech not yet committed)."""
         turn = Turn()
         history: list[dict[str, str]] = []
         instructions = self.session.settings.instructions.strip()
         if instructions:
             history.append({"role": "system", "content": instructions})
-        for item in self.items:
+        for item in (*self.items, *more):
             if item.pending:
-                if item.text_part or (item.words and not item.spoken):
-                    turn.texts.append(item.text_part or item.words)
-                if item.audio is not None:
+                if item.text_part:
+                    turn.texts.append(item.text_part)
+                if item.words and (item.transcribed or not item.spoken):
+                    turn.texts.append(item.words)
+                turn.heard = turn.heard or item.transcribed
+                if item.audio is not None and not item.transcribed:
                     turn.audio = item.audio if turn.audio is None else np.concatenate([turn.audio, item.audio])
-                item.pending = False
             elif item.words:
                 history.append({"role": item.role, "content": item.words})
         return turn, history

@@ -33,7 +33,7 @@ class SessionPause:
             if session.handle is not None:
                 session.handle.pause()
             await session.responses.cancel()
-            session.audio.reset()
+            await session.audio.reset()
             self._timer = asyncio.create_task(self._time_out(), name="omnipipe-realtime-pause")
         await session.send(ServerEvent.SESSION_PAUSED, pause_timeout_s=self.timeout_s)
 

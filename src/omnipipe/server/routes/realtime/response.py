@@ -2,7 +2,10 @@
 conversation before them as history), the answer streamed through the engine with the events of its item and
 content part (``response.created`` ... ``response.done``), and ``response.cancel`` (also a barge-in, a pause or a
 disconnect): a cancelled answer closes its part and item too and keeps the words it sent. A spoken turn's first
-answer audio is timed from the end of the user's speech (``omnipipe:realtime_speech_end_to_first_audio_seconds``)."""
+answer audio is timed from the end of the user's speech (``omnipipe:realtime_speech_end_to_first_audio_seconds``),
+and the answer's audio is played on a clock at real-time pace that counts its gaps
+(``omnipipe:realtime_playback_underruns``). An answer started ahead of the turn's end (``speculative_start.py``)
+is adopted by the response of that turn."""
 
 from __future__ import annotations
 
@@ -24,11 +27,25 @@ from omnipipe.server.engines import with_voice
 from omnipipe.server.errors import from_engine_error
 from omnipipe.server.realtime_settings import output_modalities_field, response_object
 from omnipipe.server.routes.realtime.checks import check_modalities, check_sampling
-from omnipipe.server.routes.realtime.conversation import ConversationItem
+from omnipipe.server.routes.realtime.conversation import ConversationItem, Turn
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
+from omnipipe.util.playback_clock import PlaybackClock
 
 if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.session import RealtimeSession
+    from omnipipe.server.routes.realtime.speculative_start import TentativeAnswer
+
+
+@dataclass(frozen=True)
+class AnswerPlan:
+    """What the engine is asked for one turn, and how its errors name the client's fields."""
+
+    prompt: dict[str, Any]
+    modalities: list[str]
+    sampling: dict[str, SamplingParams] | None
+    fields: dict[str, str]  # the engine's field -> the client's
+    max_output_tokens: int | str
+    spoken_turn: bool  # the turn was spoken (its first answer audio is timed from the end of speech)
 
 
 @dataclass
@@ -42,6 +59,7 @@ class _Answer:
     pcm: Pcm16Stream | None = None
     final: OmniRequestOutput | None = None  # the engine's finished output
     speech_end: tuple[float, str] | None = None  # the spoken turn's end of speech (perf_counter) and what ended it
+    playback: PlaybackClock = field(default_factory=PlaybackClock)  # the audio sent, played from its first chunk
 
     @property
     def base(self) -> dict[str, Any]:
@@ -71,8 +89,11 @@ class Responses:
     async def create(self, event: ResponseCreate) -> None:
         await self.start(event.response)
 
-    async def start(self, options: ResponseOptions | BetaResponseOptions | None) -> None:
-        """Start answering the pending user items (refused while paused, answering, or with nothing to answer)."""
+    async def start(self, options: ResponseOptions | BetaResponseOptions | None,
+                    tentative: TentativeAnswer | None = None) -> None:
+        """Start answering the pending user items (refused while paused, answering, or with nothing to answer).
+        ``tentative``: an answer started ahead for this very turn (``speculative_start.py``), adopted when it asked
+        the same; dropped otherwise."""
         session = self.session
         if session.pause.paused:
             raise EventError("the session is paused; send session.resume first", None, code="session_paused")
@@ -82,24 +103,36 @@ class Responses:
         if not session.conversation.has_pending():
             raise EventError("there is nothing to respond to: create a user message item or commit audio first",
                              None, code="no_input")
+        plan = self.plan(options, *session.conversation.peek_turn())  # bad options refused before the turn is taken
+        session.conversation.take_turn()
+        speech_end, session.audio.speech_end = session.audio.speech_end, None
+        self._speech_end = speech_end if plan.spoken_turn else None
+        outputs = None
+        if tentative is not None:
+            outputs = await tentative.adopt(plan)
+        response_id = tentative.response_id if outputs is not None and tentative is not None \
+            else f"resp_{uuid.uuid4().hex[:24]}"
+        self.id = response_id
+        self.task = asyncio.create_task(self._respond(response_id, plan, outputs),
+                                        name=f"omnipipe-realtime-{response_id}")
+
+    def plan(self, options: ResponseOptions | BetaResponseOptions | None, turn: Turn,
+             history: list[dict[str, Any]]) -> AnswerPlan:
+        """What the engine is asked for a turn: the prompt (the history when the pipeline takes it, the turn's
+        words and audio), each stage's sampling, the output modalities and token limit."""
+        session = self.session
         modalities, limit = self._modalities_and_limit(options)
         sampling = self._sampling(modalities, limit)
-        turn, history = session.conversation.take_turn()
-        speech_end, session.audio.speech_end = session.audio.speech_end, None
-        self._speech_end = speech_end if turn.audio is not None else None
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
         if session.pipeline.takes_history:
             prompt["history"] = history
         if turn.audio is not None:
             prompt["multi_modal_data"] = {"audio": (turn.audio, PCM16_RATE_HZ)}
-        # what a stage finds wrong with the question is in the committed audio when the turn has no text
+        # what a stage finds wrong with the question is in the committed audio when the turn has no typed text
+        typed = turn.texts and not turn.heard
         fields = {"prompt.multi_modal_data.audio": "input_audio_buffer",
-                  "prompt": "item.content" if turn.texts else "input_audio_buffer"}
-        response_id = f"resp_{uuid.uuid4().hex[:24]}"
-        self.id = response_id
-        self.task = asyncio.create_task(
-            self._respond(response_id, prompt, modalities, sampling or None, fields, limit),
-            name=f"omnipipe-realtime-{response_id}")
+                  "prompt": "item.content" if typed else "input_audio_buffer"}
+        return AnswerPlan(prompt, modalities, sampling or None, fields, limit, turn.audio is not None or turn.heard)
 
     def _modalities_and_limit(self, options: ResponseOptions | BetaResponseOptions | None,
                               ) -> tuple[list[str], int | str]:
@@ -162,11 +195,12 @@ class Responses:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    async def _respond(self, response_id: str, prompt: dict[str, Any], modalities: list[str],
-                       sampling: dict[str, SamplingParams] | None, fields: dict[str, str],
-                       max_output_tokens: int | str) -> None:
-        """Run the answer and send its events, ending with ``response.done`` (completed, cancelled or failed)."""
+    async def _respond(self, response_id: str, plan: AnswerPlan,
+                       outputs: AsyncIterator[OmniRequestOutput] | None = None) -> None:
+        """Run the answer (``outputs``: one started ahead) and send its events, ending with ``response.done``
+        (completed, cancelled or failed)."""
         session = self.session
+        modalities = plan.modalities
         item = ConversationItem(new_item_id(), "assistant", spoken="audio" in modalities, status="in_progress")
         self.item = item
         answer = _Answer(response_id, item, speech_end=self._speech_end)
@@ -176,10 +210,10 @@ class Responses:
         def response(state: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
                      details: dict[str, Any] | None = None) -> dict[str, Any]:
             return response_object(session.dialect, response_id, state, modalities, output, details, usage,
-                                   session.settings.voice, max_output_tokens)
+                                   session.settings.voice, plan.max_output_tokens)
 
-        outputs = session.engine.generate(prompt, request_id=response_id, sampling_params=sampling,
-                                          output_modalities=modalities)
+        if outputs is None:
+            outputs = self.generate(response_id, plan)
         try:
             await session.send(ServerEvent.RESPONSE_CREATED, response=response("in_progress", []))
             await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_ADDED, response_id=response_id, output_index=0,
@@ -191,7 +225,7 @@ class Responses:
         except asyncio.CancelledError:
             status, details = "cancelled", {"type": "cancelled", "reason": self._cancel_reason}
         except Exception as exc:  # noqa: BLE001 - reported as an error event and a failed response
-            error = from_engine_error(exc, fields)
+            error = from_engine_error(exc, plan.fields)
             details = {"type": "failed", "error": {"type": error.type, "code": error.code, "message": error.message}}
             await session.send_error(error.message, param=error.param, code=error.code, type_=error.type)
         finally:
@@ -205,6 +239,8 @@ class Responses:
         final = answer.final
         if final is not None:
             session.metrics.observe(REALTIME_PATH, final.metrics)
+        if answer.audio_samples:
+            session.metrics.observe_spoken_answer(answer.playback.underruns)
         metrics = final.metrics if final is not None else None
         out_tokens = metrics.num_output_tokens if metrics is not None else 0
         in_tokens = metrics.num_prompt_tokens if metrics is not None else 0
@@ -212,6 +248,11 @@ class Responses:
         session.idle.touch()  # the idle count starts when the answer ends
         await session.send(ServerEvent.RESPONSE_DONE, response=response(
             status, [item.wire(session.dialect)] if item in session.conversation.items else [], usage, details))
+
+    def generate(self, response_id: str, plan: AnswerPlan) -> AsyncIterator[OmniRequestOutput]:
+        """The engine's stream of a planned answer (the request starts when it is first read)."""
+        return self.session.engine.generate(plan.prompt, request_id=response_id, sampling_params=plan.sampling,
+                                            output_modalities=plan.modalities)
 
     async def _stream(self, outputs: AsyncIterator[OmniRequestOutput], answer: _Answer) -> None:
         """Send the engine's outputs as deltas (the transcript or text, the audio as pcm16 at 24 kHz)."""
@@ -239,6 +280,7 @@ class Responses:
     async def _audio_delta(self, answer: _Answer, data: bytes) -> None:
         first = answer.audio_samples == 0
         answer.audio_samples += len(data) // 2
+        answer.playback.feed(time.perf_counter(), len(data) / 2 / PCM16_RATE_HZ)
         await self.session.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA, delta=base64.b64encode(data).decode(),
                                 **answer.base)
         if first and answer.speech_end is not None:

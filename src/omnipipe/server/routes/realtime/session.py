@@ -102,6 +102,7 @@ class RealtimeSession:
     async def run(self) -> None:
         await self.send(ServerEvent.SESSION_CREATED, session=self.session_object())
         self.idle.start()
+        self.audio.live.warm_up()
         try:
             while not self.closed:
                 message = await self.ws.receive()
@@ -120,6 +121,7 @@ class RealtimeSession:
             await self.idle.stop()
             await self.pause.stop_timer()
             await self.responses.cancel()
+            await self.audio.reset()
             await self.transcriptions.cancel()
 
     async def handle_text(self, text: str) -> None:

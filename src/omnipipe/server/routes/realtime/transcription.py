@@ -1,12 +1,14 @@
 """The transcription of a realtime session's spoken user items, beside the response: the server's transcription
 pipeline (started on first use) gives the words that join the conversation, and sends the client
-``conversation.item.input_audio_transcription.completed`` (or ``.failed``) when the session asked for it."""
+``conversation.item.input_audio_transcription.completed`` (or ``.failed``) when the session asked for it. An item
+heard live (``live_transcript.py``) already has its words: they are announced, never transcribed again."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any
 
 from omnipipe.protocol.audio import PCM16_RATE_HZ
 from omnipipe.protocol.realtime import ServerEvent
@@ -25,14 +27,22 @@ class Transcriptions:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self, item: ConversationItem) -> None:
-        """Transcribe a spoken user item if the client asked for its transcript or the history needs its words."""
+        """Transcribe a spoken user item if the client asked for its transcript or the history needs its words
+        (an item heard live has them: they are only announced)."""
         session = self.session
         announce = session.settings.transcription is not None
+        if item.transcribed:
+            if announce:
+                self._spawn(self._announce(item, item.words), item)
+            return
         remember = session.pipeline.takes_history and session.pool.endpoint_pipelines.get("transcription") is not None
         if announce or remember:
-            task = asyncio.create_task(self._transcribe(item, announce), name=f"omnipipe-transcribe-{item.id}")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._spawn(self._transcribe(item, announce), item)
+
+    def _spawn(self, work: Coroutine[Any, Any, None], item: ConversationItem) -> None:
+        task = asyncio.create_task(work, name=f"omnipipe-transcribe-{item.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def cancel(self) -> None:
         for task in list(self._tasks):
@@ -63,6 +73,13 @@ class Transcriptions:
                 await session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED, **base, error=error)
             return
         item.words = transcript
+        session.metrics.count_turn_transcription()
         if announce:
-            await session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, **base, transcript=transcript,
-                               usage={"type": "duration", "seconds": round(len(item.audio) / PCM16_RATE_HZ, 3)})
+            await self._announce(item, transcript)
+
+    async def _announce(self, item: ConversationItem, transcript: str) -> None:
+        """``conversation.item.input_audio_transcription.completed`` for a spoken user item."""
+        assert item.audio is not None
+        await self.session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, item_id=item.id,
+                                content_index=1 if item.text_part else 0, transcript=transcript,
+                                usage={"type": "duration", "seconds": round(len(item.audio) / PCM16_RATE_HZ, 3)})

@@ -1,0 +1,143 @@
+"""Live transcription of a realtime session's input audio, while the user speaks.
+
+A pipeline whose transcription pipeline decodes live passes (``ServingTraits.live_transcription``: the default
+family's whisper, ``fitted_window`` + ``prefix``) answers a spoken turn from its transcript. While audio arrives, a
+pass over the speech so far runs each time ``PASS_EVERY_S`` more has come (one pass at a time); a word two passes
+in a row heard at the same place is settled (local agreement; the last word of a pass may be cut off mid-word, so
+never settles) and every later pass starts from the settled words, decoding only the rest. At the end of the turn
+one final pass decodes the tail after the settled words: that transcript is the turn's, for the answer and for
+``conversation.item.input_audio_transcription.completed`` alike, so a turn is transcribed once.
+
+A clip longer than a live pass takes (``MAX_LIVE_AUDIO_S``) is transcribed whole at the end instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from omnipipe.api.sampling_params import SamplingParams
+from omnipipe.protocol.audio import PCM16_RATE_HZ
+
+if TYPE_CHECKING:
+    from omnipipe.server.routes.realtime.session import RealtimeSession
+
+logger = logging.getLogger(__name__)
+
+# a pass costs ~100 ms of one core on the 2-core box (a short clip); once a second of speech keeps 4 sessions that
+# speak at once under half a core
+PASS_EVERY_S = 1.0
+MAX_LIVE_AUDIO_S = 28.0  # whisper's fitted window takes 29 s (``WhisperASR.start_fitted``)
+
+
+def _key(word: str) -> str:
+    """A word as two passes are compared: case and punctuation do not count."""
+    return re.sub(r"[^\w']", "", word.lower())
+
+
+class SettledWords:
+    """The words of a live transcript that no later pass may change."""
+
+    def __init__(self) -> None:
+        self.words: list[str] = []
+        self._last: list[str] | None = None  # the previous pass's words
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.words)
+
+    def heard(self, text: str) -> None:
+        """A pass's transcript (which starts with the settled words): settle what it agrees on with the one
+        before it, but its last word."""
+        words = text.split()
+        if self._last is not None:
+            agreed = 0
+            for mine, theirs in zip(words[:-1], self._last, strict=False):
+                if _key(mine) != _key(theirs):
+                    break
+                agreed += 1
+            if agreed > len(self.words):
+                self.words = words[:agreed]
+        self._last = words
+
+
+class LiveTranscript:
+    """One turn's live transcript: passes while the audio arrives, ``final`` at its end; ``reset`` for the next."""
+
+    def __init__(self, session: RealtimeSession) -> None:
+        self.session = session
+        self.settled = SettledWords()
+        self._pass: asyncio.Task[None] | None = None
+        self._passed_samples = 0  # the audio the latest pass started from
+
+    def enabled(self) -> bool:
+        """Whether this session's spoken turns are transcribed live (the pipeline can, the session wants it)."""
+        session = self.session
+        return (session.settings.live_transcription and session.pipeline.serving.live_transcription
+                and session.pool.endpoint_pipelines.get("transcription") is not None)
+
+    def warm_up(self) -> None:
+        """Start the transcription pipeline now (it starts on first use), so the first turn does not wait for it."""
+        if self.enabled():
+            task = asyncio.create_task(self.session.pool.engine_for("transcription"), name="omnipipe-live-warm-up")
+            # a failure is the slot's, met again (and reported) by the first pass
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+
+    def heard(self, samples: int, speech: Callable[[], np.ndarray]) -> None:
+        """The turn's speech so far is ``samples`` long (24 kHz; ``speech`` gives it): start a pass when enough is
+        new and none is running."""
+        if self._pass is not None and not self._pass.done():
+            return
+        too_long = samples > MAX_LIVE_AUDIO_S * PCM16_RATE_HZ
+        if too_long or samples - self._passed_samples < PASS_EVERY_S * PCM16_RATE_HZ:
+            return
+        self._passed_samples = samples
+        self._pass = asyncio.create_task(self._run_pass(speech()), name="omnipipe-live-transcript-pass")
+
+    async def _run_pass(self, audio: np.ndarray) -> None:
+        try:
+            text = await self._transcribe(audio, self.settled.text, fitted=True)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a failed pass settles nothing; the final one reports what fails
+            logger.debug("a live transcription pass failed", exc_info=True)
+            return
+        self.session.metrics.count_live_transcription_pass()
+        self.settled.heard(text)
+
+    async def final(self, audio: np.ndarray) -> str:
+        """The turn's transcript: the tail after the settled words decoded (the whole clip, when too long for a
+        live pass). Raises what the transcription pipeline raised."""
+        await self._stop_pass()
+        fitted = audio.size <= MAX_LIVE_AUDIO_S * PCM16_RATE_HZ
+        return await self._transcribe(audio, self.settled.text if fitted else "", fitted=fitted)
+
+    async def reset(self) -> None:
+        """Forget the turn (its pass in flight stopped)."""
+        await self._stop_pass()
+        self.settled = SettledWords()
+        self._passed_samples = 0
+
+    async def _stop_pass(self) -> None:
+        """Cancel the pass in flight (its request ends with it: ``generate`` aborts a request left unfinished)."""
+        task, self._pass = self._pass, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _transcribe(self, audio: np.ndarray, prefix: str, fitted: bool) -> str:
+        engine, _ = await self.session.pool.engine_for("transcription")
+        extra = {"fitted_window": True, "prefix": prefix} if fitted else {}
+        final = None
+        async for out in engine.generate({"prompt": "", "multi_modal_data": {"audio": (audio, PCM16_RATE_HZ)}},
+                                         request_id=f"rt-live-{uuid.uuid4().hex}",
+                                         sampling_params=SamplingParams(extra=extra),
+                                         output_modalities=["text"]):
+            final = out
+        return final.text.strip() if final is not None else ""

@@ -1,0 +1,142 @@
+"""A tentative answer under server VAD: started when the user's speech pauses, held until the turn ends.
+
+The VAD reports a pause (``pause_started``: ``PAUSE_MS`` of quiet) well before it ends the turn
+(``silence_duration_ms`` of quiet). At the pause the session transcribes the speech so far, plans the answer the
+turn would get were it committed now (``Conversation.peek_turn``) and starts it in the engine; its first output is
+awaited and everything after it waits in the engine's queue. Nothing is sent to the client and nothing joins the
+conversation. When the silence window closes, the turn is committed with the transcript already made and the
+response adopts the answer if it asks the same (it usually does: what followed the pause was silence), so its
+first audio goes out at once. When the user goes on speaking (``pause_ended``, or anything else that changes the
+turn) the answer is aborted and forgotten: the engine frees it, and the client never hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from omnipipe.api.outputs import OmniRequestOutput
+from omnipipe.server.routes.realtime.conversation import ConversationItem
+
+if TYPE_CHECKING:
+    from omnipipe.server.routes.realtime.response import AnswerPlan
+    from omnipipe.server.routes.realtime.session import RealtimeSession
+
+logger = logging.getLogger(__name__)
+
+# quiet after speech before the answer starts tentatively: shorter starts sooner but more often for a breath
+# between words; measured with ``omnipipe bench voice`` (docs/benchmarks.md)
+PAUSE_MS = 128
+
+
+class TentativeAnswer:
+    """One answer started ahead: its transcript, plan and engine stream (first output awaited in ``task``)."""
+
+    def __init__(self, session: RealtimeSession, speech: np.ndarray) -> None:
+        self.session = session
+        self.response_id = f"resp_{uuid.uuid4().hex[:24]}"
+        self.transcript: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.plan: AnswerPlan | None = None
+        self._outputs: AsyncIterator[OmniRequestOutput] | None = None
+        self.task = asyncio.create_task(self._start(speech), name=f"omnipipe-tentative-{self.response_id}")
+
+    async def _start(self, speech: np.ndarray) -> OmniRequestOutput | None:
+        """Transcribe, plan and start the answer; its first output (None: it ended with none)."""
+        session = self.session
+        try:
+            words = await session.audio.live.final(speech)
+        except asyncio.CancelledError:
+            self.transcript.cancel()
+            raise
+        except Exception as exc:
+            self.transcript.set_exception(exc)
+            raise
+        self.transcript.set_result(words)
+        heard = ConversationItem("tentative", "user", words=words, audio=speech, spoken=True, pending=True,
+                                 transcribed=True)
+        self.plan = session.responses.plan(None, *session.conversation.peek_turn(heard))
+        self._outputs = session.responses.generate(self.response_id, self.plan)
+        return await anext(self._outputs, None)
+
+    async def adopt(self, plan: AnswerPlan) -> AsyncIterator[OmniRequestOutput] | None:
+        """The answer's stream for the response that ``plan``s the same turn (None, and the answer dropped, when
+        it plans something else or failed to start)."""
+        try:
+            first = await self.task
+        except Exception:  # noqa: BLE001 - the response starts afresh and meets the failure itself
+            logger.debug("a tentative answer failed to start", exc_info=True)
+            first, self.plan = None, None
+        if self.plan is None or not _same(self.plan, plan):
+            await self.drop()
+            self.session.metrics.count_speculative_start("dropped")
+            return None
+        self.session.metrics.count_speculative_start("released")
+        return self._replay(first)
+
+    async def _replay(self, first: OmniRequestOutput | None) -> AsyncIterator[OmniRequestOutput]:
+        assert self._outputs is not None
+        try:
+            if first is not None:
+                yield first
+            async for out in self._outputs:
+                yield out
+        finally:
+            await self._outputs.aclose()  # type: ignore[attr-defined]
+
+    async def drop(self) -> None:
+        """Abort the answer and forget it (its engine request ends; nothing reached the client)."""
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        if self.transcript.done() and not self.transcript.cancelled():
+            self.transcript.exception()  # retrieved: a failed transcription of a dropped answer is no one's
+        if self._outputs is not None:
+            await self._outputs.aclose()  # type: ignore[attr-defined]
+        await self.session.engine.abort(self.response_id)
+
+
+def _same(planned: AnswerPlan, asked: AnswerPlan) -> bool:
+    """Whether two plans ask the engine the same (the turn's audio, when it has some, compared by content)."""
+    def without_audio(plan: AnswerPlan) -> dict[str, object]:
+        return {k: v for k, v in plan.prompt.items() if k != "multi_modal_data"}
+
+    return (without_audio(planned) == without_audio(asked) and planned.modalities == asked.modalities
+            and planned.sampling == asked.sampling and planned.max_output_tokens == asked.max_output_tokens
+            and "multi_modal_data" not in planned.prompt and "multi_modal_data" not in asked.prompt)
+
+
+class SpeculativeStart:
+    """The session's tentative answer, at most one: ``begin`` at a pause, ``take`` when the turn ends, ``drop``
+    when the user goes on."""
+
+    def __init__(self, session: RealtimeSession) -> None:
+        self.session = session
+        self.answer: TentativeAnswer | None = None
+
+    def wanted(self) -> bool:
+        """Whether a pause now should start an answer: server VAD that answers by itself with speculation on, a
+        turn transcribed live, no response running, not paused."""
+        session = self.session
+        detection = session.settings.turn_detection
+        return (detection is not None and detection.get("speculative_start", True)
+                and detection.get("create_response", True) and session.audio.live.enabled()
+                and not session.responses.running and not session.pause.paused)
+
+    def begin(self, speech: np.ndarray) -> None:
+        if self.answer is None and self.wanted():
+            self.answer = TentativeAnswer(self.session, speech)
+
+    def take(self) -> TentativeAnswer | None:
+        """The tentative answer, now the turn's to adopt (or drop)."""
+        answer, self.answer = self.answer, None
+        return answer
+
+    async def drop(self) -> None:
+        answer, self.answer = self.answer, None
+        if answer is not None:
+            await answer.drop()
+            self.session.metrics.count_speculative_start("dropped")
