@@ -88,7 +88,7 @@ def _scenario(decoder: Any, share: Callable[[list[int]], list[int]]) -> dict[str
     prefix = decoder.tokenizer(PREFIX).input_ids
     extended = prefix + decoder.tokenizer(EXTENSION, add_special_tokens=False).input_ids
     decoder.set_shared_prefix(prefix)
-    prefix_used = decoder._prefix_for(extended) is not None
+    prefix_used = decoder.shared_prefix_tokens(extended) == len(prefix)
     request_ids = ["extended"]
     out = decoder.prefill("extended", extended)
     record(out[None] if out is not None else None)
