@@ -250,9 +250,10 @@ class Responses:
             status, [item.wire(session.dialect)] if item in session.conversation.items else [], usage, details))
 
     def generate(self, response_id: str, plan: AnswerPlan) -> AsyncIterator[OmniRequestOutput]:
-        """The engine's stream of a planned answer (the request starts when it is first read)."""
+        """The engine's stream of a planned answer (the request starts when it is first read), in the session's name:
+        a stage may keep what it computed of the conversation for the next turn (the thinker's prefix cache)."""
         return self.session.engine.generate(plan.prompt, request_id=response_id, sampling_params=plan.sampling,
-                                            output_modalities=plan.modalities)
+                                            output_modalities=plan.modalities, session_id=self.session.session_id)
 
     async def _stream(self, outputs: AsyncIterator[OmniRequestOutput], answer: _Answer) -> None:
         """Send the engine's outputs as deltas (the transcript or text, the audio as pcm16 at 24 kHz)."""

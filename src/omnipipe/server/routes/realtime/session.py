@@ -123,6 +123,7 @@ class RealtimeSession:
             await self.responses.cancel()
             await self.audio.reset()
             await self.transcriptions.cancel()
+            await self.engine.end_session(self.session_id)  # the stages drop what they kept of the conversation
 
     async def handle_text(self, text: str) -> None:
         try:  # pydantic's parser: a nesting too deep for json's recursion is an error, not a RecursionError
