@@ -104,7 +104,7 @@ def turn(speech_end: float, first_audio: float | None, heard: str | None, underr
     out = Turn(SpokenQuestion(FRANCE, b""), speech_end=speech_end, heard=heard)
     if first_audio is not None:
         out.first_audio, out.done = first_audio, first_audio + 1.0
-        out.playback.underruns = underruns
+        out.playback.gaps = [(0.5, 0.05)] * underruns
     else:
         out.error = "no response.done within 1 s"
     return out

@@ -30,6 +30,14 @@ def test_streaming_speaks_the_first_words_then_sentences_and_clauses() -> None:
     assert " ".join(pieces) == ANSWER
 
 
+def test_the_first_piece_has_its_words_even_after_an_early_sentence_end() -> None:
+    """A sentence end in the first words ("Rome, O.") does not make a first piece of two words (its audio ran out
+    before the next piece came); later pieces still end at any sentence end."""
+    said = "Rome, O. and Juliet were written by Shakespeare. Yes. He wrote it."
+    tokens = [" " + w if i else w for i, w in enumerate(said.split(" "))]
+    assert stream(tokens) == ["Rome, O. and Juliet", "were written by Shakespeare.", "Yes.", "He wrote it."]
+
+
 def test_whole_output_is_cut_into_the_same_pieces() -> None:
     tokens = [" " + w if i else w for i, w in enumerate(ANSWER.split(" "))]
     assert [c["text"] for c in thinker2talker([{"text": t} for t in tokens])] == stream(tokens)

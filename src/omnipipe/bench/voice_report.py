@@ -61,11 +61,17 @@ def summarize_turns(variant: str, mode: str, concurrency: int, sessions: list[li
         "answers_transcribed": len(heard), "answers_right": right,
         "right_share": right / len(heard) if heard else None,
         "errors": sorted({t.error for t in turns if t.error})[:5],
-        "turn_detail": [{"question": t.question.question.text, "latency_ms": None if t.latency_s is None
-                         else t.latency_s * 1000.0, "underruns": t.playback.underruns,
-                         "answer_audio_s": audio_seconds(t.audio), "heard": t.heard, "error": t.error}
-                        for t in turns],
+        "turn_detail": [_turn_detail(t) for t in turns],
     }
+
+
+def _turn_detail(turn: Turn) -> dict[str, Any]:
+    """One turn in ``--json``: its latency, its underruns and where they fell in the answer, what was heard."""
+    return {"question": turn.question.question.text,
+            "latency_ms": None if turn.latency_s is None else turn.latency_s * 1000.0,
+            "underruns": turn.playback.underruns,
+            "gaps": [{"after_audio_s": round(at, 3), "gap_ms": round(gap * 1000)} for at, gap in turn.playback.gaps],
+            "answer_audio_s": audio_seconds(turn.audio), "heard": turn.heard, "error": turn.error}
 
 
 def _ms(value: float | None) -> int | None:

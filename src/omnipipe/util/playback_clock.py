@@ -13,10 +13,16 @@ class PlaybackClock:
 
     def __init__(self) -> None:
         self.ends_at: float | None = None
-        self.underruns = 0
+        self.received_s = 0.0  # audio received so far
+        self.gaps: list[tuple[float, float]] = []  # each underrun: (seconds of audio before it, its length)
+
+    @property
+    def underruns(self) -> int:
+        return len(self.gaps)
 
     def feed(self, now: float, seconds: float) -> None:
         """``seconds`` of audio arrived at ``now`` (any monotonic clock in seconds)."""
         if self.ends_at is not None and now - self.ends_at > UNDERRUN_GAP_S:
-            self.underruns += 1
+            self.gaps.append((self.received_s, now - self.ends_at))
         self.ends_at = max(self.ends_at or now, now) + seconds
+        self.received_s += seconds

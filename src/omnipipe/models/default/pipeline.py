@@ -39,8 +39,11 @@ TALKER_TO_CODE2WAV = EdgeSpec("talker", "code2wav", "omnipipe.chunk.frame_proces
 # load), 1 thread 2.2 s vs 2 threads 6.8 s median (12 s max: OpenMP threads spinning on cores others hold), which
 # under a soak made steps long enough for the watchdog to kill a working thinker. The decoder needs about 10 latent
 # frames of context on each side of a seam to match a whole decode (measured: max abs diff 1.3e-6 at 10/10).
+# The talker makes a whole piece's frames at once, so the first chunk's audio is all the listener has until the
+# vocoder's next step: 5 frames (58 ms, what "auto" picks when quiet) ran dry right after it at 4 sessions in
+# ``bench voice`` (0.25-0.42 underruns a stream); 10 frames (116 ms) did not, at the same first-audio latency.
 _FRAME_EDGE = {"options": {"codec_chunk_frames": 25, "left_context_frames": 10, "right_context_frames": 10,
-                          "initial_codec_chunk_frames": "auto",
+                          "initial_codec_chunk_frames": 10,
                           "frame_rate_hz": VOICE_SAMPLE_RATE_HZ / VOICE_HOP_SAMPLES}}
 # The encoder transcribes a whole clip and the talker speaks a whole piece in one step (seconds for a long one on a
 # busy CPU): their stall bounds are wider than the per-token stages'.

@@ -183,10 +183,13 @@ def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def speakable_cut(buffer: str, is_last: bool, first_chunk_words: int = 0) -> int:
     """How much of ``buffer`` to speak now: up to the last sentence end, else a clause end, else (for the first
-    piece of an answer, ``first_chunk_words`` > 0) the first words, else nothing."""
+    piece of an answer, ``first_chunk_words`` > 0) the first words, else nothing. The first piece is never shorter
+    than ``first_chunk_words``, even at a sentence end: its audio is all the listener has while the next piece is
+    made (a first piece of one or two words, "Rome, O.", ran dry at 4 sessions: ``bench voice``)."""
     if is_last:
         return len(buffer)
-    sentence_ends = [m.end() for m in _SENTENCE_END.finditer(buffer)]
+    sentence_ends = [m.end() for m in _SENTENCE_END.finditer(buffer)
+                     if len(buffer[: m.end()].split()) >= first_chunk_words]
     if sentence_ends:
         return sentence_ends[-1]
     clause_ends = [m.end() for m in _CLAUSE_END.finditer(buffer) if len(buffer[: m.end()].split()) >= MIN_CLAUSE_WORDS]
