@@ -3,7 +3,7 @@
 The first step starts a request's decoding and reports the clip's language and duration; each later step decodes
 its next segment (a new 30 s window when the current one is used up), so the transcript streams as it is decoded
 and an aborted request stops between segments. The step after the last segment finishes the request. A request
-with ``fitted_window`` (a live pass over a short clip) is decoded whole in its first step, as one segment.
+with ``fitted_window`` (a live pass over a short clip) is decoded and finished in its first step, as one segment.
 """
 
 from __future__ import annotations
@@ -42,21 +42,32 @@ class WhisperEncoderRunner(StageRunner):
     def _start(self, request: StageRequest) -> RunnerOutput:
         item = next(iter(request.take_all_inputs()), {})
         params = TranscriptionParams(**(request.params.get("extra") or {}))  # checked on arrival
-        audio, rate = item["audio"], int(item["sample_rate_hz"])
+        request.prefilled = True
         if params.fitted_window:
-            try:
-                decoding = self.asr.start_fitted(audio, rate, params.prefix, float(params.temperature))
-            except ValueError as exc:
-                return RunnerOutput(request.request_id, error=str(exc), error_field="prompt.multi_modal_data.audio")
-        else:
-            options = DecodeOptions(word_timestamps=params.word_timestamps, initial_prompt=params.prompt,
-                                    temperature=float(params.temperature))
-            decoding = self.asr.start(audio, rate, options)
+            return self._fitted(request, item, params)
+        options = DecodeOptions(word_timestamps=params.word_timestamps, initial_prompt=params.prompt,
+                                temperature=float(params.temperature))
+        decoding = self.asr.start(item["audio"], int(item["sample_rate_hz"]), options)
         request.runner_state = {"decoding": decoding, "instruction": item.get("instruction", ""),
                                 "history": item.get("history", [])}
-        request.prefilled = True
         return RunnerOutput(request.request_id, details={"language": decoding.language,
                                                          "duration": round(decoding.duration_s, 3)})
+
+    def _fitted(self, request: StageRequest, item: dict[str, Any], params: TranscriptionParams) -> RunnerOutput:
+        """A fitted-window decode, whole in this one step (a live pass waits for nothing else)."""
+        try:
+            decoding = self.asr.start_fitted(item["audio"], int(item["sample_rate_hz"]), params.prefix,
+                                             float(params.temperature))
+        except ValueError as exc:
+            return RunnerOutput(request.request_id, error=str(exc), error_field="prompt.multi_modal_data.audio")
+        segment = decoding.next_segment()
+        text = segment.text.strip() if segment is not None else ""
+        details = {"language": decoding.language, "duration": round(decoding.duration_s, 3),
+                   **(segment_details(segment) if segment is not None else {})}
+        return RunnerOutput(request.request_id, text_delta=text, num_units=len(segment.tokens) if segment else 0,
+                            details=details, finished=True,
+                            data={"text": text, "instruction": item.get("instruction", ""),
+                                  "history": item.get("history", [])})
 
     def _step(self, request: StageRequest) -> RunnerOutput:
         state = request.runner_state
