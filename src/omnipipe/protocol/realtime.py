@@ -241,14 +241,18 @@ class BetaSessionConfig(BaseModel):
 
 
 class ContentPart(BaseModel):
-    """An item's content part: ``input_text`` / ``input_audio`` (user), ``input_text`` (system), ``output_text``
-    / ``output_audio`` (assistant; beta ``text`` / ``audio``)."""
+    """An item's content part: ``input_text`` / ``input_audio`` / ``input_image`` (user), ``input_text``
+    (system), ``output_text`` / ``output_audio`` (assistant; beta ``text`` / ``audio``)."""
 
     model_config = _FIELDS
-    type: Literal["input_text", "input_audio", "output_text", "output_audio", "text", "audio"] = Field(
-        examples=["input_text"])
+    type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio", "text", "audio"] = \
+        Field(examples=["input_text"])
     text: str | None = Field(None, examples=["hello"])
     audio: str | None = Field(None, description="input_audio: base64 pcm16")
+    image_url: str | None = Field(None, description="input_image: a data URL, data:image/png or image/jpeg;base64",
+                                  examples=["data:image/png;base64,iVBORw0KGgo..."])
+    detail: Literal["auto", "low", "high"] | None = Field(None, description="input_image: accepted; every image is "
+                                                          "read at the size the pipeline reads images")
     transcript: str | None = None
 
 

@@ -1,5 +1,6 @@
-"""What several realtime client events check alike: base64 pcm16 audio, sampling values (as the stage will), the
-output modalities and audio input the pipeline takes. Each refusal is an ``EventError`` naming the field."""
+"""What several realtime client events check alike: base64 pcm16 audio, image data URLs, sampling values (as the
+stage will), the output modalities and audio input the pipeline takes. Each refusal is an ``EventError`` naming the
+field."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.audio import PCM16_DTYPE
 from omnipipe.server.routes.realtime.events import EventError
+from omnipipe.util.data_url import DataUrlError, parse_data_url
 from omnipipe.util.field_error import FieldError
 
 
@@ -48,3 +50,31 @@ def check_takes_audio(pipeline: PipelineSpec, param: str | None) -> None:
     if "audio" not in pipeline.input_modalities:
         raise EventError(f"pipeline {pipeline.name!r} does not take audio input (it takes "
                          f"{', '.join(pipeline.input_modalities)})", param, code="unsupported_modality")
+
+
+MAX_IMAGE_BYTES = 10 * 1024 * 1024  # an input_image's encoded file
+MAX_ITEM_IMAGES = 8
+IMAGE_TYPES = ("image/png", "image/jpeg")
+
+
+def check_image_part(pipeline: PipelineSpec, url: str | None, param: str, earlier: int) -> str:
+    """An ``input_image`` part's ``image_url``: a PNG or JPEG data URL of at most ``MAX_IMAGE_BYTES``, the item's
+    ``earlier + 1``-th image (at most ``MAX_ITEM_IMAGES``), for a pipeline that takes images. The URL as given."""
+    if "image" not in pipeline.input_modalities:
+        raise EventError(f"{param}: pipeline {pipeline.name!r} does not take images (it takes "
+                         f"{', '.join(pipeline.input_modalities)})", param, code="unsupported_modality")
+    if url is None:
+        raise EventError(f"{param}: required for input_image content", param, code="missing_field")
+    if earlier >= MAX_ITEM_IMAGES:
+        raise EventError(f"{param}: an item takes at most {MAX_ITEM_IMAGES} images", param, code="too_many_images")
+    try:
+        media_type, data = parse_data_url(url, field=param, kind="image", max_bytes=MAX_IMAGE_BYTES)
+    except DataUrlError as exc:
+        code = "image_too_large" if exc.problem == "size" else "invalid_image"
+        raise EventError(str(exc), param, code=code) from None
+    if media_type not in IMAGE_TYPES:
+        raise EventError(f"{param}: {media_type} is not taken; send {' or '.join(IMAGE_TYPES)}", param,
+                         code="invalid_image")
+    if not data:
+        raise EventError(f"{param}: the image is empty", param, code="invalid_image")
+    return url

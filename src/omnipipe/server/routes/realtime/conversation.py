@@ -17,7 +17,7 @@ from omnipipe.protocol.realtime import (
     ServerEvent,
 )
 from omnipipe.server.realtime_settings import part_type
-from omnipipe.server.routes.realtime.checks import check_takes_audio, decode_pcm16
+from omnipipe.server.routes.realtime.checks import check_image_part, check_takes_audio, decode_pcm16
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ class ConversationItem:
     audio_ms: float = 0.0  # an assistant item's audio sent
     spoken: bool = False  # the item's content is audio (a transcript beside it)
     text_part: str | None = None  # a user item's typed part, beside its audio
+    images: list[str] = field(default_factory=list)  # a user item's images (data URLs, checked), in order
     status: str = "completed"
     pending: bool = False  # a user item no response has answered yet
     transcribed: bool = False  # a spoken user item whose words were heard live: the turn gives them, not its audio
@@ -49,7 +50,8 @@ class ConversationItem:
             if self.text_part:
                 content.insert(0, {"type": "input_text", "text": self.text_part})
         else:
-            content = [{"type": "input_text", "text": self.words}]
+            content = [{"type": "input_text", "text": self.words}] if self.words else []
+        content += [{"type": "input_image", "image_url": url} for url in self.images]
         return {"id": self.id, "object": "realtime.item", "type": "message", "status": self.status,
                 "role": self.role, "content": content}
 
@@ -60,11 +62,12 @@ class Turn:
 
     texts: list[str] = field(default_factory=list)
     audio: np.ndarray | None = None
+    images: list[str] = field(default_factory=list)  # data URLs
     heard: bool = False  # spoken words transcribed live are among the texts
 
 
 # the content part types each role's item takes in conversation.item.create
-ALLOWED_CONTENT = {"user": ("input_text", "input_audio"), "system": ("input_text",),
+ALLOWED_CONTENT = {"user": ("input_text", "input_audio", "input_image"), "system": ("input_text",),
                    "assistant": ("output_text", "output_audio", "text", "audio")}
 
 
@@ -112,28 +115,30 @@ class Conversation:
         if item.role != "user" and not pipeline.takes_history:
             raise EventError(f"item.role: pipeline {pipeline.name!r} answers one question at a time; only "
                              "'user' items are supported", "item.role", code="unsupported_item")
-        texts, audio = self._content(item)
+        texts, audio, images = self._content(item)
         text = " ".join(texts)
         if not text and audio is None:
-            raise EventError("item.content: the message has no text", "item.content")
+            raise EventError("item.content: the message has no text" + (" beside its images" if images else ""),
+                             "item.content")
         if item.role == "user" and text and "text" not in pipeline.input_modalities:
             raise EventError(f"item.content: pipeline {pipeline.name!r} does not take text input",
                              "item.content", code="unsupported_modality")
         spoken = audio is not None or (item.role == "assistant" and
                                        any(p.type in ("output_audio", "audio") for p in item.content))
         new = ConversationItem(item.id or new_item_id(), item.role, spoken=spoken, pending=item.role == "user",
-                               audio=audio)
+                               audio=audio, images=images)
         if audio is not None:
             new.text_part = text or None
         else:
             new.words = text
         await self.add(new)
 
-    def _content(self, item: Any) -> tuple[list[str], np.ndarray | None]:
-        """A created item's content parts, checked in order: their texts and their audio (joined)."""
+    def _content(self, item: Any) -> tuple[list[str], np.ndarray | None, list[str]]:
+        """A created item's content parts, checked in order: their texts, their audio (joined), their images."""
         allowed = ALLOWED_CONTENT[item.role]
         texts: list[str] = []
         audio: np.ndarray | None = None
+        images: list[str] = []
         for i, part in enumerate(item.content):
             param = f"item.content[{i}]"
             if part.type not in allowed:
@@ -148,11 +153,14 @@ class Conversation:
                 if samples.size == 0:
                     raise EventError(f"{param}.audio: the audio is empty", f"{param}.audio")
                 audio = samples if audio is None else np.concatenate([audio, samples])
+            elif part.type == "input_image":
+                images.append(check_image_part(self.session.pipeline, part.image_url, f"{param}.image_url",
+                                               len(images)))
             else:
                 value = part.text if part.type in ("input_text", "output_text", "text") else part.transcript
                 if value is not None and value.strip():
                     texts.append(value.strip())
-        return texts, audio
+        return texts, audio, images
 
     def _check_not_answering(self, item: ConversationItem) -> None:
         responses = self.session.responses
@@ -206,6 +214,7 @@ class Conversation:
             history.append({"role": "system", "content": instructions})
         for item in (*self.items, *more):
             if item.pending:
+                turn.images += item.images
                 if item.text_part:
                     turn.texts.append(item.text_part)
                 if item.words and (item.transcribed or not item.spoken):

@@ -126,11 +126,17 @@ class Responses:
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
         if session.pipeline.takes_history:
             prompt["history"] = history
+        media: dict[str, Any] = {}
         if turn.audio is not None:
-            prompt["multi_modal_data"] = {"audio": (turn.audio, PCM16_RATE_HZ)}
+            media["audio"] = (turn.audio, PCM16_RATE_HZ)
+        if turn.images:
+            media["image"] = list(turn.images)
+        if media:
+            prompt["multi_modal_data"] = media
         # what a stage finds wrong with the question is in the committed audio when the turn has no typed text
         typed = turn.texts and not turn.heard
         fields = {"prompt.multi_modal_data.audio": "input_audio_buffer",
+                  "prompt.multi_modal_data.image": "item.content",
                   "prompt": "item.content" if typed else "input_audio_buffer"}
         return AnswerPlan(prompt, modalities, sampling or None, fields, limit, turn.audio is not None or turn.heard)
 

@@ -100,13 +100,14 @@ class TentativeAnswer:
 
 
 def _same(planned: AnswerPlan, asked: AnswerPlan) -> bool:
-    """Whether two plans ask the engine the same (the turn's audio, when it has some, compared by content)."""
-    def without_audio(plan: AnswerPlan) -> dict[str, object]:
-        return {k: v for k, v in plan.prompt.items() if k != "multi_modal_data"}
+    """Whether two plans ask the engine the same (a turn whose audio goes along is never adopted: its audio is not
+    compared)."""
+    def audio(plan: AnswerPlan) -> object:
+        return plan.prompt.get("multi_modal_data", {}).get("audio")
 
-    return (without_audio(planned) == without_audio(asked) and planned.modalities == asked.modalities
-            and planned.sampling == asked.sampling and planned.max_output_tokens == asked.max_output_tokens
-            and "multi_modal_data" not in planned.prompt and "multi_modal_data" not in asked.prompt)
+    return (audio(planned) is None and audio(asked) is None and planned.prompt == asked.prompt
+            and planned.modalities == asked.modalities and planned.sampling == asked.sampling
+            and planned.max_output_tokens == asked.max_output_tokens)
 
 
 class SpeculativeStart:
