@@ -85,8 +85,8 @@ _PYDANTIC = (_.model_config,
              _.safety_identifier, _.parallel_tool_calls, _.completion_tokens, _.total_tokens, _.expires_at,
              _.moderation, _.b64_json, _.revised_prompt, _.owned_by,
              # protocol/realtime.py
-             _.create_response, _.interrupt_response, _.idle_timeout_ms, _.noise_reduction, _.tracing, _.include,
-             _.input_audio_format, _.output_audio_format, _.event_id)
+             _.create_response, _.interrupt_response, _.idle_timeout_ms, _.speculative_start, _.noise_reduction,
+             _.tracing, _.include, _.input_audio_format, _.output_audio_format, _.event_id)
 
 # Deployment knobs (config/deploy_config.py RelayDeploy): set from YAML by field name, and read by name as
 # "<group>_<option>" when RelayDeploy.backend_options groups them per relay backend.

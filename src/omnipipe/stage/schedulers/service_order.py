@@ -78,10 +78,6 @@ class ServiceOrder:
         playback = self.playback.get(request.request_id)
         return request.arrival_s if playback is None else playback.first_output_s + playback.seconds
 
-    def slack_s(self, request: StageRequest) -> float:
-        """Seconds until ``request``'s playback runs dry; negative once it has (or while its first audio is due)."""
-        return self.deadline_s(request) - self.clock()
-
     def order(self, requests: Iterable[StageRequest]) -> list[StageRequest]:
         """``requests`` (given oldest first) in the order to serve them: as given for ``fifo``, most urgent first
         for ``deadline``."""
