@@ -162,7 +162,10 @@ class InputAudioBuffer:
         if tentative is not None:
             try:
                 words = await asyncio.shield(tentative.transcript)
-            except (Exception, asyncio.CancelledError):  # noqa: BLE001 - transcribed again below
+            except asyncio.CancelledError:
+                if not tentative.transcript.cancelled():
+                    raise  # this task was cancelled, not the tentative transcription
+            except Exception:  # noqa: BLE001 - transcribed again below
                 words = None
         if words is None:
             try:
