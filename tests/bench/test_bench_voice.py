@@ -19,7 +19,8 @@ from omnipipe.bench.voice import main, session_questions
 from omnipipe.bench.voice_questions import SpokenQuestion, cut_trailing_quiet
 from omnipipe.bench.voice_report import HEADERS, server_histogram, server_mean_ms, summarize_turns
 from omnipipe.bench.voice_session import CHUNK_BYTES, Listener, Pacer, Turn
-from omnipipe.bench.voice_variants import COMMIT, SERVER_VAD, VARIANTS, Variant, merged, parse_variants, session_update
+from omnipipe.bench.voice_variants import COMMIT, SERVER_VAD, VARIANTS, Variant, parse_variants, session_update
+from omnipipe.config.deploy_config import merge_settings
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.util.playback_clock import PlaybackClock
 from tests.bench.test_bench_gateway import table_rows
@@ -89,7 +90,7 @@ def test_variants_name_their_settings_and_merge_into_the_session_update() -> Non
     fields = session_update(SERVER_VAD, 30, switched)["session"]["audio"]["input"]
     assert fields == {"turn_detection": {"type": "server_vad"}, "noise_reduction": "x"}
     base = {"stages": {"thinker": {"options": {"a": 1}}}}
-    assert merged(base, {"stages": {"thinker": {"options": {"b": 2}}}}) == \
+    assert merge_settings(base, {"stages": {"thinker": {"options": {"b": 2}}}}) == \
         {"stages": {"thinker": {"options": {"a": 1, "b": 2}}}}
     assert base == {"stages": {"thinker": {"options": {"a": 1}}}}  # unchanged
 

@@ -45,7 +45,8 @@ from omnipipe.bench.report import machine_info, write_json
 from omnipipe.bench.voice_questions import SpokenQuestion, spoken_questions, transcribe
 from omnipipe.bench.voice_report import format_rows, server_histogram, server_mean_ms, summarize_turns
 from omnipipe.bench.voice_session import SessionPlan, Turn, run_session
-from omnipipe.bench.voice_variants import MODES, VARIANTS, Variant, merged, parse_variants, session_update
+from omnipipe.bench.voice_variants import MODES, VARIANTS, Variant, parse_variants, session_update
+from omnipipe.config.deploy_config import merge_settings
 from omnipipe.protocol.worker import REALTIME_PATH
 from omnipipe.util.net import free_port
 
@@ -65,7 +66,7 @@ def serving(args: argparse.Namespace, variant_deploy: dict[str, Any], workdir: P
         yield args.url.rstrip("/"), ({"Authorization": f"Bearer {args.api_key}"} if args.api_key else {})
         return
     base = (yaml.safe_load(args.deploy.read_text()) or {}) if args.deploy else {}
-    deploy = merged(base, variant_deploy)
+    deploy = merge_settings(base, variant_deploy)
     command = ["serve", "--pipeline", args.pipeline, "--host", "127.0.0.1"]
     if deploy:
         path = workdir / f"deploy-{len(list(workdir.glob('deploy-*.yaml')))}.yaml"

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from omnipipe.config.deploy_config import merge_settings
 from omnipipe.protocol.realtime import ClientEvent
 
 COMMIT, SERVER_VAD = "commit", "server_vad"
@@ -28,17 +29,6 @@ class Variant:
         return json.dumps(self.deploy, sort_keys=True)
 
 
-def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``over`` merged in: mappings key by key, everything else replaced (neither is changed)."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merged(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
 _NO_LIVE = {"audio": {"input": {"live_transcription": False}}}
 _NO_SPECULATION = {"audio": {"input": {"turn_detection": {"speculative_start": False}}}}
 _NO_SESSION_CACHE = {"stages": {"thinker": {"options": {"session_cache_bytes": 0}}}}
@@ -55,7 +45,7 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("first-chunk-5", "the first audio chunk is 5 frames, 58 ms (default 10)", deploy=_FIRST_CHUNK_5),
     Variant("deadline", "talker and vocoder serve the stream whose playback runs dry soonest", deploy=_DEADLINE),
     Variant("none", "without live transcription, speculation or the session cache: the voice turn as it was",
-            session=merged(_NO_LIVE, _NO_SPECULATION), deploy=_NO_SESSION_CACHE),
+            session=merge_settings(_NO_LIVE, _NO_SPECULATION), deploy=_NO_SESSION_CACHE),
 )
 
 
@@ -82,4 +72,4 @@ def session_update(mode: str, max_tokens: int, variant: Variant) -> dict[str, An
     own = copy.deepcopy(variant.session)
     if mode == COMMIT:  # the variant's VAD knobs only where there is a VAD
         own.get("audio", {}).get("input", {}).pop("turn_detection", None)
-    return {"type": ClientEvent.SESSION_UPDATE, "session": merged(session, own)}
+    return {"type": ClientEvent.SESSION_UPDATE, "session": merge_settings(session, own)}

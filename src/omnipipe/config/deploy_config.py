@@ -203,11 +203,12 @@ class DeployConfig:
         return options
 
 
-def _merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+def merge_settings(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``override`` merged in: mappings key by key, everything else replaced (neither is changed)."""
     out = copy.deepcopy(base)
     for key, value in override.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge_settings(out[key], value)
         else:
             out[key] = copy.deepcopy(value)
     return out
@@ -241,7 +242,7 @@ def load_deploy(
             raise DeployConfigError(f"{origin}: not valid YAML: {exc}") from exc
         if not isinstance(raw, dict):
             raise DeployConfigError(f"{origin}: the top level must be a mapping of keys, got {type(raw).__name__}")
-    merged = _merge(_merge(pipeline.default_deploy, raw), overrides or {})
+    merged = merge_settings(merge_settings(pipeline.default_deploy, raw), overrides or {})
     try:
         config = build(DeployConfig, merged, "", retired=_MOVED_TO_EDGE_OPTIONS)
     except FieldError as exc:
