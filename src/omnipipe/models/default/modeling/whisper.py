@@ -142,6 +142,7 @@ class WhisperASR:
     def _decode_fitted(self, samples: np.ndarray, prefix: str, temperature: float) -> Any:
         import ctranslate2
         from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import Segment  # the segment faster-whisper's own decoding yields
 
         duration_s = samples.size / WHISPER_SAMPLE_RATE_HZ
         window_s = fitted_window_s(duration_s)
@@ -166,26 +167,10 @@ class WhisperASR:
         if not forced and result.no_speech_prob > NO_SPEECH_PROB:
             text = ""
         raw = text.encode()
-        return _FittedSegment(seek=0, start=0.0, end=duration_s, text=" " + text if text else "", tokens=tokens,
-                              temperature=float(temperature), avg_logprob=float(result.scores[0]),
-                              compression_ratio=len(raw) / max(1, len(zlib.compress(raw))),
-                              no_speech_prob=float(result.no_speech_prob), words=None)
-
-
-@dataclass(frozen=True)
-class _FittedSegment:
-    """A fitted decode's one segment, in the fields faster-whisper's segments have."""
-
-    seek: int
-    start: float
-    end: float
-    text: str
-    tokens: list[int]
-    temperature: float
-    avg_logprob: float
-    compression_ratio: float
-    no_speech_prob: float
-    words: None
+        return Segment(id=1, seek=0, start=0.0, end=duration_s, text=" " + text if text else "", tokens=tokens,
+                       temperature=float(temperature), avg_logprob=float(result.scores[0]),
+                       compression_ratio=len(raw) / max(1, len(zlib.compress(raw))),
+                       no_speech_prob=float(result.no_speech_prob), words=None)
 
 
 @dataclass(frozen=True)
