@@ -50,23 +50,25 @@ def decode_audio(data: bytes) -> tuple[np.ndarray, int]:
 
 
 @functools.lru_cache(maxsize=32)
-def _spoken(text: str, rate: int) -> np.ndarray:
-    from piper import PiperVoice
+def _spoken(text: str, rate: int, steady: bool) -> np.ndarray:
+    from piper import PiperVoice, SynthesisConfig
 
     from omnipipe.models.default.weights.voice import PACKAGED_VOICES
     from omnipipe.util.audio import resample
 
     packaged = PACKAGED_VOICES["joe"]
     voice = PiperVoice.load(packaged.model_path(), packaged.config_path())
-    chunks = list(voice.synthesize(text))
+    config = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0) if steady else None
+    chunks = list(voice.synthesize(text, syn_config=config))
     audio = np.concatenate([chunk.audio_float_array for chunk in chunks]).astype(np.float32)
     return resample(audio, chunks[0].sample_rate, rate)
 
 
-def spoken(text: str, rate: int = 24_000) -> np.ndarray:
+def spoken(text: str, rate: int = 24_000, steady: bool = False) -> np.ndarray:
     """``text`` read aloud by the packaged Piper voice, float32 mono at ``rate`` (real speech for a VAD or an
-    ASR, without a server)."""
-    return _spoken(text, rate).copy()
+    ASR, without a server). The voice varies its delivery a little each process; ``steady``: no variation, the
+    same samples every run."""
+    return _spoken(text, rate, steady).copy()
 
 
 class ServerProcess:

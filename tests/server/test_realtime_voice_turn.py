@@ -26,8 +26,8 @@ CHUNK = RATE * 40 // 1000  # 40 ms appends, as the voice page sends them
 
 
 def clip(text: str) -> np.ndarray:
-    """``text`` spoken by the packaged voice, ending at its last speech sample."""
-    pcm = (np.clip(spoken(text), -1, 1) * 32767).astype("<i2").tobytes()
+    """``text`` spoken by the packaged voice, the same every run, ending at its last speech sample."""
+    pcm = (np.clip(spoken(text, steady=True), -1, 1) * 32767).astype("<i2").tobytes()
     return np.frombuffer(cut_trailing_quiet(pcm), "<i2").astype(np.float32) / 32768.0
 
 
