@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.protocol.audio import PCM16_RATE_HZ
+from omnipipe.server.routes.realtime.transcription import transcribe
 
 if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.session import RealtimeSession
@@ -115,7 +114,7 @@ class LiveTranscript:
 
     async def _run_pass(self, audio: np.ndarray) -> None:
         try:
-            text = await self._transcribe(audio, self.settled.text, fitted=True)
+            text = await transcribe(self.session, audio, {"fitted_window": True, "prefix": self.settled.text})
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - a failed pass settles nothing; the final one reports what fails
@@ -128,8 +127,9 @@ class LiveTranscript:
         """The turn's transcript: the tail after the settled words decoded (the whole clip, when too long for a
         live pass). Raises what the transcription pipeline raised."""
         await self._stop_pass()
-        fitted = audio.size <= MAX_LIVE_AUDIO_S * PCM16_RATE_HZ
-        return await self._transcribe(audio, self.settled.text if fitted else "", fitted=fitted)
+        if audio.size > MAX_LIVE_AUDIO_S * PCM16_RATE_HZ:
+            return await transcribe(self.session, audio)
+        return await transcribe(self.session, audio, {"fitted_window": True, "prefix": self.settled.text})
 
     async def reset(self) -> None:
         """Forget the turn (its pass in flight stopped)."""
@@ -143,14 +143,3 @@ class LiveTranscript:
         if task is not None and not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-
-    async def _transcribe(self, audio: np.ndarray, prefix: str, fitted: bool) -> str:
-        engine, _ = await self.session.pool.engine_for("transcription")
-        extra = {"fitted_window": True, "prefix": prefix} if fitted else {}
-        final = None
-        async for out in engine.generate({"prompt": "", "multi_modal_data": {"audio": (audio, PCM16_RATE_HZ)}},
-                                         request_id=f"rt-live-{uuid.uuid4().hex}",
-                                         sampling_params=SamplingParams(extra=extra),
-                                         output_modalities=["text"]):
-            final = out
-        return final.text.strip() if final is not None else ""

@@ -10,6 +10,9 @@ import uuid
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.protocol.audio import PCM16_RATE_HZ
 from omnipipe.protocol.realtime import ServerEvent
 from omnipipe.server.errors import from_engine_error
@@ -17,6 +20,19 @@ from omnipipe.server.errors import from_engine_error
 if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.conversation import ConversationItem
     from omnipipe.server.routes.realtime.session import RealtimeSession
+
+
+async def transcribe(session: RealtimeSession, audio: np.ndarray, extra: dict[str, Any] | None = None) -> str:
+    """What the server's transcription pipeline hears in ``audio`` (24 kHz); ``extra``: its
+    ``SamplingParams.extra`` (a live pass's ``fitted_window`` and ``prefix``). Raises what the pipeline raised."""
+    engine, _ = await session.pool.engine_for("transcription")
+    final = None
+    async for out in engine.generate({"prompt": "", "multi_modal_data": {"audio": (audio, PCM16_RATE_HZ)}},
+                                     request_id=f"rt-transcribe-{uuid.uuid4().hex}",
+                                     sampling_params=SamplingParams(extra=extra) if extra else None,
+                                     output_modalities=["text"]):
+        final = out
+    return final.text.strip() if final is not None else ""
 
 
 class Transcriptions:
@@ -54,23 +70,14 @@ class Transcriptions:
         conversation, and the client is sent them if it asked for transcription."""
         assert item.audio is not None
         session = self.session
-        content_index = 1 if item.text_part else 0
-        base = {"item_id": item.id, "content_index": content_index}
         try:
-            engine, _ = await session.pool.engine_for("transcription")
-            final = None
-            async for out in engine.generate({"prompt": "",
-                                              "multi_modal_data": {"audio": (item.audio, PCM16_RATE_HZ)}},
-                                             request_id=f"rt-transcribe-{uuid.uuid4().hex}",
-                                             output_modalities=["text"]):
-                final = out
-            transcript = final.text.strip() if final is not None else ""
+            transcript = await transcribe(session, item.audio)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
             if announce:
                 error = from_engine_error(exc, {}).body()["error"]
-                await session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED, **base, error=error)
+                await session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED, **_spoken_part(item), error=error)
             return
         item.words = transcript
         session.metrics.count_turn_transcription()
@@ -80,6 +87,11 @@ class Transcriptions:
     async def _announce(self, item: ConversationItem, transcript: str) -> None:
         """``conversation.item.input_audio_transcription.completed`` for a spoken user item."""
         assert item.audio is not None
-        await self.session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, item_id=item.id,
-                                content_index=1 if item.text_part else 0, transcript=transcript,
+        await self.session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, **_spoken_part(item),
+                                transcript=transcript,
                                 usage={"type": "duration", "seconds": round(len(item.audio) / PCM16_RATE_HZ, 3)})
+
+
+def _spoken_part(item: ConversationItem) -> dict[str, Any]:
+    """The fields naming a user item's audio part in the transcription events (it follows a typed part)."""
+    return {"item_id": item.id, "content_index": 1 if item.text_part else 0}
