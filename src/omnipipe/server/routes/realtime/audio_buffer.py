@@ -74,16 +74,16 @@ class InputAudioBuffer:
         if self.vad is not None:
             await self._detect_turns(samples)
         if self.chunks and (self.vad is None or self.vad.speaking) and self.live.enabled():
-            start = self._speech_from or 0
-            self.live.heard(self.size_bytes // 2 - start, lambda: self.audio()[start:])
+            self.live.heard(self.size_bytes // 2 - (self._speech_from or 0), self.speech)
 
     def audio(self) -> np.ndarray:
         """The buffer's audio (24 kHz float32)."""
         return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
 
-    def speech(self) -> np.ndarray:
-        """The buffer's audio from where the VAD heard speech start (all of it without a VAD)."""
-        return self.audio()[self._speech_from or 0:]
+    def speech(self, audio: np.ndarray | None = None) -> np.ndarray:
+        """The buffer's audio (``audio``, when already joined) from where the VAD heard speech start (all of it
+        without a VAD)."""
+        return (self.audio() if audio is None else audio)[self._speech_from or 0:]
 
     async def _detect_turns(self, samples: np.ndarray) -> None:
         """Feed the VAD; act on the speech it hears start (barge-in), pause (a tentative answer), go on (the
@@ -146,7 +146,7 @@ class InputAudioBuffer:
         check_takes_audio(session.pipeline, None)
         self.speech_end = speech_end or (time.perf_counter(), "commit")
         audio = self.audio()
-        words = await self._transcript(self.speech(), tentative) if self.live.enabled() else None
+        words = await self._transcript(self.speech(audio), tentative) if self.live.enabled() else None
         await self.reset()
         item_id = self._next_item_id()
         self._pending_item_id = None
