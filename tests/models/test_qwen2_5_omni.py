@@ -2,8 +2,9 @@
 ``generate``: the same text (greedy), the same waveform (fixed noise) within AUDIO_TOLERANCE of its absmax, with
 async chunk on and off (one engine each, shared by the module); image + audio + video (frames and an MP4 file,
 sampled at the thinker's video_fps) + text equal the thinker's generate, through the engine and through the OpenAI
-server; a realtime turn's live camera frames reach the thinker as one video beside the audio; stop strings and penalties; a chunked token2wav stays near a whole decode; the tiny-checkpoint CLI; an abort
-mid-stream leaves nothing held and a killed talker recovers (last: the engines go on with a restarted talker)."""
+server; a realtime turn's live camera frames reach the thinker as one video beside the audio; stop strings and
+penalties; a chunked token2wav stays near a whole decode; the tiny-checkpoint CLI; an abort mid-stream leaves
+nothing held and a killed talker recovers (last: the engines go on with a restarted talker)."""
 
 from __future__ import annotations
 
