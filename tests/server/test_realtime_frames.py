@@ -23,6 +23,8 @@ from omnipipe.server.routes.realtime.frames import (
     MIN_FRAME_INTERVAL_MS,
     CameraFrames,
     Frame,
+    frame_plan,
+    frames_media,
     sample_frames,
 )
 from tests.server.conftest import ServerProcess, engines_idle, spoken
@@ -87,6 +89,39 @@ def test_the_buffer_keeps_the_last_frames_only() -> None:
     taken = frames.take()
     assert [f.captured_at_ms for f in taken] == [(count - 1 - 3 * k) * MIN_FRAME_INTERVAL_MS for k in (3, 2, 1, 0)]
     assert not frames.frames  # the item took them
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen3_omni"])
+def test_a_video_family_gets_the_frames_as_one_video_of_their_pixels(family: str) -> None:
+    """The prompt processor of each family that takes video reads a turn's frames as one [T, H, W, 3] video, the
+    very pixels PIL decodes from them; a frame of another size than the newest (the camera changed) is left out;
+    the rate and cap come from the deploy's thinker options."""
+    import importlib
+
+    from omnipipe.config.deploy_config import load_deploy
+
+    pipeline = importlib.import_module(f"omnipipe.models.{family}.pipeline").PIPELINE
+    processors = importlib.import_module(f"omnipipe.models.{family}.processors")
+    process = processors.omni_prompt if family == "qwen2_5_omni" else processors.prompt
+    colours = [(200, 30, 30), (30, 200, 30), (30, 30, 200)]
+    frames = [Frame(frame_url((9, 9, 9), size=(64, 48)), 0.0, (64, 48))]
+    frames += [Frame(frame_url(colour, "PNG"), 300.0 * (i + 1), (160, 120)) for i, colour in enumerate(colours)]
+    media = frames_media(pipeline, None, frames)
+    video = process({"prompt": "what changes?", "multi_modal_data": media}).data["videos"][0]
+    assert video.shape == (3, 120, 160, 3)
+    assert [tuple(int(c) for c in frame[60, 80]) for frame in video] == colours
+    deploy = load_deploy({"stages": {"thinker": {"options": {"model": "/nowhere", "video_fps": 4.0,
+                                                             "video_max_frames": 6}}}}, pipeline)
+    assert frame_plan(pipeline, deploy) == ("video", 4.0, 6)
+    assert frame_plan(pipeline, None) == ("video", 2.0, 64)
+
+
+def test_an_image_family_gets_the_frames_as_images() -> None:
+    from omnipipe.models.default.pipeline import DEFAULT
+
+    frames = [Frame(frame_url((200, 30, 30)), 0.0, (160, 120))]
+    assert frames_media(DEFAULT, None, frames) == {"image": [frames[0].url]}
+    assert frame_plan(DEFAULT, None) == ("image", 1.0, 4)
 
 
 # ------------------------------------------------------------------------------------------------ refusals
