@@ -1,6 +1,7 @@
 """Recordings of live camera frames through a real gateway and toy worker: ``user_frames/`` with their times in
 ``recording.json``, ``merged_replay.mp4`` decoded with PyAV, and a session cut by killing the gateway that gets
-its replays on the next cleanup pass (the restarted gateway's first)."""
+its replays on the next cleanup pass (the restarted gateway's first), while a session its recorder still holds is
+left alone."""
 
 from __future__ import annotations
 
@@ -21,8 +22,12 @@ import pytest
 from PIL import Image
 from websockets.sync.client import ClientConnection, connect
 
+from omnipipe.gateway.recording.cleanup import cleanup_sessions
+from omnipipe.gateway.recording.recorder import SessionRecorder
+from omnipipe.gateway.recording.store import SessionStore
 from omnipipe.gateway.recording.user_frames import MAX_FRAME_BYTES
 from omnipipe.gateway.recording.video_replay import VIDEO_REPLAY_FPS
+from omnipipe.gateway.recording.writer import RecordingWriter
 from tests.gateway.conftest import GatewayProcess, WorkerProcess, running
 from tests.server.conftest import TOY_DEPLOY
 from tests.waiting import wait_for
@@ -223,3 +228,19 @@ def test_a_session_cut_by_a_gateway_crash_gets_its_replays_on_the_next_cleanup_p
     session_s = data["meta"]["ended_at"] - data["meta"]["created_at"]  # the last moment the recording mentions
     assert abs(audio_s - session_s) < AAC_TOLERANCE_S, (audio_s, session_s)
     assert data["size_bytes"] == sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def test_the_cleanup_leaves_a_session_its_recorder_still_holds(tmp_path: Path) -> None:
+    store, writer = SessionStore(tmp_path), RecordingWriter()
+    session_id = "20260101-000000_voice_live000001"
+    recorder = SessionRecorder(store, session_id, "voice", writer=writer)
+    recorder.user_frame(base64.b64decode(image_url("red").split(",", 1)[1]), "image/jpeg", t=0.1,
+                        captured_at_ms=0.0)
+    assert writer.flush(timeout=30)
+    report = cleanup_sessions(store, retention_days=None, max_storage_gb=None)  # not protected: the lock keeps it
+    assert report.finished == [] and store.list_sessions()[0].status == "recording"
+    recorder.finish()
+    writer.close(timeout=60)
+    assert store.list_sessions()[0].status == "completed"
+    assert "merged_replay.mp4" in store.read_session(session_id)["files"]
+    assert cleanup_sessions(store, retention_days=None, max_storage_gb=None).finished == []

@@ -104,10 +104,8 @@ def write_video_replay(path: Path, frames: Sequence[tuple[float, Path]], user: S
 def _encode(container: av.container.OutputContainer, pictures: _Pictures, mix: ReplayMix, end_s: float) -> None:
     """Both streams, a second at a time, so the file is interleaved and memory stays bounded."""
     width, height = pictures.size
-    video = container.add_stream(VIDEO_CODEC, rate=VIDEO_REPLAY_FPS)
-    video.width, video.height, video.pix_fmt = width, height, "yuv420p"
-    video.options = {"preset": "veryfast", "crf": "23"}
-    video.codec_context.thread_count = _ENCODER_THREADS
+    video = container.add_stream(VIDEO_CODEC, rate=VIDEO_REPLAY_FPS, width=width, height=height, pix_fmt="yuv420p",
+                                 options={"preset": "veryfast", "crf": "23", "threads": str(_ENCODER_THREADS)})
     audio = container.add_stream(AUDIO_CODEC, rate=mix.rate, layout="stereo")
     slots = math.ceil(end_s * VIDEO_REPLAY_FPS - 1e-6)
     samples = round(end_s * mix.rate)
