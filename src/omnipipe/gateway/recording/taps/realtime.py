@@ -38,8 +38,6 @@ from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 
-INPUT_VIDEO_FRAME_APPEND = "input_video_frame.append"
-
 
 class RealtimeTap(Tap):
     """``WS /v1/realtime``: the client's and the worker's JSON frames (see ``server/routes/realtime.py``).
@@ -85,7 +83,7 @@ class RealtimeTap(Tap):
         kind = event.get("type")
         if kind == ClientEvent.INPUT_AUDIO_BUFFER_APPEND:
             self._append(pcm16(b64decode(InputAudioBufferAppend.model_validate(event).audio)))
-        elif kind == INPUT_VIDEO_FRAME_APPEND:
+        elif kind == ClientEvent.INPUT_VIDEO_FRAME_APPEND:
             self._frame(event)
         elif kind == ClientEvent.INPUT_AUDIO_BUFFER_COMMIT:
             self._client_commits_pending += 1
