@@ -1,4 +1,5 @@
-// Session viewer (/s/{session_id}): metadata, the merged replay, every turn with its text, audio, images and metrics.
+// Session viewer (/s/{session_id}): metadata, the merged replay (the video of a session with camera frames, else the
+// audio), every turn with its text, audio, images and metrics.
 // Data: GET /api/sessions/{id} -> {session_id, meta, recording: {turns, events}, files, size_bytes, errors}.
 
 import { ApiError, describeError, fetchJSON } from "./api.js";
@@ -6,6 +7,7 @@ import { $, formatBytes, formatSeconds, formatTime, h, setChildren } from "./dom
 
 const SESSION_ID = /^[A-Za-z0-9_-]{1,128}$/;
 const REPLAY = "merged_replay.wav";
+const VIDEO_REPLAY = "merged_replay.mp4";
 const LIVE_REFRESH_MS = 5000;
 
 const els = {
@@ -90,7 +92,12 @@ function settingsList(config) {
 
 function renderReplay(data) {
   const files = data.files || [];
-  if (files.includes(REPLAY)) {
+  if (files.includes(VIDEO_REPLAY)) {
+    setChildren(els.replay,
+      h("video", { class: "replay-video", controls: true, preload: "metadata", playsinline: true,
+        src: fileUrl(VIDEO_REPLAY), "aria-label": "Video replay of the session" }),
+      h("p", { class: "muted small" }, "Your camera as the model saw it, with your voice (left) and the model's (right)."));
+  } else if (files.includes(REPLAY)) {
     setChildren(els.replay,
       h("audio", { controls: true, preload: "metadata", src: fileUrl(REPLAY), "aria-label": "Merged replay of the session" }),
       h("p", { class: "muted small" }, "Stereo: your side on the left, the model's on the right, aligned in time."));
@@ -216,7 +223,7 @@ async function load() {
     return;
   }
   const payload = JSON.stringify(data);
-  const playing = [...document.querySelectorAll("audio")].some((a) => !a.paused);
+  const playing = [...document.querySelectorAll("audio, video")].some((a) => !a.paused);
   if (payload !== lastPayload && !playing) {
     lastPayload = payload;
     render(data);
