@@ -116,6 +116,12 @@ def ga_name(type_: str) -> str:
 
 COMMIT_EMPTY = "input_audio_buffer_commit_empty"
 """``error`` code of a commit of an empty input buffer: that commit gets no ``input_audio_buffer.committed``."""
+MAX_FRAME_BYTES = 512 * 1024
+"""``input_video_frame.append``: the most bytes of one encoded frame (the worker refuses more; the recorder keeps
+what the worker takes)."""
+MIN_FRAME_INTERVAL_MS = 250.0
+"""``input_video_frame.append``: frames at most 4 a second, by capture time."""
+
 PAUSE_TIMEOUT = "pause_timeout"
 """``error`` code (and close reason) of a session paused past the worker's pause timeout."""
 IDLE_TIMEOUT = "idle_timeout"

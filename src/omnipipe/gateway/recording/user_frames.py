@@ -19,14 +19,11 @@ from PIL import Image
 
 from omnipipe.gateway.recording.file_checks import check_image
 from omnipipe.gateway.recording.store import atomic_write_bytes
+from omnipipe.protocol.realtime import MAX_FRAME_BYTES, MIN_FRAME_INTERVAL_MS
 from omnipipe.util.data_url import parse_data_url
 from omnipipe.util.field_error import FieldError
 
 FRAMES_DIRNAME = "user_frames"
-MAX_FRAME_BYTES = 512 * 1024
-"""The most bytes an encoded frame may have (the worker's limit)."""
-MIN_FRAME_INTERVAL_MS = 250.0
-"""Frames at most 4 per second by capture time (the worker's limit)."""
 MAX_RECORDED_FRAMES = 14_400
 """An hour of frames at the highest rate; later frames of a session are not recorded."""
 FRAME_MIMES = ("image/png", "image/jpeg")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from omnipipe.config.pipeline_spec import PipelineSpec
-from omnipipe.protocol.realtime import InputVideoFrameAppend
+from omnipipe.protocol.realtime import MAX_FRAME_BYTES, MIN_FRAME_INTERVAL_MS, InputVideoFrameAppend
 from omnipipe.server.routes.realtime.checks import check_image_url
 from omnipipe.server.routes.realtime.events import EventError
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions
@@ -31,9 +31,7 @@ from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions
 if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.session import RealtimeSession
 
-MAX_FRAME_BYTES = 512 * 1024  # one encoded frame
 MAX_FRAME_SIDE = 2048  # pixels, either side
-MIN_FRAME_INTERVAL_MS = 250.0  # at most 4 frames a second, by capture time
 BUFFER_MS = 20_000.0  # frames kept, back from the newest
 MAX_BUFFERED_FRAMES = 64
 IMAGE_FRAMES_FPS = 1.0  # the rate of frames given as images
