@@ -6,11 +6,12 @@
 //   presets.current()   -> the chosen preset, or null for "None" (the page's own settings)
 //   await presets.ready -> the list the gateway served ([] when none)
 // onChange runs after the list arrived (with the remembered choice) and on every choice; the choice is remembered
-// per storageKey. A page applies the preset itself: chatMessages() and realtimeSession() below say how; the
-// element (presets.element, the <select>) can be disabled while a session runs.
+// per storageKey; the container's data-presets says how many arrived. A page applies the preset itself:
+// chatMessages() and realtimeSession() below say how; presets.element (the <select>) can be disabled while a
+// session runs.
 
 import { fetchJSON } from "./api.js";
-import { h } from "./dom.js";
+import { h, setChildren } from "./dom.js";
 
 const NONE = "";
 
@@ -25,7 +26,7 @@ export function mountPresetSelector(container, { onChange = () => {}, storageKey
   const current = () => presets.find((preset) => preset.name === select.value) || null;
   const describe = (preset) => {
     if (!preset) return "The page's own settings.";
-    const answers = preset.output_modalities.includes("audio") ? "spoken and written answers" : "written answers";
+    const answers = preset.output_modalities.includes("audio") ? "Spoken and written answers" : "Written answers";
     return `${answers}${preset.voice ? `, voice ${preset.voice}` : ""}${preset.instructions ? ", own instructions" : ""}.`;
   };
   const changed = () => {
@@ -39,8 +40,9 @@ export function mountPresetSelector(container, { onChange = () => {}, storageKey
 
   const ready = fetchJSON("/api/presets").then((body) => body.presets || []).catch(() => []).then((list) => {
     presets = list;
+    container.dataset.presets = String(presets.length);
     if (!presets.length) return presets;
-    select.replaceChildren(h("option", { value: NONE }, "None"),
+    setChildren(select, h("option", { value: NONE }, "None"),
       presets.map((preset) => h("option", { value: preset.name }, preset.name)));
     const remembered = localStorage.getItem(storageKey);
     select.value = presets.some((preset) => preset.name === remembered) ? remembered : NONE;
