@@ -7,6 +7,7 @@ its page answers 410 and so do its data and files.
 
 from __future__ import annotations
 
+import http.client
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -55,6 +56,17 @@ def recorded_chat(gateway: GatewayProcess, question: str) -> str:
                               "modalities": ["text", "audio"], "audio": {"voice": "default", "format": "wav"}})
     assert answer.status_code == 200, answer.text
     return answer.headers["x-omnipipe-session-id"]
+
+
+def raw_get(gateway: GatewayProcess, path: str) -> tuple[int, str]:
+    """GET ``path`` exactly as written (no client-side removal of ``.`` or ``..`` segments)."""
+    connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read().decode("utf-8", "replace")
+    finally:
+        connection.close()
 
 
 def gateway_command(*args: str) -> subprocess.CompletedProcess[str]:
@@ -122,6 +134,7 @@ def test_a_share_link_opens_one_session_read_only_survives_a_restart_and_ends_wh
 
     page = httpx.get(f"{gateway.url}{url}", timeout=10)
     assert page.status_code == 200 and 'src="/static/js/session.js"' in page.text
+    assert page.headers["referrer-policy"] == "no-referrer" and page.headers["cache-control"] == "no-store"
     shared = httpx.get(f"{gateway.url}/api/shared/{token}", timeout=10)
     assert shared.status_code == 200
     assert shared.json()["recording"]["turns"][0]["user_text"] == "shared question"
@@ -130,8 +143,10 @@ def test_a_share_link_opens_one_session_read_only_survives_a_restart_and_ends_wh
     audio = next(name for name in shared.json()["files"] if name.endswith(".wav"))
     recorded = (gateway.data_dir / "sessions" / session_id / audio).read_bytes()
     assert httpx.get(f"{gateway.url}/api/shared/{token}/files/{audio}", timeout=10).content == recorded
-    for hidden in ("meta.json", "recording.json", f"../{other_id}/meta.json"):
-        assert httpx.get(f"{gateway.url}/api/shared/{token}/files/{hidden}", timeout=10).status_code in (400, 404)
+    for hidden in ("meta.json", "recording.json", "./meta.json", "ai_audio/./../meta.json", f"../{other_id}/meta.json",
+                   "no-such-file.wav"):
+        status, body = raw_get(gateway, f"/api/shared/{token}/files/{hidden}")
+        assert status in (400, 404) and session_id not in body, hidden
     assert httpx.get(f"{gateway.url}/api/shared/{token}/share", timeout=10).status_code in (404, 405)
     assert httpx.post(f"{gateway.url}/api/shared/{token}/share", timeout=10).status_code in (404, 405)
     assert token not in (gateway.data_dir / "shares.json").read_text()  # only its hash is stored

@@ -83,18 +83,18 @@ async def session(session_id: str, request: Request) -> JSONResponse:
 @router.get("/api/sessions/{session_id}/files/{relpath:path}")
 async def session_file(session_id: str, relpath: str, request: Request) -> FileResponse:
     _existing_session(request, session_id)
-    return _file_response(request, session_id, relpath)
+    return FileResponse(_session_file(request, session_id, relpath, f"session {session_id!r}"), headers=NOSNIFF)
 
 
-def _file_response(request: Request, session_id: str, relpath: str) -> FileResponse:
+def _session_file(request: Request, session_id: str, relpath: str, named: str) -> Path:
+    """The file ``relpath`` of the session, resolved (400 for a path that leaves it, 404 if missing); errors name
+    the session as ``named``."""
     try:
-        path = request.app.state.store.resolve_file(session_id, relpath)
+        return Path(request.app.state.store.resolve_file(session_id, relpath))
     except InvalidSessionPath as exc:
         raise APIError(400, f"path: {exc}", param="path", code="invalid_path") from None
     except FileNotFoundError:
-        raise APIError(404, f"path: no file {relpath!r} in session {session_id!r}", param="path",
-                       code="not_found") from None
-    return FileResponse(path, headers=NOSNIFF)
+        raise APIError(404, f"path: no file {relpath!r} in {named}", param="path", code="not_found") from None
 
 
 @router.get("/api/sessions/{session_id}/download")
@@ -122,6 +122,10 @@ async def presets(request: Request) -> dict[str, list[dict[str, object]]]:
 
 
 # ---------------------------------------------------------------------------------------------- share links
+_SHARED_PAGE_HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "no-referrer"}
+"""The token in a share link's address is the capability: it must not leak in a Referer or stay in a cache."""
+
+
 @router.post("/api/sessions/{session_id}/share")
 async def share_session(session_id: str, request: Request) -> JSONResponse:
     """A read-only link to the session; whoever may open the session (knows its id) may share it."""
@@ -151,7 +155,7 @@ def _refusal_page(status: int, title: str, text: str) -> HTMLResponse:
             '</title><link rel="stylesheet" href="/static/css/omnipipe.css"></head><body><main id="main">'
             f'<div class="notice error" role="alert"><strong>{html.escape(title)}</strong> {html.escape(text)}'
             '</div><p><a href="/">Back to the start page</a></p></main></body></html>')
-    return HTMLResponse(body, status_code=status, headers={"Cache-Control": "no-store"})
+    return HTMLResponse(body, status_code=status, headers=_SHARED_PAGE_HEADERS)
 
 
 @router.get(SHARED_PATH + "{token}", include_in_schema=False, response_model=None)
@@ -163,7 +167,7 @@ async def shared_viewer(token: str, request: Request) -> FileResponse | HTMLResp
         title = "Share link revoked" if exc.status == 410 else "Share link not found"
         text = exc.message.removeprefix("token: ")
         return _refusal_page(exc.status, title, f"{text[0].upper()}{text[1:]}.")
-    return _page("session.html")
+    return FileResponse(static_file("session.html"), media_type="text/html", headers=_SHARED_PAGE_HEADERS)
 
 
 @router.get("/api/shared/{token}")
@@ -176,6 +180,8 @@ async def shared_session(token: str, request: Request) -> JSONResponse:
 @router.get("/api/shared/{token}/files/{relpath:path}")
 async def shared_file(token: str, relpath: str, request: Request) -> FileResponse:
     share = _shared_session(request, token)
-    if relpath in HIDDEN_FILES:
+    path = _session_file(request, share.session_id, relpath, "the shared session")
+    directory = request.app.state.store.session_dir(share.session_id).resolve()
+    if path.relative_to(directory).as_posix() in HIDDEN_FILES:  # also when asked as ./meta.json
         raise APIError(404, f"path: {relpath!r} is not part of a shared session", param="path", code="not_found")
-    return _file_response(request, share.session_id, relpath)
+    return FileResponse(path, headers=NOSNIFF)
