@@ -104,12 +104,16 @@ def test_a_bad_preset_is_refused_naming_its_field(presets: object, field: str) -
     assert caught.value.field == field
 
 
-def test_the_gateway_command_names_the_bad_preset_field(tmp_path: Path) -> None:
+def test_the_gateway_and_up_commands_name_the_bad_preset_field(tmp_path: Path) -> None:
     presets = tmp_path / "presets.yaml"
     presets.write_text(yaml.safe_dump({"presets": [{"name": "ok"}, {"name": "loud", "voice": "no such/voice"}]}))
     done = gateway_command("--presets", str(presets))
     assert done.returncode == 2
     assert f"--presets {presets}: presets[1].voice:" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "up", "--pipeline", "toy", "--port",
+                           str(free_port()), "--worker-port", str(free_port()), "--presets", str(presets)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and f"--presets {presets}: presets[1].voice:" in done.stderr  # before any start
     (tmp_path / "broken.yaml").write_text("presets: [name: x")
     done = gateway_command("--presets", str(tmp_path / "broken.yaml"))
     assert done.returncode == 2 and "not valid YAML or JSON" in done.stderr
