@@ -19,7 +19,7 @@ from omnipipe.gateway.recording.store import InvalidSessionPath, validate_sessio
 from omnipipe.protocol.errors import APIError
 
 STATIC_DIR = Path(__file__).parent / "static"
-PAGES = {"/": "index.html", "/chat": "chat.html", "/voice": "voice.html", "/admin": "admin.html"}
+PAGES = {"/": "index.html", "/chat": "chat.html", "/voice": "voice.html", "/omni": "omni.html", "/admin": "admin.html"}
 NOSNIFF = {"X-Content-Type-Options": "nosniff"}  # a recorded upload is never sniffed into HTML or script
 router = APIRouter()
 
