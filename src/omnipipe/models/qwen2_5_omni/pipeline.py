@@ -30,7 +30,8 @@ PIPELINE = PipelineSpec(
     comprehension_stage="thinker",
     model_stages=("thinker", "talker", "token2wav"),
     # the server's voices: the checkpoint's (spk_dict.pt), each request's going to the talker
-    serving=ServingTraits(voices=f"{_P}.weights.load:list_speakers", voice_param=("talker", "speaker")),
+    serving=ServingTraits(voices=f"{_P}.weights.load:list_speakers", voice_param=("talker", "speaker"),
+                          video_stage="thinker"),
     weights_status=f"{_P}.weights.load:weights_status",
     takes_history=True,
     # windows start on the DiT's 24-mel-frame blocks (12 codes); 24 left and 12 right context codes keep a chunked
