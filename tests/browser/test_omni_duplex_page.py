@@ -226,7 +226,7 @@ def test_talking_over_the_answer_stops_it_and_a_refused_frame_is_shown(default_s
                     silence(3.0))
     page = new_page(camera_browser(y4m, wav))
     page.goto(default_stack.url + "/omni")
-    page.get_by_label("Frames sent", exact=True).select_option("2")
+    page.get_by_label("Frame rate").select_option("2")
     page.get_by_role("button", name="Start").click()
     page.wait_for_function("() => window.omnipipeOmni.interruptions.length > 0", timeout=ANSWER_TIMEOUT_MS)
     assert page.evaluate("window.omnipipeOmni.state") != "speaking"  # quiet at once
@@ -249,18 +249,19 @@ def test_talking_over_the_answer_stops_it_and_a_refused_frame_is_shown(default_s
     assert hooks["errors"] == [], hooks["errors"]
     screenshot(page, "omni-barge-in")
 
-    # a frame that is no image: the server's error is shown plainly, and the session goes on
+    # a frame that is no image: the server's error is shown plainly, and the session goes on (its capture time is
+    # well after the page's frames, so that the frame rate is not what is refused)
     page.evaluate("""async () => {
         const { sendEvent } = await import("/static/js/duplex-page.js");
         sendEvent({ type: "input_video_frame.append", image: "data:text/plain;base64,aGVsbG8=",
-                    captured_at_ms: performance.now() });
+                    captured_at_ms: performance.now() + 10000 });
     }""")
     error = page.locator("#error")
     expect(error).to_be_visible(timeout=30_000)
     expect(error).to_contain_text("image")
     event = page.evaluate("window.omnipipeOmni.events.filter(e => e.type === 'error').at(-1)")
     assert event["error"]["param"] == "image" and event["error"]["code"] == "invalid_image", event
-    expect(page.locator("#state-label")).to_have_text("Listening")
+    expect(page.locator("#state-label")).to_have_text("Listening", timeout=30_000)  # once the answer has played
     screenshot(page, "omni-refused-frame")
     page.get_by_role("button", name="Pause").click()
     expect(page.locator("#state-label")).to_have_text("Paused")

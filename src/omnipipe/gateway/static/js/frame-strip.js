@@ -31,7 +31,7 @@ export class FrameStrip {
     for (const figure of this.container.querySelectorAll("figure.frame")) {
       if (!wanted.has(figure.dataset.capturedAt)) continue;
       figure.classList.add("used");
-      figure.querySelector("figcaption").append(h("span", { class: "turn-mark" }, ` · turn ${this.turns}`));
+      figure.querySelector("figcaption").append(h("span", { class: "turn-mark" }, `turn ${this.turns}`));
       shown += 1;
     }
     return shown;

@@ -14,7 +14,8 @@ const LINKS = [
 
 function currentHref(pathname) {
   if (pathname === "/" || pathname === "/index.html") return "/";
-  const match = LINKS.find((link) => link.href !== "/" && (pathname === link.href || pathname.startsWith(`${link.href}/`)));
+  const match = LINKS.find((link) => link.href !== "/"
+    && (pathname === link.href || pathname.startsWith(`${link.href}/`)));
   return match ? match.href : null;
 }
 
