@@ -266,6 +266,9 @@ def test_talking_over_the_answer_stops_it_and_a_refused_frame_is_shown(default_s
     page.get_by_role("button", name="Pause").click()
     expect(page.locator("#state-label")).to_have_text("Paused")
     page.wait_for_function("() => window.omnipipeOmni.events.some(e => e.type === 'session.paused')")
+    # the worker's pause timeout (session.paused pause_timeout_s), after which it ends the session
+    expect(page.locator("#state-detail")).to_contain_text("ends the session")
+    screenshot(page, "omni-paused")
     count = page.evaluate("window.omnipipeOmni.framesSent.length")
     page.wait_for_timeout(1500)
     assert page.evaluate("window.omnipipeOmni.framesSent.length") == count  # no frames while paused

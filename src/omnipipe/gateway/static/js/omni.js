@@ -15,6 +15,7 @@ import { seesFrames } from "./omni-offer.js";
 const MIRROR_KEY = "omnipipe.omni.mirror";
 const FPS_KEY = "omnipipe.omni.fps";
 const STRIP_PLACEHOLDER = "The frames sent to the model show here.";
+const MAX_FRAMES_LOGGED = 2000; // hooks.framesSent keeps the last ones (as hooks.events does)
 
 const els = {
   video: $("#camera-preview"),
@@ -41,7 +42,7 @@ const hooks = startDuplexPage({
   onSendingChange,
   handlers: { "conversation.item.added": markFramesUsed },
 });
-hooks.framesSent = []; // [{captured_at_ms, chars (of the data URL), width, height, t_ms}]
+hooks.framesSent = []; // the last frames sent: [{captured_at_ms, chars (of the data URL), width, height, t_ms}]
 hooks.framesUsed = []; // per user item: {item_id, captured_at_ms: [...], shown (how many were still on the strip)}
 
 // ------------------------------------------------------------------------------------------- the camera
@@ -102,6 +103,8 @@ function sendFrame() {
   const tMs = sessionTime(capturedAt);
   hooks.framesSent.push({ captured_at_ms: capturedAt, chars: frame.url.length, width: frame.width,
     height: frame.height, t_ms: tMs });
+  const over = hooks.framesSent.length - MAX_FRAMES_LOGGED;
+  if (over > 0) hooks.framesSent.splice(0, over);
   strip.add(frame.url, capturedAt, `${(tMs / 1000).toFixed(1)} s`);
 }
 
