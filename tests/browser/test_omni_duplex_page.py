@@ -87,9 +87,9 @@ class Wire:
             self.audio.setdefault(event["response_id"], bytearray()).extend(base64.b64decode(event["delta"]))
 
 
-def transcribe(stack: Stack, pcm16: bytes) -> str:
-    """What the worker's transcription pipeline hears in 24 kHz pcm16 audio."""
-    wav = write_wav(stack.workdir / "answer.wav", np.frombuffer(bytes(pcm16), dtype="<i2"))
+def transcribe(stack: Stack, pcm16: bytes | bytearray, scratch: Path) -> str:
+    """What the worker's transcription pipeline hears in 24 kHz pcm16 audio (written to ``scratch`` as a WAV)."""
+    wav = write_wav(scratch, np.frombuffer(bytes(pcm16), dtype="<i2"))
     reply = httpx.post(f"http://{stack.workers[0].address}/v1/audio/transcriptions", timeout=300,
                        data={"model": "asr"}, files={"file": ("answer.wav", wav.read_bytes(), "audio/wav")})
     assert reply.status_code == 200, reply.text
@@ -207,7 +207,7 @@ def test_the_spoken_answer_names_the_colour_the_camera_shows(default_stack: Stac
         assert len(colours) == 1, (turn, colours)
         colour = colours.pop()
         assert colour == ("red" if turn == 1 else "blue"), (turn, colour)
-        heard = transcribe(default_stack, wire.audio[answer["id"]])
+        heard = transcribe(default_stack, wire.audio[answer["id"]], tmp_path / f"answer-{turn}.wav")
         assert colour in heard.lower(), (turn, colour, heard, written["text"])
         assert colour in written["text"].lower(), (turn, colour, written["text"])
 
