@@ -22,7 +22,7 @@ from omnipipe.gateway.shares import HIDDEN_FILES, SHARED_PATH, Share, ShareNotFo
 from omnipipe.protocol.errors import APIError
 
 STATIC_DIR = Path(__file__).parent / "static"
-PAGES = {"/": "index.html", "/chat": "chat.html", "/voice": "voice.html", "/admin": "admin.html"}
+PAGES = {"/": "index.html", "/chat": "chat.html", "/voice": "voice.html", "/omni": "omni.html", "/admin": "admin.html"}
 NOSNIFF = {"X-Content-Type-Options": "nosniff"}  # a recorded upload is never sniffed into HTML or script
 router = APIRouter()
 

@@ -1,7 +1,9 @@
-// Home page: live queue and worker status from GET /api/queue.
+// Home page: live queue and worker status from GET /api/queue, and the omni page's link when the served model
+// takes images or video.
 
 import { describeError, fetchJSON } from "./api.js";
 import { $ } from "./dom.js";
+import { omniOffered } from "./omni-offer.js";
 
 const REFRESH_MS = 5000;
 
@@ -30,5 +32,6 @@ $("#api-example").textContent = `curl ${window.location.origin}/v1/chat/completi
   -H "Content-Type: application/json" \\
   -d '{"model": "default", "messages": [{"role": "user", "content": "What is the capital of France?"}]}'`;
 
+omniOffered().then((offered) => $("#omni-link").classList.toggle("hidden", !offered));
 refresh();
 setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);

@@ -1,16 +1,21 @@
 // The header shared by every page: brand, links, and the current page marked with aria-current.
-// Pages include <header class="site-header" data-site-nav></header> and load this module.
+// Pages include <header class="site-header" data-site-nav></header> and load this module. The Omni link shows once
+// the served model is known to take images or video (omni-offer.js), and always on the omni page itself.
+
+import { omniOffered } from "./omni-offer.js";
 
 const LINKS = [
   { href: "/", label: "Home" },
   { href: "/chat", label: "Chat" },
   { href: "/voice", label: "Voice" },
+  { href: "/omni", label: "Omni", offered: omniOffered },
   { href: "/admin", label: "Admin" },
 ];
 
 function currentHref(pathname) {
   if (pathname === "/" || pathname === "/index.html") return "/";
-  const match = LINKS.find((link) => link.href !== "/" && (pathname === link.href || pathname.startsWith(`${link.href}/`)));
+  const match = LINKS.find((link) => link.href !== "/"
+    && (pathname === link.href || pathname.startsWith(`${link.href}/`)));
   return match ? match.href : null;
 }
 
@@ -44,6 +49,10 @@ export function renderNav(root = document.querySelector("[data-site-nav]")) {
     a.textContent = link.label;
     if (link.href === current) a.setAttribute("aria-current", "page");
     item.append(a);
+    if (link.offered && link.href !== current) {
+      item.hidden = true;
+      link.offered().then((offered) => { item.hidden = !offered; });
+    }
     list.append(item);
   }
   nav.append(list);
