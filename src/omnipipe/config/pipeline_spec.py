@@ -85,6 +85,11 @@ class ServingTraits:
     # OpenAI voice names (alloy, ash, ...) -> this family's voices, over the server's default (each to "default")
     voice_aliases: tuple[tuple[str, str], ...] = ()
     takes_instructions: bool = False  # speech can follow ``instructions`` (tone, accent); else they are refused
+    # dotted path: (options of the reference stage: dict, clip: float32 mono samples, their rate in Hz) -> what that
+    # stage's ``extra[key]`` takes to speak like the clip; None: the family's voices are fixed (an uploaded
+    # reference voice is refused)
+    reference_voice: str | None = None
+    reference_param: tuple[str, str] | None = None  # (stage, extra key) a reference voice's value goes to
 
 
 @dataclass(frozen=True)
