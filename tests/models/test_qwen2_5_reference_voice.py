@@ -7,10 +7,12 @@ against transformers' independent STFT) and the base voice's x-vector.
 Through the OpenAI server (one server for the module): an upload is refused naming its field (not audio, too short,
 too long, a bad or taken name, an unknown base voice or form field, a name kept with another clip); a voice made from
 a clip is listed with its base voice, kept on disk, spoken in chat (unlike its base voice, and as the base voice with
-the clip's mel given to the token2wav by hand), and deleted (then unknown)."""
+the clip's mel given to the token2wav by hand) and in a realtime session (``session.voice``), and deleted (then
+unknown)."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 
@@ -20,6 +22,7 @@ import openai
 import pytest
 import soundfile
 import torch
+from websockets.sync.client import connect
 
 from omnipipe.models.qwen2_5_omni.reference_voice import reference_from_clip, reference_mel
 from omnipipe.stage.request import StageRequest
@@ -107,9 +110,35 @@ def _refused(response: httpx.Response, status: int, param: str) -> str:
     return error["message"]
 
 
+def _realtime_audio(url: str, voice: str) -> int:
+    """Bytes of audio a realtime session with ``voice`` answers a typed question with (an error fails)."""
+    with connect(url.replace("http://", "ws://") + "/v1/realtime", open_timeout=60, max_size=None,
+                 additional_headers={"Authorization": f"Bearer {API_KEY}"}) as ws:
+        def until(*types: str) -> dict:
+            while True:
+                event = json.loads(ws.recv(timeout=120))
+                assert event["type"] != "error", event
+                if event["type"] in types:
+                    return event
+
+        until("session.created")
+        ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "output": {"voice": voice}, "input": {"turn_detection": None}}}}))
+        assert until("session.updated")["session"]["audio"]["output"]["voice"] == voice
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hello"}]}}))
+        ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": 4}}))
+        audio = 0
+        while (event := until("response.output_audio.delta", "response.done"))["type"] != "response.done":
+            audio += len(base64.b64decode(event["delta"]))
+        assert event["response"]["status"] == "completed", event
+        return audio
+
+
 def test_voices_made_from_clips_through_the_server(checkpoint, clip, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("OMNIPIPE_CACHE", str(tmp_path / "cache"))
     stages = {name: {"options": {"model": str(checkpoint)}} for name in ("thinker", "talker", "token2wav")}
+    stages["talker"]["options"]["max_codes"] = MAX_CODES  # realtime answers set no talker bound of their own
     data = wav(clip, 24_000)
     with running_server("qwen2_5_omni", {"stages": stages}, tmp_path, 300) as server, server.client() as client:
         assert "decode" in _refused(_upload(client, "mine", b"not audio at all"), 400, "audio")
@@ -139,6 +168,8 @@ def test_voices_made_from_clips_through_the_server(checkpoint, clip, tmp_path, m
         by_hand = {**SAMPLING, "token2wav": {**SAMPLING["token2wav"], "extra": {
             "reference_mel": reference_from_clip({"model": str(checkpoint)}, uploaded, rate)}}}
         assert speak(openai_client, "qwen2_5_omni", "Ethan", by_hand) == said
+
+        assert _realtime_audio(server.url, "mine") > 0
 
         assert client.delete("/v1/audio/voices/mine").json() == {"id": "mine", "object": "audio.voice",
                                                                  "deleted": True}
