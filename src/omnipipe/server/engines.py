@@ -9,7 +9,7 @@ process, ``/v1/audio/transcriptions`` an encoder process). Which pipelines serve
 exist, are the family's serving traits (``PipelineSpec.serving``): this module names no family. A deploy file
 given to the server applies to the companions too, restricted to the stages and edges they have. A family whose
 speaking stages take a speaker reference also has the voices made from uploaded clips (``voice_registry.py``, kept
-under ``ServerConfig.voices_dir``).
+under the cache directory's ``voices/{pipeline}``: ``$OMNIPIPE_CACHE`` or the user's).
 """
 
 from __future__ import annotations
@@ -70,9 +70,6 @@ class ServerConfig:
     # OpenAI voice name -> voice, over the pipelines' own mapping (``ServingTraits.voice_aliases``) and the default
     # (every OpenAI voice name -> "default"); a target a pipeline lacks is refused when a request uses the alias
     voice_aliases: dict[str, str] = field(default_factory=dict)
-    # where voices made from uploaded clips are kept, one directory per pipeline; None: the user's cache directory's
-    # ``voices`` (``$OMNIPIPE_CACHE/voices``)
-    voices_dir: str | Path | None = None
 
     def __post_init__(self) -> None:
         if self.capacity is not None and (isinstance(self.capacity, bool) or not isinstance(self.capacity, int)
@@ -323,11 +320,10 @@ class EnginePool:
         if traits.reference_voice is None or traits.reference_param is None:
             return None
         if pipeline.name not in self._registries:
-            root = Path(self.config.voices_dir) if self.config.voices_dir is not None else cache_root() / "voices"
             slot = self.slots[pipeline.name]
             stage = traits.reference_param[0]
-            self._registries[pipeline.name] = VoiceRegistry(root / pipeline.name, traits.reference_voice,
-                                                            lambda: slot.stage_options(stage))
+            self._registries[pipeline.name] = VoiceRegistry(cache_root() / "voices" / pipeline.name,
+                                                            traits.reference_voice, lambda: slot.stage_options(stage))
         return self._registries[pipeline.name]
 
     def registered_voices(self, pipeline: PipelineSpec) -> list[ReferenceVoice]:
@@ -371,8 +367,12 @@ class EnginePool:
         match = next((v for v in voices if v.casefold() == name), None)
         registry = self.voice_registry(pipeline)
         registered = registry.get(match) if registry is not None and match is not None else None
-        if registered is not None:
-            return RegisteredVoice(registered.name, registered.base_voice, registry.reference(registered))
+        if registry is not None and registered is not None:
+            try:
+                return RegisteredVoice(registered.name, registered.base_voice, registry.reference(registered))
+            except (OSError, FieldError) as exc:  # removed meanwhile, or its clip damaged on disk
+                raise APIError(400, f"{param}: voice {registered.name!r} cannot be read ({exc}); register it again",
+                               param=param, code="invalid_voice") from None
         if match is not None:
             return match
         alias = next((a for a in aliases if a.casefold() == name), None)

@@ -1,11 +1,12 @@
 """Reference voices: voices made from a short uploaded clip (1 to 30 s), for a family whose speaking stages take a
 speaker reference (``ServingTraits.reference_voice``). Each builds on one of the family's own voices (its
-``base_voice``) and is kept on disk under ``{voices_dir}/{pipeline}/{name}/`` (``clip``: the upload's bytes as sent;
-``voice.json``: name, base voice, duration, the clip's SHA-256, creation time), so it survives a restart. The disk is
-the registry: every lookup reads it, so servers sharing a directory see each other's voices at once, and
-registering the same name with the same clip and base voice again is answered with the voice already there (a
-gateway forwarding a registration to every worker gets the same answer from each). What the reference stage takes
-(for Qwen2.5-Omni the clip's mel) is made from the clip on first use and kept in memory.
+``base_voice``) and is kept on disk under ``{cache}/voices/{pipeline}/{name}/`` (the cache of ``util/cache.py``;
+``clip``: the upload's bytes as sent; ``voice.json``: name, base voice, duration, the clip's SHA-256, creation time),
+so it survives a restart. The disk is the registry: every lookup reads it, so servers sharing a directory see each
+other's voices at once, and registering the same name with the same clip and base voice again is answered with the
+voice already there (a gateway forwarding a registration to every worker gets the same answer from each). What the
+reference stage takes (for Qwen2.5-Omni the clip's mel) is made from the clip when it is registered, or on its first
+use after a restart, and kept in memory.
 """
 
 from __future__ import annotations
