@@ -2,13 +2,15 @@
 ``generate``: the same text (greedy), the same waveform (fixed noise) within AUDIO_TOLERANCE of its absmax, with
 async chunk on and off (one engine each, shared by the module); image + audio + video (frames and an MP4 file,
 sampled at the thinker's video_fps) + text equal the thinker's generate, through the engine and through the OpenAI
-server; stop strings and penalties; a chunked token2wav stays near a whole decode; the tiny-checkpoint CLI; an abort
-mid-stream leaves nothing held and a killed talker recovers (last: the engines go on with a restarted talker)."""
+server; a realtime turn's live camera frames reach the thinker as one video beside the audio; stop strings and
+penalties; a chunked token2wav stays near a whole decode; the tiny-checkpoint CLI; an abort mid-stream leaves
+nothing held and a killed talker recovers (last: the engines go on with a restarted talker)."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import os
 import signal
 import subprocess
@@ -140,7 +142,8 @@ def _thinker_answer(reference, question: str, images: list, audios: list, videos
     _, _, model, processor = reference
     data = {"text": question, "images": images, "audios": audios, "videos": videos}
     text = processor.apply_chat_template(chat_messages(data), add_generation_prompt=True, tokenize=False)
-    inputs = processor(text=[text], images=images, audio=audios, videos=videos, fps=VIDEO_FPS, return_tensors="pt")
+    inputs = processor(text=[text], images=images or None, audio=audios or None, videos=videos or None, fps=VIDEO_FPS,
+                       return_tensors="pt")
     with torch.no_grad():
         sequences = model.thinker.generate(**inputs, max_new_tokens=MAX_TEXT_TOKENS, do_sample=False,
                                            use_audio_in_video=False)
@@ -173,7 +176,14 @@ def test_image_audio_video_and_text_equal_the_thinkers_generate(engine, referenc
     assert caught.value.field == "prompt.multi_modal_data.video[1]"
 
 
-def test_image_audio_video_and_text_through_the_openai_server(checkpoint, reference, tmp_path) -> None:
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    """One OpenAI-compatible server on the checkpoint (async chunk on), shared by the module's server tests."""
+    with running_server("qwen2_5_omni", _deploy(checkpoint, True), tmp_path_factory.mktemp("server"), 300) as served:
+        yield served
+
+
+def test_image_audio_video_and_text_through_the_openai_server(server, reference) -> None:
     """image_url, input_audio, video_url (an MP4 data URL) and text parts with the real client: the reply is the
     thinker's own for those inputs."""
     from omnipipe.util.media import load_audio, load_image, load_video
@@ -187,14 +197,89 @@ def test_image_audio_video_and_text_through_the_openai_server(checkpoint, refere
                {"type": "input_audio", "input_audio": {"data": base64.b64encode(sound).decode(), "format": "wav"}},
                {"type": "video_url", "video_url": {"url": "data:video/mp4;base64," + base64.b64encode(video).decode()}},
                {"type": "text", "text": question}]
-    with running_server("qwen2_5_omni", _deploy(checkpoint, True), tmp_path, 300) as server:
-        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
-        reply = client.chat.completions.create(model="qwen2_5_omni", max_tokens=MAX_TEXT_TOKENS, temperature=0,
-                                               messages=[{"role": "user", "content": content}])
-        # the checkpoint's voices (spk_dict.pt; Chelsie is the talker's default); the vocoder's noise seeded
-        check_server_voices(server.url, "qwen2_5_omni", ["Chelsie", "Ethan"], "Chelsie", "Ethan",
-                            {"talker": {"temperature": 0, "max_tokens": MAX_CODES}, "token2wav": {"seed": SEED}})
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    reply = client.chat.completions.create(model="qwen2_5_omni", max_tokens=MAX_TEXT_TOKENS, temperature=0,
+                                           messages=[{"role": "user", "content": content}])
+    # the checkpoint's voices (spk_dict.pt; Chelsie is the talker's default); the vocoder's noise seeded
+    check_server_voices(server.url, "qwen2_5_omni", ["Chelsie", "Ethan"], "Chelsie", "Ethan",
+                        {"talker": {"temperature": 0, "max_tokens": MAX_CODES}, "token2wav": {"seed": SEED}})
     assert want and reply.choices[0].message.content == want
+
+
+def _camera_frames(count: int) -> tuple[list[str], np.ndarray]:
+    """``count`` camera frames as JPEG data URLs (what a browser sends) and as the pixels PIL decodes from them."""
+    import io
+
+    from PIL import Image
+
+    urls, pixels = [], []
+    for frame in np.random.default_rng(4).integers(0, 255, (count, 36, 44, 3), dtype=np.uint8):
+        buffer = io.BytesIO()
+        Image.fromarray(frame).save(buffer, "JPEG", quality=90)
+        urls.append("data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode())
+        pixels.append(np.asarray(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB")))
+    return urls, np.stack(pixels)
+
+
+def test_a_realtime_turn_gives_the_thinker_its_camera_frames_as_video(server, reference, checkpoint) -> None:
+    """Live camera frames beside a spoken turn (``input_video_frame.append``): the thinker gets the turn's frames
+    (the newest video_max_frames, taken at its video_fps) as one video with the audio, exactly as its own processor
+    builds them, and answers as its own generate does; the user item lists the frames it took."""
+    from websockets.sync.client import connect
+
+    from omnipipe.models.qwen2_5_omni.pipeline import PIPELINE
+    from omnipipe.models.qwen2_5_omni.processors import omni_prompt
+    from omnipipe.models.qwen2_5_omni.thinker_inputs import ThinkerInputs
+    from omnipipe.server.routes.realtime.frames import Frame, frames_media
+    from omnipipe.util.media import load_audio
+
+    urls, pixels = _camera_frames(7)
+    times = [1000.0 + 300 * i for i in range(7)]  # 300 ms apart: every one kept at 3 fps; the newest 5
+    pcm = (0.2 * np.sin(np.arange(24_000) / 24_000 * 2 * np.pi * 330) * 32767).astype("<i2")
+    heard = load_audio((pcm.astype(np.float32) / 32768.0, 24_000), "audio", 16_000)
+    want, inputs = _thinker_answer(reference, "", [], [heard], [pixels[2:]])
+    assert want != _thinker_answer(reference, "", [], [heard], [pixels[:5]])[0]  # the answer tells the frames apart
+
+    # what the realtime route hands the prompt processor, processed as the thinker does: the processor's own tensors
+    frames = [Frame(url, at, (44, 36)) for url, at in zip(urls[2:], times[2:], strict=True)]
+    media = frames_media(PIPELINE, None, frames)
+    prompt = {"prompt": "", "history": [], "multi_modal_data": {"audio": (pcm.astype(np.float32) / 32768.0, 24_000),
+                                                                 **media}}
+    processed = ThinkerInputs(checkpoint, VIDEO_FPS, VIDEO_MAX_FRAMES)(omni_prompt(prompt).data)
+    for key in ("input_ids", "pixel_values_videos", "video_grid_thw", "input_features"):
+        assert torch.equal(processed[key], inputs[key]), key
+
+    headers = {**server.headers, "OpenAI-Beta": "realtime=v1"}
+    with connect(server.url.replace("http", "ws") + "/v1/realtime", additional_headers=headers, max_size=None,
+                 open_timeout=60) as ws:
+        def send(type_: str, **fields) -> None:
+            ws.send(json.dumps({"type": type_, **fields}))
+
+        def until(type_: str) -> tuple[list[dict], dict]:
+            seen = []
+            while True:
+                event = json.loads(ws.recv(timeout=120))
+                assert event["type"] != "error", event
+                if event["type"] == type_:
+                    return seen, event
+                seen.append(event)
+
+        send("session.update", session={"turn_detection": None, "modalities": ["text"], "temperature": 0,
+                                        "max_response_output_tokens": MAX_TEXT_TOKENS})
+        until("session.updated")
+        for i, (url, at) in enumerate(zip(urls, times, strict=True)):
+            send("input_video_frame.append", image=url, captured_at_ms=at)
+            send("input_audio_buffer.append", audio=base64.b64encode(pcm[i * 3000:(i + 1) * 3000].tobytes()).decode())
+        send("input_audio_buffer.append", audio=base64.b64encode(pcm[21_000:].tobytes()).decode())
+        send("input_audio_buffer.commit")
+        _, created = until("conversation.item.created")
+        assert [p.get("captured_at_ms") for p in created["item"]["content"] if p["type"] == "input_image"] == \
+            times[2:]
+        send("response.create")
+        events, done = until("response.done")
+    assert done["response"]["status"] == "completed", done
+    said = "".join(e["delta"] for e in events if e["type"] == "response.text.delta")
+    assert want and said == want
 
 
 def test_video_frames_go_through_the_image_processor(reference) -> None:

@@ -1,6 +1,6 @@
 """The gateway's commands: ``omnipipe gateway``, ``omnipipe up`` and ``omnipipe sessions``.
 
-    omnipipe gateway --workers 127.0.0.1:22400,127.0.0.1:22401 --port 8006 --admin-token T
+    omnipipe gateway --workers 127.0.0.1:22400,127.0.0.1:22401 --port 8006 --admin-token T --presets presets.yaml
     omnipipe up --workers 2
     omnipipe sessions cleanup --data-dir data --retention-days 30 --max-storage-gb 10
 """
@@ -53,9 +53,15 @@ def add_gateway(sub: argparse._SubParsersAction) -> None:
                    help="token for the admin API and page (default: $OMNIPIPE_ADMIN_TOKEN; none disables admin)")
     p.add_argument("--no-record", action="store_true", help="do not record sessions")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger request bodies get 413")
+    _add_presets_flag(p)
     _add_storage_flags(p)
     _add_tls_flags(p)
     p.add_argument("--verbose", "-v", action="store_true")
+
+
+def _add_presets_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--presets", type=Path, help="YAML or JSON file of named presets (system prompt, voice, output "
+                   "modalities) the chat and voice pages offer; see docs/gateway.md")
 
 
 def _add_tls_flags(p: argparse.ArgumentParser) -> None:
@@ -74,15 +80,28 @@ def _tls_options(args: argparse.Namespace) -> dict[str, str]:
     return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)} if cert is not None else {}
 
 
+def _presets(path: Path | None) -> list[Any]:
+    """The presets in the ``--presets`` file (none without one); a bad one names the file and its field."""
+    from omnipipe.gateway.presets import load_presets
+
+    if path is None:
+        return []
+    try:
+        return load_presets(path)
+    except FieldError as exc:
+        raise GatewayCLIError(f"--presets {path}: {exc}") from None
+
+
 def gateway_config(args: argparse.Namespace) -> Any:
     from omnipipe.gateway.config import GatewayConfig
 
     workers = [w.strip() for w in args.workers.split(",") if w.strip()]
+    presets = _presets(getattr(args, "presets", None))
     try:
         return GatewayConfig(workers=workers, host=args.host, port=args.port, max_queue=args.max_queue,
                              admin_token=args.admin_token, data_dir=args.data_dir, record=not args.no_record,
                              retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
-                             max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+                             max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES), presets=presets)
     except FieldError as exc:
         raise GatewayCLIError(_flag_message(exc)) from None
 
@@ -94,7 +113,10 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     config = gateway_config(args)
     tls = _tls_options(args)
-    app = create_gateway_app(config)
+    try:
+        app = create_gateway_app(config)
+    except FieldError as exc:  # the stored share links cannot be read
+        raise GatewayCLIError(_flag_message(exc)) from None
     scheme = "https" if tls else "http"
     print(f"omnipipe: gateway on {scheme}://{config.host}:{config.port} for {len(config.workers)} worker(s); "
           f"recordings in {config.data_dir.resolve() if config.record else '(off)'}", file=sys.stderr)
@@ -138,6 +160,7 @@ def add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-token", default=os.environ.get("OMNIPIPE_ADMIN_TOKEN"),
                    help="admin token (default: $OMNIPIPE_ADMIN_TOKEN, else a random one, printed)")
     p.add_argument("--no-record", action="store_true")
+    _add_presets_flag(p)
     _add_storage_flags(p)
     _add_tls_flags(p)
     p.add_argument("--verbose", "-v", action="store_true")
@@ -187,7 +210,8 @@ def run_up(args: argparse.Namespace) -> int:
                                       port=args.port, max_queue=args.max_queue, admin_token=token,
                                       data_dir=args.data_dir, no_record=args.no_record,
                                       retention_days=args.retention_days, max_storage_gb=args.max_storage_gb,
-                                      max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES))
+                                      max_body_bytes=getattr(args, "max_body_bytes", DEFAULT_MAX_BODY_BYTES),
+                                      presets=args.presets)
     gateway_config(gateway_args)  # validate before starting anything
     cli = [sys.executable, "-m", "omnipipe.cli.main"]
     verbose = ["--verbose"] if args.verbose else []
@@ -199,6 +223,7 @@ def run_up(args: argparse.Namespace) -> int:
                            str(args.port), "--max-queue", str(args.max_queue), "--data-dir", str(args.data_dir),
                            "--retention-days", str(args.retention_days), "--max-storage-gb",
                            str(args.max_storage_gb), *(["--no-record"] if args.no_record else []), *verbose,
+                           *(["--presets", str(args.presets)] if args.presets else []),
                            *(["--ssl-certfile", tls["ssl_certfile"], "--ssl-keyfile", tls["ssl_keyfile"]]
                              if tls else [])]
     env = {**os.environ, "OMNIPIPE_ADMIN_TOKEN": token, "PYTHONUNBUFFERED": "1"}

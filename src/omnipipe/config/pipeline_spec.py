@@ -85,6 +85,10 @@ class ServingTraits:
     # OpenAI voice names (alloy, ash, ...) -> this family's voices, over the server's default (each to "default")
     voice_aliases: tuple[tuple[str, str], ...] = ()
     takes_instructions: bool = False  # speech can follow ``instructions`` (tone, accent); else they are refused
+    # the stage whose options ``video_fps`` / ``video_max_frames`` say at what rate and how many of a realtime turn's
+    # camera frames go to a family that takes video (``server/routes/realtime/frames.py``)
+    video_stage: str | None = None
+    max_images: int | None = None  # the images one question takes (camera frames given as images are cut to it)
     # dotted path: (options of the reference stage: dict, clip: float32 mono samples, their rate in Hz) -> what that
     # stage's ``extra[key]`` takes to speak like the clip; None: the family's voices are fixed (an uploaded
     # reference voice is refused)

@@ -1,5 +1,5 @@
-"""The admin API (``/api/admin/...``): workers, queue, running and recorded sessions, ETA baselines, apps,
-cleanup. Every route needs the admin token as ``Authorization: Bearer TOKEN`` or ``X-Admin-Token: TOKEN``."""
+"""The admin API (``/api/admin/...``): workers, queue, running and recorded sessions, share links, ETA baselines,
+apps, cleanup. Every route needs the admin token as ``Authorization: Bearer TOKEN`` or ``X-Admin-Token: TOKEN``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from fastapi import APIRouter, Depends, Request
 
 from omnipipe.gateway.config import REQUEST_TYPES
 from omnipipe.gateway.pool import WorkerPool
+from omnipipe.gateway.shares import ShareNotFound
 from omnipipe.protocol.errors import APIError
 
 
@@ -88,6 +89,20 @@ async def recordings(request: Request) -> list[dict[str, Any]]:
     summaries = await asyncio.to_thread(request.app.state.store.list_sessions)
     return [{"session_id": s.session_id, "type": s.type, "created_at": s.created_at, "ended_at": s.ended_at,
              "status": s.status, "size_bytes": s.size_bytes} for s in summaries]
+
+
+@router.get("/shares")
+async def shares(request: Request) -> list[dict[str, Any]]:
+    return [share.summary() for share in request.app.state.shares.list_shares()]
+
+
+@router.delete("/shares/{share_id}")
+async def revoke_share(share_id: str, request: Request) -> dict[str, Any]:
+    try:
+        share = await asyncio.to_thread(request.app.state.shares.revoke, share_id)
+    except ShareNotFound:
+        raise APIError(404, f"share_id: no share {share_id!r}", param="share_id", code="not_found") from None
+    return share.summary()
 
 
 @router.get("/eta")

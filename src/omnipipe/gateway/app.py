@@ -29,6 +29,7 @@ from omnipipe.gateway.proxy.http import ModelProxy
 from omnipipe.gateway.proxy.realtime import RealtimeProxy
 from omnipipe.gateway.recording.cleanup import PeriodicCleanup
 from omnipipe.gateway.recording.store import SessionStore
+from omnipipe.gateway.shares import ShareStore
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.errors import APIError, install_api_error_handlers
 from omnipipe.protocol.header_limits import HeaderLimits
@@ -101,6 +102,7 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     app.state.config = config
     app.state.pool = pool
     app.state.store = store
+    app.state.shares = ShareStore(config.data_dir)
     app.state.sessions = sessions
     app.state.apps = apps
     app.state.monitor = monitor

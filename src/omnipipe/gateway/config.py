@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omnipipe.gateway.presets import Preset, presets_from_data
 from omnipipe.gateway.worker import check_address
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 from omnipipe.util.field_error import FieldError
@@ -18,7 +19,8 @@ DEFAULT_BASELINES_S = {"chat": 10.0, "speech": 8.0, "transcription": 5.0, "voice
 
 @dataclass
 class GatewayConfig:
-    """``workers`` are "host:port" addresses of ``omnipipe worker`` processes."""
+    """``workers`` are "host:port" addresses of ``omnipipe worker`` processes; ``presets`` are ``Preset`` objects
+    or their JSON form (``gateway/presets.py``), offered by the pages."""
 
     workers: list[str]
     host: str = "127.0.0.1"
@@ -37,6 +39,7 @@ class GatewayConfig:
     max_held_ws_bytes: int = 4 << 20
     chat_session_idle_s: float = 300.0
     eta_baselines_s: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_BASELINES_S))
+    presets: list[Preset] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.workers:
@@ -62,4 +65,5 @@ class GatewayConfig:
             raise FieldError("offline_after_failures", f"must be >= 1, got {self.offline_after_failures}")
         if self.max_body_bytes < 1:
             raise FieldError("max_body_bytes", f"must be >= 1, got {self.max_body_bytes}")
+        self.presets = presets_from_data(self.presets)
         self.data_dir = Path(self.data_dir)

@@ -1,5 +1,5 @@
 """The events of ``WS /v1/realtime``: OpenAI's Realtime API in its GA form, and its beta form for clients that
-ask for it, plus pause/resume.
+ask for it, plus pause/resume and live camera frames (``input_video_frame.append``).
 
 A connection speaks the beta dialect when its handshake carries the ``OpenAI-Beta: realtime=v1`` header (what
 ``client.beta.realtime.connect`` sends) or offers the ``openai-beta.realtime-v1`` WebSocket subprotocol (the way
@@ -52,6 +52,7 @@ class ClientEvent:
     INPUT_AUDIO_BUFFER_APPEND = "input_audio_buffer.append"
     INPUT_AUDIO_BUFFER_COMMIT = "input_audio_buffer.commit"
     INPUT_AUDIO_BUFFER_CLEAR = "input_audio_buffer.clear"
+    INPUT_VIDEO_FRAME_APPEND = "input_video_frame.append"  # extension: a camera frame
     CONVERSATION_ITEM_CREATE = "conversation.item.create"
     CONVERSATION_ITEM_TRUNCATE = "conversation.item.truncate"
     CONVERSATION_ITEM_DELETE = "conversation.item.delete"
@@ -115,6 +116,12 @@ def ga_name(type_: str) -> str:
 
 COMMIT_EMPTY = "input_audio_buffer_commit_empty"
 """``error`` code of a commit of an empty input buffer: that commit gets no ``input_audio_buffer.committed``."""
+MAX_FRAME_BYTES = 512 * 1024
+"""``input_video_frame.append``: the most bytes of one encoded frame (the worker refuses more; the recorder keeps
+what the worker takes)."""
+MIN_FRAME_INTERVAL_MS = 250.0
+"""``input_video_frame.append``: frames at most 4 a second, by capture time."""
+
 PAUSE_TIMEOUT = "pause_timeout"
 """``error`` code (and close reason) of a session paused past the worker's pause timeout."""
 IDLE_TIMEOUT = "idle_timeout"
@@ -320,6 +327,17 @@ class InputAudioBufferClear(_Event):
     type: Literal["input_audio_buffer.clear"]
 
 
+class InputVideoFrameAppend(_Event):
+    """A live camera frame (an omnipipe extension): it goes with the next user item (the worker's
+    ``server/routes/realtime/frames.py`` says how they are kept and sampled)."""
+
+    type: Literal["input_video_frame.append"]
+    image: str = Field(description="a PNG or JPEG data URL", examples=["data:image/jpeg;base64,/9j/4AAQ..."])
+    captured_at_ms: float = Field(ge=0, allow_inf_nan=False, examples=[1234.5],
+                                  description="when the frame was captured, in ms on the client's clock (any origin "
+                                  "that does not go back during the session)")
+
+
 class ConversationItemCreate(_Event):
     type: Literal["conversation.item.create"]
     previous_item_id: str | None = None
@@ -359,8 +377,8 @@ class ResponseCancel(_Event):
 
 
 _COMMON = (SessionPause, SessionResume, InputAudioBufferAppend, InputAudioBufferCommit, InputAudioBufferClear,
-           ConversationItemCreate, ConversationItemTruncate, ConversationItemDelete, ConversationItemRetrieve,
-           ResponseCancel)
+           InputVideoFrameAppend, ConversationItemCreate, ConversationItemTruncate, ConversationItemDelete,
+           ConversationItemRetrieve, ResponseCancel)
 
 
 def _adapter(models: tuple[type[_Event], ...]) -> TypeAdapter[Any]:

@@ -1,7 +1,9 @@
 """Deleting old recordings: first those past the retention period, then the oldest while over the size limit.
 
-Running sessions are never deleted (the caller passes their ids as ``protect``). Failures are collected in the
-report, never raised, so one unreadable directory does not stop the cleanup.
+Between the two, sessions a crash cut are finished (``cut_sessions``: their replays written), so the size limit
+counts their replays. Running sessions are never deleted nor finished (the caller passes their ids as
+``protect``; a recorder's lock keeps its session from another process's cleanup too). Failures are collected in
+the report, never raised, so one unreadable directory does not stop the cleanup.
 """
 
 from __future__ import annotations
@@ -12,10 +14,11 @@ import logging
 import math
 import time
 from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from omnipipe.gateway.recording.store import SessionStore, SessionSummary
+from omnipipe.gateway.recording.cut_sessions import finish_cut_session
+from omnipipe.gateway.recording.store import SessionStore, SessionSummary, session_size
 from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
@@ -26,7 +29,8 @@ BYTES_PER_GB = 1_000_000_000
 
 @dataclass
 class CleanupReport:
-    """What one cleanup did (or, with ``dry_run``, would do); ``deleted`` lists the session ids."""
+    """What one cleanup did (or, with ``dry_run``, would do); ``deleted`` lists the session ids; ``finished``,
+    those a crash cut whose replays it wrote (never in a dry run)."""
 
     scanned: int = 0
     deleted_by_age: int = 0
@@ -36,6 +40,7 @@ class CleanupReport:
     freed_bytes: int = 0
     errors: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
     dry_run: bool = False
 
     def format(self) -> str:
@@ -47,6 +52,8 @@ class CleanupReport:
              f"limit, freeing {_megabytes(self.freed_bytes)}"),
             f"remaining: {self.remaining} session(s), {_megabytes(self.remaining_bytes)}",
         ]
+        if self.finished:
+            lines.insert(1, f"finished {len(self.finished)} session(s) cut by a crash (replays written)")
         lines += [f"error: {error}" for error in self.errors]
         return "\n".join(lines)
 
@@ -73,7 +80,8 @@ def cleanup_sessions(store: SessionStore, *, retention_days: float | None, max_s
     ``max_storage_gb`` (1 GB = 10**9 bytes). ``None`` disables a limit; ids in ``protect`` are never deleted.
 
     A session's age comes from ``meta.json`` ``created_at``, else from its directory's mtime. Protected sessions
-    count towards the total size, so the total may stay above the limit.
+    count towards the total size, so the total may stay above the limit. Kept sessions a crash cut are finished
+    before the size is counted (not in a dry run).
     """
     _check_limit(retention_days, "retention_days")
     _check_limit(max_storage_gb, "max_storage_gb")
@@ -104,6 +112,9 @@ def cleanup_sessions(store: SessionStore, *, retention_days: float | None, max_s
             report.deleted_by_age += 1
         else:
             remaining.append(summary)
+    if not dry_run:
+        remaining = [_finish_if_cut(store, summary, report) if summary.session_id not in protect else summary
+                     for summary in remaining]
 
     if max_storage_gb is not None:
         limit = max_storage_gb * BYTES_PER_GB
@@ -121,6 +132,20 @@ def cleanup_sessions(store: SessionStore, *, retention_days: float | None, max_s
     report.remaining = len(remaining)
     report.remaining_bytes = sum(s.size_bytes for s in remaining)
     return report
+
+
+def _finish_if_cut(store: SessionStore, summary: SessionSummary, report: CleanupReport) -> SessionSummary:
+    """``summary``, re-measured if the session was cut by a crash and is now finished."""
+    if summary.status != "recording":
+        return summary
+    try:
+        if not finish_cut_session(store, summary.session_id):
+            return summary
+    except Exception as exc:  # noqa: BLE001 - one session that cannot be finished must not stop the cleanup
+        report.errors.append(f"{summary.session_id}: its replay could not be written ({exc})")
+        return summary
+    report.finished.append(summary.session_id)
+    return replace(summary, status="interrupted", size_bytes=session_size(summary.path))
 
 
 class PeriodicCleanup:

@@ -38,6 +38,13 @@ def check_image(data: bytes, mime: str, max_image_bytes: int) -> None:
     _check_file(data, mime, max_image_bytes, "image", _IMAGE_SIGNATURES)
 
 
+def png_size(data: bytes) -> dict[str, int]:
+    """``{"width", "height"}`` read from a PNG's first chunk (``IHDR``, big-endian), or ``{}`` if it has none."""
+    if data[12:16] != b"IHDR" or len(data) < 24:
+        return {}
+    return {"width": int.from_bytes(data[16:20], "big"), "height": int.from_bytes(data[20:24], "big")}
+
+
 def check_video(data: bytes, mime: str, max_video_bytes: int) -> None:
     _check_file(data, mime, max_video_bytes, "video", _VIDEO_SIGNATURES)
 

@@ -30,16 +30,13 @@ from omnipipe.gateway.recording.file_checks import (
     audio_extension,
     check_image,
     check_video,
+    png_size,
 )
-from omnipipe.gateway.recording.replay import (
-    check_rate,
-    encode_wav,
-    replay_clips,
-    resample_clip,
-    to_mono_float32,
-    write_session_replay,
-)
+from omnipipe.gateway.recording.replay import check_rate, encode_wav, resample_clip, to_mono_float32
+from omnipipe.gateway.recording.session_lock import SessionLock
+from omnipipe.gateway.recording.session_replay import write_session_replays
 from omnipipe.gateway.recording.store import META_FILENAME, RECORDING_FILENAME, SessionStore, atomic_write_bytes
+from omnipipe.gateway.recording.user_frames import MAX_RECORDED_FRAMES, frame_path, save_frame
 from omnipipe.gateway.recording.writer import RecordingWriter
 from omnipipe.util.audio import load_audio
 
@@ -74,7 +71,9 @@ class SessionRecorder:
 
     Construction creates the session directory and writes ``meta.json`` (status ``recording``) and an empty
     ``recording.json``. Call the methods from one thread at a time (the event loop's); file writes happen on
-    ``writer``'s threads. ``finish`` ends the session and writes ``merged_replay.wav`` when there is audio.
+    ``writer``'s threads. ``finish`` ends the session and writes ``merged_replay.wav`` when there is audio and
+    ``merged_replay.mp4`` when there are camera frames. From construction until its last write the recorder holds
+    the session directory's ``SessionLock``.
     """
 
     def __init__(self, store: SessionStore, session_id: str, kind: str, *, writer: RecordingWriter,
@@ -95,19 +94,19 @@ class SessionRecorder:
         self._meta: dict[str, Any] = {
             "session_id": session_id, "type": kind, "created_at": created_at, "ended_at": None, "status": "recording",
             "worker": worker, "config": dict(config) if config is not None else None, "error": None}
-        self._recording: dict[str, Any] = {"session_id": session_id, "type": kind, "turns": [], "events": []}
+        self._recording: dict[str, Any] = {"session_id": session_id, "type": kind, "turns": [], "events": [],
+                                           "frames": []}
         self._turn: dict[str, Any] | None = None
         self._next_index = 1
         self._ai_chunks: list[np.ndarray] = []
-        self._ai_rate = 0
-        self._ai_t_start = 0.0
-        self._finished = False
-        self._discarded = False
+        self._ai_rate, self._ai_t_start = 0, 0.0
+        self._finished = self._discarded = False
         self._recording_write_queued = False
         self._recording_timer: asyncio.TimerHandle | None = None
         self._last_recording_write = float("-inf")
         # Creating the directory here reserves the id before any job runs; it is a single, tiny operation.
         self.directory.mkdir(parents=True, exist_ok=True)
+        self._directory_lock = SessionLock(self.directory)
         self._submit(self._write_meta)
         self._write_recording_soon(immediately=True)
 
@@ -221,21 +220,12 @@ class SessionRecorder:
             self._add_user_clip(turn, entry, first)
 
     def user_image(self, data: bytes, mime: str, *, max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES) -> str:
-        """Save an image the user sent (PNG, JPEG, GIF or WebP, at most ``max_image_bytes``); return its path.
+        """Save an image the user sent (PNG, JPEG, GIF or WebP, at most ``max_image_bytes``) as
+        ``user_images/turn{NNN}_{k}.{ext}``; return its path.
 
         ``ValueError`` for another type, an oversized or empty image, or bytes that are not of type ``mime``.
         """
-        mime = mime.split(";", 1)[0].strip().lower()
-        if mime not in IMAGE_EXTENSIONS:
-            raise ValueError(f"mime: images must be one of {', '.join(IMAGE_EXTENSIONS)}, got {mime!r}")
-        check_image(data, mime, max_image_bytes)
-        with self._lock:
-            turn = self._open_turn()
-            relpath = f"user_images/turn{turn['index']:03d}_{len(turn['user_images']) + 1}.{IMAGE_EXTENSIONS[mime]}"
-            turn["user_images"].append({"path": relpath, "mime": mime, "size_bytes": len(data), "t": self.elapsed()})
-            self._submit(self._write_bytes, relpath, bytes(data))
-            self._write_recording_soon()
-            return relpath
+        return self._keep_sent_file("image", data, mime, IMAGE_EXTENSIONS, check_image, max_image_bytes)
 
     def user_video(self, data: bytes, mime: str, *, max_video_bytes: int = DEFAULT_MAX_VIDEO_BYTES) -> str:
         """Save a video the user sent (MP4, QuickTime, WebM, Matroska or Ogg, at most ``max_video_bytes``) as
@@ -243,18 +233,37 @@ class SessionRecorder:
 
         ``ValueError`` for another type, an oversized or empty video, or bytes that do not begin as ``mime`` does.
         """
+        return self._keep_sent_file("video", data, mime, VIDEO_EXTENSIONS, check_video, max_video_bytes)
+
+    def _keep_sent_file(self, kind: str, data: bytes, mime: str, extensions: dict[str, str],
+                        check: Callable[[bytes, str, int], None], max_bytes: int) -> str:
         mime = mime.split(";", 1)[0].strip().lower()
-        if mime not in VIDEO_EXTENSIONS:
-            raise ValueError(f"mime: videos must be one of {', '.join(VIDEO_EXTENSIONS)}, got {mime!r}")
-        check_video(data, mime, max_video_bytes)
+        if mime not in extensions:
+            raise ValueError(f"mime: {kind}s must be one of {', '.join(extensions)}, got {mime!r}")
+        check(data, mime, max_bytes)
         with self._lock:
             turn = self._open_turn()
-            videos = turn["user_videos"]
-            relpath = f"user_videos/turn{turn['index']:03d}_{len(videos) + 1}.{VIDEO_EXTENSIONS[mime]}"
-            videos.append({"path": relpath, "mime": mime, "size_bytes": len(data), "t": self.elapsed()})
+            kept = turn[f"user_{kind}s"]
+            relpath = f"user_{kind}s/turn{turn['index']:03d}_{len(kept) + 1}.{extensions[mime]}"
+            kept.append({"path": relpath, "mime": mime, "size_bytes": len(data), "t": self.elapsed()})
             self._submit(self._write_bytes, relpath, bytes(data))
             self._write_recording_soon()
             return relpath
+
+    def user_frame(self, data: bytes, mime: str, *, t: float, captured_at_ms: float) -> str | None:
+        """Save a camera frame (PNG or JPEG bytes ``user_frames.read_frame`` took) shown from ``t`` s as
+        ``user_frames/{NNNNNN}.jpg`` (converted on the writer); ``None`` once ``MAX_RECORDED_FRAMES`` are kept.
+        Its ``recording["frames"]`` entry: ``path``, ``t``, ``captured_at_ms``, ``turn`` (``decode_error``)."""
+        with self._lock:
+            frames = self._recording["frames"]
+            if len(frames) >= MAX_RECORDED_FRAMES:
+                return None
+            entry = {"path": frame_path(len(frames) + 1), "t": round(t, 3), "captured_at_ms": captured_at_ms,
+                     "turn": self._turn["index"] if self._turn else None}
+            frames.append(entry)
+            self._submit(self._save_frame, entry, bytes(data), mime)
+            self._write_recording_soon()
+            return str(entry["path"])
 
     # ------------------------------------------------------------------ assistant side
     def assistant_text(self, delta: str) -> None:
@@ -316,12 +325,9 @@ class SessionRecorder:
         if mime != "image/png":
             raise ValueError(f"mime: a drawn image must be image/png, got {mime!r}")
         check_image(data, mime, max_image_bytes)
-        entry: dict[str, Any] = {"mime": mime, "size_bytes": len(data)}
-        if data[12:16] == b"IHDR" and len(data) >= 24:  # the first chunk: width and height, big-endian
-            entry.update(width=int.from_bytes(data[16:20], "big"), height=int.from_bytes(data[20:24], "big"))
+        entry: dict[str, Any] = {"mime": mime, "size_bytes": len(data), **png_size(data)}
         with self._lock:
             turn = self._open_turn()
-            turn.setdefault("ai_images", [])
             count = len(turn["ai_images"])
             relpath = f"ai_images/turn{turn['index']:03d}{f'_{count + 1}' if count else ''}.png"
             turn["ai_images"].append({"path": relpath, **entry, "t": self.elapsed()})
@@ -393,6 +399,7 @@ class SessionRecorder:
             self._submit(self._write_replay)
             self._write_recording_soon(immediately=True)
             self._submit(self._write_meta)
+            self._submit(self._directory_lock.release)
 
     def discard(self) -> None:
         """Drop the session: nothing more is written and its directory is deleted once the writes already
@@ -404,6 +411,7 @@ class SessionRecorder:
                 self._recording_timer.cancel()
                 self._recording_timer = None
             self._writer.submit(shutil.rmtree, self.directory, True, lane=self._lane)
+            self._writer.submit(self._directory_lock.release, lane=self._lane)
 
     def _start_time(self, t_start: float | None) -> float:
         return self.elapsed() if t_start is None else round(max(0.0, float(t_start)), 3)
@@ -477,8 +485,16 @@ class SessionRecorder:
             entry.update(update)
         self._write_recording_soon(immediately=True)
 
+    def _save_frame(self, entry: dict[str, Any], data: bytes, mime: str) -> None:
+        error = save_frame(self.directory / entry["path"], data, mime)
+        if error is not None:
+            with self._lock:
+                entry["decode_error"] = error
+            self._write_recording_soon(immediately=True)
+
     def _write_replay(self) -> None:
         with self._lock:
-            user_clips, ai_clips = replay_clips(self._recording["turns"])
-        write_session_replay(self.directory, user_clips, ai_clips, max_duration_s=self.max_replay_s,
-                             session_id=self.session_id)
+            recording = {"turns": list(self._recording["turns"]), "frames": list(self._recording["frames"])}
+            duration_s = (self._meta["ended_at"] or self._clock()) - self.created_at
+        write_session_replays(self.directory, recording, duration_s=duration_s, max_duration_s=self.max_replay_s,
+                              session_id=self.session_id)

@@ -1,5 +1,5 @@
-"""Audio helpers of the recordings: 16-bit PCM WAV files (stdlib ``wave``) and the merged stereo replay, from clips
-in memory or from the clips a session saved (``write_session_replay``).
+"""Audio helpers of the recordings: 16-bit PCM WAV files (stdlib ``wave``) and the merged stereo replay of clips
+placed on the session timeline (``ReplayMix``; a saved session's clips are read by ``session_replay``).
 
 The merged replay puts every user clip on the left channel and every AI clip on the right, each at its start
 time, so one listen follows the conversation as it happened. It is mixed and written block by block, so a long
@@ -15,12 +15,11 @@ import os
 import wave
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from omnipipe.gateway.recording.store import REPLAY_FILENAME, temporary_path
-from omnipipe.util.audio import load_audio, resample
+from omnipipe.gateway.recording.store import temporary_path
+from omnipipe.util.audio import resample
 
 logger = logging.getLogger(__name__)
 
@@ -115,77 +114,48 @@ def _mix(placed: list[tuple[int, np.ndarray]], begin: int, end: int) -> np.ndarr
     return np.clip(out, -1.0, 1.0)
 
 
-def _length(*channels: list[tuple[int, np.ndarray]]) -> int:
-    return max((start + audio.size for placed in channels for start, audio in placed), default=0)
+class ReplayMix:
+    """User clips (channel 0) and AI clips (channel 1) placed on the session timeline at ``rate``, mixed a block
+    at a time: ``frames`` reaches the end of the last clip; a block past it is silence."""
+
+    def __init__(self, user: Sequence[Clip], ai: Sequence[Clip], rate: int = REPLAY_RATE_HZ) -> None:
+        self.rate = check_rate(rate)
+        self._user, self._ai = _placed(user, self.rate, "user"), _placed(ai, self.rate, "ai")
+        self.frames = max((start + audio.size for placed in (self._user, self._ai) for start, audio in placed),
+                          default=0)
+
+    def block(self, begin: int, end: int) -> np.ndarray:
+        """Frames ``begin..end`` as float32 ``[frames, 2]``."""
+        return np.stack([_mix(self._user, begin, end), _mix(self._ai, begin, end)], axis=1)
 
 
 def merged_replay(user: Sequence[Clip], ai: Sequence[Clip], rate: int = REPLAY_RATE_HZ) -> np.ndarray:
     """The conversation as float32 ``[frames, 2]`` at ``rate``: user clips on channel 0, AI clips on channel 1."""
-    rate = check_rate(rate)
-    user_placed, ai_placed = _placed(user, rate, "user"), _placed(ai, rate, "ai")
-    frames = _length(user_placed, ai_placed)
-    return np.stack([_mix(user_placed, 0, frames), _mix(ai_placed, 0, frames)], axis=1)
+    mix = ReplayMix(user, ai, rate)
+    return mix.block(0, mix.frames)
 
 
 def write_merged_replay(path: Path | str, user: Sequence[Clip], ai: Sequence[Clip], rate: int = REPLAY_RATE_HZ,
                         *, max_duration_s: float | None = None) -> Path:
     """Write ``merged_replay(user, ai, rate)`` as a stereo 16-bit WAV, atomically, cut at ``max_duration_s``."""
-    rate = check_rate(rate)
+    mix = ReplayMix(user, ai, rate)
     path = Path(path)
-    user_placed, ai_placed = _placed(user, rate, "user"), _placed(ai, rate, "ai")
-    frames = _length(user_placed, ai_placed)
-    if max_duration_s is not None and frames > max_duration_s * rate:
-        logger.warning("replay %s: cut at %.0f s (the session spans %.0f s)", path, max_duration_s, frames / rate)
-        frames = int(max_duration_s * rate)
-    block = int(_WRITE_BLOCK_S * rate)
+    frames = mix.frames
+    if max_duration_s is not None and frames > max_duration_s * mix.rate:
+        logger.warning("replay %s: cut at %.0f s (the session spans %.0f s)", path, max_duration_s,
+                       frames / mix.rate)
+        frames = int(max_duration_s * mix.rate)
+    block = int(_WRITE_BLOCK_S * mix.rate)
     temp = temporary_path(path)
     try:
         with wave.open(str(temp), "wb") as out:
             out.setnchannels(2)
             out.setsampwidth(2)
-            out.setframerate(rate)
+            out.setframerate(mix.rate)
             for begin in range(0, frames, block):
-                end = min(frames, begin + block)
-                out.writeframes(_to_pcm16(np.stack([_mix(user_placed, begin, end), _mix(ai_placed, begin, end)],
-                                                   axis=1)))
+                out.writeframes(_to_pcm16(mix.block(begin, min(frames, begin + block))))
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)
         raise
     return path
-
-
-def replay_clips(turns: list[dict[str, Any]]) -> tuple[list[tuple[float, str]], list[tuple[float, str]]]:
-    """``(t_start, relpath)`` of every user and every AI clip of a recording's ``turns``."""
-    user: list[tuple[float, str]] = []
-    ai: list[tuple[float, str]] = []
-    for turn in turns:
-        first_user_clip = [turn["user_audio"]] if turn["user_audio"] is not None else []
-        user.extend((entry["t_start"], entry["path"]) for entry in first_user_clip + turn["user_audio_extra"])
-        ai.extend((entry["t_start"], entry["path"]) for entry in turn["ai_audio"])
-    return user, ai
-
-
-def _load_clip(directory: Path, t_start: float, relpath: str, session_id: str) -> Clip | None:
-    """A saved clip for the replay: our own WAVs directly, other files through ``load_audio``."""
-    path = directory / relpath
-    try:
-        samples, rate = read_wav(path)
-    except (wave.Error, EOFError, OSError):
-        try:
-            samples, rate = load_audio(path)
-        except Exception as exc:  # noqa: BLE001 - an undecodable file is left out of the replay
-            logger.warning("session %s: %s left out of the replay (%s)", session_id, relpath, exc)
-            return None
-    return float(t_start), samples, int(rate)
-
-
-def write_session_replay(directory: Path, user_clips: list[tuple[float, str]], ai_clips: list[tuple[float, str]], *,
-                         max_duration_s: float, session_id: str) -> None:
-    """Write ``merged_replay.wav`` in a session's ``directory`` from its saved clips (``replay_clips``); nothing when
-    none of them can be read."""
-    user = [clip for clip in (_load_clip(directory, *c, session_id) for c in user_clips) if clip is not None]
-    ai = [clip for clip in (_load_clip(directory, *c, session_id) for c in ai_clips) if clip is not None]
-    if not user and not ai:
-        return
-    write_merged_replay(directory / REPLAY_FILENAME, user, ai, REPLAY_RATE_HZ, max_duration_s=max_duration_s)

@@ -1,10 +1,10 @@
 """Where recorded sessions live on disk, and every safe way to reach them.
 
 Layout: ``{data_dir}/sessions/{session_id}/`` with ``meta.json``, ``recording.json``, ``user_audio/``,
-``ai_audio/``, ``user_images/``, ``user_videos/``, ``ai_images/`` (the images answers drew) and
-``merged_replay.wav``. Session ids
-match ``SESSION_ID_PATTERN``; a relative path taken from a request is resolved (symlinks followed) and refused
-unless it stays inside its session directory. Nothing here follows a symlink when listing, sizing, zipping or deleting.
+``ai_audio/``, ``user_images/``, ``user_videos/``, ``ai_images/`` (the images answers drew), ``user_frames/``
+(camera frames of a live session), ``merged_replay.wav`` and ``merged_replay.mp4``. Session ids match
+``SESSION_ID_PATTERN``; a relative path taken from a request is resolved (symlinks followed) and refused unless it
+stays inside its session directory. Nothing here follows a symlink when listing, sizing, zipping or deleting.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ SESSIONS_DIRNAME = "sessions"
 META_FILENAME = "meta.json"
 RECORDING_FILENAME = "recording.json"
 REPLAY_FILENAME = "merged_replay.wav"
+VIDEO_REPLAY_FILENAME = "merged_replay.mp4"
 TEMP_SUFFIX = ".partial"
 """Files being written end in this suffix until they are renamed into place; listings skip them."""
 

@@ -8,6 +8,7 @@ out) and ``asr`` (speech in, text out).
 from dataclasses import replace
 
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, ServingTraits, StageSpec
+from omnipipe.models.default.attachments import MAX_IMAGES
 
 _P = "omnipipe.models.default"
 VOICE_SAMPLE_RATE_HZ = 22_050  # the packaged "joe" voice; the code2wav runner checks it at load
@@ -76,7 +77,7 @@ DEFAULT = PipelineSpec(
     takes_history=True,
     default_deploy=_DEPLOY,
     serving=ServingTraits(speech_pipeline="tts", transcription_pipeline="asr", live_transcription=True,
-                          voices=_VOICES, speed_stage="talker"),
+                          voices=_VOICES, speed_stage="talker", max_images=MAX_IMAGES),
     **_WEIGHTS,
 )
 

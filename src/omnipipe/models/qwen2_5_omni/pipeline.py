@@ -33,7 +33,7 @@ PIPELINE = PipelineSpec(
     # the server's voices: the checkpoint's (spk_dict.pt), each request's going to the talker; a voice made from a
     # clip is a checkpoint voice with the clip's mel as the token2wav's reference (reference_voice.py)
     serving=ServingTraits(voices=f"{_P}.weights.load:list_speakers", voice_param=("talker", "speaker"),
-                          reference_voice=f"{_P}.reference_voice:reference_from_clip",
+                          video_stage="thinker", reference_voice=f"{_P}.reference_voice:reference_from_clip",
                           reference_param=("token2wav", "reference_mel")),
     weights_status=f"{_P}.weights.load:weights_status",
     takes_history=True,

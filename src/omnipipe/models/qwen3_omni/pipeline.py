@@ -30,7 +30,8 @@ PIPELINE = PipelineSpec(
     model_stages=("thinker", "talker", "code2wav"),
     weights_status=f"{_P}.weights.load:weights_status",
     # the server's voices: the checkpoint's speakers, each request's going to the talker
-    serving=ServingTraits(voices=f"{_P}.weights.load:list_speakers", voice_param=("talker", "speaker")),
+    serving=ServingTraits(voices=f"{_P}.weights.load:list_speakers", voice_param=("talker", "speaker"),
+                          video_stage="thinker"),
     # 72 frames of left context: the code2wav's sliding window (0.01% of absmax at the seams on the released
     # config); exactness needs the context the stage logs at load (578 frames there: a 25-frame window then decodes
     # 24x its frames)

@@ -2,7 +2,8 @@
 
 Client frames are told by their ``ClientEvent`` type; the audio of ``input_audio_buffer.append`` is read with the
 worker's own schema (``protocol.realtime.InputAudioBufferAppend``), so the recording buffers the audio the worker
-buffers. The worker's frames are read by their ``ServerEvent`` names in either dialect (``ga_name``).
+buffers. The worker's frames are read by their ``ServerEvent`` names in either dialect (``ga_name``). Camera
+frames (``input_video_frame.append``) are kept by the rules of ``user_frames``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from omnipipe.gateway.recording.taps.base import (
     never_raises,
     pcm16,
 )
+from omnipipe.gateway.recording.user_frames import FrameTimeline, read_frame
 from omnipipe.protocol.audio import PCM16_RATE_HZ, PCM16_SAMPLE_BYTES
 from omnipipe.protocol.realtime import (
     COMMIT_EMPTY,
@@ -32,6 +34,7 @@ from omnipipe.protocol.realtime import (
     ServerEvent,
     ga_name,
 )
+from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +62,8 @@ class RealtimeTap(Tap):
         self._next_turn_audio: list[tuple[np.ndarray, float]] = []
         self._next_turn_texts: list[str] = []
         self._item_turns: dict[str, int] = {}  # committed audio item -> the turn it belongs to
+        self._frame_timeline = FrameTimeline()
+        self._frame_limit_logged = False
         self._closed = False
 
     def _input_turn_index(self) -> int:
@@ -78,6 +83,8 @@ class RealtimeTap(Tap):
         kind = event.get("type")
         if kind == ClientEvent.INPUT_AUDIO_BUFFER_APPEND:
             self._append(pcm16(b64decode(InputAudioBufferAppend.model_validate(event).audio)))
+        elif kind == ClientEvent.INPUT_VIDEO_FRAME_APPEND:
+            self._frame(event)
         elif kind == ClientEvent.INPUT_AUDIO_BUFFER_COMMIT:
             self._client_commits_pending += 1
             self._commit()
@@ -180,6 +187,22 @@ class RealtimeTap(Tap):
             self._audio_started_at = self.recorder.elapsed()
         self._audio.append(samples)
         self._audio_bytes += samples.nbytes
+
+    def _frame(self, event: dict[str, Any]) -> None:
+        """A camera frame: kept unless paused or one the worker refuses (its ``error`` event is recorded)."""
+        if self._paused:
+            return  # the worker drops frames appended while paused, unread
+        try:
+            mime, data = read_frame(event.get("image"))
+            t = self._frame_timeline.place(event.get("captured_at_ms"), self.recorder.elapsed())
+        except FieldError as exc:
+            logger.debug("session %s: camera frame not recorded (%s)", self.recorder.session_id, exc)
+            return
+        if self.recorder.user_frame(data, mime, t=t, captured_at_ms=event["captured_at_ms"]) is None \
+                and not self._frame_limit_logged:
+            self._frame_limit_logged = True
+            logger.warning("session %s: camera frames beyond the recording's limit not recorded",
+                           self.recorder.session_id)
 
     def _clear(self) -> None:
         self._audio, self._audio_bytes, self._overflow_logged = [], 0, False

@@ -21,6 +21,8 @@ const els = {
   running: $("#running"),
   recordings: $("#recordings"),
   recordingsCount: $("#recordings-count"),
+  shares: $("#shares"),
+  sharesCount: $("#shares-count"),
   etaForm: $("#eta-form"),
   etaFields: $("#eta-fields"),
   etaStatus: $("#eta-status"),
@@ -192,15 +194,41 @@ function renderRecordings(recordings) {
   ], shown, "No recordings yet."));
 }
 
+/** Share links (/shared/{token}): the session each opens, and a Revoke button while it works. */
+function renderShares(shares) {
+  const active = shares.filter((s) => s.status === "active").length;
+  els.sharesCount.textContent = `${active} active of ${shares.length}`;
+  setChildren(els.shares, table([
+    { label: "Share", cell: (s) => h("span", { class: "mono small" }, s.share_id) },
+    { label: "Session", cell: (s) => sessionLink(s.session_id) },
+    { label: "Made", cell: (s) => formatTime(s.created_at) },
+    { label: "Status", cell: (s) => (s.revoked_at ? h("span", { class: "badge warn", title: `revoked ${formatTime(s.revoked_at)}` }, "revoked")
+      : h("span", { class: "badge ok" }, "active")) },
+    { label: "", cell: (s) => (s.revoked_at ? "" : h("button", { type: "button", class: "btn small danger",
+      "aria-label": `Revoke share ${s.share_id}`, onclick: () => revokeShare(s.share_id) }, "Revoke")) },
+  ], shares, "No session has been shared."));
+}
+
+async function revokeShare(shareId) {
+  try {
+    await guarded(() => admin(`shares/${encodeURIComponent(shareId)}`, { method: "DELETE" }));
+  } catch (error) {
+    els.updated.textContent = `Revoking failed: ${describeError(error)}`;
+  }
+  refresh();
+}
+
 async function refresh() {
   try {
-    const results = await guarded(() => Promise.all([admin("workers"), admin("queue"), admin("sessions"), admin("recordings")]));
+    const results = await guarded(() => Promise.all([admin("workers"), admin("queue"), admin("sessions"), admin("recordings"),
+      admin("shares")]));
     if (!results) return;
-    const [workers, queue, running, recordings] = results;
+    const [workers, queue, running, recordings, shares] = results;
     renderWorkers(workers);
     renderQueue(queue);
     renderRunning(running);
     renderRecordings(recordings);
+    renderShares(shares);
     els.updated.textContent = `Updated ${new Date().toLocaleTimeString()}`;
   } catch (error) {
     els.updated.textContent = `Refresh failed: ${describeError(error)}`;

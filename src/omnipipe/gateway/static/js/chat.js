@@ -6,13 +6,15 @@
 // images with previews: each delta.images entry is a PNG data URL, a preview of the image being drawn when it has
 // the denoising step ({step, steps}), else the finished image (after the text); each replaces the one shown.
 // The gateway's X-Omnipipe-Session-Id header names the recording; it is sent back on later turns so the whole
-// conversation lands in one recording.
+// conversation lands in one recording. A preset (presets.js) adds its instructions as the system message, its
+// voice, and sets whether the answer is spoken.
 
 import { apiErrorFrom, ApiError, describeError, fetchJSON, servedModel } from "./api.js";
 import { base64ToBytes, blobToDataURL, bytesToBase64 } from "./base64.js";
 import { $, formatSeconds, h } from "./dom.js";
 import { MicCapture } from "./mic.js";
 import { PcmPlayer } from "./pcm-player.js";
+import { chatMessages, mountPresetSelector } from "./presets.js";
 import { QueueCountdown } from "./queue.js";
 import { readSSE } from "./sse.js";
 import { concatBytes, concatFloat32, encodeWav, fileToWav, wavFromPcm16 } from "./wav.js";
@@ -369,11 +371,11 @@ async function send(event) {
   const modalities = wantedModalities(model, speak);
   const body = {
     model: model.id,
-    messages: model.conversation ? [...state.history, userMessage] : [userMessage],
+    messages: chatMessages(presets.current(), model.conversation ? [...state.history, userMessage] : [userMessage]),
     stream: true,
     modalities,
   };
-  if (modalities.includes("audio")) body.audio = { voice: "default", format: "pcm16" };
+  if (modalities.includes("audio")) body.audio = { voice: presets.current()?.voice || "default", format: "pcm16" };
   if (modalities.includes("image")) {
     body.omnipipe = { sampling_params: { [DRAWING_STAGE]: { extra: { preview_every: PREVIEW_EVERY } } } };
   }
@@ -603,4 +605,9 @@ els.imageFile.addEventListener("change", () => {
 });
 els.stop.addEventListener("click", stop);
 els.newChat.addEventListener("click", newConversation);
+const presets = mountPresetSelector($("#presets"), { storageKey: "omnipipe.preset.chat", onChange(preset) {
+  if (preset && !els.speak.closest("label").classList.contains("hidden")) {
+    els.speak.checked = preset.output_modalities.includes("audio");
+  }
+} });
 showCapabilities();

@@ -1,11 +1,15 @@
-// Session viewer (/s/{session_id}): metadata, the merged replay, every turn with its text, audio, images and metrics.
+// Session viewer (/s/{session_id}): metadata, the merged replay (the video of a session with camera frames, else the
+// audio), every turn with its text, audio, images and metrics.
 // Data: GET /api/sessions/{id} -> {session_id, meta, recording: {turns, events}, files, size_bytes, errors}.
+// Opened by a share link (/shared/{token}) it reads the same data, read-only and without the session id, from
+// /api/shared/{token} (no zip download: the archive names the session).
 
 import { ApiError, describeError, fetchJSON } from "./api.js";
 import { $, formatBytes, formatSeconds, formatTime, h, setChildren } from "./dom.js";
 
 const SESSION_ID = /^[A-Za-z0-9_-]{1,128}$/;
 const REPLAY = "merged_replay.wav";
+const VIDEO_REPLAY = "merged_replay.mp4";
 const LIVE_REFRESH_MS = 5000;
 
 const els = {
@@ -21,18 +25,20 @@ const els = {
   raw: $("#raw"),
 };
 
-const sessionId = (() => {
-  const tail = window.location.pathname.replace(/^\/s\//, "").replace(/\/+$/, "");
+const SHARED = window.location.pathname.startsWith("/shared/");
+const sessionId = (() => { // for a share link, its token
+  const tail = window.location.pathname.replace(/^\/(s|shared)\//, "").replace(/\/+$/, "");
   try {
     return decodeURIComponent(tail);
   } catch {
     return tail;
   }
 })();
+const API = `/api/${SHARED ? "shared" : "sessions"}/${encodeURIComponent(sessionId)}`;
 let lastPayload = "";
 
 function fileUrl(path) {
-  return `/api/sessions/${encodeURIComponent(sessionId)}/files/${path.split("/").map(encodeURIComponent).join("/")}`;
+  return `${API}/files/${path.split("/").map(encodeURIComponent).join("/")}`;
 }
 
 function showMessage(kind, title, text, ...extra) {
@@ -90,7 +96,12 @@ function settingsList(config) {
 
 function renderReplay(data) {
   const files = data.files || [];
-  if (files.includes(REPLAY)) {
+  if (files.includes(VIDEO_REPLAY)) {
+    setChildren(els.replay,
+      h("video", { class: "replay-video", controls: true, preload: "metadata", playsinline: true,
+        src: fileUrl(VIDEO_REPLAY), "aria-label": "Video replay of the session" }),
+      h("p", { class: "muted small" }, "Your camera as the model saw it, with your voice (left) and the model's (right)."));
+  } else if (files.includes(REPLAY)) {
     setChildren(els.replay,
       h("audio", { controls: true, preload: "metadata", src: fileUrl(REPLAY), "aria-label": "Merged replay of the session" }),
       h("p", { class: "muted small" }, "Stereo: your side on the left, the model's on the right, aligned in time."));
@@ -194,18 +205,20 @@ function render(data) {
   else if ((data.meta || {}).status === "recording") showMessage("", "", "This session is still running; the page updates by itself.");
   else els.message.classList.add("hidden");
   els.content.classList.remove("hidden");
-  els.download.classList.remove("hidden");
+  els.download.classList.toggle("hidden", SHARED);
 }
 
 // ------------------------------------------------------------------------------------------- loading
 async function load() {
   let data;
   try {
-    data = await fetchJSON(`/api/sessions/${encodeURIComponent(sessionId)}`);
+    data = await fetchJSON(API);
   } catch (error) {
     if (lastPayload) return; // keep what is shown; try again on the next tick
     const home = h("p", {}, h("a", { href: "/" }, "Back to the start page"));
-    if (error instanceof ApiError && error.status === 404) {
+    if (SHARED && error instanceof ApiError && [404, 410].includes(error.status)) {
+      showMessage("error", "This share link no longer works", describeError(error), home);
+    } else if (error instanceof ApiError && error.status === 404) {
       showMessage("error", "Session not found",
         `There is no recorded session "${sessionId}". The link may be wrong, or the recording was deleted by the retention cleanup.`, home);
     } else if (error instanceof ApiError && error.status === 400) {
@@ -216,7 +229,7 @@ async function load() {
     return;
   }
   const payload = JSON.stringify(data);
-  const playing = [...document.querySelectorAll("audio")].some((a) => !a.paused);
+  const playing = [...document.querySelectorAll("audio, video")].some((a) => !a.paused);
   if (payload !== lastPayload && !playing) {
     lastPayload = payload;
     render(data);
@@ -224,9 +237,11 @@ async function load() {
   if ((data.meta || {}).status === "recording") setTimeout(load, LIVE_REFRESH_MS);
 }
 
-els.id.textContent = sessionId;
-document.title = `Session ${sessionId} · omnipipe`;
-if (!SESSION_ID.test(sessionId)) {
+els.id.textContent = SHARED ? "(shared, read-only)" : sessionId;
+document.title = SHARED ? "Shared session · omnipipe" : `Session ${sessionId} · omnipipe`;
+if (SHARED) {
+  load();
+} else if (!SESSION_ID.test(sessionId)) {
   showMessage("error", "Invalid session id",
     "Session ids are 1 to 128 letters, digits, '_' or '-'. Check the link.", h("p", {}, h("a", { href: "/" }, "Back to the start page")));
 } else {

@@ -7,7 +7,8 @@
 // "response.output_audio_transcript.delta" (shown), and reports "input_audio_buffer.speech_started" when we talk again:
 // that is a barge-in, so playback stops immediately. Pause/Resume send "session.pause" / "session.resume".
 // Each answer shows how long after the end of speech its first audio came, and the session's median beside the
-// controls (voice-answer-delay.js says how that is measured).
+// controls (voice-answer-delay.js says how that is measured). The preset chosen (presets.js) goes into the first
+// session.update: its instructions, voice and output modalities.
 
 import { bytesToBase64, base64ToBytes } from "./base64.js";
 import { $, h } from "./dom.js";
@@ -18,6 +19,7 @@ import { floatToPcm16 } from "./wav.js";
 import { QueueCountdown } from "./queue.js";
 import { AnswerDelayClock, delayNote, showDelaySummary } from "./voice-answer-delay.js";
 import { VoiceTranscript } from "./voice-transcript.js";
+import { mountPresetSelector, realtimeSession } from "./presets.js";
 
 const RATE = 24000;
 const CHUNK_MS = 40;
@@ -130,6 +132,7 @@ function render() {
   }
   const live = session && session.phase === "live";
   els.start.disabled = Boolean(session);
+  presets.element.disabled = Boolean(session); // a preset applies when a session starts
   els.stop.disabled = !session;
   els.stop.textContent = visual === "queued" ? "Leave queue" : "Stop";
   els.pause.disabled = !live;
@@ -253,14 +256,14 @@ const HANDLERS = {
     session.phase = "live";
     send({
       type: "session.update",
-      session: {
+      session: realtimeSession(presets.current(), {
         type: "realtime",
         output_modalities: ["audio"],
         audio: {
           input: { format: { type: "audio/pcm", rate: RATE }, turn_detection: { type: "server_vad" } },
           output: { format: { type: "audio/pcm", rate: RATE }, voice: "default" },
         },
-      },
+      }),
     });
     // separately, so a server without a transcription pipeline refuses only this (ignored below)
     send({ type: "session.update",
@@ -483,6 +486,7 @@ function togglePause() {
   render();
 }
 
+const presets = mountPresetSelector($("#presets"), { storageKey: "omnipipe.preset.voice" });
 els.start.addEventListener("click", start);
 els.stop.addEventListener("click", stop);
 els.pause.addEventListener("click", togglePause);

@@ -152,8 +152,10 @@ class InputAudioBuffer:
         self._pending_item_id = None
         await session.send(ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED,
                            previous_item_id=session.conversation.last_item_id(), item_id=item_id)
-        await session.conversation.add(ConversationItem(item_id, "user", audio=audio, spoken=True, pending=True,
-                                                        words=words or "", transcribed=words is not None))
+        item = ConversationItem(item_id, "user", audio=audio, spoken=True, pending=True, words=words or "",
+                                transcribed=words is not None)
+        item.take_frames(session.frames.take())
+        await session.conversation.add(item)
 
     async def _transcript(self, speech: np.ndarray, tentative: TentativeAnswer | None) -> str | None:
         """The turn's words, heard live (the tentative answer's, when it has them); None when live transcription
@@ -187,4 +189,5 @@ class InputAudioBuffer:
 
     async def clear(self, _: Any) -> None:
         await self.reset()
+        self.session.frames.clear()
         await self.session.send(ServerEvent.INPUT_AUDIO_BUFFER_CLEARED)

@@ -67,8 +67,14 @@ def check_image_part(pipeline: PipelineSpec, url: str | None, param: str, earlie
         raise EventError(f"{param}: required for input_image content", param, code="missing_field")
     if earlier >= MAX_ITEM_IMAGES:
         raise EventError(f"{param}: an item takes at most {MAX_ITEM_IMAGES} images", param, code="too_many_images")
+    check_image_url(url, param, MAX_IMAGE_BYTES)
+    return url
+
+
+def check_image_url(url: str, param: str, max_bytes: int) -> tuple[str, bytes]:
+    """A PNG or JPEG data URL of at most ``max_bytes`` (decoded), not empty: its media type and data."""
     try:
-        media_type, data = parse_data_url(url, field=param, kind="image", max_bytes=MAX_IMAGE_BYTES)
+        media_type, data = parse_data_url(url, field=param, kind="image", max_bytes=max_bytes)
     except DataUrlError as exc:
         code = "image_too_large" if exc.problem == "size" else "invalid_image"
         raise EventError(str(exc), param, code=code) from None
@@ -77,4 +83,4 @@ def check_image_part(pipeline: PipelineSpec, url: str | None, param: str, earlie
                          code="invalid_image")
     if not data:
         raise EventError(f"{param}: the image is empty", param, code="invalid_image")
-    return url
+    return media_type, data

@@ -19,6 +19,7 @@ from omnipipe.protocol.realtime import (
 from omnipipe.server.realtime_settings import part_type
 from omnipipe.server.routes.realtime.checks import check_image_part, check_takes_audio, decode_pcm16
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
+from omnipipe.server.routes.realtime.frames import Frame
 
 if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.session import RealtimeSession
@@ -36,9 +37,15 @@ class ConversationItem:
     spoken: bool = False  # the item's content is audio (a transcript beside it)
     text_part: str | None = None  # a user item's typed part, beside its audio
     images: list[str] = field(default_factory=list)  # a user item's images (data URLs, checked), in order
+    frames: list[Frame] = field(default_factory=list)  # a pending user item's camera frames (sampled)
+    frame_times: list[float] = field(default_factory=list)  # the capture times of the camera frames it took
     status: str = "completed"
     pending: bool = False  # a user item no response has answered yet
     transcribed: bool = False  # a spoken user item whose words were heard live: the turn gives them, not its audio
+
+    def take_frames(self, frames: list[Frame]) -> None:
+        self.frames = frames
+        self.frame_times = [frame.captured_at_ms for frame in frames]
 
     def wire(self, dialect: str) -> dict[str, Any]:
         content: list[dict[str, Any]]
@@ -52,6 +59,7 @@ class ConversationItem:
         else:
             content = [{"type": "input_text", "text": self.words}] if self.words else []
         content += [{"type": "input_image", "image_url": url} for url in self.images]
+        content += [{"type": "input_image", "captured_at_ms": at} for at in self.frame_times]
         return {"id": self.id, "object": "realtime.item", "type": "message", "status": self.status,
                 "role": self.role, "content": content}
 
@@ -63,6 +71,7 @@ class Turn:
     texts: list[str] = field(default_factory=list)
     audio: np.ndarray | None = None
     images: list[str] = field(default_factory=list)  # data URLs
+    frames: list[Frame] = field(default_factory=list)  # camera frames, by capture time
     heard: bool = False  # spoken words transcribed live are among the texts
 
 
@@ -127,6 +136,8 @@ class Conversation:
                                        any(p.type in ("output_audio", "audio") for p in item.content))
         new = ConversationItem(item.id or new_item_id(), item.role, spoken=spoken, pending=item.role == "user",
                                audio=audio, images=images)
+        if item.role == "user":
+            new.take_frames(self.session.frames.take(len(images)))
         if audio is not None:
             new.text_part = text or None
         else:
@@ -202,6 +213,7 @@ class Conversation:
         turn, history = self.peek_turn()
         for item in self.items:
             item.pending = False
+            item.frames = []  # the turn has them; the item keeps their times
         return turn, history
 
     def peek_turn(self, *more: ConversationItem) -> tuple[Turn, list[dict[str, str]]]:
@@ -215,6 +227,7 @@ class Conversation:
         for item in (*self.items, *more):
             if item.pending:
                 turn.images += item.images
+                turn.frames += item.frames
                 if item.text_part:
                     turn.texts.append(item.text_part)
                 if item.words and (item.transcribed or not item.spoken):

@@ -1,6 +1,7 @@
 """Pausing a realtime session (an extension): ``session.pause`` cancels a response in progress and clears the
-uncommitted input audio; while paused, appended audio is dropped unread and ``response.create`` is refused. A pause
-longer than the server's pause timeout closes the session (``error`` code ``pause_timeout``, then 1000)."""
+uncommitted input audio and camera frames; while paused, appended audio and frames are dropped unread and
+``response.create`` is refused. A pause longer than the server's pause timeout closes the session (``error`` code
+``pause_timeout``, then 1000)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class SessionPause:
                 session.handle.pause()
             await session.responses.cancel()
             await session.audio.reset()
+            session.frames.clear()
             self._timer = asyncio.create_task(self._time_out(), name="omnipipe-realtime-pause")
         await session.send(ServerEvent.SESSION_PAUSED, pause_timeout_s=self.timeout_s)
 

@@ -29,6 +29,7 @@ from omnipipe.server.realtime_settings import output_modalities_field, response_
 from omnipipe.server.routes.realtime.checks import check_modalities, check_sampling
 from omnipipe.server.routes.realtime.conversation import ConversationItem, Turn
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
+from omnipipe.server.routes.realtime.frames import frames_media
 from omnipipe.util.playback_clock import PlaybackClock
 
 if TYPE_CHECKING:
@@ -131,12 +132,16 @@ class Responses:
             media["audio"] = (turn.audio, PCM16_RATE_HZ)
         if turn.images:
             media["image"] = list(turn.images)
+        if turn.frames:
+            for key, values in frames_media(session.pipeline, session.engine.deploy, turn.frames).items():
+                media[key] = media.get(key, []) + values
         if media:
             prompt["multi_modal_data"] = media
         # what a stage finds wrong with the question is in the committed audio when the turn has no typed text
         typed = turn.texts and not turn.heard
         fields = {"prompt.multi_modal_data.audio": "input_audio_buffer",
                   "prompt.multi_modal_data.image": "item.content",
+                  "prompt.multi_modal_data.video": "input_video_frame.append",
                   "prompt": "item.content" if typed else "input_audio_buffer"}
         return AnswerPlan(prompt, modalities, sampling or None, fields, limit, turn.audio is not None or turn.heard)
 

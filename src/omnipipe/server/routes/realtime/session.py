@@ -27,6 +27,7 @@ from omnipipe.server.routes.realtime.audio_buffer import InputAudioBuffer, vad_f
 from omnipipe.server.routes.realtime.checks import check_modalities, check_sampling
 from omnipipe.server.routes.realtime.conversation import Conversation
 from omnipipe.server.routes.realtime.events import EventError, new_event_id, parse_event
+from omnipipe.server.routes.realtime.frames import CameraFrames
 from omnipipe.server.routes.realtime.idle import IdleWatch
 from omnipipe.server.routes.realtime.pause import SessionPause
 from omnipipe.server.routes.realtime.response import Responses
@@ -37,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 class RealtimeSession:
     """A realtime connection's state, split by concept: the idle watch, the pause, the input audio buffer, the
-    conversation, the transcriptions of spoken items and the response; each part reaches the others through it."""
+    camera frames, the conversation, the transcriptions of spoken items and the response; each part reaches the
+    others through it."""
 
     def __init__(self, websocket: WebSocket, engine: AsyncOmni, pipeline: PipelineSpec, pool: EnginePool,
                  metrics: ServerMetrics, handle: Session | None = None, dialect: str = GA) -> None:
@@ -56,6 +58,7 @@ class RealtimeSession:
         self.idle = IdleWatch(self)
         self.pause = SessionPause(self)
         self.audio = InputAudioBuffer(self)
+        self.frames = CameraFrames(self)
         self.conversation = Conversation(self)
         self.transcriptions = Transcriptions(self)
         self.responses = Responses(self)
@@ -66,6 +69,7 @@ class RealtimeSession:
             ClientEvent.INPUT_AUDIO_BUFFER_APPEND: self.audio.append,
             ClientEvent.INPUT_AUDIO_BUFFER_COMMIT: self.audio.commit,
             ClientEvent.INPUT_AUDIO_BUFFER_CLEAR: self.audio.clear,
+            ClientEvent.INPUT_VIDEO_FRAME_APPEND: self.frames.append,
             ClientEvent.CONVERSATION_ITEM_CREATE: self.conversation.create,
             ClientEvent.CONVERSATION_ITEM_TRUNCATE: self.conversation.truncate,
             ClientEvent.CONVERSATION_ITEM_DELETE: self.conversation.delete,

@@ -59,6 +59,7 @@ class TentativeAnswer:
         self.transcript.set_result(words)
         heard = ConversationItem("tentative", "user", words=words, audio=speech, spoken=True, pending=True,
                                  transcribed=True)
+        heard.take_frames(session.frames.peek())  # the camera frames the turn would take now
         self.plan = session.responses.plan(None, *session.conversation.peek_turn(heard))
         self._outputs = session.responses.generate(self.response_id, self.plan)
         return await anext(self._outputs, None)
