@@ -26,6 +26,7 @@ from omnipipe.models.image.runners.diffusion import DiffusersRunner
 from omnipipe.models.image.weights import prepare as image_prepare
 from omnipipe.models.qwen2_5_omni import processors as qwen2_5_processors
 from omnipipe.models.qwen2_5_omni.modeling.token2wav_stream import token2wav_seam_rows
+from omnipipe.models.qwen2_5_omni.reference_voice import reference_from_clip
 from omnipipe.models.qwen2_5_omni.runners import talker as qwen2_5_talker
 from omnipipe.models.qwen2_5_omni.runners import thinker as qwen2_5_thinker
 from omnipipe.models.qwen2_5_omni.runners.token2wav import Qwen25Token2WavRunner
@@ -68,7 +69,7 @@ _PROCESSORS = (default_processors.default_prompt, default_processors.tts_prompt,
 _WEIGHTS = (default_prepare.prepare_all, default_prepare.speech_status, image_prepare.prepare_image,
             image_prepare.image_status, image_prepare.prepare_think_and_draw, image_prepare.think_and_draw_status,
             list_voices, qwen2_5_load.list_speakers, qwen3_load.list_speakers, qwen2_5_tiny.write_tiny_checkpoint,
-            qwen3_tiny.write_tiny_checkpoint)
+            qwen3_tiny.write_tiny_checkpoint, reference_from_clip)
 
 # The package's lazy exports (PEP 562): Python calls a module's __getattr__ and __dir__ itself.
 _LAZY_EXPORTS = (omnipipe.__getattr__, omnipipe.__dir__)

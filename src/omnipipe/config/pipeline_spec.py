@@ -89,6 +89,11 @@ class ServingTraits:
     # camera frames go to a family that takes video (``server/routes/realtime/frames.py``)
     video_stage: str | None = None
     max_images: int | None = None  # the images one question takes (camera frames given as images are cut to it)
+    # dotted path: (options of the reference stage: dict, clip: float32 mono samples, their rate in Hz) -> what that
+    # stage's ``extra[key]`` takes to speak like the clip; None: the family's voices are fixed (an uploaded
+    # reference voice is refused)
+    reference_voice: str | None = None
+    reference_param: tuple[str, str] | None = None  # (stage, extra key) a reference voice's value goes to
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,9 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     async def catalog(request: Request):  # type: ignore[no-untyped-def]
         return await proxy.catalog(request)
 
+    app.add_api_route(VOICES_PATH, proxy.to_every_worker, methods=["POST"])
+    app.add_api_route(VOICES_PATH + "/{name}", proxy.to_every_worker, methods=["DELETE"])
+
     @app.websocket(REALTIME_PATH)
     async def realtime_session(ws: WebSocket) -> None:
         await realtime.handle(ws)

@@ -274,6 +274,16 @@ class VoiceCard(BaseModel):
     name: str
     # omnipipe extension: the other names (OpenAI's voice names) that select this voice
     aliases: list[str] = Field(default_factory=list)
+    # omnipipe extension: for a voice made from an uploaded clip, the model's voice it builds on; else null
+    base_voice: str | None = None
+
+
+class VoiceDeleted(BaseModel):
+    """``DELETE /v1/audio/voices/{name}``: the voice made from a clip that was removed."""
+
+    id: str
+    object: Literal["audio.voice"] = "audio.voice"
+    deleted: bool = True
 
 
 class VoiceList(BaseModel):

@@ -34,7 +34,7 @@ from omnipipe.server.errors import install_error_handlers
 from omnipipe.server.guard import RequestGuard
 from omnipipe.server.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from omnipipe.server.prometheus import ServerMetrics
-from omnipipe.server.routes import chat, images, realtime, speech, transcription
+from omnipipe.server.routes import chat, images, realtime, speech, transcription, voices
 from omnipipe.server.spoken_answers import SpokenAnswers
 
 logger = logging.getLogger(__name__)
@@ -58,6 +58,7 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     install_error_handlers(app)
     app.include_router(chat.router)
     app.include_router(speech.router)
+    app.include_router(voices.router)
     app.include_router(transcription.router)
     app.include_router(realtime.router)
     app.include_router(images.router)

@@ -7,7 +7,9 @@ Each engine runs its own stage processes, so a lazily started companion adds pro
 the ones the main pipeline already uses (on the default family, ``/v1/audio/speech`` adds a talker and a vocoder
 process, ``/v1/audio/transcriptions`` an encoder process). Which pipelines serve those endpoints, and which voices
 exist, are the family's serving traits (``PipelineSpec.serving``): this module names no family. A deploy file
-given to the server applies to the companions too, restricted to the stages and edges they have.
+given to the server applies to the companions too, restricted to the stages and edges they have. A family whose
+speaking stages take a speaker reference also has the voices made from uploaded clips (``voice_registry.py``, kept
+under the cache directory's ``voices/{pipeline}``: ``$OMNIPIPE_CACHE`` or the user's).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from omnipipe.models.registry import get_pipeline
 from omnipipe.protocol.openai import OPENAI_VOICES, Voice, VoiceCard, voice_name
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 from omnipipe.server.errors import APIError, unavailable
+from omnipipe.server.voice_registry import ReferenceVoice, VoiceRegistry
+from omnipipe.util.cache import cache_root
 from omnipipe.util.dotted import resolve
 from omnipipe.util.field_error import FieldError
 
@@ -97,25 +101,51 @@ def _deploy_for(source: str | Path | dict[str, Any] | None, pipeline: PipelineSp
     return raw
 
 
-def with_voice(params: dict[str, SamplingParams], voice: str, pipeline: PipelineSpec,
-               param: str) -> dict[str, SamplingParams]:
-    """``params`` with ``voice`` (one ``EnginePool.check_voice`` returned) given to the stage that takes it
-    (``ServingTraits.voice_param``); ``default`` leaves the stage's own. A different voice already asked for in
-    that stage's ``extra`` is a 400 naming ``param``."""
-    if voice == "default" or pipeline.serving.voice_param is None:
-        return params
-    stage, key = pipeline.serving.voice_param
+class RegisteredVoice(str):
+    """A voice made from a clip, as ``EnginePool.check_voice`` returns it: its name, with the family voice it builds
+    on (``base_voice``) and what its reference stage takes (``reference``)."""
+
+    base_voice: str
+    reference: Any
+
+    def __new__(cls, name: str, base_voice: str, reference: Any) -> RegisteredVoice:
+        voice = super().__new__(cls, name)
+        voice.base_voice, voice.reference = base_voice, reference
+        return voice
+
+
+def _given_to_stage(params: dict[str, SamplingParams], pipeline: PipelineSpec, target: tuple[str, str], value: Any,
+                    voice: str, param: str) -> dict[str, SamplingParams]:
+    """``params`` with ``value`` as ``extra[key]`` of ``target``'s stage; a different value already there is a 400
+    naming ``param``."""
+    stage, key = target
     stage_params = params.get(stage) or SamplingParams()
     asked = stage_params.extra.get(key)
-    if asked is not None and asked != voice:
+    if asked is not None and asked != value:
+        shown = asked if isinstance(asked, str) else "(another value)"
         raise APIError(400, f"{param}: voice {voice!r} conflicts with sampling_params.{stage}.extra.{key} "
-                       f"{asked!r}", param=param, code="invalid_voice")
-    stage_params.extra = {**stage_params.extra, key: voice}
+                       f"{shown}", param=param, code="invalid_voice")
+    stage_params.extra = {**stage_params.extra, key: value}
     try:
         stage_params.check_extra(pipeline.stage_extra_schema(stage))
     except FieldError as exc:
         raise APIError(400, f"{param}: {exc.rule}", param=param, code="invalid_voice") from None
     return {**params, stage: stage_params}
+
+
+def with_voice(params: dict[str, SamplingParams], voice: str, pipeline: PipelineSpec,
+               param: str) -> dict[str, SamplingParams]:
+    """``params`` with ``voice`` (one ``EnginePool.check_voice`` returned) given to the stage that takes it
+    (``ServingTraits.voice_param``); ``default`` leaves the stage's own. A voice made from a clip gives its base voice
+    there and its reference to the reference stage (``ServingTraits.reference_param``). A different voice already
+    asked for in those stages' ``extra`` is a 400 naming ``param``."""
+    traits = pipeline.serving
+    if voice == "default" or traits.voice_param is None:
+        return params
+    if isinstance(voice, RegisteredVoice) and traits.reference_param is not None:
+        params = _given_to_stage(params, pipeline, traits.voice_param, voice.base_voice, voice, param)
+        return _given_to_stage(params, pipeline, traits.reference_param, voice.reference, voice, param)
+    return _given_to_stage(params, pipeline, traits.voice_param, str(voice), voice, param)
 
 
 class EngineSlot:
@@ -131,6 +161,11 @@ class EngineSlot:
         self._task: asyncio.Task[AsyncOmni] | None = None
         self._voices: list[str] | None = None
 
+    def stage_options(self, stage: str) -> dict[str, Any]:
+        """The options of ``stage`` as deployed."""
+        deploy = self.engine.deploy if self.engine is not None else load_deploy(self.deploy, self.pipeline)
+        return dict(deploy.stages[stage].options)
+
     def voices(self) -> list[str]:
         """``default`` plus the voices of the pipeline's family (``ServingTraits.voices``), read once: given the
         options of the stage the voice goes to, as deployed (a checkpoint family lists its checkpoint's voices). Voices
@@ -140,11 +175,7 @@ class EngineSlot:
             found: list[str] = []
             if traits.voices is not None:
                 try:
-                    options: dict[str, Any] = {}
-                    if traits.voice_param is not None:
-                        deploy = self.engine.deploy if self.engine is not None else \
-                            load_deploy(self.deploy, self.pipeline)
-                        options = dict(deploy.stages[traits.voice_param[0]].options)
+                    options = self.stage_options(traits.voice_param[0]) if traits.voice_param is not None else {}
                     found = list(resolve(traits.voices)(options))
                 except Exception as exc:  # noqa: BLE001 - logged once; the voice list is then default alone
                     logger.warning("pipeline %s: cannot list its voices: %s", self.name, exc)
@@ -206,6 +237,7 @@ class EnginePool:
         main = get_pipeline(config.pipeline)
         self.main = EngineSlot(main, config.deploy, config.log_level)
         self.slots: dict[str, EngineSlot] = {main.name: self.main}
+        self._registries: dict[str, VoiceRegistry] = {}
         traits = main.serving
         family = {"speech": traits.speech_pipeline, "transcription": traits.transcription_pipeline}
         companions = ({k: v for k, v in family.items() if v} if config.companions is None else config.companions)
@@ -282,9 +314,29 @@ class EnginePool:
         self.main.ready_engine()  # the server answers nothing before its main pipeline is up
         return await slot.wait_engine(), slot.pipeline
 
+    def voice_registry(self, pipeline: PipelineSpec) -> VoiceRegistry | None:
+        """The voices made from clips for ``pipeline``; None when its family cannot take a speaker reference."""
+        traits = pipeline.serving
+        if traits.reference_voice is None or traits.reference_param is None:
+            return None
+        if pipeline.name not in self._registries:
+            slot = self.slots[pipeline.name]
+            stage = traits.reference_param[0]
+            self._registries[pipeline.name] = VoiceRegistry(cache_root() / "voices" / pipeline.name,
+                                                            traits.reference_voice, lambda: slot.stage_options(stage))
+        return self._registries[pipeline.name]
+
+    def registered_voices(self, pipeline: PipelineSpec) -> list[ReferenceVoice]:
+        """The voices made from clips for ``pipeline`` whose base voice it has."""
+        registry = self.voice_registry(pipeline)
+        if registry is None:
+            return []
+        own = set(self.slots[pipeline.name].voices())
+        return [voice for voice in registry.voices() if voice.base_voice in own]
+
     def voices(self, pipeline: PipelineSpec) -> list[str]:
-        """``default`` plus the voices of the pipeline's family (``EngineSlot.voices``)."""
-        return self.slots[pipeline.name].voices()
+        """``default``, the voices of the pipeline's family (``EngineSlot.voices``), then those made from clips."""
+        return [*self.slots[pipeline.name].voices(), *(v.name for v in self.registered_voices(pipeline))]
 
     def voice_aliases(self, pipeline: PipelineSpec) -> dict[str, str]:
         """OpenAI voice name -> the pipeline's voice: every name to ``default``, then the family's mapping, then the
@@ -297,8 +349,9 @@ class EnginePool:
 
     def voice_cards(self, pipeline: PipelineSpec) -> list[VoiceCard]:
         aliases = self.voice_aliases(pipeline)
-        return [VoiceCard(id=voice, name=voice, aliases=sorted(a for a, v in aliases.items() if v == voice))
-                for voice in self.voices(pipeline)]
+        bases = {voice.name: voice.base_voice for voice in self.registered_voices(pipeline)}
+        return [VoiceCard(id=voice, name=voice, aliases=sorted(a for a, v in aliases.items() if v == voice),
+                          base_voice=bases.get(voice)) for voice in self.voices(pipeline)]
 
     def audio_model_pipelines(self) -> list[tuple[str, PipelineSpec]]:
         """The model ids whose pipelines speak, with their pipelines."""
@@ -312,6 +365,14 @@ class EnginePool:
         voices = self.voices(pipeline)
         aliases = self.voice_aliases(pipeline)
         match = next((v for v in voices if v.casefold() == name), None)
+        registry = self.voice_registry(pipeline)
+        registered = registry.get(match) if registry is not None and match is not None else None
+        if registry is not None and registered is not None:
+            try:
+                return RegisteredVoice(registered.name, registered.base_voice, registry.reference(registered))
+            except (OSError, FieldError) as exc:  # removed meanwhile, or its clip damaged on disk
+                raise APIError(400, f"{param}: voice {registered.name!r} cannot be read ({exc}); register it again",
+                               param=param, code="invalid_voice") from None
         if match is not None:
             return match
         alias = next((a for a in aliases if a.casefold() == name), None)

@@ -1,4 +1,5 @@
-"""Proxies the model endpoints (chat completions, speech, transcriptions) to the worker the queue assigns.
+"""Proxies the model endpoints (chat completions, speech, transcriptions) to the worker the queue assigns, and
+changes to the voices to every worker (``ModelProxy.to_every_worker``).
 
 The worker's status, headers and body pass through unchanged and unbuffered (SSE and chunked audio keep
 streaming); the gateway adds ``X-Omnipipe-Session-Id`` and ``X-Omnipipe-Worker``. A streamed chat request that
@@ -8,6 +9,7 @@ to the session's tap, which records the turn.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -166,6 +168,45 @@ class ModelProxy:
                                     (b"content-length", str(len(reply.content)).encode())]
             return response
         raise APIError(503, "no worker is online", code="no_worker", headers={"Retry-After": "2"})
+
+    async def to_every_worker(self, request: Request) -> Response:
+        """A change to the workers' voices (``POST /v1/audio/voices``, ``DELETE /v1/audio/voices/{name}``) sent to
+        every online worker at once (no queue), so that the next request can use it whichever worker serves it: the
+        first refusal (4xx) is the answer; else, when a worker could not take it, a 502 naming it (the others keep
+        it; sending it again is answered 200 by those); else the first worker's answer. A ``DELETE`` that some
+        worker answers 404 (it never had the voice, or shares its voice directory with one that removed it) counts
+        as done when another removed it. A worker offline meanwhile does not get it."""
+        body = await self._read_body(request)
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        workers = [w for w in self.pool.workers if w.online]
+        if not workers:
+            raise APIError(503, "no worker is online", code="no_worker", headers={"Retry-After": "2"})
+
+        async def send(worker: Worker) -> httpx.Response | str:
+            try:
+                return await self.client.request(request.method, f"http://{worker.address}{target}", content=body,
+                                                 headers=request_headers(request.headers), timeout=120.0)
+            except httpx.HTTPError as exc:
+                return f"{type(exc).__name__}: {exc}"
+
+        replies = await asyncio.gather(*(send(worker) for worker in workers))
+        answered = [r for r in replies if isinstance(r, httpx.Response)]
+        done = [r for r in answered if r.is_success]
+        refused = [r for r in answered if 400 <= r.status_code < 500
+                   and not (request.method == "DELETE" and r.status_code == 404 and done)]
+        failed = [f"{w.address} ({r if isinstance(r, str) else f'status {r.status_code}'})"
+                  for w, r in zip(workers, replies, strict=True)
+                  if isinstance(r, str) or r.status_code >= 500]
+        if refused:
+            chosen = refused[0]
+        elif failed:
+            raise worker_failed_error(", ".join(failed), "the change reached the other workers only")
+        else:
+            chosen = next((r for r in done if r.status_code == 201), done[0])
+        response = Response(chosen.content, chosen.status_code)
+        response.raw_headers = [*response_headers(chosen.headers),
+                                (b"content-length", str(len(chosen.content)).encode())]
+        return response
 
     async def handle(self, request: Request, request_type: str) -> Response:
         self.apps.check(request_type)

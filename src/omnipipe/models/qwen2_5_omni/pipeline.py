@@ -17,7 +17,8 @@ PIPELINE = PipelineSpec(
         StageSpec("talker", "ar", f"{_P}.runners.talker:Qwen25TalkerRunner",
                   extra_params=f"{_P}.processors:Qwen25TalkerParams"),
         StageSpec("token2wav", "generation", f"{_P}.runners.token2wav:Qwen25Token2WavRunner",
-                  final_output="audio", sample_rate_hz=SAMPLE_RATE_HZ),
+                  final_output="audio", sample_rate_hz=SAMPLE_RATE_HZ,
+                  extra_params=f"{_P}.processors:Qwen25Token2WavParams"),
     ),
     edges=(
         EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker", f"{_P}.processors.thinker2talker_async_chunk"),
@@ -29,9 +30,11 @@ PIPELINE = PipelineSpec(
     input_modalities=("text", "image", "audio", "video"),
     comprehension_stage="thinker",
     model_stages=("thinker", "talker", "token2wav"),
-    # the server's voices: the checkpoint's (spk_dict.pt), each request's going to the talker
+    # the server's voices: the checkpoint's (spk_dict.pt), each request's going to the talker; a voice made from a
+    # clip is a checkpoint voice with the clip's mel as the token2wav's reference (reference_voice.py)
     serving=ServingTraits(voices=f"{_P}.weights.load:list_speakers", voice_param=("talker", "speaker"),
-                          video_stage="thinker"),
+                          video_stage="thinker", reference_voice=f"{_P}.reference_voice:reference_from_clip",
+                          reference_param=("token2wav", "reference_mel")),
     weights_status=f"{_P}.weights.load:weights_status",
     takes_history=True,
     # windows start on the DiT's 24-mel-frame blocks (12 codes); 24 left and 12 right context codes keep a chunked

@@ -40,6 +40,31 @@ class Qwen25TalkerParams:
             raise FieldError("speaker", f"must be a voice name, got {self.speaker!r}")
 
 
+MAX_REFERENCE_FRAMES = 3_000  # 30 s of mel at 100 frames per second
+
+
+@dataclass(frozen=True)
+class Qwen25Token2WavParams:
+    """The token2wav's ``SamplingParams.extra``: ``reference_mel``, a reference mel spectrogram (rows of mel bands,
+    ``reference_voice.py``) that replaces the voice's own ``ref_mel`` (its x-vector stays the voice's); None: the
+    voice's own."""
+
+    reference_mel: list[list[float]] | None = None
+
+    def __post_init__(self) -> None:
+        mel = self.reference_mel
+        if mel is None:
+            return
+        if not isinstance(mel, list) or not 1 <= len(mel) <= MAX_REFERENCE_FRAMES:
+            raise FieldError("reference_mel", f"must be a list of 1 to {MAX_REFERENCE_FRAMES} mel frames")
+        try:
+            values = np.asarray(mel)
+        except ValueError:  # rows of different lengths
+            values = np.zeros(0)
+        if values.ndim != 2 or values.shape[1] == 0 or values.dtype.kind not in "if" or not np.isfinite(values).all():
+            raise FieldError("reference_mel", "every frame must be a list of as many finite numbers as the first")
+
+
 def _items(mm: dict[str, Any], key: str) -> list[Any]:
     """The items of one modality: a single value or a list of them (for ``video``, a list of frames is one
     video)."""

@@ -1,8 +1,7 @@
 """``POST /v1/audio/speech``: read text aloud with the pipeline's talker -> vocoder part, streaming audio bytes as
 they are decoded (``pcm``: raw 24 kHz int16; ``wav``: a header of unknown length, then PCM at the native rate;
 ``mp3`` (the default, as OpenAI's), ``opus``, ``aac``, ``flac``: encoded as the audio arrives), or as server-sent
-events. ``GET /v1/audio/voices`` lists the voices each speaking model has, with the OpenAI voice names that select
-them.
+events (the voices a request can name are listed by ``GET /v1/audio/voices``, ``voices.py``).
 
 ``voice`` is a voice of the pipeline, an OpenAI voice name mapped to one (``EnginePool.voice_aliases``) or
 ``{"id": ...}``; ``instructions`` are refused unless the family can follow them (``ServingTraits.takes_instructions``).
@@ -16,13 +15,13 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 
 from omnipipe.api.outputs import OmniRequestOutput
 from omnipipe.api.sampling_params import SamplingParams
 from omnipipe.config.pipeline_spec import PipelineSpec
-from omnipipe.protocol.openai import ErrorResponse, SpeechRequest, VoiceList
-from omnipipe.protocol.worker import SPEECH_PATH, VOICES_PATH
+from omnipipe.protocol.openai import ErrorResponse, SpeechRequest
+from omnipipe.protocol.worker import SPEECH_PATH
 from omnipipe.server.audio_stream import (
     MEDIA_TYPES,
     EncodedStream,
@@ -30,7 +29,7 @@ from omnipipe.server.audio_stream import (
     streaming_wav_header,
 )
 from omnipipe.server.engines import EnginePool, with_voice
-from omnipipe.server.errors import APIError, from_engine_error, invalid
+from omnipipe.server.errors import from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.streaming import (
     SSE_HEADERS,
@@ -145,20 +144,3 @@ async def create_speech(body: SpeechRequest, request: Request) -> ClosingStreami
     if body.stream_format == "sse":
         return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     return ClosingStreamingResponse(stream, media_type=MEDIA_TYPES[body.response_format])
-
-
-@router.get(VOICES_PATH, response_model=VoiceList, responses={404: {"model": ErrorResponse}})
-async def list_voices(request: Request, model: str | None = Query(None, min_length=1)) -> VoiceList:
-    """The voices of ``model``, or of every model that speaks (``voices``: those of the model ``/v1/audio/speech``
-    uses by default, the main one when it speaks; ``models``: each speaking model's)."""
-    pool: EnginePool = request.app.state.pool
-    speaking = pool.audio_model_pipelines()
-    if model is not None:
-        for model_id, pipeline in speaking:
-            if model_id == model or pipeline.name == model:
-                return VoiceList(voices=pool.voice_cards(pipeline), model=model_id)
-        raise APIError(404, f"model: {model!r} does not exist or does not speak (speaking models: "
-                       f"{', '.join(m for m, _ in speaking) or 'none'})", param="model", code="model_not_found")
-    models = {model_id: pool.voice_cards(pipeline) for model_id, pipeline in speaking}
-    first = next(iter(models.values()), [])
-    return VoiceList(voices=first, models=models)

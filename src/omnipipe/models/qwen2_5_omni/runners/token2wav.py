@@ -4,7 +4,9 @@
 forward per ODE evaluation for all of them); a request's voice is encoded once, when its first window comes.
 float32 unless its ``dtype`` option says otherwise (``Token2WavOptions``; the ODE itself stays float32). The noise
 seed is the token2wav stage's ``SamplingParams.seed`` (0 without one); its token-sampling fields have no meaning
-here and are refused unless neutral (``max_tokens`` is not read: the talker's bounds the codes)."""
+here and are refused unless neutral (``max_tokens`` is not read: the talker's bounds the codes). A request's
+``extra["reference_mel"]`` (``Qwen25Token2WavParams``: a voice made from a clip, ``reference_voice.py``) replaces
+its voice's reference mel; the voice's x-vector stays."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from omnipipe.models.qwen2_5_omni.modeling.token2wav_stream import (
     utterance_noise,
 )
 from omnipipe.models.qwen2_5_omni.options import Token2WavOptions
+from omnipipe.models.qwen2_5_omni.processors import Qwen25Token2WavParams
 from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
 from omnipipe.stage.checkpoint_options import checked_options
 from omnipipe.stage.request import StageRequest
@@ -49,12 +52,20 @@ class Qwen25Token2WavRunner(StageRunner):
             if params.get(name, neutral) != neutral:
                 raise FieldError(f"sampling_params.{name}", f"token2wav samples no tokens: leave it {neutral!r} "
                                  f"(only seed applies here), got {params[name]!r}")
+        mel = Qwen25Token2WavParams(**(params.get("extra") or {})).reference_mel
+        bands = self.model.config.dit_config.mel_dim
+        if mel is not None and len(mel[0]) != bands:
+            raise FieldError("sampling_params.extra.reference_mel", f"frames of {bands} mel bands expected, got "
+                             f"{len(mel[0])}")
         return None
 
     def _stream(self, request: StageRequest, speaker: str | None) -> Token2WavStream:
         """The request's stream, started (its voice encoded, its noise drawn) at its first window."""
         if request.runner_state is None:
             conditioning, reference_mel = self.speakers[speaker or DEFAULT_SPEAKER]
+            reference = Qwen25Token2WavParams(**(request.params.get("extra") or {})).reference_mel
+            if reference is not None:
+                reference_mel = torch.tensor(reference, dtype=torch.float32, device=self.device)[None]
             seed = request.params.get("seed")
             noise = utterance_noise(self.model, 0 if seed is None else int(seed), self.device)
             request.runner_state = Token2WavStream.start(self.model, conditioning, reference_mel, noise,
