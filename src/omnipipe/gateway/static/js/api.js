@@ -88,7 +88,9 @@ const CODE_WORDS = {
 function sentence(text) {
   const trimmed = String(text || "").trim();
   if (!trimmed) return "";
-  const capital = trimmed[0].toUpperCase() + trimmed.slice(1);
+  // a message that starts with the field it names ("captured_at_ms: ...") keeps the field's spelling
+  const named = /^[a-z_][\w.[\]]*: /.test(trimmed);
+  const capital = named ? trimmed : trimmed[0].toUpperCase() + trimmed.slice(1);
   return /[.!?…]$/.test(capital) ? capital : `${capital}.`;
 }
 
