@@ -1,11 +1,12 @@
 """``omnipipe bench voice``: its parts on their own (the playback clock's underruns, the real-time pace, the end of
-speech of a spoken clip, the variants, the rows, the server histogram as ``/metrics`` shows it), and the whole bench
-end to end against a server it starts, one question per mode at c=1."""
+speech of a spoken clip, camera frames beside the audio, the variants, the rows, the server histogram as
+``/metrics`` shows it), and the whole bench end to end against a server it starts, one question per mode at c=1."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import io
 import json
 import time
 from pathlib import Path
@@ -67,6 +68,30 @@ def test_chunks_go_out_at_real_time_pace() -> None:
     assert len(sent) == 5 and all(len(base64.b64decode(e["audio"])) == CHUNK_BYTES for _, e in sent)
     assert last - start >= 0.2 - 1e-3  # the last chunk waits until its 40 ms have passed
     assert all(at - start >= 0.04 * (i + 1) - 1e-3 for i, (at, _) in enumerate(sent))
+
+
+def test_camera_frames_go_out_beside_the_audio_at_their_rate() -> None:
+    """A camera variant's pacer sends a frame with its first chunk and then one per 1/fps of the session's time, each
+    a JPEG data URL within the worker's limits, capture times growing."""
+    from PIL import Image
+
+    from omnipipe.protocol.realtime import MAX_FRAME_BYTES, MIN_FRAME_INTERVAL_MS
+    from omnipipe.util.data_url import parse_data_url
+
+    sent: list[dict[str, Any]] = []
+
+    class Socket:
+        async def send(self, text: str) -> None:
+            sent.append(json.loads(text))
+
+    asyncio.run(Pacer(Socket(), camera_fps=4.0).stream(pcm(1.0)))
+    frames = [e for e in sent if e["type"] == "input_video_frame.append"]
+    assert len([e for e in sent if e["type"] == "input_audio_buffer.append"]) == 25
+    assert 3 <= len(frames) <= 4  # at 0 s, then at most one per 250 ms of the second
+    times = [f["captured_at_ms"] for f in frames]
+    assert times[0] < 60 and all(b - a >= MIN_FRAME_INTERVAL_MS for a, b in zip(times, times[1:], strict=False))
+    media, data = parse_data_url(frames[0]["image"], field="image", kind="image", max_bytes=MAX_FRAME_BYTES)
+    assert media == "image/jpeg" and Image.open(io.BytesIO(data)).size == (640, 480)
 
 
 def test_a_clip_ends_at_its_last_speech_sample() -> None:

@@ -112,7 +112,8 @@ async def _transcribe_answers(client: httpx.AsyncClient, model: str, turns: list
 async def run_cell(url: str, headers: dict[str, str], model: str, variant: Variant, mode: str, concurrency: int,
                    spoken: list[SpokenQuestion], args: argparse.Namespace) -> dict[str, Any]:
     """One run: ``concurrency`` sessions of ``variant`` in ``mode``, their answers transcribed; its row."""
-    plan = SessionPlan(ws_url(url), headers, session_update(mode, args.max_tokens, variant), mode, args.turn_timeout)
+    plan = SessionPlan(ws_url(url), headers, session_update(mode, args.max_tokens, variant), mode, args.turn_timeout,
+                       variant.camera_fps)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=args.turn_timeout) as client:
         before = server_histogram((await client.get("/metrics")).text)
         sessions = await asyncio.gather(*(run_session(plan, session_questions(spoken, i, args.questions),
@@ -136,7 +137,7 @@ def run_group(args: argparse.Namespace, variants: list[Variant], workdir: Path, 
         for mode in modes:
             for _ in range(args.warmup):
                 plan = SessionPlan(ws_url(url), headers, session_update(mode, args.max_tokens, variants[0]), mode,
-                                   args.turn_timeout)
+                                   args.turn_timeout, variants[0].camera_fps)
                 asyncio.run(run_session(plan, spoken[:1]))
         for variant in variants:
             for mode in modes:

@@ -7,6 +7,9 @@ pace, as a microphone would send them, and each answer timed and played on a vir
   speech chunk, then waits for the answer (push to talk: nothing more is streamed). With ``server_vad`` the client
   streams half a second of silence before the first question and then never stops: after each question it keeps
   sending silence until the answer's ``response.done``, and the server's VAD ends the turn.
+- Camera (a variant's ``camera_fps``): a 640x480 JPEG frame (a gradient with noise, 25 KiB) sent as
+  ``input_video_frame.append`` that often beside the audio, whenever audio is sent, captured at the session's wall
+  clock.
 - Latency: end of speech (the wall time the chunk holding the last speech sample was sent) -> the answer's first
   ``response.output_audio.delta``.
 - Underruns: from the first audio delta on, the answer is played at real-time pace; each time the next audio comes
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import time
 from dataclasses import dataclass, field
@@ -85,13 +89,34 @@ class SessionPlan:
     update: dict[str, Any]
     mode: str
     turn_timeout_s: float
+    camera_fps: float = 0.0
+
+
+@functools.cache
+def camera_frame() -> str:
+    """A webcam-like frame: a 640x480 JPEG data URL (a colour gradient with noise, quality 70)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rows, cols = np.mgrid[0:480, 0:640]
+    pixels = np.stack([rows * 255 // 480, cols * 255 // 640, np.full_like(rows, 120)], axis=-1)
+    pixels = pixels + np.random.default_rng(0).integers(-12, 12, pixels.shape)
+    buffer = io.BytesIO()
+    Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=70)
+    return "data:image/jpeg;base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
 class Pacer:
-    """Sends audio at real-time pace: each chunk once its audio time has passed since the stream (re)started."""
+    """Sends audio at real-time pace: each chunk once its audio time has passed since the stream (re)started; and
+    camera frames beside it, ``camera_fps`` a second."""
 
-    def __init__(self, ws: Any) -> None:
+    def __init__(self, ws: Any, camera_fps: float = 0.0) -> None:
         self.ws = ws
+        self.camera_fps = camera_fps
+        self.camera_origin = time.perf_counter()
+        self.next_frame = self.camera_origin
         self.restart()
 
     def restart(self) -> None:
@@ -105,7 +130,12 @@ class Pacer:
             await asyncio.sleep(delay)
         await self.ws.send(json.dumps({"type": ClientEvent.INPUT_AUDIO_BUFFER_APPEND,
                                        "audio": base64.b64encode(chunk).decode()}))
-        return time.perf_counter()
+        sent = time.perf_counter()
+        if self.camera_fps and sent >= self.next_frame:
+            self.next_frame = sent + 1 / self.camera_fps
+            await self.ws.send(json.dumps({"type": ClientEvent.INPUT_VIDEO_FRAME_APPEND, "image": camera_frame(),
+                                           "captured_at_ms": round((sent - self.camera_origin) * 1000, 1)}))
+        return sent
 
     async def stream(self, pcm16: bytes) -> float:
         """Send ``pcm16`` in 40 ms chunks; returns when its last chunk was sent."""
@@ -206,7 +236,7 @@ async def run_session(plan: SessionPlan, questions: list[SpokenQuestion], delay_
             await _next_of(ws, ServerEvent.SESSION_UPDATED)
             listener = Listener(ws)
             listening = asyncio.create_task(listener.run())
-            pacer = Pacer(ws)
+            pacer = Pacer(ws, plan.camera_fps)
             if plan.mode != COMMIT:
                 for _ in range(round(LEAD_SILENCE_S / CHUNK_S)):
                     await pacer.send(SILENCE_CHUNK)

@@ -22,6 +22,7 @@ class Variant:
     about: str
     deploy: dict[str, Any] = field(default_factory=dict)  # merged over the server's deploy file
     session: dict[str, Any] = field(default_factory=dict)  # merged into each session.update's ``session``
+    camera_fps: float = 0.0  # camera frames a second sent beside the microphone (``input_video_frame.append``)
 
     @property
     def deploy_key(self) -> str:
@@ -44,6 +45,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("first-piece-2", "the talker's first piece is 2 words (default 4)", deploy=_FIRST_PIECE_2),
     Variant("first-chunk-5", "the first audio chunk is 5 frames, 58 ms (default 10)", deploy=_FIRST_CHUNK_5),
     Variant("deadline", "talker and vocoder serve the stream whose playback runs dry soonest", deploy=_DEADLINE),
+    Variant("camera", "a 640x480 JPEG camera frame each second beside the microphone, as the omni page sends: the "
+            "turn's frames go to the thinker with its words", camera_fps=1.0),
     Variant("none", "without live transcription, speculation or the session cache: the voice turn as it was",
             session=merge_settings(_NO_LIVE, _NO_SPECULATION), deploy=_NO_SESSION_CACHE),
 )
