@@ -1,11 +1,13 @@
 """The omni page (camera and microphone in one live session) in Chromium with a fake camera and a fake microphone.
 
-Against one ``omnipipe worker --pipeline default`` behind a gateway: the fake camera plays a generated clip, red
-for its first half and blue for its second (Chromium loops it), and the fake microphone asks "What colour do you
-see?" once while each colour shows. The frames the page sends go with each question (the server lists them in the
-user item); every answer is transcribed from the audio the page received and names the colour of its question's
-frames, red then blue. Talking over an answer stops it; a frame the server refuses is shown as a plain error while
-the session goes on. Without a model that takes images the page (and its links) are not offered."""
+Against one ``omnipipe worker --pipeline default`` behind a gateway: the fake camera plays a generated clip, red for
+its first half and blue for its second (Chromium loops it), and the fake microphone asks "What colour do you see?"
+once while each colour shows. The frames the page sends go with each question (the server lists them in the user
+item); every answer is transcribed from the audio the page received and names the colour of its question's frames,
+red then blue. The session's recording keeps the frames sent (``user_frames/``) and replays them as
+``merged_replay.mp4`` with the session's audio, which the session page plays. Talking over an answer stops it; a
+frame the server refuses is shown as a plain error while the session goes on. Without a model that takes images the
+page (and its links) are not offered."""
 
 from __future__ import annotations
 
@@ -214,6 +216,38 @@ def test_the_spoken_answer_names_the_colour_the_camera_shows(default_stack: Stac
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("#state-label")).to_have_text("Session ended")
     expect(page.locator("#camera-preview")).to_have_js_property("srcObject", None)
+    check_the_recording(default_stack, hooks["sessionId"], omni_hooks(page)["framesSent"], page)
+
+
+def check_the_recording(stack: Stack, session_id: str, sent: list[dict[str, Any]], page: Any) -> None:
+    """The omni session's recording: the frames the page sent, under user_frames/ with their capture times, and
+    merged_replay.mp4 (the camera red, then blue; the session's audio), which the session page plays."""
+    from tests.gateway.test_recording_frames import AAC_TOLERANCE_S, decoded_replay, runs
+    from tests.waiting import wait_for
+
+    def finished() -> dict[str, Any] | None:
+        data = httpx.get(f"{stack.url}/api/sessions/{session_id}", timeout=30).json()
+        return data if data["meta"]["status"] == "completed" and "merged_replay.mp4" in data["files"] else None
+
+    data = wait_for(finished, 120, "the omni session's replay")
+    recorded = [frame["captured_at_ms"] for frame in data["recording"]["frames"]]
+    sent_at = [frame["captured_at_ms"] for frame in sent]
+    assert recorded and set(recorded) <= set(sent_at) and len(recorded) >= len(sent_at) - 1, (recorded, sent_at)
+    directory = stack.gateway.data_dir / "sessions" / session_id
+    assert sorted(p.name for p in (directory / "user_frames").iterdir()) == \
+        [Path(frame["path"]).name for frame in data["recording"]["frames"]]
+    colours, audio_s, _ = decoded_replay(directory / "merged_replay.mp4")
+    session_s = data["meta"]["ended_at"] - data["meta"]["created_at"]
+    assert abs(audio_s - session_s) < AAC_TOLERANCE_S, (audio_s, session_s)
+    assert [c for c in runs(colours) if c != "black"] == ["red", "blue"], runs(colours)
+
+    page.goto(f"{stack.url}/s/{session_id}")
+    video = "document.querySelector('#replay video')"
+    page.wait_for_function(f"{video} && {video}.readyState >= 1", timeout=20_000)
+    page.evaluate(f"(v => {{ v.muted = true; return v.play(); }})({video})")
+    page.wait_for_function(f"{video}.currentTime > 0.5", timeout=20_000)
+    assert page.evaluate(f"{video}.error") is None
+    screenshot(page, "omni-session-replay")
 
 
 def test_talking_over_the_answer_stops_it_and_a_refused_frame_is_shown(default_stack: Stack,
