@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,7 +29,7 @@ from omnipipe.server.routes.realtime.frames import (
     sample_frames,
 )
 from tests.server.conftest import ServerProcess, engines_idle, spoken
-from tests.server.test_realtime import Conn, of, session
+from tests.server.test_realtime import RATE, Conn, of, session
 
 
 def frame_url(colour: tuple[int, int, int], kind: str = "JPEG", size: tuple[int, int] = (160, 120)) -> str:
@@ -218,6 +219,39 @@ def test_a_spoken_question_takes_the_frames_seen_while_speaking(default_server: 
         events, added = conn.until("conversation.item.added")
         assert frame_times(added["item"]), added
         assert "green" in _answer(conn)
+
+
+def test_under_server_vad_the_turn_takes_the_frames_kept_at_its_pause(default_server: ServerProcess) -> None:
+    """Frames at 4 a second, also through the silence that ends the turn: the answer started tentatively at the
+    pause (with the frames kept by then) is the one released, and the item took exactly those frames; the frames
+    after the pause wait for the next user item."""
+    from tests.server.test_realtime_voice_turn import CHUNK, clip, counters, grew
+
+    question = clip("What colour do you see?")
+    audio = np.concatenate([np.zeros(RATE // 2, np.float32), question, np.zeros(RATE * 3 // 2, np.float32)])
+    speech_end_ms = (RATE // 2 + len(question)) * 1000 / RATE
+    before = counters(default_server)
+    with session(default_server) as conn:
+        conn.update(output_modalities=["text"], max_output_tokens=20, audio={"input": {
+            "turn_detection": {"type": "server_vad", "silence_duration_ms": 500}}})
+        start = time.perf_counter()
+        sent = []
+        for i, offset in enumerate(range(0, len(audio), CHUNK)):  # real-time pace, 40 ms appends
+            delay = start + i * CHUNK / RATE - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            conn.send("input_audio_buffer.append", audio=_pcm16(audio[offset:offset + CHUNK]))
+            if i % 7 == 0:  # 280 ms apart, on the audio's clock
+                sent.append(offset * 1000 / RATE)
+                send_frame(conn, frame_url((20, 160, 40)), sent[-1])
+        events, done = conn.until("response.done")
+        assert done["response"]["status"] == "completed", (done, of(events, "error"))
+        took = frame_times(of(events, "conversation.item.added")[0]["item"])
+        later = conn.user_text("And now?")
+    assert took and max(took) < speech_end_ms + 500 < max(sent), (took, speech_end_ms, sent)
+    assert frame_times(later["item"]) and min(frame_times(later["item"])) > max(took)
+    assert grew(before, counters(default_server), 'speculative_starts{model_name="default",outcome="released"}') == 1
+    assert "green" in "".join(d["delta"] for d in of(events, "response.output_text.delta")).lower()
 
 
 def _pcm16(samples: np.ndarray) -> str:

@@ -154,7 +154,7 @@ class InputAudioBuffer:
                            previous_item_id=session.conversation.last_item_id(), item_id=item_id)
         item = ConversationItem(item_id, "user", audio=audio, spoken=True, pending=True, words=words or "",
                                 transcribed=words is not None)
-        item.take_frames(session.frames.take())
+        item.take_frames(session.frames.take(until_ms=None if tentative is None else tentative.frames_until_ms))
         await session.conversation.add(item)
 
     async def _transcript(self, speech: np.ndarray, tentative: TentativeAnswer | None) -> str | None:

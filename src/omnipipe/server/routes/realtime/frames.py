@@ -12,7 +12,9 @@ interval before the last one kept), the most recent ones up to the model's cap. 
 them as one video at the rate and cap of its ``ServingTraits.video_stage`` options ``video_fps`` and
 ``video_max_frames`` (the rate the thinker takes frames to have); frames of another size than the newest, where the
 camera changed, are left out. A family that takes images gets them as images (1 per second, up to
-``ServingTraits.max_images`` with the item's own images).
+``ServingTraits.max_images`` with the item's own images). A turn the server VAD ends after an answer started
+tentatively at its pause (``speculative_start.py``) takes the frames captured by the pause, as the tentative answer
+did (so it can be adopted); later ones wait for the next user item.
 """
 
 from __future__ import annotations
@@ -123,18 +125,23 @@ class CameraFrames:
                              f"was captured {at_ms - last:g} ms after the previous one", "captured_at_ms",
                              code="frame_rate_exceeded")
 
-    def peek(self, images_already: int = 0) -> list[Frame]:
+    def newest_ms(self) -> float:
+        """The capture time of the newest frame kept (-inf when none)."""
+        return self.frames[-1].captured_at_ms if self.frames else float("-inf")
+
+    def peek(self, images_already: int = 0, until_ms: float | None = None) -> list[Frame]:
         """The frames a user item made now would take (sampled for the model; ``images_already``: the item's own
-        images, which count against an image family's cap)."""
-        if not self.frames:
+        images, which count against an image family's cap; ``until_ms``: only those captured by then)."""
+        frames = [f for f in self.frames if until_ms is None or f.captured_at_ms <= until_ms]
+        if not frames:
             return []
         kind, fps, most = frame_plan(self.session.pipeline, self.session.engine.deploy)
-        return sample_frames(list(self.frames), fps, most - images_already if kind == "image" else most)
+        return sample_frames(frames, fps, most - images_already if kind == "image" else most)
 
-    def take(self, images_already: int = 0) -> list[Frame]:
-        """``peek``, and the buffer empties."""
-        frames = self.peek(images_already)
-        self.frames.clear()
+    def take(self, images_already: int = 0, until_ms: float | None = None) -> list[Frame]:
+        """``peek``, and the frames it looked at leave the buffer (later ones wait for the next user item)."""
+        frames = self.peek(images_already, until_ms)
+        self.frames = deque(f for f in self.frames if until_ms is not None and f.captured_at_ms > until_ms)
         return frames
 
     def clear(self) -> None:

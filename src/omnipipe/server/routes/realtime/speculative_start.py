@@ -42,6 +42,7 @@ class TentativeAnswer:
         self.response_id = f"resp_{uuid.uuid4().hex[:24]}"
         self.transcript: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.plan: AnswerPlan | None = None
+        self.frames_until_ms = session.frames.newest_ms()  # the camera frames of the turn: those kept at the pause
         self._outputs: AsyncIterator[OmniRequestOutput] | None = None
         self.task = asyncio.create_task(self._start(speech), name=f"omnipipe-tentative-{self.response_id}")
 
@@ -59,7 +60,7 @@ class TentativeAnswer:
         self.transcript.set_result(words)
         heard = ConversationItem("tentative", "user", words=words, audio=speech, spoken=True, pending=True,
                                  transcribed=True)
-        heard.take_frames(session.frames.peek())  # the camera frames the turn would take now
+        heard.take_frames(session.frames.peek(until_ms=self.frames_until_ms))
         self.plan = session.responses.plan(None, *session.conversation.peek_turn(heard))
         self._outputs = session.responses.generate(self.response_id, self.plan)
         return await anext(self._outputs, None)
