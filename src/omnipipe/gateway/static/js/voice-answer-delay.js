@@ -66,12 +66,13 @@ export class AnswerDelayClock {
     this.speechEnd = null;
   }
 
-  /** Audio of the response arrived at `at`: the answer's delay in ms if this is its first audio, else null. */
+  /** Audio of the response arrived at `at`: the answer's delay in whole ms (as each answer shows it, so the
+   * median is that of the delays shown) if this is its first audio, else null. */
   audioArrived(responseId, at = performance.now()) {
     const speechEnd = this.waiting.get(responseId);
     if (speechEnd === undefined) return null;
     this.waiting.delete(responseId);
-    const delay = at - speechEnd;
+    const delay = Math.round(at - speechEnd);
     this.delays.push(delay);
     return delay;
   }
