@@ -336,22 +336,29 @@ class EnginePool:
 
     def voices(self, pipeline: PipelineSpec) -> list[str]:
         """``default``, the voices of the pipeline's family (``EngineSlot.voices``), then those made from clips."""
-        return [*self.slots[pipeline.name].voices(), *(v.name for v in self.registered_voices(pipeline))]
+        return self._voices(pipeline)[0]
 
-    def voice_aliases(self, pipeline: PipelineSpec) -> dict[str, str]:
+    def _voices(self, pipeline: PipelineSpec) -> tuple[list[str], list[ReferenceVoice]]:
+        """``voices`` and, among them, those made from clips: the registry read once."""
+        registered = self.registered_voices(pipeline)
+        return [*self.slots[pipeline.name].voices(), *(v.name for v in registered)], registered
+
+    def voice_aliases(self, pipeline: PipelineSpec, voices: list[str] | None = None) -> dict[str, str]:
         """OpenAI voice name -> the pipeline's voice: every name to ``default``, then the family's mapping, then the
-        server's (``ServerConfig.voice_aliases``); aliases naming a voice the pipeline lacks are left out."""
+        server's (``ServerConfig.voice_aliases``); aliases naming a voice the pipeline lacks (``voices``, when the
+        caller has them) are left out."""
         aliases = {name: "default" for name in OPENAI_VOICES}
         aliases.update(dict(pipeline.serving.voice_aliases))
         aliases.update(self.config.voice_aliases)
-        voices = set(self.voices(pipeline))
-        return {alias: voice for alias, voice in aliases.items() if voice in voices and alias not in voices}
+        known = set(self.voices(pipeline) if voices is None else voices)
+        return {alias: voice for alias, voice in aliases.items() if voice in known and alias not in known}
 
     def voice_cards(self, pipeline: PipelineSpec) -> list[VoiceCard]:
-        aliases = self.voice_aliases(pipeline)
-        bases = {voice.name: voice.base_voice for voice in self.registered_voices(pipeline)}
+        voices, registered = self._voices(pipeline)
+        aliases = self.voice_aliases(pipeline, voices)
+        bases = {voice.name: voice.base_voice for voice in registered}
         return [VoiceCard(id=voice, name=voice, aliases=sorted(a for a, v in aliases.items() if v == voice),
-                          base_voice=bases.get(voice)) for voice in self.voices(pipeline)]
+                          base_voice=bases.get(voice)) for voice in voices]
 
     def audio_model_pipelines(self) -> list[tuple[str, PipelineSpec]]:
         """The model ids whose pipelines speak, with their pipelines."""
@@ -362,11 +369,11 @@ class EnginePool:
         """The pipeline voice that ``voice`` (a name, an OpenAI alias or ``{"id": ...}``; any case) selects; else a
         400 naming ``param`` and listing the valid names."""
         name = voice_name(voice).casefold()
-        voices = self.voices(pipeline)
-        aliases = self.voice_aliases(pipeline)
+        voices, kept = self._voices(pipeline)
+        aliases = self.voice_aliases(pipeline, voices)
         match = next((v for v in voices if v.casefold() == name), None)
         registry = self.voice_registry(pipeline)
-        registered = registry.get(match) if registry is not None and match is not None else None
+        registered = next((v for v in kept if v.name == match), None)
         if registry is not None and registered is not None:
             try:
                 return RegisteredVoice(registered.name, registered.base_voice, registry.reference(registered))

@@ -57,6 +57,22 @@ def worker_failed_error(address: str, detail: str) -> APIError:
     return APIError(502, f"worker {address} failed: {detail}", code="worker_failed", type="server_error")
 
 
+def _no_worker_error() -> APIError:
+    return APIError(503, "no worker is online", code="no_worker", headers={"Retry-After": "2"})
+
+
+def _target(request: Request) -> str:
+    """The request's path and query, as a worker is asked them."""
+    return request.url.path + (f"?{request.url.query}" if request.url.query else "")
+
+
+def _whole_response(reply: httpx.Response) -> Response:
+    """A worker's whole (read) reply, passed on with its status and headers."""
+    response = Response(reply.content, reply.status_code)
+    response.raw_headers = [*response_headers(reply.headers), (b"content-length", str(len(reply.content)).encode())]
+    return response
+
+
 def _dropped(headers: Headers | httpx.Headers, extra: frozenset[str]) -> set[str]:
     """Header names not to pass on: hop-by-hop ones, those the ``Connection`` header names, and ``extra``."""
     named = {t.strip().lower() for v in headers.get_list("connection") for t in v.split(",")} \
@@ -154,7 +170,7 @@ class ModelProxy:
     async def catalog(self, request: Request) -> Response:
         """What the workers serve (``GET /v1/models``, ``/v1/models/{id}``, ``/v1/audio/voices``), from any online
         worker, path and query as asked (no queue: it costs the worker nothing)."""
-        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        target = _target(request)
         for worker in self.pool.workers:
             if not worker.online:
                 continue
@@ -163,11 +179,8 @@ class ModelProxy:
                                               headers=request_headers(request.headers), timeout=5.0)
             except httpx.HTTPError:
                 continue
-            response = Response(reply.content, reply.status_code)
-            response.raw_headers = [*response_headers(reply.headers),
-                                    (b"content-length", str(len(reply.content)).encode())]
-            return response
-        raise APIError(503, "no worker is online", code="no_worker", headers={"Retry-After": "2"})
+            return _whole_response(reply)
+        raise _no_worker_error()
 
     async def to_every_worker(self, request: Request) -> Response:
         """A change to the workers' voices (``POST /v1/audio/voices``, ``DELETE /v1/audio/voices/{name}``) sent to
@@ -177,10 +190,10 @@ class ModelProxy:
         worker answers 404 (it never had the voice, or shares its voice directory with one that removed it) counts
         as done when another removed it. A worker offline meanwhile does not get it."""
         body = await self._read_body(request)
-        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        target = _target(request)
         workers = [w for w in self.pool.workers if w.online]
         if not workers:
-            raise APIError(503, "no worker is online", code="no_worker", headers={"Retry-After": "2"})
+            raise _no_worker_error()
 
         async def send(worker: Worker) -> httpx.Response | str:
             try:
@@ -203,10 +216,7 @@ class ModelProxy:
             raise worker_failed_error(", ".join(failed), "the change reached the other workers only")
         else:
             chosen = next((r for r in done if r.status_code == 201), done[0])
-        response = Response(chosen.content, chosen.status_code)
-        response.raw_headers = [*response_headers(chosen.headers),
-                                (b"content-length", str(len(chosen.content)).encode())]
-        return response
+        return _whole_response(chosen)
 
     async def handle(self, request: Request, request_type: str) -> Response:
         self.apps.check(request_type)
@@ -334,7 +344,7 @@ class ModelProxy:
         assert exchange.worker is not None
         while True:
             address = exchange.worker.address
-            url = f"http://{address}{request.url.path}" + (f"?{request.url.query}" if request.url.query else "")
+            url = f"http://{address}{_target(request)}"
             upstream_request = self.client.build_request(request.method, url, content=body,
                                                          headers=request_headers(request.headers))
             try:

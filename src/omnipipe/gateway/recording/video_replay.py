@@ -24,10 +24,11 @@ from PIL import Image
 
 from omnipipe.gateway.recording.replay import REPLAY_RATE_HZ, Clip, ReplayMix
 from omnipipe.gateway.recording.store import temporary_path
+from omnipipe.protocol.realtime import MIN_FRAME_INTERVAL_MS
 
 logger = logging.getLogger(__name__)
 
-VIDEO_REPLAY_FPS = 4
+VIDEO_REPLAY_FPS = round(1000 / MIN_FRAME_INTERVAL_MS)  # 4: every frame the worker takes shows at least once
 MAX_VIDEO_SIDE = 1280
 VIDEO_CODEC = "libx264"  # H.264 in MP4 plays in every browser
 AUDIO_CODEC = "aac"

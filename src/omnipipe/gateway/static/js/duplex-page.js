@@ -352,7 +352,7 @@ const HANDLERS = {
 /** An answer's first audio came `delay` ms after the end of the speech it answers: shown under it and in the median. */
 function showDelay(responseId, delay) {
   const figures = session.answers.get(responseId)?.[1];
-  if (figures) figures.speech_end_to_first_audio_ms = Math.round(delay);
+  if (figures) figures.speech_end_to_first_audio_ms = delay; // whole ms, as the clock keeps it
   transcript.addNote(assistantEntry(responseId), delayNote(delay));
   showDelaySummary(session.delays, els.delays);
 }
