@@ -222,6 +222,7 @@ def test_the_spoken_answer_names_the_colour_the_camera_shows(default_stack: Stac
 def check_the_recording(stack: Stack, session_id: str, sent: list[dict[str, Any]], page: Any) -> None:
     """The omni session's recording: the frames the page sent, under user_frames/ with their capture times, and
     merged_replay.mp4 (the camera red, then blue; the session's audio), which the session page plays."""
+    from omnipipe.gateway.recording.video_replay import VIDEO_REPLAY_FPS
     from tests.gateway.test_recording_frames import AAC_TOLERANCE_S, decoded_replay, runs
     from tests.waiting import wait_for
 
@@ -237,8 +238,10 @@ def check_the_recording(stack: Stack, session_id: str, sent: list[dict[str, Any]
     assert sorted(p.name for p in (directory / "user_frames").iterdir()) == \
         [Path(frame["path"]).name for frame in data["recording"]["frames"]]
     colours, audio_s, _ = decoded_replay(directory / "merged_replay.mp4")
+    # the replay lasts the session, and at least until the last frame has had its slot (video_replay.py)
     session_s = data["meta"]["ended_at"] - data["meta"]["created_at"]
-    assert abs(audio_s - session_s) < AAC_TOLERANCE_S, (audio_s, session_s)
+    replay_s = max(session_s, data["recording"]["frames"][-1]["t"] + 1 / VIDEO_REPLAY_FPS)
+    assert abs(audio_s - replay_s) < AAC_TOLERANCE_S, (audio_s, session_s, replay_s)
     assert [c for c in runs(colours) if c != "black"] == ["red", "blue"], runs(colours)
 
     page.goto(f"{stack.url}/s/{session_id}")
