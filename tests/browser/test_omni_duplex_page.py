@@ -259,7 +259,10 @@ def test_talking_over_the_answer_stops_it_and_a_refused_frame_is_shown(default_s
                                                                        new_page: Any, tmp_path: Path) -> None:
     interruption = speech(default_stack.workers[0], "Tell me more about it.")
     y4m = write_y4m(tmp_path / "red.y4m", (RED, 2.0))
-    wav = write_wav(tmp_path / "barge-in.wav", silence(QUESTION_AT_S), spoken_question, silence(1.8), interruption,
+    # the interruption starts 1 s after the question: past the VAD's 500 ms silence window (the answer is running
+    # from then on) and before the short answer ("I see red.", under a second of audio) has played out; after 1.8 s,
+    # as the voice page's test waits for its longer answer, a quick answer was sometimes already over
+    wav = write_wav(tmp_path / "barge-in.wav", silence(QUESTION_AT_S), spoken_question, silence(1.0), interruption,
                     silence(3.0))
     page = new_page(camera_browser(y4m, wav))
     page.goto(default_stack.url + "/omni")
