@@ -1,11 +1,13 @@
 """Path traversal on the asset and session routes, oversized uploads, and the admin API without a token — against
-a real gateway process (its worker address has nothing listening: none of this needs a model)."""
+a real gateway process (its worker address has nothing listening: none of this needs a model); request lines in an
+HTTP version no one speaks get 505."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,3 +146,23 @@ def test_oversized_request_headers_get_431(gateway: GatewayProcess) -> None:
     for response in (big, many):
         assert response.status_code == 431, response.text
         assert response.json()["error"]["code"] == "request_headers_too_large"
+
+
+def raw_status_line(gateway: GatewayProcess, version: str, path: str) -> str:
+    """The status line the gateway answers ``GET path HTTP/<version>`` with, sent as raw bytes over a socket."""
+    request = f"GET {path} HTTP/{version}\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", gateway.port), timeout=30) as sock:
+        sock.sendall(request.encode("ascii"))
+        answer = b""
+        while b"\r\n" not in answer and (data := sock.recv(65536)):
+            answer += data
+    return answer.split(b"\r\n", 1)[0].decode("latin-1")
+
+
+def test_unsupported_http_versions_get_505(gateway: GatewayProcess) -> None:
+    for version in ("9.9", "0.9", "2.0"):
+        status = raw_status_line(gateway, version, "/static/css/omnipipe.css")  # 200 when served
+        assert status.split(" ")[1] == "505", (version, status)
+    for version in ("1.0", "1.1"):
+        status = raw_status_line(gateway, version, "/static/css/omnipipe.css")
+        assert status.split(" ")[1] == "200", (version, status)

@@ -33,6 +33,7 @@ from omnipipe.gateway.shares import ShareStore
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.errors import APIError, install_api_error_handlers
 from omnipipe.protocol.header_limits import HeaderLimits
+from omnipipe.protocol.http_version import HTTPVersionCheck
 from omnipipe.protocol.worker import (
     CHAT_PATH,
     MODELS_PATH,
@@ -108,6 +109,7 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     app.state.monitor = monitor
     _install_error_handlers(app)
     app.add_middleware(HeaderLimits)  # type: ignore
+    app.add_middleware(HTTPVersionCheck)  # type: ignore  # outermost: a request in an unknown HTTP version gets 505
     app.include_router(admin.router)
     app.include_router(pages.router)
 

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.errors import APIError
 from omnipipe.protocol.header_limits import HeaderLimits
+from omnipipe.protocol.http_version import HTTPVersionCheck
 from omnipipe.protocol.openai import ErrorResponse, ModelCard, ModelList
 from omnipipe.protocol.worker import HEALTH_PATH, MODELS_PATH, CompanionHealthReply, WorkerHealth
 from omnipipe.server.capacity import SessionLimiter, SessionTracker
@@ -160,13 +161,15 @@ def _add_health_routes(app: FastAPI, pool: EnginePool, config: ServerConfig, ses
 
 
 def _add_middleware(app: FastAPI, config: ServerConfig, sessions: SessionTracker, metrics: ServerMetrics) -> None:
-    """Session counting inside the request guard inside the header limits, with CORS (when configured) outermost."""
+    """Session counting inside the request guard inside the header limits, inside CORS (when configured), inside the
+    HTTP version check."""
     # added first, so it runs inside the guard: refused (401/413/415) requests are never counted as sessions
     app.add_middleware(SessionLimiter, tracker=sessions)  # type: ignore
     app.add_middleware(RequestGuard, api_key=config.api_key, max_body_bytes=config.max_body_bytes,  # type: ignore
                        metrics=metrics)
     app.add_middleware(HeaderLimits)  # type: ignore  # nothing reads a request beyond the limits
-    if config.cors_origins:  # outermost: a browser's preflight carries no API key, and every answer needs the headers
+    if config.cors_origins:  # outside the guard: a browser's preflight carries no API key, every answer needs them
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),  # type: ignore
                            allow_methods=list(config.cors_methods), allow_headers=list(config.cors_headers),
                            allow_credentials=config.cors_credentials)
+    app.add_middleware(HTTPVersionCheck)  # type: ignore  # outermost: a request in an unknown HTTP version gets 505
