@@ -138,7 +138,8 @@ class AsyncOmni:
                       else self.pipeline.check_output_modalities(output_modalities))
         params = self._params_by_stage(sampling_params)
         overrides = self._edge_options(edge_options)
-        normalized = normalize_prompt(prompt, self.pipeline.input_modalities, self.pipeline.takes_history)
+        normalized = normalize_prompt(prompt, self.pipeline.input_modalities, self.pipeline.takes_history,
+                                          self.pipeline.takes_tools)
         await self.start()
         entry = await asyncio.to_thread(self.engine.process_inputs, normalized)
         plan = self.pipeline.plan(entry.stage, modalities)

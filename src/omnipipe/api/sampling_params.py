@@ -16,6 +16,7 @@ from omnipipe.util.options import NoOptions, options_from_dict
 
 MAX_TOP_K = 1_000_000  # more than any vocabulary; larger values only hide mistakes
 MAX_MAX_TOKENS = 32_768  # the longest context of the models served here
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 SEED_LIMIT = 2**64  # torch.Generator.manual_seed takes [0, 2**64)
 
 
@@ -33,6 +34,13 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)  # the stage's own knobs (its StageSpec.extra_params)
+    # a thinker's constrained decoding (``stage/structured_output.py``): the answer as JSON
+    # (``{"type": "json_object"}`` or ``{"type": "json_schema", "schema": {...}}``), whether and which of the
+    # prompt's tools it calls (``"auto"``, ``"none"``, ``"required"`` or ``{"name": ...}``), and how many calls
+    response_format: dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] = "auto"
+    parallel_tool_calls: bool = True
+    logprobs: int | None = None  # each token's log probability, with this many of the likeliest (0-20) beside it
 
     def __post_init__(self) -> None:
         self.validate()
@@ -68,6 +76,18 @@ class SamplingParams:
         need(number(self.frequency_penalty) and -2 <= self.frequency_penalty <= 2, "frequency_penalty",
              "must be in [-2, 2]", self.frequency_penalty)
         need(isinstance(self.extra, dict), "extra", "must be a mapping", self.extra)
+        fmt = self.response_format
+        need(fmt is None or (isinstance(fmt, dict) and (fmt == {"type": "json_object"} or (
+            set(fmt) == {"type", "schema"} and fmt["type"] == "json_schema" and isinstance(fmt["schema"], dict)))),
+            "response_format", 'must be null, {"type": "json_object"} or {"type": "json_schema", "schema": {...}}', fmt)
+        choice = self.tool_choice
+        need(choice in ("auto", "none", "required") or (isinstance(choice, dict) and set(choice) == {"name"}
+                                                         and isinstance(choice["name"], str)),
+             "tool_choice", 'must be "auto", "none", "required" or {"name": ...}', choice)
+        need(isinstance(self.parallel_tool_calls, bool), "parallel_tool_calls", "must be true or false",
+             self.parallel_tool_calls)
+        need(self.logprobs is None or (integer(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS),
+             "logprobs", f"must be null or an integer in [0, {MAX_TOP_LOGPROBS}]", self.logprobs)
 
     def check_extra(self, schema: type | None) -> None:
         """Check ``extra`` against its stage's knobs (``StageSpec.extra_params``, the dataclass the stage reads them

@@ -108,6 +108,9 @@ class PipelineSpec:
     comprehension_stage: str | None = None  # receives SamplingParams given without a stage name
     model_stages: tuple[str, ...] = ()  # the stages whose deploy option ``model`` the CLI's ``--model`` sets
     takes_history: bool = False  # the prompt processor reads a prompt's "history" (earlier turns, instructions)
+    # the prompt processor hands a prompt's "tools" to a thinker that renders them and may call them (its stage
+    # refuses them, naming ``prompt.tools``, when its model has no tool-call format)
+    takes_tools: bool = False
     prepare_weights: str | None = None  # dotted path: (progress: bool) -> None, idempotent
     weights_status: str | None = None  # dotted path: () -> (ready: bool, detail: str)
     serving: ServingTraits = field(default_factory=ServingTraits)

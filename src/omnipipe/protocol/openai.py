@@ -106,17 +106,86 @@ class AssistantAudioRef(BaseModel):
     id: str = Field(min_length=1)
 
 
+class FunctionCall(BaseModel):
+    """A call the model made: the function's name and its arguments as a JSON object's text."""
+
+    model_config = _STRICT
+    name: str = Field(min_length=1)
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    model_config = _STRICT
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = _CLOSED
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     audio: AssistantAudioRef | None = None  # assistant messages only
+    tool_calls: list[ToolCall] | None = None  # assistant messages: the calls it made
+    tool_call_id: str | None = None  # tool messages: the call this is the result of
     # what a client echoes back from an earlier answer: accepted when empty, refused when they carry anything
     refusal: str | None = None
     annotations: list[Any] | None = None
-    tool_calls: list[Any] | None = None
     function_call: Any = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = _STRICT
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # the arguments always follow the schema here (constrained decoding)
+
+
+class ChatTool(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = _STRICT
+    name: str = Field(min_length=1)
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = _STRICT
+    name: str = Field(min_length=1, max_length=64)
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormatText(BaseModel):
+    model_config = _STRICT
+    type: Literal["text"]
+
+
+class ResponseFormatJsonObject(BaseModel):
+    model_config = _STRICT
+    type: Literal["json_object"]
+
+
+class ResponseFormatJsonSchema(BaseModel):
+    model_config = _STRICT
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema,
+                           Field(discriminator="type")]
 
 
 class AudioOutputParams(BaseModel):
@@ -158,14 +227,15 @@ class ChatCompletionRequest(BaseModel):
     top_k: int | None = Field(None, ge=0, description="vLLM's extension: sample from the k likeliest tokens")
     repetition_penalty: float | None = Field(None, gt=0, description="vLLM's extension")
     omnipipe: OmnipipeExtension | None = None
-    # features omnipipe does not have: their off values are accepted (clients send them), anything else is a 400
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    # features omnipipe does not have: their off values are accepted (clients send them), anything else is a 400
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
     logit_bias: dict[str, Any] | None = None
     # accepted, not used: they cannot change the answer (bookkeeping, or options of tools omnipipe refuses)
     user: str | None = None
@@ -174,7 +244,6 @@ class ChatCompletionRequest(BaseModel):
     service_tier: str | None = None
     prompt_cache_key: str | None = None
     safety_identifier: str | None = None
-    parallel_tool_calls: bool | None = None
 
 
 # ---------------------------------------------------------------------------------------------- chat: response
@@ -206,17 +275,34 @@ class ResponseImage(BaseModel):
     steps: int | None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
+
+
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     audio: ResponseAudio | None = None
     images: list[ResponseImage] | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(BaseModel):
     index: int = 0
     message: ResponseMessage
     finish_reason: str | None = "stop"
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletion(BaseModel):
@@ -235,17 +321,33 @@ class DeltaAudio(BaseModel):
     expires_at: int | None = None
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A piece of a streamed call: its ``index``, then ``id``, ``type`` and name first, argument text after."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     audio: DeltaAudio | None = None
     images: list[ResponseImage] | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: Delta
     finish_reason: str | None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

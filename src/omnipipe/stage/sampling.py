@@ -125,15 +125,19 @@ def sample_next_token(
     *,
     prompt_ids: Sequence[int] = (),
     suppress: torch.Tensor | Sequence[int] = (),
+    constraint: Any = None,
 ) -> int:
     """Choose the next token id from ``logits`` [vocab].
 
     ``generated_ids`` are the tokens the penalties apply to (usually this request's output so far; ``prompt_ids``
     are penalised for repetition too, see ``apply_penalties``); ``suppress`` are ids never chosen. With
-    ``generator`` from ``params.make_generator()`` the result is reproducible for a given seed.
+    ``generator`` from ``params.make_generator()`` the result is reproducible for a given seed. ``constraint`` (a
+    request's ``TokenConstraint``, ``structured_output.py``) leaves only the tokens its grammar allows.
     """
     if logits.dim() != 1:
         raise ValueError(f"logits must have shape [vocab], got {tuple(logits.shape)}")
+    if constraint is not None:
+        logits = constraint.mask_(logits.detach().clone())
     scores = apply_penalties(logits, params, generated_ids, prompt_ids)
     if len(suppress):
         scores[torch.as_tensor(suppress, dtype=torch.long).to(scores.device)] = float("-inf")
@@ -164,6 +168,7 @@ class SamplingRow:
     generator: torch.Generator | None = None
     generated_ids: Sequence[int] = ()
     prompt_ids: Sequence[int] = ()
+    constraint: Any = None  # a TokenConstraint (``structured_output.py``): the row's grammar masks its scores
 
 
 def sample_next_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow],
@@ -174,6 +179,11 @@ def sample_next_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow],
     their penalties applied row by row and are filtered (temperature, top-k, top-p) together in float64."""
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits must have shape [{len(rows)}, vocab], got {tuple(logits.shape)}")
+    constrained = [i for i, row in enumerate(rows) if row.constraint is not None]
+    if constrained:  # a copy: the caller's logits stay the model's (its logprobs read them)
+        logits = logits.detach().clone()
+        for i in constrained:
+            rows[i].constraint.mask_(logits[i])
     chosen: list[int | None] = [None] * len(rows)
     plain = [i for i, row in enumerate(rows) if row.params.greedy and not _penalised(row)]
     if plain:
@@ -192,6 +202,27 @@ def sample_next_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow],
         for i, token in zip(rest, _filtered_choice(scores, [rows[i] for i in rest]), strict=True):
             chosen[i] = token
     return [int(token) for token in chosen if token is not None]
+
+
+def token_logprobs(logits: torch.Tensor, token: int, top: int, spell: Any) -> dict[str, Any]:
+    """OpenAI's logprob entry of ``token`` from the model's scores ``logits`` [vocab] (before penalties and any
+    grammar): its log probability and, with ``top`` > 0, the ``top`` likeliest tokens'. ``spell(id) -> bytes``
+    gives a token's bytes (a token may hold part of a character: ``token`` is then its bytes decoded with
+    replacement)."""
+    logprobs = torch.log_softmax(logits.detach().to(torch.float32), dim=-1)
+
+    def entry(token_id: int, value: float) -> dict[str, Any]:
+        data = spell(token_id)
+        return {"token": data.decode("utf-8", errors="replace"), "logprob": max(value, -9999.0),
+                "bytes": list(data)}
+
+    out = entry(token, float(logprobs[token]))
+    if top > 0:
+        values, ids = torch.topk(logprobs, top)
+        out["top_logprobs"] = [entry(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)]
+    else:
+        out["top_logprobs"] = []
+    return out
 
 
 def _penalised(row: SamplingRow) -> bool:

@@ -126,18 +126,19 @@ def default_prompt(prompt: dict[str, Any]) -> EntryInput:
     audio = _one_audio(prompt["multi_modal_data"].get("audio"))
     image = prompt["multi_modal_data"].get("image")
     history = prompt.get("history") or []
+    tools = prompt.get("tools") or []
     if image is not None:
         if audio is not None:
             raise FieldError("prompt.multi_modal_data.image", "an image goes with a written question; a spoken "
                              "question takes no attachment (send the question as text with the image)")
         if not prompt["prompt"].strip():
             raise FieldError("prompt.prompt", "an attached image needs a written question about it")
-        return EntryInput("thinker", {"text": prompt["prompt"], "history": history,
+        return EntryInput("thinker", {"text": prompt["prompt"], "history": history, "tools": tools,
                                       "images": _attached_images(image)})
     if audio is None:
-        return EntryInput("thinker", {"text": prompt["prompt"], "history": history})
+        return EntryInput("thinker", {"text": prompt["prompt"], "history": history, "tools": tools})
     return EntryInput("encoder", {"audio": _decode_audio(audio), "sample_rate_hz": WHISPER_RATE_HZ,
-                                  "instruction": prompt["prompt"], "history": history})
+                                  "instruction": prompt["prompt"], "history": history, "tools": tools})
 
 
 def tts_prompt(prompt: dict[str, Any]) -> EntryInput:
@@ -155,7 +156,8 @@ def encoder2thinker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     transcript = " ".join(t for o in outputs if (t := o.get("text", "").strip()))
     instruction = next((o.get("instruction", "") for o in outputs if o.get("instruction")), "")
     history = next((o["history"] for o in outputs if o.get("history")), [])
-    return [{"text": f"{instruction} {transcript}".strip(), "history": history}]
+    tools = next((o["tools"] for o in outputs if o.get("tools")), [])
+    return [{"text": f"{instruction} {transcript}".strip(), "history": history, "tools": tools}]
 
 
 def first_sentence(text: str) -> tuple[str, str]:

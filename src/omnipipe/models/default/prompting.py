@@ -12,9 +12,12 @@ conversation's turns ending in the question.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from typing import Any, Protocol
+
+from omnipipe.stage.structured_output import ToolCallFormat
 
 FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("What is the capital of Japan?", "The capital of Japan is Tokyo."),
@@ -119,13 +122,63 @@ SPOKEN_SYSTEM_PROMPT = (
 )
 
 
+TOOLS_INTRO = ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+               "with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+               "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call>")
+
+
+def tool_json(tool: dict[str, Any]) -> str:
+    """A tool as the Qwen templates list it (``tool | tojson``: OpenAI's function form, Python's separators)."""
+    return json.dumps({"type": "function", "function": tool}, ensure_ascii=False)
+
+
+def call_json(call: dict[str, str]) -> str:
+    """A call an earlier assistant turn made, as the template writes it back."""
+    return json.dumps({"name": call["name"], "arguments": json.loads(call["arguments"])}, ensure_ascii=False)
+
+
+_FORMAT_TOKENS = re.compile(r"(<\|im_start\|>|<\|im_end\|>|<tool_call>|</tool_call>)")
+
+
+def _encode_as_one_text(tokenizer: Any, segments: list[tuple[str, bool]]) -> list[int]:
+    """The tokens of the segments' text as the template's whole text tokenises (so the prompt is the one the chat
+    template gives, token for token), except that only the format's own markers are special tokens: the caller's
+    text is tokenised with special tokens split, so a ``<|im_end|>`` in it is plain text."""
+    ids: list[int] = []
+    run = ""
+    for text, from_caller in segments:
+        if from_caller:
+            run += text
+            continue
+        for part in _FORMAT_TOKENS.split(text):
+            if _FORMAT_TOKENS.fullmatch(part):
+                if run:
+                    ids += tokenizer.encode(run, add_special_tokens=False, split_special_tokens=True)
+                    run = ""
+                ids.append(int(tokenizer.convert_tokens_to_ids(part)))
+            else:
+                run += part
+    if run:
+        ids += tokenizer.encode(run, add_special_tokens=False, split_special_tokens=True)
+    return ids
+
+
 class ChatMLFormat:
     """ChatML turns (``<|im_start|>role\n...<|im_end|>\n``) after a system turn with ``system_prompt``. Earlier
     turns keep their roles (a system turn in ``history`` is one more system turn, after the shared one). A turn's
     text is tokenised on its own with special tokens split, so a caller's ``<|im_end|>`` is plain text, never a
-    turn boundary."""
+    turn boundary.
+
+    With tools, the turns are written as Qwen2.5's own chat template writes them: the system turn lists the tools
+    (its text the caller's first system message when the conversation starts with one, else ``system_prompt``);
+    an assistant turn that made calls writes each as ``<tool_call>...</tool_call>``; consecutive tool results
+    are one user turn of ``<tool_response>`` blocks; a conversation that ends with a tool's result has the model
+    go on from it (no question)."""
 
     START, END = "<|im_start|>", "<|im_end|>"
+    tool_calls = ToolCallFormat()  # Qwen's <tool_call> format (its token ids are the tokenizer's)
 
     def __init__(self, system_prompt: str = SPOKEN_SYSTEM_PROMPT) -> None:
         self.system_prompt = system_prompt
@@ -133,25 +186,57 @@ class ChatMLFormat:
     def preamble(self) -> str:
         return f"{self.START}system\n{self.system_prompt}{self.END}\n"
 
-    def _segments(self, question: str, history: Sequence[dict[str, str]]) -> list[tuple[str, bool]]:
-        """(text, is the caller's) pieces of ``turns``."""
-        if not question.strip():
+    def _tools_preamble(self, tools: Sequence[dict[str, Any]], system: str) -> list[tuple[str, bool]]:
+        listed = "".join("\n" + tool_json(tool) for tool in tools)
+        return [(f"{self.START}system\n", False), (system, True), (TOOLS_INTRO, False), (listed, True),
+                (f"{TOOLS_OUTRO}{self.END}\n", False)]
+
+    def _segments(self, question: str, history: Sequence[dict[str, Any]],
+                  tools: Sequence[dict[str, Any]] = ()) -> list[tuple[str, bool]]:
+        """(text, is the caller's) pieces of ``turns`` (with ``tools``: the system turn too)."""
+        answers_a_call = bool(history) and history[-1]["role"] == "tool"
+        if not question.strip() and not answers_a_call:
             raise ValueError("question must not be empty")
         segments: list[tuple[str, bool]] = []
-        for role, text in [*((t["role"], t["content"]) for t in history), ("user", question)]:
-            if role not in ("system", "user", "assistant"):
+        turns = [*history, {"role": "user", "content": question}]
+        if tools:
+            system = self.system_prompt
+            if turns[0]["role"] == "system":
+                system, turns = turns[0]["content"], turns[1:]
+            segments += self._tools_preamble(tools, system)
+        for i, turn in enumerate(turns):
+            role, text = turn["role"], turn["content"]
+            if role not in ("system", "user", "assistant", "tool"):
                 raise ValueError(f"unknown role {role!r}")
-            if text.strip():
+            if role == "tool":
+                if i == 0 or turns[i - 1]["role"] != "tool":
+                    segments.append((f"{self.START}user", False))
+                segments += [("\n<tool_response>\n", False), (text, True), ("\n</tool_response>", False)]
+                if i + 1 == len(turns) or turns[i + 1]["role"] != "tool":
+                    segments.append((f"{self.END}\n", False))
+            elif role == "assistant" and turn.get("tool_calls"):
+                segments.append((f"{self.START}assistant", False))
+                if text.strip():
+                    segments += [("\n", False), (text.strip(), True)]
+                for call in turn["tool_calls"]:
+                    segments += [("\n<tool_call>\n", False), (call_json(call), True), ("\n</tool_call>", False)]
+                segments.append((f"{self.END}\n", False))
+            elif text.strip():
                 segments += [(f"{self.START}{role}\n", False), (text.strip(), True), (f"{self.END}\n", False)]
         segments.append((f"{self.START}assistant\n", False))
         return segments
 
-    def turns(self, question: str, history: Sequence[dict[str, str]] = ()) -> str:
-        return "".join(text for text, _ in self._segments(question, history))
+    def turns(self, question: str, history: Sequence[dict[str, Any]] = (),
+              tools: Sequence[dict[str, Any]] = ()) -> str:
+        return "".join(text for text, _ in self._segments(question, history, tools))
 
-    def encode_turns(self, tokenizer: Any, question: str, history: Sequence[dict[str, str]] = ()) -> list[int]:
+    def encode_turns(self, tokenizer: Any, question: str, history: Sequence[dict[str, Any]] = (),
+                     tools: Sequence[dict[str, Any]] = ()) -> list[int]:
+        segments = self._segments(question, history, tools)
+        if tools:
+            return _encode_as_one_text(tokenizer, segments)
         ids: list[int] = []
-        for text, from_caller in self._segments(question, history):
+        for text, from_caller in segments:
             ids += tokenizer.encode(text, add_special_tokens=False, split_special_tokens=from_caller)
         return ids
 

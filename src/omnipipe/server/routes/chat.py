@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -27,17 +28,24 @@ from omnipipe.protocol.openai import (
     ChatCompletionRequest,
     ChatMessage,
     Choice,
+    ChoiceLogprobs,
     ChunkChoice,
     Delta,
     DeltaAudio,
+    DeltaFunctionCall,
+    DeltaToolCall,
     ErrorResponse,
+    FunctionCall,
     ImageUrlPart,
     InputAudioPart,
+    NamedToolChoice,
     ResponseAudio,
+    ResponseFormatJsonSchema,
     ResponseImage,
     ResponseImageUrl,
     ResponseMessage,
     TextPart,
+    ToolCall,
     Usage,
     VideoUrlPart,
 )
@@ -49,6 +57,7 @@ from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.spoken_answers import AUDIO_EXPIRY_S, SpokenAnswers
 from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
+from omnipipe.server.tool_calls import ToolCalls, function_tools, structured_format, tool_choice
 from omnipipe.util.data_url import DataUrlError, parse_data_url
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.image import encode_image
@@ -76,19 +85,16 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
     """Features omnipipe does not have: their off values pass (clients send them by default), anything else is a
     400 naming the field rather than an answer that silently ignores it."""
     off = {
-        "logprobs": body.logprobs in (None, False),
-        "top_logprobs": body.top_logprobs in (None, 0),
-        "tools": not body.tools,
-        "tool_choice": body.tool_choice in (None, "none") or (body.tool_choice == "auto" and not body.tools),
         "functions": not body.functions,
         "function_call": body.function_call in (None, "none"),
-        "response_format": body.response_format is None or body.response_format == {"type": "text"},
         "logit_bias": not body.logit_bias,
     }
     for name, ok in off.items():
         if not ok:
-            raise invalid(f"{name}: not supported (omnipipe answers in plain text, without tools, logprobs or "
-                          "logit bias)", name, code="unsupported_parameter")
+            use = "tools and tool_choice" if name.startswith("function") else "nothing: omnipipe has no logit bias"
+            raise invalid(f"{name}: not supported (use {use})", name, code="unsupported_parameter")
+    if body.top_logprobs and not body.logprobs:
+        raise invalid("top_logprobs: needs logprobs: true", "top_logprobs")
 
 
 _URL_PARTS = {"image_url": "image", "audio_url": "audio", "video_url": "video"}  # part type -> modality
@@ -174,15 +180,36 @@ def message_content(content: str | list[Any] | None, where: str, pipeline: Pipel
     return out
 
 
-def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: SpokenAnswers) -> list[dict[str, str]]:
-    """The turns before the question, in the prompt's ``history`` form (developer messages are system ones)."""
-    history: list[dict[str, str]] = []
+def _tool_turn(message: ChatMessage, where: str, calls: set[str]) -> dict[str, Any]:
+    """A tool message: the result of an earlier call, named by its id."""
+    if not message.tool_call_id:
+        raise invalid(f"{where}.tool_call_id: a tool message names the call it answers", f"{where}.tool_call_id")
+    if message.tool_call_id not in calls:
+        raise invalid(f"{where}.tool_call_id: no earlier assistant message made a call with id "
+                      f"{message.tool_call_id!r}", f"{where}.tool_call_id")
+    content = message.content if isinstance(message.content, str) else " ".join(
+        part.text for part in message.content or [] if isinstance(part, TextPart))
+    return {"role": "tool", "content": content, "tool_call_id": message.tool_call_id}
+
+
+def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: SpokenAnswers) -> list[dict[str, Any]]:
+    """The turns before the question, in the prompt's ``history`` form (developer messages are system ones; an
+    assistant's calls and the tools' results as the prompt takes them)."""
+    history: list[dict[str, Any]] = []
+    calls: set[str] = set()
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
-        for name in ("tool_calls", "function_call", "refusal"):
+        for name in ("function_call", "refusal"):
             if getattr(message, name):
-                raise invalid(f"{where}.{name}: not supported (omnipipe has no tools)", f"{where}.{name}",
+                raise invalid(f"{where}.{name}: not supported (use tool_calls)", f"{where}.{name}",
                               code="unsupported_parameter")
+        if message.tool_calls and message.role != "assistant":
+            raise invalid(f"{where}.tool_calls: only an assistant message makes tool calls", f"{where}.tool_calls")
+        if message.tool_call_id is not None and message.role != "tool":
+            raise invalid(f"{where}.tool_call_id: only a tool message answers a call", f"{where}.tool_call_id")
+        if message.role == "tool":
+            history.append(_tool_turn(message, where, calls))
+            continue
         if message.audio is not None and message.role != "assistant":
             raise invalid(f"{where}.audio: only an assistant message refers to an earlier spoken answer",
                           f"{where}.audio")
@@ -193,7 +220,13 @@ def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spoke
                 raise invalid(f"{where}.audio.id: no spoken answer {message.audio.id!r} on this server (unknown or "
                               "expired): give the assistant's answer as content", f"{where}.audio.id")
             texts = [words]
-        if texts:
+        if message.tool_calls:
+            for j, call in enumerate(message.tool_calls):
+                _check_arguments(call.function.arguments, f"{where}.tool_calls[{j}].function.arguments")
+                calls.add(call.id)
+            history.append({"role": "assistant", "content": " ".join(texts), "tool_calls": [
+                {"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls]})
+        elif texts:
             role = "system" if message.role == "developer" else message.role
             history.append({"role": role, "content": " ".join(texts)})
     if history and not pipeline.takes_history:
@@ -203,12 +236,24 @@ def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spoke
     return history
 
 
+def _check_arguments(arguments: str, where: str) -> None:
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        raise invalid(f"{where}: must be a JSON object's text", where) from None
+    if not isinstance(parsed, dict):
+        raise invalid(f"{where}: must be a JSON object's text", where)
+
+
 def _question(messages: list[ChatMessage], pipeline: PipelineSpec, answers: SpokenAnswers) -> tuple[
         dict[str, Any], str | None, dict[str, str]]:
     """The last message is the question (a user's: text and/or media); the ones before are the conversation it
     belongs to. Returns the prompt, the API field of its audio when it has one audio file, and the API field of each
-    of its ``multi_modal_data`` entries (for naming what a stage finds wrong with them)."""
+    of its ``multi_modal_data`` entries (for naming what a stage finds wrong with them). A conversation that ends
+    with tool results has no question: the model goes on from them."""
     index = len(messages) - 1
+    if messages[index].role == "tool":
+        return {"prompt": "", "history": _history(messages, pipeline, answers)}, None, {}
     if messages[index].role != "user":
         raise invalid(f"messages[{index}].role: the last message must be the user's question, got "
                       f"{messages[index].role!r}", f"messages[{index}].role")
@@ -234,10 +279,10 @@ def _question(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spok
     return prompt, audio_params[0] if len(audio_params) == 1 else None, media_fields
 
 
-def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tuple[dict[str, SamplingParams],
-                                                                                   dict[str, str]]:
+def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec, shape: dict[str, Any]) -> tuple[
+        dict[str, SamplingParams], dict[str, str]]:
     comprehension = pipeline.comprehension_stage or pipeline.stages[0].name
-    top: dict[str, Any] = {}
+    top: dict[str, Any] = dict(shape)
     for name in ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
                  "repetition_penalty"):
         value = getattr(body, name)
@@ -273,10 +318,41 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec) -> tup
     return params, field_map
 
 
+def _shape(body: ChatCompletionRequest, pipeline: PipelineSpec, model: str) -> tuple[list[dict[str, Any]],
+                                                                                   dict[str, Any]]:
+    """The request's tools (the prompt's) and its answer's shape (the thinker's sampling fields)."""
+    fields: dict[str, Any] = {}
+    tools: list[dict[str, Any]] = []
+    if body.tools:
+        if not pipeline.takes_tools:
+            raise invalid(f"tools: model {model!r} calls no tools (its pipeline {pipeline.name!r} has no tool-call "
+                          "format)", "tools", code="unsupported_parameter")
+        tools = function_tools([(t.function.name, t.function.description, t.function.parameters) for t in body.tools],
+                               "tools[{}].function")
+    choice = body.tool_choice
+    named = choice.function.name if isinstance(choice, NamedToolChoice) else None
+    if choice is not None and not tools and choice != "none":
+        raise invalid("tool_choice: given without tools", "tool_choice")
+    if tools:
+        fields["tool_choice"] = tool_choice(None if named else choice, tools, named=named)
+        if body.parallel_tool_calls is not None:
+            fields["parallel_tool_calls"] = body.parallel_tool_calls
+    fmt = body.response_format
+    if fmt is not None and fmt.type != "text":
+        schema = fmt.json_schema.schema_ if isinstance(fmt, ResponseFormatJsonSchema) else None
+        fields["response_format"] = structured_format(fmt.type, schema, "response_format.json_schema.schema")
+    if body.logprobs:
+        fields["logprobs"] = body.top_logprobs or 0
+    return tools, fields
+
+
 def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineSpec,
               answers: SpokenAnswers) -> ChatPlan:
     _refuse_unsupported(body)
+    tools, shape = _shape(body, pipeline, body.model)
     prompt, audio_param, media_fields = _question(body.messages, pipeline, answers)
+    if tools:
+        prompt["tools"] = tools
     try:  # audio brings the transcript of the spoken answer
         modalities = pipeline.check_output_modalities(body.modalities or ["text"], "modalities", with_transcript=True)
     except FieldError as exc:
@@ -293,7 +369,9 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
         raise invalid("audio: given but modalities does not include 'audio'", "audio")
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options: only allowed when stream is true", "stream_options")
-    params, field_map = _sampling_params(body, pipeline)
+    params, field_map = _sampling_params(body, pipeline, shape)
+    field_map.update({"prompt.tools": "tools", "sampling_params.response_format": "response_format",
+                      "prompt.history": "messages"})
     params = with_voice(params, voice, pipeline, "audio.voice")
     field_map.update(media_fields)
     if audio_param is not None and not prompt["prompt"]:
@@ -332,16 +410,19 @@ async def _complete(outputs: AsyncIterator[OmniRequestOutput], first: OmniReques
     """The whole answer. With audio, as OpenAI: the words are the audio's ``transcript`` and ``content`` is
     null."""
     final = first
+    calls, logprobs = ToolCalls(), []
     try:
-        if final is None or not final.finished:
-            async for out in outputs:
-                final = out
+        async for out in with_first(first, outputs):
+            final = out
+            if out.details and out.modality == "text":
+                calls.add(out.details.get("tool_calls") or [])
+                logprobs += out.details.get("logprobs") or []
     except Exception as exc:  # noqa: BLE001 - mapped to an API error
         raise from_engine_error(exc, plan.field_map, plan.audio_param) from None
     assert final is not None
     metrics.observe(ENDPOINT, final.metrics)
     audio = None
-    if "audio" in plan.modalities:
+    if "audio" in plan.modalities and not calls.calls:  # a turn of calls is not spoken
         fmt = body.audio.format if body.audio is not None else "wav"
         samples = final.audio if final.audio is not None else None
         data = b""
@@ -351,15 +432,41 @@ async def _complete(outputs: AsyncIterator[OmniRequestOutput], first: OmniReques
                               transcript=final.text, expires_at=int(time.time()) + AUDIO_EXPIRY_S)
         answers.remember(audio.id, final.text)
     images = [_image(final.image)] if "image" in plan.modalities and final.image is not None else None
+    tool_calls = [ToolCall(id=c["id"], function=FunctionCall(name=c["name"], arguments=c["arguments"]))
+                  for c in calls.calls] or None
+    content = None if audio is not None or (tool_calls and not final.text) else final.text
     completion = ChatCompletion(
         id=request_id, created=int(time.time()), model=model, usage=_usage(final.metrics),
-        choices=[Choice(message=ResponseMessage(content=None if audio is not None else final.text, audio=audio,
-                                                images=images),
-                        finish_reason=final.finish_reason or "stop")])
-    body = completion.model_dump(exclude_none=False)
+        choices=[Choice(message=ResponseMessage(content=content, audio=audio, images=images, tool_calls=tool_calls),
+                        finish_reason=final.finish_reason or "stop",
+                        logprobs=ChoiceLogprobs(content=logprobs) if body.logprobs else None)])
+    answer = completion.model_dump(exclude_none=False)
+    message = answer["choices"][0]["message"]
     if images is None:  # an extension field: only in answers that drew something
-        del body["choices"][0]["message"]["images"]
-    return JSONResponse(body)
+        del message["images"]
+    if tool_calls is None:
+        del message["tool_calls"]
+    return JSONResponse(answer)
+
+
+def _text_deltas(out: OmniRequestOutput, calls: ToolCalls, audio_id: str | None) -> list[
+        tuple[Delta, ChoiceLogprobs | None]]:
+    """A text event as chunk deltas: its tool-call pieces as OpenAI streams them (``index``, then ``id``, ``type``
+    and name, then argument text), then its text (as the audio's transcript when the answer is spoken) with its
+    tokens' logprobs."""
+    details = out.details or {}
+    deltas: list[tuple[Delta, ChoiceLogprobs | None]] = []
+    for piece in calls.add(details.get("tool_calls") or []):
+        function = DeltaFunctionCall(name=piece.get("name"), arguments=piece.get("arguments"))
+        call = DeltaToolCall(index=piece["index"], id=piece.get("id"), type="function" if "id" in piece else None,
+                             function=function)
+        deltas.append((Delta(tool_calls=[call]), None))
+    entries = details.get("logprobs")
+    if out.text_delta or entries:
+        delta = Delta(audio=DeltaAudio(id=audio_id, transcript=out.text_delta)) if audio_id is not None \
+            else Delta(content=out.text_delta)
+        deltas.append((delta, ChoiceLogprobs(content=entries) if entries else None))
+    return deltas
 
 
 async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestOutput | None,
@@ -379,14 +486,14 @@ async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestO
     def audio_delta(data: bytes) -> bytes:
         return chunk(Delta(audio=DeltaAudio(id=audio_id, data=base64.b64encode(data).decode())))
 
+    calls = ToolCalls()
     try:
         yield chunk(Delta(role="assistant", content=None if with_audio else ""))
         async for out in with_first(first, outputs):
-            if out.modality == "text" and out.text_delta:
-                if with_audio:
-                    yield chunk(Delta(audio=DeltaAudio(id=audio_id, transcript=out.text_delta)))
-                else:
-                    yield chunk(Delta(content=out.text_delta))
+            if out.modality == "text" and (out.text_delta or out.details):
+                for delta, logprobs in _text_deltas(out, calls, audio_id if with_audio else None):
+                    yield sse(ChatCompletionChunk(id=request_id, created=created, model=model, choices=[
+                        ChunkChoice(delta=delta, logprobs=logprobs)]))
             elif out.modality == "image" and out.image is not None:
                 yield chunk(Delta(images=[_image(out.image, out.details)]))
             elif out.modality == "audio" and with_audio and out.audio is not None and out.sample_rate_hz:
@@ -397,7 +504,7 @@ async def _stream(outputs: AsyncIterator[OmniRequestOutput], first: OmniRequestO
             elif out.finished:
                 metrics.observe(ENDPOINT, out.metrics)
                 if with_audio:
-                    answers.remember(audio_id, out.text)
+                    answers.remember(audio_id, out.text)  # a turn of calls has no audio: nothing to play back
                 if pcm is not None:
                     tail = pcm.flush()
                     if tail:

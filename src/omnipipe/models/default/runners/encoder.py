@@ -49,7 +49,7 @@ class WhisperEncoderRunner(StageRunner):
                                 temperature=float(params.temperature))
         decoding = self.asr.start(item["audio"], int(item["sample_rate_hz"]), options)
         request.runner_state = {"decoding": decoding, "instruction": item.get("instruction", ""),
-                                "history": item.get("history", [])}
+                                "history": item.get("history", []), "tools": item.get("tools", [])}
         return RunnerOutput(request.request_id, details={"language": decoding.language,
                                                          "duration": round(decoding.duration_s, 3)})
 
@@ -67,7 +67,7 @@ class WhisperEncoderRunner(StageRunner):
         return RunnerOutput(request.request_id, text_delta=text, num_units=len(segment.tokens) if segment else 0,
                             details=details, finished=True,
                             data={"text": text, "instruction": item.get("instruction", ""),
-                                  "history": item.get("history", [])})
+                                  "history": item.get("history", []), "tools": item.get("tools", [])})
 
     def _step(self, request: StageRequest) -> RunnerOutput:
         state = request.runner_state
@@ -76,7 +76,8 @@ class WhisperEncoderRunner(StageRunner):
         if segment is None:
             return RunnerOutput(request.request_id, finished=True,
                                 data={"text": "", "instruction": state["instruction"],
-                                      "history": state["history"]})  # the instruction and conversation alone
+                                      # the instruction and conversation alone
+                                      "history": state["history"], "tools": state["tools"]})
         # the first segment's text starts without a space, every later one with one (their join is the transcript)
         text = segment.text.strip()
         if text and state.setdefault("said", False):
@@ -85,4 +86,4 @@ class WhisperEncoderRunner(StageRunner):
         return RunnerOutput(request.request_id, text_delta=text, num_units=len(segment.tokens),
                             details=segment_details(segment),
                             data={"text": text.strip(), "instruction": state["instruction"],
-                                  "history": state["history"]})
+                                  "history": state["history"], "tools": state["tools"]})

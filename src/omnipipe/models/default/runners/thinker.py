@@ -53,10 +53,12 @@ from omnipipe.models.default.prompting import (
     PromptFormat,
 )
 from omnipipe.models.default.weights.thinker import prepare_thinker
+from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.broadcast import Broadcaster
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.stage.structured_output import GrammarCompiler, GrammarError, ToolCallFormat, tool_call_format_for
 from omnipipe.stage.text_stream import TextStream
 
 logger = logging.getLogger(__name__)
@@ -107,8 +109,10 @@ class _Decoding:
     stream: TextStream  # the answer's tokens (an end token not among them) and text
     generator: torch.Generator | None
     question: str = ""  # what the other ranks of a tensor-parallel stage build the same prompt from
-    history: list[dict[str, str]] = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)  # what its prefill ran (the answer's tokens follow)
+    tools: list[dict[str, Any]] = field(default_factory=list)  # the functions the prompt offers
+    shape: AnswerShape | None = None  # its grammar, tool-call split and logprobs, when it asks for any
 
 
 _PENDING_ATTACHMENTS: Any = object()  # runner_state of a request whose attached images are on their way
@@ -143,6 +147,14 @@ class ThinkerRunner(StageRunner):
         # each request's decoded images once taken from the broadcaster, until it is freed (a prefill that fails in
         # a batch is retried alone, and must read them again)
         self._images: dict[str, list[Any]] = {}
+        fmt: ToolCallFormat | None = getattr(self.prompt_format, "tool_calls", None)
+        self.tool_calls = tool_call_format_for(fmt, self.tokenizer) if fmt is not None else None
+        self._grammars: GrammarCompiler | None = None  # built on the first request that needs one (~1 s)
+
+    def grammars(self) -> GrammarCompiler:
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.tokenizer)
+        return self._grammars
 
     def close(self) -> None:
         attachments = getattr(self, "attachments", None)
@@ -151,12 +163,15 @@ class ThinkerRunner(StageRunner):
         if self.context.steps is not None and self.context.rank == 0:
             self.context.steps.send({"op": "stop"})
 
-    def encode_prompt(self, question: str, history: list[dict[str, str]] | None = None,
-                      images: list[Any] | None = None) -> list[int]:
+    def encode_prompt(self, question: str, history: list[dict[str, Any]] | None = None,
+                      images: list[Any] | None = None, tools: list[dict[str, Any]] | None = None) -> list[int]:
         """Preamble and turns tokenised apart, so every prompt starts with exactly the cached preamble tokens;
-        attached images (decoded) are read as a line each after the question."""
+        attached images (decoded) are read as a line each after the question. With tools, the format writes its
+        own system turn listing them (no shared preamble)."""
         if images:
             question = f"{question}\n{describe(images)}"
+        if tools:
+            return self.prompt_format.encode_turns(self.tokenizer, question, history or [], tools)  # type: ignore[call-arg]
         return self.preamble_ids + self.prompt_format.encode_turns(self.tokenizer, question, history or [])
 
     def admit(self, request: StageRequest) -> None:
@@ -189,8 +204,14 @@ class ThinkerRunner(StageRunner):
             return RunnerOutput(request.request_id, error=problem)
         inputs = request.take_all_inputs()
         question = " ".join(str(item.get("text", "")) for item in inputs).strip()
-        history: list[dict[str, str]] = next((item["history"] for item in inputs if item.get("history")), [])
-        if not question:  # the caller's input: no text, and no speech heard in its audio
+        history: list[dict[str, Any]] = next((item["history"] for item in inputs if item.get("history")), [])
+        tools: list[dict[str, Any]] = next((item["tools"] for item in inputs if item.get("tools")), [])
+        if tools and self.tool_calls is None:
+            return RunnerOutput(request.request_id, error=f"the thinker {self.model_name!r} has no tool-call format "
+                                "(it is not an instruction-tuned chat model): send the request without tools",
+                                error_field="prompt.tools")
+        answers_a_call = bool(history) and history[-1]["role"] == "tool"
+        if not question and not answers_a_call:  # the caller's input: no text, and no speech heard in its audio
             return RunnerOutput(request.request_id, error="is empty (no text, and no speech heard in the audio)",
                                 error_field="prompt")
         chars = len(question) + sum(len(turn["content"]) for turn in history)
@@ -211,7 +232,13 @@ class ThinkerRunner(StageRunner):
             request.runner_metrics.update({"attachments_materialize_s": stats.get("materialize_s", 0.0),
                                            "attachments_broadcast_s": stats.get("broadcast_s", 0.0),
                                            "attachments_wait_s": time.perf_counter() - waited})
-        ids = self.encode_prompt(question, history, images)
+        try:
+            shape = AnswerShape.start(params, tools, self.grammars() if _shaped(params, tools) else None,
+                                      self.tool_calls)
+        except GrammarError as exc:
+            where = "prompt.tools" if exc.field == "tools" else "sampling_params.response_format"
+            return RunnerOutput(request.request_id, error=exc.reason, error_field=where)
+        ids = self.encode_prompt(question, history, images, tools)
         if len(ids) > self.max_prompt_tokens:
             return RunnerOutput(request.request_id, error=f"is {len(ids)} tokens long, more than the limit of "
                                 f"{self.max_prompt_tokens}", error_field="prompt")
@@ -221,14 +248,16 @@ class ThinkerRunner(StageRunner):
         generator = sampling.make_generator()
         stops = [*self.prompt_format.stop_strings(), *params.get("stop", [])]
         return _Decoding(sampling, int(params.get("max_tokens", 64)), TextStream(self._decode_ids, stops, strip=True),
-                         generator, question=question, history=history, prompt_ids=ids), ids
+                         generator, question=question, history=history, prompt_ids=ids, tools=tools,
+                         shape=shape), ids
 
     def snapshot(self, request: StageRequest) -> Any:
         state: _Decoding | None = request.runner_state
         if state is None or state is _PENDING_ATTACHMENTS:  # not prefilled: restore undoes what a failed prefill built
             return None
         rng = state.generator.get_state() if state.generator is not None else None
-        return state.stream.copy(), rng, self.model.checkpoint(request.request_id)
+        shape = state.shape.snapshot() if state.shape is not None else None
+        return state.stream.copy(), rng, self.model.checkpoint(request.request_id), shape
 
     def restore(self, request: StageRequest, snapshot: Any) -> None:
         if snapshot is None:  # a prefill: drop its KV cache, keep its images for the retry
@@ -238,8 +267,10 @@ class ThinkerRunner(StageRunner):
                 request.runner_state = None
             return
         state: _Decoding = request.runner_state
-        stream, rng, kv = snapshot
+        stream, rng, kv, shape = snapshot
         state.stream = stream.copy()
+        if state.shape is not None:
+            state.shape.restore(shape)
         if rng is not None:
             state.generator.set_state(rng)  # type: ignore[union-attr]
         self._drive({"op": "rewind", "id": request.request_id})
@@ -257,7 +288,8 @@ class ThinkerRunner(StageRunner):
                 state, ids = started
                 request.runner_state, request.prefilled = state, True
                 self._drive({"op": "prefill", "id": request.request_id, "question": state.question,
-                             "history": state.history, "attached": request.request_id in self._images,
+                             "history": state.history, "tools": state.tools,
+                             "attached": request.request_id in self._images,
                              "tokens": len(ids)})
                 logits = self._prefill(request, ids)
                 outputs.append(self._advance(request, state, logits))
@@ -345,7 +377,7 @@ class ThinkerRunner(StageRunner):
             images = self._images.get(message["id"])
             if message["attached"] and images is None:
                 images = self._images[message["id"]] = self.attachments.take(message["id"])["images"]
-            ids = self.encode_prompt(message["question"], message["history"], images)
+            ids = self.encode_prompt(message["question"], message["history"], images, message.get("tools"))
             if len(ids) != message["tokens"]:
                 raise RuntimeError(f"request {message['id']}: this rank's prompt has {len(ids)} tokens, rank 0's "
                                    f"{message['tokens']}")
@@ -371,9 +403,12 @@ class ThinkerRunner(StageRunner):
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     def _advance(self, request: StageRequest, state: _Decoding, logits: torch.Tensor) -> RunnerOutput:
-        stream = state.stream
-        token = sample_next_token(logits, state.sampling, stream.ids, state.generator)
+        stream, shape = state.stream, state.shape
+        constraint = shape.constraint if shape is not None else None
+        token = sample_next_token(logits, state.sampling, stream.ids, state.generator, constraint=constraint)
         eos = token in self.model.eos_token_ids
+        if shape is not None:
+            shape.accept(token, logits, is_text=not eos)
         finish_reason = None
         if eos:
             delta, _ = stream.finish()
@@ -386,8 +421,13 @@ class ThinkerRunner(StageRunner):
                 more, _ = stream.finish()
                 delta += more
                 finish_reason = "stop" if stream.stopped else "length"
+        details = None
+        if shape is not None:  # the content is what is shown and spoken; tool calls and logprobs ride beside it
+            delta, details = shape.shape(delta, final=finish_reason is not None)
+            if finish_reason == "stop" and shape.made_calls:
+                finish_reason = "tool_calls"
         return RunnerOutput(request.request_id, text_delta=delta, data={"text": delta} if delta else None,
-                            num_units=0 if eos else 1, finished=finish_reason is not None,
+                            details=details, num_units=0 if eos else 1, finished=finish_reason is not None,
                             finish_reason=finish_reason)
 
     def free(self, request: StageRequest) -> None:
@@ -398,6 +438,12 @@ class ThinkerRunner(StageRunner):
             # taken here but never prefilled (its prompt was refused): the other ranks drop their copy
             self._drive({"op": "discard", "id": request.request_id})
         request.runner_state = None
+
+
+def _shaped(params: dict[str, Any], tools: list[dict[str, Any]]) -> bool:
+    """Whether a request's answer needs the grammar engine (or its tokenizer, for logprobs)."""
+    return bool(params.get("response_format") or params.get("logprobs") is not None
+                or (tools and params.get("tool_choice", "auto") != "none"))
 
 
 def _sampling(params: dict[str, Any]) -> TokenSamplingParams | str:
