@@ -1,11 +1,12 @@
 """A thinker's answer text split into what it says and the tool calls it makes, as the text arrives.
 
 The grammar (``structured_output.py``) makes a turn either an answer or calls written as
-``<open>{"name": "NAME", "arguments": ARGS}<close>`` (the family's ``ToolCallFormat``), (or, for one call, its JSON alone: a
-plain answer never starts with ``{``), so the split needs no guessing: the content goes out as text (and to the talker, so a call is never spoken); each call goes out as
-pieces, ``{"index": i, "name": NAME}`` once its name is complete, then ``{"index": i, "arguments": fragment}`` as
-its arguments' text arrives, the way OpenAI streams ``delta.tool_calls``. Text that may still be the start of a
-marker is held back until the next piece settles it."""
+``<open>{"name": "NAME", "arguments": ARGS}<close>`` (the family's ``ToolCallFormat``), or one call's JSON alone
+(a plain answer never starts with ``{``), so the split needs no guessing: the content goes out as text (and to
+the talker, so a call is never spoken); each call goes out as pieces, ``{"index": i, "name": NAME}`` once its
+name is complete, then ``{"index": i, "arguments": fragment}`` as its arguments' text arrives, the way OpenAI
+streams ``delta.tool_calls``. Text that may still be the start of a marker is held back until the next piece
+settles it."""
 
 from __future__ import annotations
 
