@@ -92,6 +92,8 @@ class ServerEvent:
     RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DONE = "response.output_audio_transcript.done"
     RESPONSE_OUTPUT_AUDIO_DELTA = "response.output_audio.delta"
     RESPONSE_OUTPUT_AUDIO_DONE = "response.output_audio.done"
+    RESPONSE_FUNCTION_CALL_ARGUMENTS_DELTA = "response.function_call_arguments.delta"
+    RESPONSE_FUNCTION_CALL_ARGUMENTS_DONE = "response.function_call_arguments.done"
     RESPONSE_DONE = "response.done"
 
 
@@ -130,6 +132,10 @@ IDLE_WARNING_S = 15.0
 """How long before an idle session is closed the client is warned (``session.idle_warning``)."""
 PCM_RATE: Final = 24_000
 MAX_OUTPUT_TOKENS = 4096
+MAX_TOOLS = 128
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
+SEMANTIC_SILENCE_MS: dict[str, int] = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
+"""``semantic_vad``: the server VAD's silence window for each ``eagerness`` (omnipipe ends a turn on silence)."""
 
 
 # ---------------------------------------------------------------------------------------------- client events
@@ -138,10 +144,15 @@ _Tokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)] | Literal["inf"]
 
 
 class ServerVad(BaseModel):
-    """The server VAD (Silero). A field left out keeps the session's current value."""
+    """The server VAD (Silero). A field left out keeps the session's current value. ``semantic_vad`` (what the
+    Agents SDK asks for by default) is served by the same VAD, its ``eagerness`` choosing the silence window
+    (``SEMANTIC_SILENCE_MS``)."""
 
     model_config = _FIELDS
-    type: Literal["server_vad"] = "server_vad"
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
+    eagerness: Literal["low", "medium", "high", "auto"] = Field(
+        "auto", description="semantic_vad: how soon a silence ends the turn (low 1000 ms, auto/medium 500 ms, high "
+        "300 ms of silence)")
     threshold: float = Field(0.5, gt=0, le=1, allow_inf_nan=False, examples=[0.5, 0.9],
                              description="speech probability (0..1) from which a 32 ms window is speech")
     silence_duration_ms: int = Field(500, ge=0, le=60_000)
@@ -152,6 +163,11 @@ class ServerVad(BaseModel):
     speculative_start: bool = Field(True, description="omnipipe: start the answer tentatively when the speech "
                                     "pauses, release it when the silence window closes, drop it without a trace "
                                     "when the user goes on")
+
+
+class NoiseReduction(BaseModel):
+    model_config = _FIELDS
+    type: Literal["near_field", "far_field"] = Field(description="accepted; no effect (the input is not filtered)")
 
 
 class InputAudioTranscription(BaseModel):
@@ -176,7 +192,7 @@ class AudioInput(BaseModel):
     model_config = _FIELDS
     format: PcmFormat = PcmFormat()
     transcription: InputAudioTranscription | None = None
-    noise_reduction: None = Field(None, description="not supported: only null")
+    noise_reduction: NoiseReduction | None = Field(None, description="accepted; no effect here")
     turn_detection: ServerVad | None = ServerVad()
     live_transcription: bool = Field(True, description="omnipipe: transcribe the input audio while it arrives and "
                                      "answer a spoken turn from its transcript (where the pipeline can); false: "
@@ -196,6 +212,51 @@ class AudioConfig(BaseModel):
     output: AudioOutput = AudioOutput()
 
 
+class FunctionTool(BaseModel):
+    """A function the model may call (``session.tools[i]``)."""
+
+    model_config = _FIELDS
+    type: Literal["function"] = "function"
+    name: str = Field(pattern=TOOL_NAME_PATTERN, examples=["get_weather"])
+    description: str | None = Field(None, examples=["The weather in a city"])
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of an object",
+                                              examples=[{"type": "object", "properties": {"city": {"type": "string"}},
+                                                         "required": ["city"]}])
+
+
+class NamedFunction(BaseModel):
+    """``tool_choice``: call this function."""
+
+    model_config = _FIELDS
+    type: Literal["function"]
+    name: str = Field(examples=["get_weather"])
+
+
+_ToolChoice = Literal["auto", "none", "required"] | NamedFunction
+
+
+class TracingConfig(BaseModel):
+    model_config = _FIELDS
+    workflow_name: str | None = None
+    group_id: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+_Tracing = Literal["auto"] | TracingConfig | None
+
+
+class TokenLimits(BaseModel):
+    model_config = _FIELDS
+    post_instructions: int | None = Field(None, ge=0)
+
+
+class RetentionRatio(BaseModel):
+    model_config = _FIELDS
+    type: Literal["retention_ratio"]
+    retention_ratio: float = Field(ge=0, le=1, allow_inf_nan=False)
+    token_limits: TokenLimits | None = None
+
+
 class SessionConfig(BaseModel):
     """GA ``session.update``'s ``session``: only the fields given change (``model_fields_set``, at every level);
     the defaults here only describe a new session."""
@@ -208,12 +269,14 @@ class SessionConfig(BaseModel):
     instructions: str = ""
     audio: AudioConfig = AudioConfig()
     max_output_tokens: _Tokens = Field("inf", examples=[16, "inf"])
-    tools: list[None] = Field([], max_length=0, description="no tools: only []")
-    tool_choice: Literal["auto", "none"] = "auto"
-    truncation: Literal["auto", "disabled"] = "auto"
-    tracing: None = Field(None, description="not supported: only null")
-    include: None = Field(None, description="not supported: only null")
-    prompt: None = Field(None, description="not supported: only null")
+    tools: list[FunctionTool] = Field([], max_length=MAX_TOOLS)
+    tool_choice: _ToolChoice = "auto"
+    parallel_tool_calls: bool = True
+    truncation: Literal["auto", "disabled"] | RetentionRatio = Field("auto", description="accepted; no effect here")
+    tracing: _Tracing = Field(None, description="accepted; no effect (omnipipe keeps no traces)")
+    include: list[Literal["item.input_audio_transcription.logprobs"]] | None = Field(
+        None, description="accepted; no effect (transcription events carry no logprobs)")
+    prompt: None = Field(None, description="not supported: only null (omnipipe keeps no stored prompts)")
 
 
 class BetaTurnDetection(ServerVad):
@@ -243,8 +306,11 @@ class BetaSessionConfig(BaseModel):
     temperature: float | None = Field(None, examples=[0.0, 0.8])
     input_audio_transcription: BetaInputAudioTranscription | None = None
     speed: float = Field(1.0, ge=0.25, le=1.5, allow_inf_nan=False)
-    tools: list[None] = Field([], max_length=0)
-    tool_choice: Literal["auto", "none"] = "auto"
+    input_audio_noise_reduction: NoiseReduction | None = Field(None, description="accepted; no effect here")
+    tools: list[FunctionTool] = Field([], max_length=MAX_TOOLS)
+    tool_choice: _ToolChoice | str = Field("auto", description="auto, none, required, or the one function to "
+                                           "call (its name, or {type: function, name})")
+    tracing: _Tracing = Field(None, description="accepted; no effect")
 
 
 class ContentPart(BaseModel):
@@ -264,13 +330,21 @@ class ContentPart(BaseModel):
 
 
 class Item(BaseModel):
+    """A created item: a ``message`` (``role``, ``content``), a ``function_call`` the model made (``call_id``,
+    ``name``, ``arguments``) or a ``function_call_output`` answering one (``call_id``, ``output``). Which fields a
+    type requires the worker checks, naming them."""
+
     model_config = _FIELDS
     id: str | None = Field(None, max_length=64)
     object: Literal["realtime.item"] | None = None
-    type: Literal["message"] = "message"
+    type: Literal["message", "function_call", "function_call_output"] = "message"
     status: Literal["completed", "incomplete", "in_progress"] | None = None
-    role: Literal["user", "assistant", "system"] = Field(examples=["user"])
-    content: list[ContentPart] = Field(min_length=1)
+    role: Literal["user", "assistant", "system"] | None = Field(None, examples=["user"])
+    content: list[ContentPart] | None = Field(None, min_length=1)
+    call_id: str | None = Field(None, min_length=1, max_length=64, examples=["call_abc123"])
+    name: str | None = Field(None, examples=["get_weather"])
+    arguments: str | None = Field(None, examples=['{"city": "Paris"}'])
+    output: str | None = Field(None, examples=["It is 18 degrees and sunny in Paris"])
 
 
 class ResponseOptions(BaseModel):

@@ -19,6 +19,7 @@ from typing import TypedDict
 HEALTH_PATH = "/health"
 MODELS_PATH = "/v1/models"
 CHAT_PATH = "/v1/chat/completions"
+RESPONSES_PATH = "/v1/responses"
 SPEECH_PATH = "/v1/audio/speech"
 VOICES_PATH = "/v1/audio/voices"
 TRANSCRIPTION_PATH = "/v1/audio/transcriptions"

@@ -35,7 +35,8 @@ from omnipipe.server.errors import install_error_handlers
 from omnipipe.server.guard import RequestGuard
 from omnipipe.server.prometheus import CONTENT_TYPE as PROMETHEUS_CONTENT_TYPE
 from omnipipe.server.prometheus import ServerMetrics
-from omnipipe.server.routes import chat, images, realtime, speech, transcription, voices
+from omnipipe.server.response_store import ResponseStore
+from omnipipe.server.routes import chat, images, realtime, responses, speech, transcription, voices
 from omnipipe.server.spoken_answers import SpokenAnswers
 
 logger = logging.getLogger(__name__)
@@ -55,9 +56,11 @@ def create_app(config: ServerConfig, on_engine_failure: Callable[[str], None] | 
     app.state.pool = pool
     app.state.metrics = metrics
     app.state.spoken_answers = SpokenAnswers()
+    app.state.response_store = ResponseStore()
     app.state.sessions = sessions
     install_error_handlers(app)
     app.include_router(chat.router)
+    app.include_router(responses.router)
     app.include_router(speech.router)
     app.include_router(voices.router)
     app.include_router(transcription.router)

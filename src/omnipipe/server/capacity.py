@@ -1,11 +1,11 @@
 """The sessions a server holds, its capacity, and the state it reports on ``/health`` (the worker protocol,
 whose shapes and codes live in ``omnipipe.protocol.worker``).
 
-A session is one HTTP request to a model endpoint (chat completions, audio speech, audio transcriptions), from
-its arrival at the model routes until its response body has been sent or the client went away, or one realtime
-WebSocket from accept to close. A realtime session may be paused (``session.pause``). Beyond ``capacity``
-(``None``: unlimited) a new HTTP session is answered 429 (code ``worker_at_capacity``, ``Retry-After``) by
-``SessionLimiter``; the realtime route refuses a WebSocket itself (``error`` event, close 1013).
+A session is one HTTP request to a model endpoint (chat completions, responses, audio speech, audio
+transcriptions), from its arrival at the model routes until its response body has been sent or the client went
+away, or one realtime WebSocket from accept to close. A realtime session may be paused (``session.pause``).
+Beyond ``capacity`` (``None``: unlimited) a new HTTP session is answered 429 (code ``worker_at_capacity``,
+``Retry-After``) by ``SessionLimiter``; the realtime route refuses a WebSocket itself (``error`` event, close 1013).
 
 Everything here runs on the server's event loop, so counting needs no lock.
 """
@@ -18,6 +18,7 @@ from omnipipe.protocol.errors import RETRY_AFTER_S, APIError
 from omnipipe.protocol.worker import (
     AT_CAPACITY,
     CHAT_PATH,
+    RESPONSES_PATH,
     SPEECH_PATH,
     TRANSCRIPTION_PATH,
     SessionCounts,
@@ -27,7 +28,7 @@ from omnipipe.server.guard import ASGIApp, Message, Receive, Scope, Send
 from omnipipe.util.field_error import FieldError
 
 SessionKind = Literal["http", "realtime"]
-MODEL_ENDPOINTS = frozenset({CHAT_PATH, SPEECH_PATH, TRANSCRIPTION_PATH})
+MODEL_ENDPOINTS = frozenset({CHAT_PATH, RESPONSES_PATH, SPEECH_PATH, TRANSCRIPTION_PATH})
 
 
 def at_capacity_error(capacity: int | None) -> APIError:

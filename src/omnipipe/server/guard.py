@@ -25,6 +25,7 @@ MULTIPART = "multipart/form-data"
 # path -> the content type its POST body must have
 BODY_TYPES: dict[str, str] = {
     "/v1/chat/completions": JSON,
+    "/v1/responses": JSON,
     "/v1/audio/speech": JSON,
     "/v1/audio/transcriptions": MULTIPART,
 }

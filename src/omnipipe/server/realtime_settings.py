@@ -14,9 +14,18 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from omnipipe.protocol.realtime import GA, PCM_RATE, BetaSessionConfig, ServerVad, SessionConfig
+from omnipipe.protocol.realtime import (
+    GA,
+    PCM_RATE,
+    SEMANTIC_SILENCE_MS,
+    BetaSessionConfig,
+    NamedFunction,
+    ServerVad,
+    SessionConfig,
+)
 
-VAD_DEFAULTS: dict[str, Any] = ServerVad().model_dump(exclude={"type", "idle_timeout_ms"})
+VAD_DEFAULTS: dict[str, Any] = ServerVad().model_dump(exclude={"type", "idle_timeout_ms", "eagerness"})
+SEMANTIC_FIELDS = ("type", "eagerness", "create_response", "interrupt_response", "speculative_start")
 
 
 @dataclass
@@ -30,8 +39,13 @@ class Settings:
     temperature: float | None = None
     transcription: dict[str, Any] | None = None  # {model, language}
     live_transcription: bool = True  # spoken turns transcribed while they arrive (where the pipeline can)
-    tool_choice: str = "auto"
-    truncation: str = "auto"
+    tools: list[dict[str, Any]] = field(default_factory=list)  # {name, description?, parameters?}, checked
+    tool_choice: str | dict[str, str] = "auto"  # auto | none | required | {"type": "function", "name"}
+    parallel_tool_calls: bool = True
+    truncation: Any = "auto"  # accepted and echoed; no effect
+    tracing: Any = None  # accepted and echoed; no effect
+    include: list[str] | None = None  # accepted and echoed; no effect
+    noise_reduction: dict[str, str] | None = None  # accepted and echoed; no effect
 
 
 @dataclass(frozen=True)
@@ -46,10 +60,30 @@ def _given(model: BaseModel | None, name: str) -> bool:
 
 
 def _vad(value: ServerVad | None, current: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The VAD's knobs after an update (``type`` kept only for ``semantic_vad``: its ``eagerness`` sets the silence
+    window unless the update gives ``silence_duration_ms``)."""
     if value is None:
         return None
-    return {**(current or VAD_DEFAULTS),
-            **value.model_dump(include=value.model_fields_set - {"type", "idle_timeout_ms"})}
+    given = value.model_dump(include=value.model_fields_set - {"type", "idle_timeout_ms", "eagerness"})
+    base = {key: val for key, val in (current or VAD_DEFAULTS).items() if key not in ("type", "eagerness")}
+    kind = value.type if "type" in value.model_fields_set else (current or {}).get("type", "server_vad")
+    if kind == "semantic_vad":
+        eagerness = value.eagerness if "eagerness" in value.model_fields_set else \
+            (current or {}).get("eagerness", "auto")
+        base.update(type="semantic_vad", eagerness=eagerness, silence_duration_ms=SEMANTIC_SILENCE_MS[eagerness])
+    return {**base, **given}
+
+
+def _tools(tools: list[Any]) -> list[dict[str, Any]]:
+    return [tool.model_dump(include={"name", "description", "parameters"}, exclude_none=True) for tool in tools]
+
+
+def _tool_choice(value: Any) -> str | dict[str, str]:
+    if isinstance(value, NamedFunction):
+        return {"type": "function", "name": value.name}
+    if value in ("auto", "none", "required"):
+        return str(value)
+    return {"type": "function", "name": str(value)}  # beta: a function's name
 
 
 def _transcription(value: Any) -> dict[str, Any] | None:
@@ -63,9 +97,13 @@ def _voice(value: Any) -> str:
 def changes(update: SessionConfig | BetaSessionConfig, current: Settings) -> list[Change]:
     """The settings an update changes: only the fields it gives, at every level."""
     out = _ga_changes(update, current) if isinstance(update, SessionConfig) else _beta_changes(update, current)
-    for key in ("instructions", "tool_choice", "truncation"):
+    for key in ("instructions", "tracing"):
         if _given(update, key):
             out.append(Change(key, getattr(update, key), f"session.{key}"))
+    if _given(update, "tools"):
+        out.append(Change("tools", _tools(update.tools), "session.tools"))
+    if _given(update, "tool_choice"):
+        out.append(Change("tool_choice", _tool_choice(update.tool_choice), "session.tool_choice"))
     return out
 
 
@@ -91,8 +129,19 @@ def _ga_changes(update: SessionConfig, current: Settings) -> list[Change]:
         out.append(Change("voice", _voice(audio_out.voice), "session.audio.output.voice"))  # type: ignore[union-attr]
     if _given(audio_out, "speed"):
         out.append(Change("speed", audio_out.speed, "session.audio.output.speed"))  # type: ignore[union-attr]
+    if _given(audio_in, "noise_reduction"):
+        reduction = audio_in.noise_reduction  # type: ignore[union-attr]
+        out.append(Change("noise_reduction", None if reduction is None else reduction.model_dump(),
+                          "session.audio.input.noise_reduction"))
     if _given(update, "max_output_tokens"):
         out.append(Change("max_output_tokens", update.max_output_tokens, "session.max_output_tokens"))
+    if _given(update, "truncation"):
+        truncation = update.truncation
+        out.append(Change("truncation", truncation if isinstance(truncation, str)
+                          else truncation.model_dump(exclude_none=True), "session.truncation"))
+    for key in ("parallel_tool_calls", "include"):
+        if _given(update, key):
+            out.append(Change(key, getattr(update, key), f"session.{key}"))
     return out
 
 
@@ -117,7 +166,25 @@ def _beta_changes(update: BetaSessionConfig, current: Settings) -> list[Change]:
                           "session.max_response_output_tokens"))
     if _given(update, "temperature"):
         out.append(Change("temperature", update.temperature, "session.temperature"))
+    if _given(update, "input_audio_noise_reduction"):
+        reduction = update.input_audio_noise_reduction
+        out.append(Change("noise_reduction", None if reduction is None else reduction.model_dump(),
+                          "session.input_audio_noise_reduction"))
     return out
+
+
+def _detection(settings: Settings) -> dict[str, Any] | None:
+    """The VAD as the session shows it: ``server_vad`` with its knobs, or ``semantic_vad`` with OpenAI's."""
+    detection = settings.turn_detection
+    if detection is None:
+        return None
+    if detection.get("type") == "semantic_vad":
+        return {key: detection[key] for key in SEMANTIC_FIELDS if key in detection}
+    return {"type": "server_vad", **detection}
+
+
+def _wire_tools(settings: Settings) -> list[dict[str, Any]]:
+    return [{"type": "function", **tool} for tool in settings.tools]
 
 
 def _pcm() -> dict[str, Any]:
@@ -126,7 +193,7 @@ def _pcm() -> dict[str, Any]:
 
 def session_object(settings: Settings, dialect: str, session_id: str, model: str) -> dict[str, Any]:
     """The session as ``session.created`` / ``session.updated`` show it in ``dialect``."""
-    detection = None if settings.turn_detection is None else {"type": "server_vad", **settings.turn_detection}
+    detection = _detection(settings)
     transcription = None if settings.transcription is None else {**settings.transcription, "prompt": None}
     if dialect == GA:
         return {
@@ -134,20 +201,26 @@ def session_object(settings: Settings, dialect: str, session_id: str, model: str
             "output_modalities": ["audio"] if "audio" in settings.modalities else ["text"],
             "instructions": settings.instructions,
             "audio": {
-                "input": {"format": _pcm(), "transcription": transcription, "noise_reduction": None,
+                "input": {"format": _pcm(), "transcription": transcription,
+                          "noise_reduction": settings.noise_reduction,
                           "live_transcription": settings.live_transcription,
-                          "turn_detection": None if detection is None else {**detection, "idle_timeout_ms": None}},
+                          "turn_detection": detection if detection is None or detection["type"] != "server_vad"
+                          else {**detection, "idle_timeout_ms": None}},
                 "output": {"format": _pcm(), "voice": settings.voice, "speed": settings.speed},
             },
-            "max_output_tokens": settings.max_output_tokens, "tools": [], "tool_choice": settings.tool_choice,
-            "truncation": settings.truncation, "tracing": None, "include": None, "prompt": None,
+            "max_output_tokens": settings.max_output_tokens, "tools": _wire_tools(settings),
+            "tool_choice": settings.tool_choice, "parallel_tool_calls": settings.parallel_tool_calls,
+            "truncation": settings.truncation, "tracing": settings.tracing, "include": settings.include,
+            "prompt": None,
         }
     return {
         "object": "realtime.session", "id": session_id, "model": model, "modalities": list(settings.modalities),
         "voice": settings.voice, "speed": settings.speed, "instructions": settings.instructions,
         "input_audio_format": "pcm16", "output_audio_format": "pcm16", "turn_detection": detection,
         "input_audio_transcription": transcription, "max_response_output_tokens": settings.max_output_tokens,
-        "temperature": settings.temperature, "tools": [], "tool_choice": settings.tool_choice,
+        "temperature": settings.temperature, "tools": _wire_tools(settings),
+        "tool_choice": settings.tool_choice if isinstance(settings.tool_choice, str) else settings.tool_choice["name"],
+        "input_audio_noise_reduction": settings.noise_reduction, "tracing": settings.tracing,
     }
 
 

@@ -9,10 +9,12 @@ them and gives each call its ``call_...`` id."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.server.errors import invalid
 from omnipipe.stage.structured_output import GrammarError, check_schema
 
@@ -44,13 +46,13 @@ def function_tools(tools: list[tuple[str, str | None, dict[str, Any] | None]], w
 
 
 def tool_choice(choice: Any, tools: list[dict[str, Any]], where: str = "tool_choice",
-                named: str | None = None) -> str | dict[str, str]:
+                named: str | None = None, named_field: str | None = None) -> str | dict[str, str]:
     """``none`` / ``auto`` / ``required``, or the one function to call (``named``: its name, from the endpoint's
-    own shape); a 400 naming the field for a function that is not among the tools, or ``required`` without
-    tools."""
+    own shape, whose API field ``named_field`` is); a 400 naming the field for a function that is not among the
+    tools, or ``required`` without tools."""
     if named is not None:
         if named not in {tool["name"] for tool in tools}:
-            field_ = f"{where}.function.name" if where == "tool_choice" else f"{where}.name"
+            field_ = named_field or (f"{where}.function.name" if where == "tool_choice" else f"{where}.name")
             raise invalid(f"{field_}: no tool named {named!r} (tools: "
                           f"{', '.join(t['name'] for t in tools) or 'none given'})", field_)
         return {"name": named}
@@ -58,6 +60,39 @@ def tool_choice(choice: Any, tools: list[dict[str, Any]], where: str = "tool_cho
     if value == "required" and not tools:
         raise invalid(f"{where}: 'required' needs at least one tool", where)
     return str(value)
+
+
+def offered_tools(pipeline: PipelineSpec, model: str, tools: list[tuple[str, str | None, dict[str, Any] | None]],
+                  where: str, choice: Any, named: str | None, named_field: str,
+                  parallel: bool | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """A request's tools (``function_tools``' form and ``where``) and its choice among them (``choice``: the API's
+    value, ``named``: the one function it names, at ``named_field``): the prompt's ``tools`` and the thinker's
+    sampling fields (``tool_choice``, ``parallel_tool_calls``). A pipeline with no tool-call format refuses
+    tools; a choice other than ``none`` needs tools."""
+    fields: dict[str, Any] = {}
+    offered: list[dict[str, Any]] = []
+    if tools:
+        if not pipeline.takes_tools:
+            raise invalid(f"tools: model {model!r} calls no tools (its pipeline {pipeline.name!r} has no tool-call "
+                          "format)", "tools", code="unsupported_parameter")
+        offered = function_tools(tools, where)
+    if choice is not None and not offered and choice != "none":
+        raise invalid("tool_choice: given without tools", "tool_choice")
+    if offered:
+        fields["tool_choice"] = tool_choice(None if named else choice, offered, named=named, named_field=named_field)
+        if parallel is not None:
+            fields["parallel_tool_calls"] = parallel
+    return offered, fields
+
+
+def check_arguments(arguments: str, where: str) -> None:
+    """A call's ``arguments`` (at API field ``where``) must be a JSON object's text."""
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        raise invalid(f"{where}: must be a JSON object's text", where) from None
+    if not isinstance(parsed, dict):
+        raise invalid(f"{where}: must be a JSON object's text", where)
 
 
 def structured_format(kind: str | None, schema: dict[str, Any] | None, where: str) -> dict[str, Any] | None:

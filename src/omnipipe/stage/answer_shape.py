@@ -6,31 +6,49 @@ A runner builds one at prefill (``AnswerShape.start``: a ``GrammarError`` there 
 the field), passes ``constraint`` to the sampler, calls ``accept`` with each token chosen and ``shape`` with each
 piece of text its ``TextStream`` lets out; ``shape`` returns the content (the text to show and to speak) and the
 ``details`` that ride on the step's output: ``{"tool_calls": [pieces]}`` and ``{"logprobs": [entries]}``.
-``snapshot`` / ``restore`` go around a step that may be retried."""
+``snapshot`` / ``restore`` go around a step that may be retried.
+
+Small models call a tool whenever one is offered, even right after its result came back, so an agent's loop
+would never end. A turn with ``tool_choice`` ``auto`` whose calls all repeat calls the conversation already made
+and got results for (same function, same arguments) is decoded again as an answer: the runner starts the turn
+again from the conversation without the tools on offer, and ``answer_instead`` takes the calls away. Its call
+pieces are held until the turn ends, so nothing of a repeated call reaches the caller."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import torch
 
 from omnipipe.stage.sampling import token_logprobs
-from omnipipe.stage.structured_output import GrammarCompiler, TokenConstraint, ToolCallFormat, build_grammar
+from omnipipe.stage.structured_output import (
+    ANSWER_GRAMMAR,
+    GrammarCompiler,
+    TokenConstraint,
+    ToolCallFormat,
+    build_grammar,
+)
 from omnipipe.stage.tool_call_stream import ToolCallSplitter
 
 
 class AnswerShape:
     def __init__(self, constraint: TokenConstraint | None, splitter: ToolCallSplitter | None, logprobs: int | None,
-                 spell: Any) -> None:
+                 spell: Any, answered: set[tuple[str, str]] | None = None) -> None:
         self.constraint = constraint
         self.splitter = splitter
         self.logprobs = logprobs
         self._spell = spell
         self._pending: list[dict[str, Any]] = []  # logprob entries of tokens whose text has not gone out yet
+        # the calls the conversation already made and got results for: a turn that would only repeat one is
+        # decoded again as an answer (``repeats_a_call``); its call pieces wait for the turn's end to be judged
+        self.answered = answered or set()
+        self._held: list[dict[str, Any]] = []
+        self.redone = False
 
     @classmethod
     def start(cls, params: dict[str, Any], tools: list[dict[str, Any]], compiler: GrammarCompiler | None,
-              fmt: ToolCallFormat | None) -> AnswerShape | None:
+              fmt: ToolCallFormat | None, history: list[dict[str, Any]] | None = None) -> AnswerShape | None:
         """The shape a request's params and prompt tools ask for; None when they ask for nothing (free text, no
         logprobs). Raises ``GrammarError`` when the grammar cannot be built."""
         response_format = params.get("response_format")
@@ -45,8 +63,24 @@ class AnswerShape:
             raise GrammarError("response_format", "this model's stage has no grammar engine")
         constraint = compiler.constraint(grammar) if grammar is not None else None
         calls = fmt is not None and tools and choice != "none"
+        answered = answered_calls(history or []) if choice == "auto" else set()
         return cls(constraint, ToolCallSplitter(fmt) if calls and fmt is not None else None, logprobs,
-                   compiler.tokenizer.decode_bytes)
+                   compiler.tokenizer.decode_bytes, answered)
+
+    def answer_instead(self, compiler: GrammarCompiler, response_format: dict[str, Any] | None,
+                       fmt: ToolCallFormat | None) -> None:
+        """Start the turn again as an answer without calls (the one it wrote only repeated an answered call)."""
+        grammar = build_grammar(response_format, [], "none", False, fmt) or ANSWER_GRAMMAR
+        self.constraint = compiler.constraint(grammar)
+        self.splitter = None
+        self._pending, self._held, self.answered, self.redone = [], [], set(), True
+
+    def repeats_a_call(self) -> bool:
+        """The finished turn made calls, each one the conversation already made and got the result of."""
+        if self.splitter is None or not self.splitter.calls or not self.answered:
+            return False
+        return all((call["name"], canonical_arguments(call["arguments"])) in self.answered
+                   for call in self.splitter.calls)
 
     def accept(self, token: int, logits: torch.Tensor | None, is_text: bool = True) -> None:
         """The token chosen (``logits``: the model's scores it was chosen from, for its logprobs; ``is_text``: not
@@ -62,6 +96,9 @@ class AnswerShape:
         content = text
         if self.splitter is not None:
             content, pieces = self.splitter.feed(text, final=final)
+            if self.answered:  # judged at the turn's end
+                self._held += pieces
+                pieces = self._held if final else []
             if pieces:
                 details["tool_calls"] = pieces
         if self._pending and (text or final):
@@ -73,6 +110,7 @@ class AnswerShape:
         return self.splitter is not None and bool(self.splitter.calls)
 
     def snapshot(self) -> tuple[Any, ...]:
+        # a redone turn is not snapshotted apart: a retried step of it starts it again as it was started
         return (self.constraint.mark() if self.constraint is not None else 0,
                 self.splitter.copy() if self.splitter is not None else None, list(self._pending))
 
@@ -82,3 +120,17 @@ class AnswerShape:
             self.constraint.rewind(mark)
         self.splitter = splitter.copy() if splitter is not None else None
         self._pending = list(pending)
+
+
+def canonical_arguments(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except ValueError:
+        return arguments
+
+
+def answered_calls(history: Any) -> set[tuple[str, str]]:
+    """(name, arguments) of every call in ``history`` that a tool turn answered."""
+    results = {turn.get("tool_call_id") for turn in history if turn.get("role") == "tool"}
+    return {(call["name"], canonical_arguments(call["arguments"])) for turn in history
+            for call in turn.get("tool_calls") or [] if call["id"] in results}

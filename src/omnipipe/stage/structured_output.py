@@ -124,11 +124,15 @@ def build_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, 
     rules = tool_call_grammar_rules(callable_tools, fmt, parallel and not isinstance(tool_choice, dict))
     if tool_choice == "auto":
         # a plain answer never starts like a call's JSON: a call written without its marker would pass for text
-        text = answer if answer is not None else "TEXT\nTEXT: " + r"/(?s:.*)/ & ~/\s*\{(?s:.*)/"
+        text = answer if answer is not None else "TEXT\n" + ANSWER_GRAMMAR.split("\n")[1]
         start = "start: answer | calls\nanswer: " + text
     else:
         start = "start: calls"
     return "\n".join([start, *rules]) + "\n"
+
+
+# a plain answer of a turn with tools: any text that does not start like a call's JSON (bare or in a code fence)
+ANSWER_GRAMMAR = "start: TEXT\nTEXT: " + r"/(?s:.*)/ & ~/\s*(```[A-Za-z]*\s*)?\{(?s:.*)/" + "\n"
 
 
 def check_grammar(grammar: str, field: str) -> None:

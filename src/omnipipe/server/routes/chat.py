@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -57,7 +56,7 @@ from omnipipe.server.errors import APIError, from_engine_error, invalid
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.spoken_answers import AUDIO_EXPIRY_S, SpokenAnswers
 from omnipipe.server.streaming import SSE_HEADERS, ClosingStreamingResponse, first_output, sse, with_first
-from omnipipe.server.tool_calls import ToolCalls, function_tools, structured_format, tool_choice
+from omnipipe.server.tool_calls import ToolCalls, check_arguments, offered_tools, structured_format
 from omnipipe.util.data_url import DataUrlError, parse_data_url
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.image import encode_image
@@ -128,7 +127,7 @@ def _base64(data: str, param: str) -> bytes:
     return _not_empty(decoded, param)
 
 
-def _refuse_modality(pipeline: PipelineSpec, modality: str, param: str) -> None:
+def refuse_modality(pipeline: PipelineSpec, modality: str, param: str) -> None:
     if modality not in pipeline.input_modalities:
         raise invalid(f"{param}: pipeline {pipeline.name!r} does not take {modality} input (it takes "
                       f"{', '.join(pipeline.input_modalities)})", param, code="unsupported_modality")
@@ -138,20 +137,24 @@ def _url_part(part: ImageUrlPart | AudioUrlPart | VideoUrlPart, param: str, pipe
               earlier: bool) -> tuple[str, bytes]:
     """A media part given by URL: its modality and its file's bytes, from an inline base64 data URL."""
     modality = _URL_PARTS[part.type]
-    _refuse_modality(pipeline, modality, param)
+    refuse_modality(pipeline, modality, param)
     if earlier:
         raise invalid(f"{param}: {modality} is taken in the last user message only", param,
                       code="unsupported_content")
-    url, where = getattr(part, part.type).url, f"{param}.url"
+    return modality, inline_media(modality, getattr(part, part.type).url, f"{param}.url", f"invalid_{part.type}")
+
+
+def inline_media(modality: str, url: str, where: str, code: str) -> bytes:
+    """The bytes of a ``modality`` file given at API field ``where`` as an inline base64 data URL (this server
+    fetches nothing: another URL is a 400 with ``code``)."""
     if not url.startswith("data:"):
         raise invalid(f"{where}: give the {modality} inline as data:{modality}/<type>;base64,<data> (this "
-                      "server fetches nothing)", where, code=f"invalid_{part.type}")
+                      "server fetches nothing)", where, code=code)
     try:
         _, data = parse_data_url(url, field=where, kind=modality)
     except DataUrlError as exc:
-        code = "invalid_base64" if exc.problem == "base64" else f"invalid_{part.type}"
-        raise invalid(str(exc), where, code=code) from None
-    return modality, _not_empty(data, where)
+        raise invalid(str(exc), where, code="invalid_base64" if exc.problem == "base64" else code) from None
+    return _not_empty(data, where)
 
 
 def message_content(content: str | list[Any] | None, where: str, pipeline: PipelineSpec,
@@ -172,7 +175,7 @@ def message_content(content: str | list[Any] | None, where: str, pipeline: Pipel
                 raise invalid(f"{param}: audio is taken in the last user message only; give an earlier spoken "
                               "question as its transcript (text)", param, code="unsupported_content")
             data = _base64(part.input_audio.data, f"{param}.data")
-            _refuse_modality(pipeline, "audio", param)
+            refuse_modality(pipeline, "audio", param)
             out.add("audio", data, f"{param}.data")
         else:
             modality, data = _url_part(part, param, pipeline, earlier)
@@ -222,7 +225,7 @@ def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spoke
             texts = [words]
         if message.tool_calls:
             for j, call in enumerate(message.tool_calls):
-                _check_arguments(call.function.arguments, f"{where}.tool_calls[{j}].function.arguments")
+                check_arguments(call.function.arguments, f"{where}.tool_calls[{j}].function.arguments")
                 calls.add(call.id)
             history.append({"role": "assistant", "content": " ".join(texts), "tool_calls": [
                 {"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls]})
@@ -234,15 +237,6 @@ def _history(messages: list[ChatMessage], pipeline: PipelineSpec, answers: Spoke
                       "earlier turns or system messages (send the question alone)", "messages",
                       code="unsupported_content")
     return history
-
-
-def _check_arguments(arguments: str, where: str) -> None:
-    try:
-        parsed = json.loads(arguments)
-    except ValueError:
-        raise invalid(f"{where}: must be a JSON object's text", where) from None
-    if not isinstance(parsed, dict):
-        raise invalid(f"{where}: must be a JSON object's text", where)
 
 
 def _question(messages: list[ChatMessage], pipeline: PipelineSpec, answers: SpokenAnswers) -> tuple[
@@ -321,22 +315,11 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec, shape:
 def _shape(body: ChatCompletionRequest, pipeline: PipelineSpec, model: str) -> tuple[list[dict[str, Any]],
                                                                                    dict[str, Any]]:
     """The request's tools (the prompt's) and its answer's shape (the thinker's sampling fields)."""
-    fields: dict[str, Any] = {}
-    tools: list[dict[str, Any]] = []
-    if body.tools:
-        if not pipeline.takes_tools:
-            raise invalid(f"tools: model {model!r} calls no tools (its pipeline {pipeline.name!r} has no tool-call "
-                          "format)", "tools", code="unsupported_parameter")
-        tools = function_tools([(t.function.name, t.function.description, t.function.parameters) for t in body.tools],
-                               "tools[{}].function")
     choice = body.tool_choice
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
-    if choice is not None and not tools and choice != "none":
-        raise invalid("tool_choice: given without tools", "tool_choice")
-    if tools:
-        fields["tool_choice"] = tool_choice(None if named else choice, tools, named=named)
-        if body.parallel_tool_calls is not None:
-            fields["parallel_tool_calls"] = body.parallel_tool_calls
+    tools, fields = offered_tools(pipeline, model, [(t.function.name, t.function.description, t.function.parameters)
+                                                    for t in body.tools or []], "tools[{}].function", choice, named,
+                                  "tool_choice.function.name", body.parallel_tool_calls)
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
         schema = fmt.json_schema.schema_ if isinstance(fmt, ResponseFormatJsonSchema) else None
@@ -545,4 +528,4 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any
     return ClosingStreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-__all__ = ["APIError", "MessageContent", "message_content", "plan_chat", "router"]
+__all__ = ["APIError", "MessageContent", "inline_media", "message_content", "plan_chat", "refuse_modality", "router"]

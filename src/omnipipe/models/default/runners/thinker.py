@@ -234,7 +234,7 @@ class ThinkerRunner(StageRunner):
                                            "attachments_wait_s": time.perf_counter() - waited})
         try:
             shape = AnswerShape.start(params, tools, self.grammars() if _shaped(params, tools) else None,
-                                      self.tool_calls)
+                                      self.tool_calls, history)
         except GrammarError as exc:
             where = "prompt.tools" if exc.field == "tools" else "sampling_params.response_format"
             return RunnerOutput(request.request_id, error=exc.reason, error_field=where)
@@ -422,6 +422,9 @@ class ThinkerRunner(StageRunner):
                 delta += more
                 finish_reason = "stop" if stream.stopped else "length"
         details = None
+        if finish_reason is not None and shape is not None and self.context.steps is None \
+                and not shape.redone and shape.repeats_a_call():
+            return self._answer_instead(request, state)
         if shape is not None:  # the content is what is shown and spoken; tool calls and logprobs ride beside it
             delta, details = shape.shape(delta, final=finish_reason is not None)
             if finish_reason == "stop" and shape.made_calls:
@@ -429,6 +432,16 @@ class ThinkerRunner(StageRunner):
         return RunnerOutput(request.request_id, text_delta=delta, data={"text": delta} if delta else None,
                             details=details, num_units=0 if eos else 1, finished=finish_reason is not None,
                             finish_reason=finish_reason)
+
+    def _answer_instead(self, request: StageRequest, state: _Decoding) -> RunnerOutput:
+        """The turn only repeated calls already answered: the turn again, from the conversation without the tools
+        on offer (their calls and results stay in it), so the model answers from the results."""
+        assert state.shape is not None
+        self.model.free(request.request_id)
+        state.prompt_ids = self.encode_prompt(state.question, state.history, self._images.get(request.request_id))
+        state.stream = TextStream(self._decode_ids, state.stream.stops, strip=True)
+        state.shape.answer_instead(self.grammars(), request.params.get("response_format"), self.tool_calls)
+        return self._advance(request, state, self._prefill(request, state.prompt_ids))
 
     def free(self, request: StageRequest) -> None:
         taken = self._images.pop(request.request_id, None) is not None

@@ -1,9 +1,11 @@
-"""A realtime session's conversation: its items (user, system and assistant messages, spoken or typed),
-``conversation.item.create`` / ``.truncate`` / ``.delete`` / ``.retrieve``, and the turn the next response answers
-with the history before it."""
+"""A realtime session's conversation: its items (user, system and assistant messages, spoken or typed; the
+model's function calls and the client's outputs for them), ``conversation.item.create`` / ``.truncate`` /
+``.delete`` / ``.retrieve``, and the turn the next response answers with the history before it (a call is the
+assistant turn's ``tool_calls``, its output a ``tool`` turn after it)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +22,7 @@ from omnipipe.server.realtime_settings import part_type
 from omnipipe.server.routes.realtime.checks import check_image_part, check_takes_audio, decode_pcm16
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
 from omnipipe.server.routes.realtime.frames import Frame
+from omnipipe.server.tool_calls import new_call_id
 
 if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.session import RealtimeSession
@@ -30,7 +33,7 @@ class ConversationItem:
     """One item of the conversation: its words (what the history gives the thinker) and how the client sees it."""
 
     id: str
-    role: str  # user | assistant | system
+    role: str  # user | assistant | system (a function call: assistant; its output: tool)
     words: str = ""  # text, or the transcript of spoken audio (empty until transcribed)
     audio: np.ndarray | None = None  # a user item's spoken part (24 kHz)
     audio_ms: float = 0.0  # an assistant item's audio sent
@@ -42,12 +45,36 @@ class ConversationItem:
     status: str = "completed"
     pending: bool = False  # a user item no response has answered yet
     transcribed: bool = False  # a spoken user item whose words were heard live: the turn gives them, not its audio
+    type: str = "message"  # message | function_call | function_call_output
+    call_id: str = ""  # a function call's id, or the call a function_call_output answers
+    name: str = ""  # a function call's function
+    arguments: str = ""  # a function call's arguments (JSON text)
+    output: str = ""  # a function_call_output's output
+    response_id: str | None = None  # the response that made an assistant item
+
+    def call(self) -> dict[str, str] | None:
+        """A completed function call as the prompt's history takes it (``{"id", "name", "arguments"}``); None for
+        one cut off or whose arguments are not a JSON object."""
+        if self.type != "function_call" or self.status != "completed":
+            return None
+        try:
+            arguments = json.loads(self.arguments)
+        except ValueError:
+            return None
+        if not isinstance(arguments, dict):
+            return None
+        return {"id": self.call_id, "name": self.name, "arguments": self.arguments}
 
     def take_frames(self, frames: list[Frame]) -> None:
         self.frames = frames
         self.frame_times = [frame.captured_at_ms for frame in frames]
 
     def wire(self, dialect: str) -> dict[str, Any]:
+        base = {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status}
+        if self.type == "function_call":
+            return {**base, "call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+        if self.type == "function_call_output":
+            return {**base, "call_id": self.call_id, "output": self.output}
         content: list[dict[str, Any]]
         if self.role == "assistant":
             kind = part_type(dialect, self.spoken)
@@ -121,6 +148,22 @@ class Conversation:
                              "out, or give the last item's id)", "previous_item_id", code="unsupported_parameter")
         if item.id is not None and any(existing.id == item.id for existing in self.items):
             raise EventError(f"item.id: an item {item.id!r} already exists", "item.id", code="duplicate_item_id")
+        fields = {"message": ("role", "content"), "function_call": ("call_id", "name", "arguments"),
+                  "function_call_output": ("call_id", "output")}
+        for name in ("role", "content", "call_id", "name", "arguments", "output"):
+            given = getattr(item, name) is not None
+            if given and name not in fields[item.type]:
+                raise EventError(f"item.{name}: not a field of a {item.type} item", f"item.{name}",
+                                 code="unknown_parameter")
+            if not given and name in fields[item.type] and not (name == "call_id" and item.type == "function_call"):
+                raise EventError(f"item.{name}: required for a {item.type} item", f"item.{name}",
+                                 code="missing_field")
+        if item.type == "function_call_output":
+            await self._call_output(item)
+            return
+        if item.type == "function_call":
+            await self._call(item)
+            return
         if item.role != "user" and not pipeline.takes_history:
             raise EventError(f"item.role: pipeline {pipeline.name!r} answers one question at a time; only "
                              "'user' items are supported", "item.role", code="unsupported_item")
@@ -143,6 +186,38 @@ class Conversation:
         else:
             new.words = text
         await self.add(new)
+
+    async def _call(self, item: Any) -> None:
+        """A function call the client puts in the conversation (as if the model had made it)."""
+        pipeline = self.session.pipeline
+        if not pipeline.takes_history:
+            raise EventError(f"item.type: pipeline {pipeline.name!r} answers one question at a time; only "
+                             "'user' items are supported", "item.type", code="unsupported_item")
+        try:
+            arguments = json.loads(item.arguments)
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise EventError("item.arguments: must be a JSON object's text", "item.arguments")
+        call_id = item.call_id or new_call_id()
+        if any(existing.type == "function_call" and existing.call_id == call_id for existing in self.items):
+            raise EventError(f"item.call_id: a function call {call_id!r} already exists", "item.call_id",
+                             code="duplicate_item_id")
+        await self.add(ConversationItem(item.id or new_item_id(), "assistant", type="function_call",
+                                        call_id=call_id, name=item.name, arguments=item.arguments))
+
+    async def _call_output(self, item: Any) -> None:
+        """The output of an earlier function call: the next response goes on from it."""
+        call = next((existing for existing in self.items
+                     if existing.type == "function_call" and existing.call_id == item.call_id), None)
+        if call is None:
+            raise EventError(f"item.call_id: no function_call item with call_id {item.call_id!r} in the "
+                             "conversation", "item.call_id", code="invalid_value")
+        if call.call() is None:
+            raise EventError(f"item.call_id: the function call {item.call_id!r} was cut off before its arguments "
+                             "were complete; it cannot be answered", "item.call_id", code="invalid_value")
+        await self.add(ConversationItem(item.id or new_item_id(), "tool", type="function_call_output",
+                                        call_id=item.call_id, output=item.output, pending=True))
 
     def _content(self, item: Any) -> tuple[list[str], np.ndarray | None, list[str]]:
         """A created item's content parts, checked in order: their texts, their audio (joined), their images."""
@@ -175,7 +250,8 @@ class Conversation:
 
     def _check_not_answering(self, item: ConversationItem) -> None:
         responses = self.session.responses
-        if item is responses.item and responses.running:
+        if responses.running and (item is responses.item or
+                                  (item.response_id is not None and item.response_id == responses.id)):
             raise EventError("item_id: the item's response is still running; cancel it first", "item_id",
                              code="invalid_item")
 
@@ -207,7 +283,7 @@ class Conversation:
         item = self.find(event.item_id)
         await self.session.send(ServerEvent.CONVERSATION_ITEM_RETRIEVED, item=item.wire(self.session.dialect))
 
-    def take_turn(self) -> tuple[Turn, list[dict[str, str]]]:
+    def take_turn(self) -> tuple[Turn, list[dict[str, Any]]]:
         """The pending user items as the turn (no longer pending), and every other item before them as the
         history."""
         turn, history = self.peek_turn()
@@ -216,15 +292,35 @@ class Conversation:
             item.frames = []  # the turn has them; the item keeps their times
         return turn, history
 
-    def peek_turn(self, *more: ConversationItem) -> tuple[Turn, list[dict[str, str]]]:
+    def peek_turn(self, *more: ConversationItem) -> tuple[Turn, list[dict[str, Any]]]:
         """What ``take_turn`` would give were ``more`` items added first, changing nothing (a tentative answer's
         question: the speech not yet committed)."""
         turn = Turn()
-        history: list[dict[str, str]] = []
+        history: list[dict[str, Any]] = []
         instructions = self.session.settings.instructions.strip()
         if instructions:
             history.append({"role": "system", "content": instructions})
+        calls: set[str] = set()  # the calls the history holds
+        made_by: str | None = None  # the response whose assistant turn ends the history
         for item in (*self.items, *more):
+            if item.type == "function_call":
+                call = item.call()
+                if call is None:
+                    continue
+                calls.add(call["id"])
+                last = history[-1] if history else None
+                if last is not None and last["role"] == "assistant" and item.response_id is not None \
+                        and made_by == item.response_id:
+                    last.setdefault("tool_calls", []).append(call)
+                else:
+                    history.append({"role": "assistant", "content": "", "tool_calls": [call]})
+                made_by = item.response_id
+                continue
+            made_by = None
+            if item.type == "function_call_output":
+                if item.call_id in calls:
+                    history.append({"role": "tool", "content": item.output, "tool_call_id": item.call_id})
+                continue
             if item.pending:
                 turn.images += item.images
                 turn.frames += item.frames
@@ -237,4 +333,5 @@ class Conversation:
                     turn.audio = item.audio if turn.audio is None else np.concatenate([turn.audio, item.audio])
             elif item.words:
                 history.append({"role": item.role, "content": item.words})
+                made_by = item.response_id if item.role == "assistant" else None
         return turn, history

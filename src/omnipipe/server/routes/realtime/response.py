@@ -5,7 +5,11 @@ disconnect): a cancelled answer closes its part and item too and keeps the words
 answer audio is timed from the end of the user's speech (``omnipipe:realtime_speech_end_to_first_audio_seconds``),
 and the answer's audio is played on a clock at real-time pace that counts its gaps
 (``omnipipe:realtime_playback_underruns``). An answer started ahead of the turn's end (``speculative_start.py``)
-is adopted by the response of that turn."""
+is adopted by the response of that turn.
+
+With tools offered, the answer's output items open as they come: its message when its first words or audio
+arrive, a ``function_call`` item when the model names a function (``response.function_call_arguments.delta`` /
+``.done`` carry its arguments). A call is never spoken: audio that comes with calls and no words is dropped."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from omnipipe.server.routes.realtime.checks import check_modalities, check_sampl
 from omnipipe.server.routes.realtime.conversation import ConversationItem, Turn
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
 from omnipipe.server.routes.realtime.frames import frames_media
+from omnipipe.server.tool_calls import ToolCalls
 from omnipipe.util.playback_clock import PlaybackClock
 
 if TYPE_CHECKING:
@@ -47,6 +52,7 @@ class AnswerPlan:
     fields: dict[str, str]  # the engine's field -> the client's
     max_output_tokens: int | str
     spoken_turn: bool  # the turn was spoken (its first answer audio is timed from the end of speech)
+    calls: bool = False  # the model may call the session's tools (its output items open as they come)
 
 
 @dataclass
@@ -61,11 +67,23 @@ class _Answer:
     final: OmniRequestOutput | None = None  # the engine's finished output
     speech_end: tuple[float, str] | None = None  # the spoken turn's end of speech (perf_counter) and what ended it
     playback: PlaybackClock = field(default_factory=PlaybackClock)  # the audio sent, played from its first chunk
+    outputs: list[ConversationItem] = field(default_factory=list)  # the response's output items, in order
+    calls: ToolCalls = field(default_factory=ToolCalls)
+    call_items: dict[int, ConversationItem] = field(default_factory=dict)  # by the call's index
+    held: list[str] = field(default_factory=list)  # blank text before the message opened (dropped if it never does)
 
     @property
     def base(self) -> dict[str, Any]:
         """The fields every event of the answer's content part carries."""
-        return {"response_id": self.response_id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+        return {"response_id": self.response_id, "item_id": self.item.id, "output_index": self.index(self.item),
+                "content_index": 0}
+
+    def index(self, item: ConversationItem) -> int:
+        return self.outputs.index(item) if item in self.outputs else len(self.outputs)
+
+    @property
+    def message_open(self) -> bool:
+        return self.item in self.outputs
 
     def part(self, words: str) -> dict[str, str]:
         """The content part in ``response.content_part.added`` / ``.done``."""
@@ -127,6 +145,8 @@ class Responses:
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
         if session.pipeline.takes_history:
             prompt["history"] = history
+        if session.settings.tools:
+            prompt["tools"] = [dict(tool) for tool in session.settings.tools]
         media: dict[str, Any] = {}
         if turn.audio is not None:
             media["audio"] = (turn.audio, PCM16_RATE_HZ)
@@ -142,8 +162,11 @@ class Responses:
         fields = {"prompt.multi_modal_data.audio": "input_audio_buffer",
                   "prompt.multi_modal_data.image": "item.content",
                   "prompt.multi_modal_data.video": "input_video_frame.append",
-                  "prompt": "item.content" if typed else "input_audio_buffer"}
-        return AnswerPlan(prompt, modalities, sampling or None, fields, limit, turn.audio is not None or turn.heard)
+                  "prompt": "item.content" if typed else "input_audio_buffer",
+                  "prompt.tools": "session.tools", "prompt.history": "item"}
+        calls = bool(session.settings.tools) and session.settings.tool_choice != "none"
+        return AnswerPlan(prompt, modalities, sampling or None, fields, limit, turn.audio is not None or turn.heard,
+                          calls)
 
     def _modalities_and_limit(self, options: ResponseOptions | BetaResponseOptions | None,
                               ) -> tuple[list[str], int | str]:
@@ -176,6 +199,10 @@ class Responses:
             params["max_tokens"] = limit
         if session.settings.temperature is not None:
             params["temperature"] = session.settings.temperature
+        if session.settings.tools:  # the tools go with the prompt; how the model may call them, with the thinker
+            choice = session.settings.tool_choice
+            params["tool_choice"] = {"name": choice["name"]} if isinstance(choice, dict) else choice
+            params["parallel_tool_calls"] = session.settings.parallel_tool_calls
         stage = pipeline.comprehension_stage or pipeline.stages[0].name
         sampling = {stage: SamplingParams.from_dict(params)} if params else {}
         speed_stage = pipeline.serving.speed_stage
@@ -212,7 +239,8 @@ class Responses:
         (completed, cancelled or failed)."""
         session = self.session
         modalities = plan.modalities
-        item = ConversationItem(new_item_id(), "assistant", spoken="audio" in modalities, status="in_progress")
+        item = ConversationItem(new_item_id(), "assistant", spoken="audio" in modalities, status="in_progress",
+                                response_id=response_id)
         self.item = item
         answer = _Answer(response_id, item, speech_end=self._speech_end)
         status = "failed"
@@ -227,10 +255,8 @@ class Responses:
             outputs = self.generate(response_id, plan)
         try:
             await session.send(ServerEvent.RESPONSE_CREATED, response=response("in_progress", []))
-            await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_ADDED, response_id=response_id, output_index=0,
-                               item=item.wire(session.dialect))
-            await session.conversation.add(item)
-            await session.send(ServerEvent.RESPONSE_CONTENT_PART_ADDED, **answer.base, part=answer.part(""))
+            if not plan.calls:  # without tools the answer is one message: it opens at once
+                await self._open_message(answer)
             await self._stream(outputs, answer)
             status = "completed"
         except asyncio.CancelledError:
@@ -245,8 +271,11 @@ class Responses:
         item.words = text.strip()  # of a cancelled answer: the words sent before the cancel
         item.audio_ms = answer.audio_samples * 1000 / PCM16_RATE_HZ
         item.status = "completed" if status == "completed" else "incomplete"
-        if item in session.conversation.items:  # the answer got as far as adding its item
-            await self._close_item(answer, text)
+        for output in answer.outputs:
+            if output.type == "function_call":
+                output.status = item.status
+            if output in session.conversation.items:  # the answer got as far as adding the item
+                await (self._close_item(answer, text) if output is item else self._close_call(answer, output))
         final = answer.final
         if final is not None:
             session.metrics.observe(REALTIME_PATH, final.metrics)
@@ -258,7 +287,8 @@ class Responses:
         usage = {"total_tokens": in_tokens + out_tokens, "input_tokens": in_tokens, "output_tokens": out_tokens}
         session.idle.touch()  # the idle count starts when the answer ends
         await session.send(ServerEvent.RESPONSE_DONE, response=response(
-            status, [item.wire(session.dialect)] if item in session.conversation.items else [], usage, details))
+            status, [output.wire(session.dialect) for output in answer.outputs
+                     if output in session.conversation.items], usage, details))
 
     def generate(self, response_id: str, plan: AnswerPlan) -> AsyncIterator[OmniRequestOutput]:
         """The engine's stream of a planned answer (the request starts when it is first read), in the session's name:
@@ -266,16 +296,65 @@ class Responses:
         return self.session.engine.generate(plan.prompt, request_id=response_id, sampling_params=plan.sampling,
                                             output_modalities=plan.modalities, session_id=self.session.session_id)
 
+    async def _open_message(self, answer: _Answer) -> None:
+        """The answer's message: its output item, conversation item and content part."""
+        session, item = self.session, answer.item
+        answer.outputs.append(item)
+        await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_ADDED, response_id=answer.response_id,
+                           output_index=answer.index(item), item=item.wire(session.dialect))
+        await session.conversation.add(item)
+        await session.send(ServerEvent.RESPONSE_CONTENT_PART_ADDED, **answer.base, part=answer.part(""))
+
+    async def _text(self, answer: _Answer, delta: str) -> None:
+        """A piece of the answer's words (blank ones before the message opens wait: a call may follow them)."""
+        if not answer.message_open:
+            if not delta.strip():
+                answer.held.append(delta)
+                return
+            await self._open_message(answer)
+            delta, answer.held = "".join(answer.held) + delta, []
+        answer.text_parts.append(delta)
+        kind = ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DELTA if answer.item.spoken \
+            else ServerEvent.RESPONSE_OUTPUT_TEXT_DELTA
+        await self.session.send(kind, delta=delta, **answer.base)
+
+    async def _call_pieces(self, answer: _Answer, pieces: list[dict[str, Any]]) -> None:
+        """The model's calls as they come: a ``function_call`` item when a function is named, then its
+        arguments' deltas."""
+        session = self.session
+        for piece in answer.calls.add(pieces):
+            index = piece["index"]
+            if "name" in piece:
+                call = ConversationItem(new_item_id(), "assistant", type="function_call", call_id=piece["id"],
+                                        name=piece["name"], status="in_progress", response_id=answer.response_id)
+                answer.call_items[index] = call
+                answer.outputs.append(call)
+                await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_ADDED, response_id=answer.response_id,
+                                   output_index=answer.index(call), item=call.wire(session.dialect))
+                await session.conversation.add(call)
+            if "arguments" in piece:
+                call = answer.call_items[index]
+                call.arguments += piece["arguments"]
+                await session.send(ServerEvent.RESPONSE_FUNCTION_CALL_ARGUMENTS_DELTA,
+                                    response_id=answer.response_id, item_id=call.id,
+                                    output_index=answer.index(call), call_id=call.call_id, delta=piece["arguments"])
+
     async def _stream(self, outputs: AsyncIterator[OmniRequestOutput], answer: _Answer) -> None:
-        """Send the engine's outputs as deltas (the transcript or text, the audio as pcm16 at 24 kHz)."""
+        """Send the engine's outputs as deltas (the transcript or text, the audio as pcm16 at 24 kHz, the calls'
+        arguments)."""
         spoken = answer.item.spoken
         async for out in outputs:
-            if out.modality == "text" and out.text_delta:
-                answer.text_parts.append(out.text_delta)
-                kind = ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DELTA if spoken \
-                    else ServerEvent.RESPONSE_OUTPUT_TEXT_DELTA
-                await self.session.send(kind, delta=out.text_delta, **answer.base)
+            if out.modality == "text" and (out.text_delta or out.details):
+                pieces = (out.details or {}).get("tool_calls")
+                if pieces:
+                    await self._call_pieces(answer, pieces)
+                if out.text_delta:
+                    await self._text(answer, out.text_delta)
             elif out.modality == "audio" and spoken and out.audio is not None and out.sample_rate_hz:
+                if not answer.message_open:
+                    if answer.call_items:
+                        continue  # a call is never spoken
+                    await self._open_message(answer)
                 answer.pcm = answer.pcm or Pcm16Stream(out.sample_rate_hz)
                 data = answer.pcm.feed(out.audio)
                 if data:
@@ -308,8 +387,20 @@ class Responses:
         else:
             await session.send(ServerEvent.RESPONSE_OUTPUT_TEXT_DONE, text=text, **base)
         await session.send(ServerEvent.RESPONSE_CONTENT_PART_DONE, **base, part=answer.part(text))
-        await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_DONE, response_id=answer.response_id, output_index=0,
-                           item=item.wire(session.dialect))
+        await self._item_done(answer, item)
+
+    async def _close_call(self, answer: _Answer, call: ConversationItem) -> None:
+        """A function call's ``.done`` events (its arguments only when it completed)."""
+        if call.status == "completed":
+            await self.session.send(ServerEvent.RESPONSE_FUNCTION_CALL_ARGUMENTS_DONE,
+                                    response_id=answer.response_id, item_id=call.id, output_index=answer.index(call),
+                                    call_id=call.call_id, name=call.name, arguments=call.arguments)
+        await self._item_done(answer, call)
+
+    async def _item_done(self, answer: _Answer, item: ConversationItem) -> None:
+        session = self.session
+        await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_DONE, response_id=answer.response_id,
+                           output_index=answer.index(item), item=item.wire(session.dialect))
         items = session.conversation.items
         index = items.index(item)
         previous = items[index - 1].id if index else None

@@ -32,6 +32,7 @@ from omnipipe.server.routes.realtime.idle import IdleWatch
 from omnipipe.server.routes.realtime.pause import SessionPause
 from omnipipe.server.routes.realtime.response import Responses
 from omnipipe.server.routes.realtime.transcription import Transcriptions
+from omnipipe.server.tool_calls import function_tools, tool_choice
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +181,12 @@ class RealtimeSession:
             if value is not None:
                 check_sampling({"temperature": value}, param)
             return value
+        if key == "tools":
+            if value and not self.pipeline.takes_tools:
+                raise EventError(f"{param}: pipeline {self.pipeline.name!r} calls no tools (its model has no "
+                                 "tool-call format)", param, code="unsupported_parameter")
+            return function_tools([(t["name"], t.get("description"), t.get("parameters")) for t in value],
+                                  param + "[{}]")
         if key == "transcription":
             if value is not None and self.pool.endpoint_pipelines.get("transcription") is None:
                 raise EventError(f"{param}: pipeline {self.pipeline.name!r} has no transcription pipeline", param,
@@ -192,6 +199,11 @@ class RealtimeSession:
         if update.model is not None:
             self.pool.check_model(update.model, "chat")
         new = {change.key: self._check_change(change) for change in changes(update, self.settings)}
+        if "tools" in new or "tool_choice" in new:  # the choice against the tools the session will have
+            choice = new.get("tool_choice", self.settings.tool_choice)
+            named = choice.get("name") if isinstance(choice, dict) else None
+            tool_choice(None if named else choice, new.get("tools", self.settings.tools), "session.tool_choice",
+                        named=named)
         detection_changed = "turn_detection" in new and new["turn_detection"] != self.settings.turn_detection
         for key, value in new.items():
             setattr(self.settings, key, value)
