@@ -23,7 +23,7 @@ import torch
 
 from omnipipe.stage.sampling import token_logprobs
 from omnipipe.stage.structured_output import (
-    ANSWER_GRAMMAR,
+    WORDS_GRAMMAR,
     GrammarCompiler,
     TokenConstraint,
     ToolCallFormat,
@@ -70,7 +70,7 @@ class AnswerShape:
     def answer_instead(self, compiler: GrammarCompiler, response_format: dict[str, Any] | None,
                        fmt: ToolCallFormat | None) -> None:
         """Start the turn again as an answer without calls (the one it wrote only repeated an answered call)."""
-        grammar = build_grammar(response_format, [], "none", False, fmt) or ANSWER_GRAMMAR
+        grammar = build_grammar(response_format, [], "none", False, fmt) or WORDS_GRAMMAR
         self.constraint = compiler.constraint(grammar)
         self.splitter = None
         self._pending, self._held, self.answered, self.redone = [], [], set(), True

@@ -133,6 +133,8 @@ def build_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, 
 
 # a plain answer of a turn with tools: any text that does not start like a call's JSON (bare or in a code fence)
 ANSWER_GRAMMAR = "start: TEXT\nTEXT: " + r"/(?s:.*)/ & ~/\s*(```[A-Za-z]*\s*)?\{(?s:.*)/" + "\n"
+# the answer of a turn decoded again because it only repeated answered calls: words, not data
+WORDS_GRAMMAR = "start: TEXT\nTEXT: " + r"/\s*\w(?s:.*)/" + "\n"
 
 
 def check_grammar(grammar: str, field: str) -> None:
