@@ -3,8 +3,8 @@
 Fields omnipipe reads are checked strictly, so ``"max_tokens": "10"`` is a 400 naming ``max_tokens`` rather than a
 silent conversion. A chat request is closed: a field omnipipe does not implement is a 400 naming it (as OpenAI
 answers an unknown argument), never accepted and dropped. The exceptions are the fields that cannot change an
-answer (``user``, ``store``, ``metadata``, ...) and the off values of features omnipipe lacks
-(``logprobs: false``, ``tools: []``, ``response_format: {"type": "text"}``), which clients send by default.
+answer (``user``, ``store``, ``metadata``, ...) and the off values of features omnipipe lacks (``functions: []``,
+``logit_bias: {}``), which clients send by default.
 """
 
 from __future__ import annotations
