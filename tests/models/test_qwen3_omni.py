@@ -325,3 +325,50 @@ def test_the_thinker_stops_before_a_stop_string_and_never_shows_part_of_one(chec
         assert 0 < units <= THINKER_TOKENS
         checked += 1
     assert checked >= 3
+
+
+JSON_SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8},
+                                      "size": {"enum": ["small", "large"]},
+                                      "tags": {"type": "array", "items": {"type": "integer"}, "maxItems": 3},
+                                      "inner": {"type": "object", "properties": {"ok": {"type": "boolean"}},
+                                                "required": ["ok"], "additionalProperties": False}},
+     "required": ["name", "size", "tags", "inner"], "additionalProperties": False},
+    {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"],
+     "additionalProperties": False},
+]
+
+
+def test_random_weights_still_write_json_of_the_schema(checkpoint: Path) -> None:
+    """The thinker of a random checkpoint writes noise; under a response_format it writes JSON that validates
+    against the schema, two requests at once in one batch beside a free one: the grammar, not the model, makes it
+    valid, request by request."""
+    import json
+
+    import jsonschema
+
+    async def run() -> None:
+        async with AsyncOmni("qwen3_omni", deploy(checkpoint, False)) as engine:
+            async def answer(sampling: SamplingParams) -> tuple[str, str | None]:
+                final = None
+                async for out in engine.generate("hello world", sampling_params={"thinker": sampling},
+                                                 output_modalities=["text"]):
+                    final = out
+                assert final is not None
+                return final.text, final.finish_reason
+
+            shaped = [SamplingParams(max_tokens=120, temperature=0.8, seed=i,
+                                     response_format={"type": "json_schema", "schema": schema})
+                      for i, schema in enumerate(JSON_SCHEMAS)]
+            results = await asyncio.gather(*(answer(s) for s in shaped), answer(SamplingParams(max_tokens=20)))
+            for (text, finish), schema in zip(results[:2], JSON_SCHEMAS, strict=True):
+                assert finish == "stop", text
+                jsonschema.validate(json.loads(text), schema)
+            free_text = results[2][0]
+            with pytest.raises(ValueError):  # the free request beside them is the model's noise, not JSON
+                json.loads(free_text)
+            with pytest.raises(ValueError) as caught:
+                await answer(SamplingParams(response_format={"type": "json_schema", "schema": {"$ref": "#/nope"}}))
+            assert getattr(caught.value, "field", None) == "sampling_params.response_format", caught.value
+
+    asyncio.run(run())

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.checkpoint_options import DecoderCheckpointOptions
 from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache, token_bytes
 from omnipipe.stage.prompt_pieces import PromptPieces
@@ -55,6 +56,8 @@ class DecodeState:
 
 
 def _saved(value: Any) -> Any:
+    if isinstance(value, AnswerShape):
+        return _Shaped(value, value.snapshot())
     if isinstance(value, list):
         return list(value)
     if isinstance(value, TextStream):
@@ -65,6 +68,9 @@ def _saved(value: Any) -> Any:
 
 
 def _restored(value: Any) -> Any:
+    if isinstance(value, _Shaped):
+        value.shape.restore(value.saved)
+        return value.shape
     if isinstance(value, list):
         return list(value)
     if isinstance(value, TextStream):
@@ -73,6 +79,14 @@ def _restored(value: Any) -> Any:
         value.pieces.rewind(value.mark)
         return value.pieces
     return value
+
+
+@dataclass(frozen=True)
+class _Shaped:
+    """An answer's shape (grammar state, tool-call split), and where it stood."""
+
+    shape: AnswerShape
+    saved: tuple[Any, ...]
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,15 @@ import torch
 
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
+from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
-from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
+from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams, given_params, sample_next_tokens
+from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
 from omnipipe.util.field_error import FieldError
@@ -46,6 +48,12 @@ class Qwen3ThinkerState(DecodeState):
     prompt: PromptPieces | None = None  # while its prefill is in pieces
     last_position: torch.Tensor | None = None  # [4]: the rope rows of the last position fed
     handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
+    shape: AnswerShape | None = None  # its grammar (response_format) and logprobs, when it asks for either
+
+    def sampling_row(self) -> SamplingRow:
+        row = super().sampling_row()
+        row.constraint = self.shape.constraint if self.shape is not None else None
+        return row
 
 
 class Qwen3ThinkerRunner(BatchedDecoderRunner):
@@ -66,6 +74,12 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         self.make_kv_cache(self.model.config.text_config, self.options, dtype, self.options.max_new_tokens)
         self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
         self._decoding: set[str] = set()
+        self._grammars: GrammarCompiler | None = None  # built on the first request that needs one
+
+    def grammars(self) -> GrammarCompiler:
+        if self._grammars is None:
+            self._grammars = GrammarCompiler(self.inputs.tokenizer, eos_token_id=int(self.config.im_end_token_id))
+        return self._grammars
 
     def close(self) -> None:
         self.prompts.close()
@@ -107,6 +121,14 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
     def _start(self, request: StageRequest, kwargs: dict[str, Any]) -> RunnerOutput | None:
         """Reserve the request's KV and build its prompt's pieces; an output when it must wait or fail."""
         ids = kwargs["input_ids"]
+        params = request.params
+        try:
+            shaped = params.get("response_format") or params.get("logprobs") is not None
+            shape = AnswerShape.start(params, [], self.grammars() if shaped else None, None)
+        except GrammarError as exc:
+            self.prompts.forget(request)
+            return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.reason,
+                                error_field="sampling_params.response_format")
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
         waiting = self.reserve(request, int(ids.shape[1]) + max_tokens)
         if waiting is not None:
@@ -130,7 +152,7 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         request.runner_state = Qwen3ThinkerState(
             sampling, sampling.make_generator(), max_tokens, stream=TextStream(self._decode_ids,
                                                                                request.params.get("stop") or []),
-            prompt=pieces, handoff={"ids": ids[0].cpu(), "grids": self._grids(kwargs)})
+            prompt=pieces, handoff={"ids": ids[0].cpu(), "grids": self._grids(kwargs)}, shape=shape)
         return None
 
     def _grids(self, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -195,9 +217,11 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
                            attention_mask=self.kv.attention_mask(), past_key_values=self.kv, use_cache=True)
         return self.model.lm_head(out.last_hidden_state[:, -1])
 
-    def _emit(self, request: StageRequest, token: int, embed: torch.Tensor) -> RunnerOutput:
+    def _emit(self, request: StageRequest, token: int, embed: torch.Tensor, logits: torch.Tensor) -> RunnerOutput:
         state: Qwen3ThinkerState = request.runner_state
         state.generated.append(token)
+        if state.shape is not None:
+            state.shape.accept(token, logits, is_text=token not in self.eos_ids)
         data: dict[str, Any] = {"token": token, "embed": embed.float().cpu()}
         if state.handoff is not None:
             data.update(state.handoff)
@@ -211,8 +235,11 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             more, rest = stream.finish()
             delta, units = delta + more, units + rest
             stopped = stopped or stream.stopped
-        return RunnerOutput(request.request_id, text_delta=delta, data=data, num_units=units, finished=done,
-                            finish_reason=("stop" if stopped else "length") if done else None)
+        details = None
+        if state.shape is not None:
+            delta, details = state.shape.shape(delta, final=done)
+        return RunnerOutput(request.request_id, text_delta=delta, data=data, details=details, num_units=units,
+                            finished=done, finish_reason=("stop" if stopped else "length") if done else None)
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
@@ -234,8 +261,8 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             logits = torch.stack([row for _, row in ready])
             tokens = sample_next_tokens(logits, [request.runner_state.sampling_row() for request, _ in ready])
             embeds = self.model.get_input_embeddings()(torch.tensor(tokens, device=self.device))
-            for (request, _), token, embed in zip(ready, tokens, embeds, strict=True):
-                outputs[request.request_id] = self._emit(request, token, embed)
+            for (request, row), token, embed in zip(ready, tokens, embeds, strict=True):
+                outputs[request.request_id] = self._emit(request, token, embed, row)
         return [outputs[request.request_id] for request in batch]
 
     def free(self, request: StageRequest) -> None:
