@@ -78,13 +78,17 @@ _LAZY_EXPORTS = (omnipipe.__getattr__, omnipipe.__dir__)
 _PUBLIC_API = (OmniRequestOutput.pil_image,)
 
 # Pydantic: model_config is the model's configuration, read by pydantic. Fields of the OpenAI-compatible bodies
-# (protocol/openai.py) and the realtime events (protocol/realtime.py) that are only parsed from JSON (accepted so
-# a client that sends them gets no 400) or only written to it (set by keyword, serialised by name).
+# (protocol/openai.py, protocol/responses.py) and the realtime events (protocol/realtime.py) that are only parsed
+# from JSON (accepted so a client that sends them gets no 400) or only written to it (set by keyword, serialised by
+# name).
 _PYDANTIC = (_.model_config,
              # protocol/openai.py
              _.audio_url, _.video_url, _.refusal, _.annotations, _.tool_calls, _.service_tier, _.prompt_cache_key,
              _.safety_identifier, _.parallel_tool_calls, _.completion_tokens, _.total_tokens, _.expires_at,
              _.moderation, _.b64_json, _.revised_prompt, _.owned_by,
+             # protocol/responses.py
+             _.strict, _.verbosity, _.include_obfuscation, _.reasoning, _.input_tokens_details,
+             _.output_tokens_details, _.incomplete_details,
              # protocol/realtime.py
              _.create_response, _.interrupt_response, _.idle_timeout_ms, _.speculative_start, _.noise_reduction,
              _.tracing, _.include, _.input_audio_format, _.output_audio_format, _.event_id)

@@ -1,6 +1,6 @@
 """The gateway in front of two real toy workers (capacity 1 each): queue positions and FIFO service over
-WebSocket and HTTP, queue events, queue full, cancel, admin API, app switches, recordings, and a worker killed
-mid-session."""
+WebSocket and HTTP, queue events, queue full, cancel, admin API, app switches, recordings, the Responses API's stored
+responses found on the worker that made them, and a worker killed mid-session."""
 
 from __future__ import annotations
 
@@ -368,6 +368,39 @@ def test_disabled_apps_are_refused(cluster) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- a worker dies
+def test_stored_responses_are_found_on_the_worker_that_made_them(cluster) -> None:
+    """The Responses API: responses are made by whichever worker the queue picks, and each stored one is found
+    again (``GET``, ``DELETE``, a follow-up's ``previous_response_id``) on the worker that made it."""
+    gateway, workers = cluster
+    _idle(gateway)
+    with httpx.Client(base_url=gateway.url, timeout=60) as http:
+        made: dict[str, str] = {}
+        for n in range(4):
+            reply = http.post("/v1/responses", json={"model": "toy", "input": f"hello {n}"})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["output"][0]["type"] == "message"
+            made[reply.json()["id"]] = reply.headers["X-Omnipipe-Worker"]
+        assert set(made.values()) == {w.address for w in workers}  # both workers made some
+        for response_id in made:
+            got = http.get(f"/v1/responses/{response_id}")
+            assert got.status_code == 200 and got.json()["id"] == response_id
+            # a follow-up reaches the worker holding it: the toy pipeline refuses earlier turns (not a 404)
+            follow_up = http.post("/v1/responses", json={"model": "toy", "input": "and then?",
+                                                         "previous_response_id": response_id})
+            assert follow_up.status_code == 400, follow_up.text
+            assert follow_up.json()["error"]["param"] == "previous_response_id"
+            assert follow_up.headers["X-Omnipipe-Worker"] == made[response_id]
+            deleted = http.delete(f"/v1/responses/{response_id}")
+            assert deleted.json() == {"id": response_id, "object": "response", "deleted": True}
+            gone = http.get(f"/v1/responses/{response_id}")
+            assert gone.status_code == 404 and gone.json()["error"]["param"] == "response_id"
+        unknown = http.post("/v1/responses", json={"model": "toy", "input": "hi", "previous_response_id": "resp_x"})
+        assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "previous_response_id"
+        streamed = http.post("/v1/responses", json={"model": "toy", "input": "hi", "stream": True})
+        assert streamed.status_code == 200
+        assert "event: response.completed" in streamed.text
+
+
 def test_killing_a_worker_mid_session_fails_only_its_client(cluster) -> None:
     gateway, workers = cluster
     _idle(gateway)

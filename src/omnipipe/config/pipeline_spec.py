@@ -111,6 +111,8 @@ class PipelineSpec:
     # the prompt processor hands a prompt's "tools" to a thinker that renders them and may call them (its stage
     # refuses them, naming ``prompt.tools``, when its model has no tool-call format)
     takes_tools: bool = False
+    # the comprehension stage decodes under a grammar (``response_format``) and reports its tokens' logprobs
+    constrained_decoding: bool = False
     prepare_weights: str | None = None  # dotted path: (progress: bool) -> None, idempotent
     weights_status: str | None = None  # dotted path: () -> (ready: bool, detail: str)
     serving: ServingTraits = field(default_factory=ServingTraits)

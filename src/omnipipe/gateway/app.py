@@ -38,6 +38,7 @@ from omnipipe.protocol.worker import (
     CHAT_PATH,
     MODELS_PATH,
     REALTIME_PATH,
+    RESPONSES_PATH,
     SPEECH_PATH,
     TRANSCRIPTION_PATH,
     VOICES_PATH,
@@ -116,6 +117,9 @@ def create_gateway_app(config: GatewayConfig) -> FastAPI:
     @app.post(CHAT_PATH)
     async def chat(request: Request):  # type: ignore[no-untyped-def]
         return await proxy.handle(request, "chat")
+
+    app.add_api_route(RESPONSES_PATH, proxy.responses, methods=["POST"])
+    app.add_api_route(RESPONSES_PATH + "/{response_id}", proxy.to_owner, methods=["GET", "DELETE"])
 
     @app.post(SPEECH_PATH)
     async def speech(request: Request):  # type: ignore[no-untyped-def]

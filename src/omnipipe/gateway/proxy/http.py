@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from fastapi import Request
@@ -134,6 +135,7 @@ class Exchange:
         self.error: str | None = None
         self.refused = False  # the worker answered 4xx: no session was served, nothing is kept
         self.transcript_for: LiveSession | None = None  # a chat session whose spoken question this transcribes
+        self.recorded = True  # False: no session is opened or recorded (a Responses API request)
         self._closed = False
 
     async def close(self) -> None:
@@ -190,19 +192,9 @@ class ModelProxy:
         worker answers 404 (it never had the voice, or shares its voice directory with one that removed it) counts
         as done when another removed it. A worker offline meanwhile does not get it."""
         body = await self._read_body(request)
-        target = _target(request)
-        workers = [w for w in self.pool.workers if w.online]
-        if not workers:
-            raise _no_worker_error()
-
-        async def send(worker: Worker) -> httpx.Response | str:
-            try:
-                return await self.client.request(request.method, f"http://{worker.address}{target}", content=body,
-                                                 headers=request_headers(request.headers), timeout=120.0)
-            except httpx.HTTPError as exc:
-                return f"{type(exc).__name__}: {exc}"
-
-        replies = await asyncio.gather(*(send(worker) for worker in workers))
+        asked = await self._ask_every_worker(request, request.method, _target(request), body, 120.0)
+        workers = [w for w, _ in asked]
+        replies = [r for _, r in asked]
         answered = [r for r in replies if isinstance(r, httpx.Response)]
         done = [r for r in answered if r.is_success]
         refused = [r for r in answered if 400 <= r.status_code < 500
@@ -218,13 +210,74 @@ class ModelProxy:
             chosen = next((r for r in done if r.status_code == 201), done[0])
         return _whole_response(chosen)
 
-    async def handle(self, request: Request, request_type: str) -> Response:
-        self.apps.check(request_type)
+    async def responses(self, request: Request) -> Response:
+        """``POST /v1/responses``: queued as a chat request, not recorded. A stored response lives on the worker
+        that made it: on a gateway of several workers, a follow-up naming ``previous_response_id`` goes straight to
+        the worker that holds it (outside the queue; that worker's own capacity check applies), found by asking
+        every online worker for it; none holds it: 404 naming ``previous_response_id``."""
         body = await self._read_body(request)
+        parsed = self._parse_json(body)
+        previous = parsed.get("previous_response_id") if isinstance(parsed, dict) else None
+        if not isinstance(previous, str) or len(self.pool.workers) < 2:
+            return await self.handle(request, "chat", recorded=False, body=body)
+        self.apps.check("chat")
+        replies = await self._ask_every_worker(request, "GET", f"{request.url.path}/{quote(previous, safe='')}",
+                                               b"", 10.0)
+        owner = next((w for w, r in replies if isinstance(r, httpx.Response) and r.is_success), None)
+        if owner is None:
+            raise APIError(404, f"previous_response_id: no worker holds a stored response {previous!r}",
+                           param="previous_response_id", code="previous_response_not_found")
+        try:
+            upstream = await self.client.send(self.client.build_request(
+                "POST", f"http://{owner.address}{_target(request)}", content=body,
+                headers=request_headers(request.headers)), stream=True)
+        except httpx.HTTPError as exc:
+            self.on_worker_failure(owner.address)
+            raise worker_failed_error(owner.address, f"{type(exc).__name__}: {exc}") from None
+        response = _ProxiedResponse(upstream.aiter_raw(), upstream.aclose, status_code=upstream.status_code,
+                                    headers={WORKER_HEADER: owner.address})
+        response.raw_headers = [*response_headers(upstream.headers),
+                                *((k, v) for k, v in response.raw_headers if k != b"content-type")]
+        return response
+
+    async def to_owner(self, request: Request) -> Response:
+        """``GET`` / ``DELETE /v1/responses/{id}``: asked of every online worker at once; the answer of the one
+        that stored the response, else the first refusal (404), else 502 naming the workers that did not answer."""
+        replies = await self._ask_every_worker(request, request.method, _target(request), b"", 30.0)
+        answered = [r for _, r in replies if isinstance(r, httpx.Response)]
+        chosen = next((r for r in answered if r.is_success), None) or next(
+            (r for r in answered if r.status_code < 500), None)
+        if chosen is None:
+            raise worker_failed_error(", ".join(w.address for w, _ in replies), "no worker answered")
+        return _whole_response(chosen)
+
+    async def _ask_every_worker(self, request: Request, method: str, target: str, body: bytes,
+                                timeout_s: float) -> list[tuple[Worker, httpx.Response | str]]:
+        """``method target`` sent to every online worker at once: each worker's reply, or what went wrong."""
+        workers = [w for w in self.pool.workers if w.online]
+        if not workers:
+            raise _no_worker_error()
+
+        async def send(worker: Worker) -> httpx.Response | str:
+            try:
+                return await self.client.request(method, f"http://{worker.address}{target}", content=body,
+                                                 headers=request_headers(request.headers), timeout=timeout_s)
+            except httpx.HTTPError as exc:
+                return f"{type(exc).__name__}: {exc}"
+
+        return list(zip(workers, await asyncio.gather(*(send(worker) for worker in workers)), strict=True))
+
+    async def handle(self, request: Request, request_type: str, *, recorded: bool = True,
+                     body: bytes | None = None) -> Response:
+        """Proxy a model request through the queue; ``recorded``: it opens (or continues) a recorded session;
+        ``body``: the request's body when the caller has read it already."""
+        self.apps.check(request_type)
+        if body is None:
+            body = await self._read_body(request)
         parsed = self._parse_json(body) if request_type in ("chat", "speech") else None
         stream = bool(isinstance(parsed, dict) and parsed.get("stream") is True)
         queue_events = stream and request.headers.get(QUEUE_EVENTS_HEADER, "").lower() in ("1", "true", "yes")
-        resumed = self._resume_session(request, request_type)
+        resumed = self._resume_session(request, request_type) if recorded else None
         transcript_for = self._chat_to_transcribe_for(request, request_type)
         try:
             ticket = self.pool.enqueue(request_type)
@@ -238,6 +291,7 @@ class ModelProxy:
             session_id = resumed.session_id if resumed is not None else self.sessions.new_id(request_type)
         exchange = Exchange(self, request_type, ticket, session_id, resumed)
         exchange.transcript_for = transcript_for
+        exchange.recorded = recorded
         headers = {SESSION_HEADER: session_id}
         if queue_events:
             return _ProxiedResponse(self._queued_stream(exchange, request, body, parsed), exchange.close,
@@ -324,7 +378,7 @@ class ModelProxy:
 
     def _start_session(self, exchange: Exchange, request: Request) -> None:
         assert exchange.worker is not None
-        if exchange.session is None and exchange.transcript_for is None:
+        if exchange.session is None and exchange.transcript_for is None and exchange.recorded:
             client = f"{request.client.host}:{request.client.port}" if request.client else None
             exchange.session = self.sessions.open(exchange.request_type, worker=exchange.worker.address,
                                                   client=client, session_id=exchange.session_id,

@@ -75,6 +75,7 @@ DEFAULT = PipelineSpec(
     comprehension_stage="thinker",
     model_stages=("thinker",),
     takes_history=True,
+    constrained_decoding=True,
     takes_tools=True,
     default_deploy=_DEPLOY,
     serving=ServingTraits(speech_pipeline="tts", transcription_pipeline="asr", live_transcription=True,

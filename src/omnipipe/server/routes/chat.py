@@ -92,8 +92,6 @@ def _refuse_unsupported(body: ChatCompletionRequest) -> None:
         if not ok:
             use = "tools and tool_choice" if name.startswith("function") else "nothing: omnipipe has no logit bias"
             raise invalid(f"{name}: not supported (use {use})", name, code="unsupported_parameter")
-    if body.top_logprobs and not body.logprobs:
-        raise invalid("top_logprobs: needs logprobs: true", "top_logprobs")
 
 
 _URL_PARTS = {"image_url": "image", "audio_url": "audio", "video_url": "video"}  # part type -> modality
@@ -315,6 +313,17 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec, shape:
 def _shape(body: ChatCompletionRequest, pipeline: PipelineSpec, model: str) -> tuple[list[dict[str, Any]],
                                                                                    dict[str, Any]]:
     """The request's tools (the prompt's) and its answer's shape (the thinker's sampling fields)."""
+    asked = {"tools": bool(body.tools), "tool_choice": body.tool_choice not in (None, "none", "auto"),
+             "response_format": body.response_format is not None and body.response_format.type != "text",
+             "logprobs": bool(body.logprobs), "top_logprobs": bool(body.top_logprobs)}
+    for name, wanted in asked.items():
+        able = pipeline.takes_tools if name.startswith("tool") else pipeline.constrained_decoding
+        if wanted and not able:
+            what = "tool calls" if name.startswith("tool") else "constrained decoding or logprobs"
+            raise invalid(f"{name}: not supported by model {model!r} (its pipeline {pipeline.name!r} has no "
+                          f"{what})", name, code="unsupported_parameter")
+    if body.top_logprobs and not body.logprobs:
+        raise invalid("top_logprobs: needs logprobs: true", "top_logprobs")
     choice = body.tool_choice
     named = choice.function.name if isinstance(choice, NamedToolChoice) else None
     tools, fields = offered_tools(pipeline, model, [(t.function.name, t.function.description, t.function.parameters)
