@@ -1,5 +1,6 @@
 """Tool calls, structured output and logprobs in chat completions, on the real default thinker behind the server,
-through the official ``openai`` client and the OpenAI Agents SDK.
+through the official ``openai`` client and the OpenAI Agents SDK (over chat completions and over its default, the
+Responses API).
 
 What the model decides with ``tool_choice: "auto"`` is its own (the packaged thinker calls a tool whenever one is
 offered); these tests hold whatever it decides, and use ``required`` or a named function where they need a call.
@@ -223,6 +224,28 @@ def test_the_agents_sdk_runs_a_function_tool_over_chat_completions(default_serve
         base_url=f"{default_server.url}/v1", api_key=API_KEY, max_retries=0, timeout=300))
     agent = Agent(name="weather", instructions="You answer questions about the weather.", tools=[get_weather],
                   model=model)
+    result = Runner.run_sync(agent, "What's the weather in Paris?", max_turns=4)
+    assert [city.lower() for city in asked] == ["paris"]
+    assert "18" in str(result.final_output)
+
+
+def test_the_agents_sdk_runs_a_function_tool_over_the_responses_api(default_server: ServerProcess) -> None:
+    """The SDK's default model class (the Responses API), changed in nothing but its client's base URL."""
+    from agents import Agent, Runner, function_tool, set_default_openai_client, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    set_default_openai_client(openai.AsyncOpenAI(base_url=f"{default_server.url}/v1", api_key=API_KEY,
+                                                 max_retries=0, timeout=300), use_for_tracing=False)
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        asked.append(city)
+        return f"It is 18 degrees and sunny in {city}."
+
+    agent = Agent(name="weather", instructions="You answer questions about the weather.", tools=[get_weather],
+                  model="default")
     result = Runner.run_sync(agent, "What's the weather in Paris?", max_turns=4)
     assert [city.lower() for city in asked] == ["paris"]
     assert "18" in str(result.final_output)
