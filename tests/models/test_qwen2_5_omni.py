@@ -392,6 +392,27 @@ def test_stage_params_that_do_not_apply_are_refused(engine) -> None:
         assert caught.value.field == field
 
 
+def test_random_weights_write_json_of_the_schema_with_its_logprobs(engine) -> None:
+    """The random thinker writes noise; under a response_format its text is JSON of the schema (the grammar
+    makes it), with one logprob entry per token of it."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"word": {"type": "string", "maxLength": 6},
+                                               "kind": {"enum": ["a", "b"]},
+                                               "n": {"type": "array", "items": {"type": "integer"}, "maxItems": 2}},
+              "required": ["word", "kind", "n"], "additionalProperties": False}
+    thinker = SamplingParams(temperature=0.9, seed=3, max_tokens=80, logprobs=2,
+                             response_format={"type": "json_schema", "schema": schema})
+    outs = engine.run(collect(engine.engine, PROMPT, sampling_params={**_params(), "thinker": thinker},
+                              output_modalities=["text"]))
+    final = outs[-1]
+    assert final.finish_reason == "stop", final.text
+    jsonschema.validate(json.loads(final.text), schema)
+    entries = [e for out in outs if out.modality == "text" and out.details for e in out.details.get("logprobs", [])]
+    assert "".join(e["token"] for e in entries) == final.text
+    assert all(len(e["top_logprobs"]) == 2 for e in entries)
+
+
 def test_tiny_checkpoint_cli_and_generate(tmp_path) -> None:
     """``omnipipe tiny-checkpoint qwen2_5_omni DIR`` writes a checkpoint that ``omnipipe generate`` answers with."""
     import soundfile

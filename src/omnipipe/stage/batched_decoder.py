@@ -35,9 +35,11 @@ class DecodeState:
     max_tokens: int
     generated: list[int] = field(default_factory=list)
     prompt_ids: list[int] = field(default_factory=list)  # what the repetition penalty reads besides ``generated``
+    shape: AnswerShape | None = None  # a thinker's grammar (response_format, tool calls) and logprobs, if asked
 
     def sampling_row(self) -> SamplingRow:
-        return SamplingRow(self.sampling, self.generator, self.generated, self.prompt_ids)
+        constraint = self.shape.constraint if self.shape is not None else None
+        return SamplingRow(self.sampling, self.generator, self.generated, self.prompt_ids, constraint)
 
     def snapshot(self) -> dict[str, Any]:
         """What ``restore`` needs to undo a step: lists, the text stream and the generator's state copied, a prompt

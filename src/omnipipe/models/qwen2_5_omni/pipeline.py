@@ -37,6 +37,7 @@ PIPELINE = PipelineSpec(
                           reference_param=("token2wav", "reference_mel")),
     weights_status=f"{_P}.weights.load:weights_status",
     takes_history=True,
+    constrained_decoding=True,
     # windows start on the DiT's 24-mel-frame blocks (12 codes); 24 left and 12 right context codes keep a chunked
     # stream within 6e-7 of absmax of the whole decode on the tiny checkpoint (token2wav_seam_rows, 96 codes)
     default_deploy={

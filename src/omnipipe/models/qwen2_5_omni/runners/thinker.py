@@ -30,6 +30,7 @@ import torch
 
 from omnipipe.models.qwen2_5_omni.thinker_inputs import MEDIA_KEYS, ThinkerInputs
 from omnipipe.models.qwen2_5_omni.weights.load import load_config, load_part, load_speakers
+from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
 from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
@@ -37,6 +38,7 @@ from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
+from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
 from omnipipe.util.field_error import FieldError
@@ -82,6 +84,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         self.prompts: BackgroundPrompts[dict[str, torch.Tensor]] = BackgroundPrompts(
             lambda request: self.inputs(_merged(request)))
         self._decoding: set[str] = set()
+        self._grammars: GrammarCompiler | None = None
 
     def close(self) -> None:
         self.prompts.close()
@@ -104,6 +107,14 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
     def _start(self, request: StageRequest, inputs: dict[str, torch.Tensor]) -> RunnerOutput | None:
         """Reserve the request's KV, merge its prompt's multimodal embeddings and build its pieces; an output when
         it must wait or fail."""
+        params = request.params
+        try:
+            shaped = params.get("response_format") or params.get("logprobs") is not None
+            shape = AnswerShape.start(params, [], self.grammars() if shaped else None, None)
+        except GrammarError as exc:
+            self.prompts.forget(request)
+            return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.reason,
+                                error_field="sampling_params.response_format")
         input_ids = inputs["input_ids"].to(self.device)
         prompt_tokens = int(input_ids.shape[1])
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
@@ -133,8 +144,16 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
             stream=TextStream(self._decode_ids, list(request.params.get("stop") or [])),
             prompt=PromptPieces(decoder_inputs["inputs_embeds"], position_ids, keep=(-1,)),
             rope_delta=int(rope_deltas.view(-1)[0]), handoff=handoff,
-            input_shapes={key: list(value.shape) for key, value in inputs.items()})
+            input_shapes={key: list(value.shape) for key, value in inputs.items()}, shape=shape)
         return None
+
+    def grammars(self) -> GrammarCompiler:
+        """The grammar engine over the tokenizer, built on the first request that needs it."""
+        if self._grammars is None:
+            im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            eos = im_end if im_end in self.eos_ids else min(self.eos_ids, default=None)
+            self._grammars = GrammarCompiler(self.tokenizer, eos_token_id=eos)
+        return self._grammars
 
     def _prompt_part(self, ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, torch.Tensor],
                      inputs_embeds: torch.Tensor) -> dict[str, Any]:
@@ -210,14 +229,18 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
                    for row in range(len(batch))]
         return self.model.lm_head(last), replies
 
-    def _emit(self, request: StageRequest, token: int) -> RunnerOutput:
-        """The output of the request's next token: the text it lets out, and the talker's part."""
+    def _emit(self, request: StageRequest, token: int, logits: torch.Tensor) -> RunnerOutput:
+        """The output of the request's next token: the text it lets out (with its answer's shape: logprobs), and
+        the talker's part."""
         state: Qwen25ThinkerState = request.runner_state
         state.generated.append(token)
         output = self._text(request, state, token)
+        if state.shape is not None:
+            state.shape.accept(token, logits, is_text=token not in self.eos_ids)
+            output.text_delta, output.details = state.shape.shape(output.text_delta, final=output.finished)
         if state.handoff is not None:
             output.data = {**(output.data or {}), "prompt": {**state.handoff, "first_token": token}}
-            output.details = {"inputs": state.input_shapes}
+            output.details = {**(output.details or {}), "inputs": state.input_shapes}
             state.handoff = None
         return output
 
@@ -257,8 +280,8 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         if ready:
             tokens = sample_next_tokens(torch.stack([row for _, row, _ in ready]),
                                         [request.runner_state.sampling_row() for request, _, _ in ready])
-            for (request, _, reply), token in zip(ready, tokens, strict=True):
-                output = outputs[request.request_id] = self._emit(request, token)
+            for (request, row, reply), token in zip(ready, tokens, strict=True):
+                output = outputs[request.request_id] = self._emit(request, token, row)
                 if reply:
                     output.data = {**(output.data or {}), **reply}
         return [outputs[request.request_id] for request in batch]

@@ -33,7 +33,7 @@ from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
-from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams, given_params, sample_next_tokens
+from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
@@ -48,12 +48,6 @@ class Qwen3ThinkerState(DecodeState):
     prompt: PromptPieces | None = None  # while its prefill is in pieces
     last_position: torch.Tensor | None = None  # [4]: the rope rows of the last position fed
     handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
-    shape: AnswerShape | None = None  # its grammar (response_format) and logprobs, when it asks for either
-
-    def sampling_row(self) -> SamplingRow:
-        row = super().sampling_row()
-        row.constraint = self.shape.constraint if self.shape is not None else None
-        return row
 
 
 class Qwen3ThinkerRunner(BatchedDecoderRunner):
