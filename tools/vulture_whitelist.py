@@ -91,7 +91,8 @@ _PYDANTIC = (_.model_config,
              _.output_tokens_details, _.incomplete_details,
              # protocol/realtime.py
              _.create_response, _.interrupt_response, _.idle_timeout_ms, _.speculative_start, _.noise_reduction,
-             _.tracing, _.include, _.input_audio_format, _.output_audio_format, _.event_id)
+             _.tracing, _.include, _.input_audio_format, _.output_audio_format, _.event_id, _.workflow_name,
+             _.group_id, _.post_instructions, _.retention_ratio, _.token_limits)
 
 # Deployment knobs (config/deploy_config.py RelayDeploy): set from YAML by field name, and read by name as
 # "<group>_<option>" when RelayDeploy.backend_options groups them per relay backend.

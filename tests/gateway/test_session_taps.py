@@ -656,3 +656,44 @@ def test_realtime_transcripts_go_to_the_turn_of_their_audio_item(tmp_path) -> No
     assert [(t["user_transcript"], t["assistant_text"]) for t in turns] == [("first", "answer 1"),
                                                                             ("second", "answer 2")]
     writer.close()
+
+
+def test_a_realtime_function_call_and_its_output_are_kept_in_the_turn(tmp_path: Path) -> None:
+    """The model's completed call is kept in its turn with the client's output beside it (an unfinished call and
+    an output for no recorded call are not); the spoken answer that follows is the next turn."""
+    store = SessionStore(tmp_path)
+    writer = RecordingWriter()
+    recorder = SessionRecorder(store, "rt_tools", "voice", writer=writer)
+    tap = RealtimeTap(recorder)
+
+    def server(type_: str, **fields: Any) -> None:
+        tap.on_server_event(json.dumps({"type": type_, **fields}))
+
+    def client(type_: str, **fields: Any) -> None:
+        tap.on_client_event(json.dumps({"type": type_, **fields}))
+
+    call = {"type": "function_call", "id": "item_c", "call_id": "call_1", "name": "get_weather",
+            "arguments": '{"city": "Paris"}', "status": "completed"}
+    client("conversation.item.create", item={"type": "message", "role": "user",
+                                             "content": [{"type": "input_text", "text": "Weather in Paris?"}]})
+    server("response.created", response={"id": "resp_1"})
+    server("response.output_item.done", item={**call, "call_id": "call_0", "status": "incomplete"})
+    server("response.output_item.done", item=call)
+    server("response.done", response={"id": "resp_1", "status": "completed"})
+    client("conversation.item.create", item={"type": "function_call_output", "call_id": "call_1",
+                                             "output": "It is 18 degrees and sunny in Paris"})
+    client("conversation.item.create", item={"type": "function_call_output", "call_id": "call_9", "output": "x"})
+    server("response.created", response={"id": "resp_2"})
+    server("response.output_audio_transcript.delta", delta="It is 18 degrees.")
+    server("response.done", response={"id": "resp_2", "status": "completed"})
+    tap.close()
+    writer.flush(10)
+    recording = store.read_session("rt_tools")["recording"]
+    first, second = recording["turns"]
+    assert first["user_text"] == "Weather in Paris?" and first["assistant_text"] == ""
+    assert first["tool_calls"] == [{"call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}',
+                                    "output": "It is 18 degrees and sunny in Paris"}]
+    assert second["assistant_text"] == "It is 18 degrees." and "tool_calls" not in second
+    kinds = [event["kind"] for event in recording["events"]]
+    assert kinds.count("function_call") == 1 and kinds.count("function_call_output") == 2
+    writer.close()

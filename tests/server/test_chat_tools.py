@@ -171,6 +171,23 @@ def test_logprobs_are_those_of_the_chosen_tokens(client: openai.OpenAI) -> None:
     assert [e.token for e in streamed] == [e.token for e in entries]
 
 
+def test_a_constrained_stream_cut_short_leaves_nothing_behind(client: openai.OpenAI,
+                                                              default_server: ServerProcess) -> None:
+    """A client that leaves mid-call aborts the request: the stage frees its grammar state and cache, and the next
+    constrained request is whole and valid."""
+    from tests.server.conftest import engines_idle
+
+    stream = _ask(client, "What's the weather in Madrid?", tools=TOOLS, tool_choice="required", stream=True)
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.tool_calls and chunk.choices[0].delta.tool_calls[0].id is None:
+            break  # the first argument piece
+    stream.close()
+    assert engines_idle(default_server.wait_idle()), default_server.debug_state()
+    calls = _ask(client, "What's the weather in Madrid?", tools=TOOLS, tool_choice="required").choices[0]
+    assert calls.message.tool_calls
+    jsonschema.validate(json.loads(calls.message.tool_calls[0].function.arguments), WEATHER)
+
+
 BAD = [
     ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "tools[0].function.name"),
     ({"tools": [TOOLS[0], TOOLS[0]]}, "tools[1].function.name"),

@@ -171,14 +171,15 @@ def test_ga_session_is_openai_shaped_and_every_field_is_validated(toy_server: Se
                 ({"output_modalities": ["text", "audio"]}, "session.output_modalities"),
                 ({"audio": {"output": {"voice": "nobody"}}}, "session.audio.output.voice"),
                 ({"audio": {"output": {"speed": 3}}}, "session.audio.output.speed"),
-                ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+                ({"audio": {"input": {"turn_detection": {"type": "near_vad"}}}},
                  "session.audio.input.turn_detection.type"),
                 ({"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
                  "session.audio.input.turn_detection.threshold"),
                 ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}},
                  "session.audio.input.turn_detection.idle_timeout_ms"),
-                ({"audio": {"input": {"noise_reduction": {"type": "near_field"}}}},
-                 "session.audio.input.noise_reduction"),
+                ({"audio": {"input": {"noise_reduction": {"type": "studio"}}}},
+                 "session.audio.input.noise_reduction.type"),
+                ({"prompt": {"id": "pmpt_1"}}, "session.prompt"),  # no stored prompts
                 ({"max_output_tokens": 0}, "session.max_output_tokens"),
                 ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
                 ({"temperature": 0.5}, "session.temperature"),  # a beta field: GA has none

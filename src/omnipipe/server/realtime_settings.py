@@ -97,9 +97,12 @@ def _voice(value: Any) -> str:
 def changes(update: SessionConfig | BetaSessionConfig, current: Settings) -> list[Change]:
     """The settings an update changes: only the fields it gives, at every level."""
     out = _ga_changes(update, current) if isinstance(update, SessionConfig) else _beta_changes(update, current)
-    for key in ("instructions", "tracing"):
-        if _given(update, key):
-            out.append(Change(key, getattr(update, key), f"session.{key}"))
+    if _given(update, "instructions"):
+        out.append(Change("instructions", update.instructions, "session.instructions"))
+    if _given(update, "tracing"):
+        tracing = update.tracing
+        out.append(Change("tracing", tracing.model_dump(exclude_none=True) if isinstance(tracing, BaseModel)
+                          else tracing, "session.tracing"))
     if _given(update, "tools"):
         out.append(Change("tools", _tools(update.tools), "session.tools"))
     if _given(update, "tool_choice"):

@@ -273,6 +273,27 @@ class SessionRecorder:
             turn["assistant_text"] += delta
             self._write_recording_soon()
 
+    def tool_call(self, call_id: str, name: str, arguments: str) -> None:
+        """A function the model called in the current turn (opening one if needed): ``turn["tool_calls"]`` (only
+        in turns that made calls), each ``{"call_id", "name", "arguments", "output"}``; the output comes later."""
+        with self._lock:
+            turn = self._open_turn()
+            turn.setdefault("tool_calls", []).append(
+                {"call_id": call_id, "name": name, "arguments": arguments, "output": None})
+            self._write_recording_soon()
+
+    def tool_output(self, call_id: str, output: str) -> bool:
+        """The client's output for an earlier call, kept with that call (in whichever turn made it); False when no
+        recorded call has ``call_id``."""
+        with self._lock:
+            for turn in reversed(self._recording["turns"]):
+                for call in turn.get("tool_calls", ()):
+                    if call["call_id"] == call_id:
+                        call["output"] = output
+                        self._write_recording_soon()
+                        return True
+            return False
+
     def ai_audio(self, samples: np.ndarray, rate: int, *, t_start: float | None = None) -> None:
         """Buffer a chunk of the spoken answer; the turn's chunks become ``ai_audio/turn{NNN}.wav`` at its end.
 

@@ -3,7 +3,9 @@
 Client frames are told by their ``ClientEvent`` type; the audio of ``input_audio_buffer.append`` is read with the
 worker's own schema (``protocol.realtime.InputAudioBufferAppend``), so the recording buffers the audio the worker
 buffers. The worker's frames are read by their ``ServerEvent`` names in either dialect (``ga_name``). Camera
-frames (``input_video_frame.append``) are kept by the rules of ``user_frames``.
+frames (``input_video_frame.append``) are kept by the rules of ``user_frames``. A function call the model made
+(a completed ``function_call`` output item) is kept in its turn's ``tool_calls``, and the client's
+``function_call_output`` for it beside it.
 """
 
 from __future__ import annotations
@@ -91,7 +93,11 @@ class RealtimeTap(Tap):
         elif kind == ClientEvent.INPUT_AUDIO_BUFFER_CLEAR:
             self._clear()
         elif kind == ClientEvent.CONVERSATION_ITEM_CREATE:
-            self._text_item(event.get("item"))
+            item = event.get("item")
+            if isinstance(item, dict) and item.get("type") == "function_call_output":
+                self._call_output(item)
+            else:
+                self._text_item(item)
         elif kind in (ClientEvent.SESSION_PAUSE, ClientEvent.SESSION_RESUME):
             self._paused = kind == ClientEvent.SESSION_PAUSE
             self.recorder.event(kind)
@@ -115,6 +121,8 @@ class RealtimeTap(Tap):
             self._answer_audio(pcm16(b64decode(event.get("delta"))))
         elif kind == ServerEvent.RESPONSE_CREATED:
             self._response_created(response.get("id"))
+        elif kind == ServerEvent.RESPONSE_OUTPUT_ITEM_DONE:
+            self._output_item(event.get("item"))
         elif kind == ServerEvent.RESPONSE_DONE:
             self._response_done(response)
         elif kind == ServerEvent.ERROR:
@@ -231,6 +239,13 @@ class RealtimeTap(Tap):
         else:
             self.recorder.user_text(text)
 
+    def _call_output(self, item: dict[str, Any]) -> None:
+        """A ``function_call_output`` item: kept with its call (the worker refuses one for an unknown call)."""
+        call_id, output = item.get("call_id"), item.get("output")
+        if isinstance(call_id, str) and isinstance(output, str):
+            self.recorder.tool_output(clipped(call_id), clipped(output))
+            self.recorder.event("function_call_output", call_id=clipped(call_id))
+
     def _speech_started(self) -> None:
         if self._responding:
             if self._next_turn_started_at is None:
@@ -245,6 +260,16 @@ class RealtimeTap(Tap):
         self._responding = True
         self._response_starts()
         self.recorder.event("response.created", response_id=clipped(response_id))
+
+    def _output_item(self, item: Any) -> None:
+        """A response's finished output item: a completed function call is kept in the turn."""
+        if not isinstance(item, dict) or item.get("type") != "function_call" or item.get("status") != "completed":
+            return
+        fields = [item.get(key) for key in ("call_id", "name", "arguments")]
+        if all(isinstance(value, str) for value in fields):
+            call_id, name, arguments = (clipped(value) for value in fields)
+            self.recorder.tool_call(call_id, name, arguments)
+            self.recorder.event("function_call", call_id=call_id, name=name)
 
     def _answer_audio(self, samples: np.ndarray) -> None:
         if samples.size:

@@ -147,6 +147,15 @@ function metricValue(name, value) {
   return Number.isInteger(value) ? String(value) : value.toFixed(3);
 }
 
+// a function the model called (realtime tools) and the output the client sent back for it
+function toolCall(call) {
+  return h("div", { class: "tool-call" },
+    h("div", { class: "text" }, h("span", { class: "muted small" }, "Called "),
+      h("code", {}, `${call.name}(${call.arguments || ""})`)),
+    h("div", { class: "text" }, h("span", { class: "muted small" }, "Output: "),
+      typeof call.output === "string" ? call.output : h("span", { class: "muted" }, "(none sent)")));
+}
+
 function renderTurn(turn) {
   const userClips = [turn.user_audio, ...(turn.user_audio_extra || [])].filter(Boolean);
   const aiClips = (turn.ai_audio || []).filter(Boolean);
@@ -173,9 +182,12 @@ function renderTurn(turn) {
       videos.map((video) => h("video", { class: "sent-video", src: fileUrl(video.path), controls: true, preload: "metadata",
         "aria-label": `Video you sent (${video.path})` })))
     : null;
+  const calls = (turn.tool_calls || []).filter((c) => c && typeof c.name === "string");
   const assistant = h("div", { class: "part assistant" },
     h("div", { class: "who" }, "Assistant"),
-    h("div", { class: "text" }, turn.assistant_text || (aiClips.length || drawn.length ? "" : "(no answer recorded)")),
+    h("div", { class: "text" }, turn.assistant_text
+      || (aiClips.length || drawn.length || calls.length ? "" : "(no answer recorded)")),
+    calls.map(toolCall),
     aiClips.map((clip, i) => audioEntry(clip, `Spoken answer ${i + 1}`)),
     drawn.map(drawnImage));
 

@@ -103,13 +103,15 @@ class TentativeAnswer:
 
 def _same(planned: AnswerPlan, asked: AnswerPlan) -> bool:
     """Whether two plans ask the engine the same (a turn whose audio goes along is never adopted: its audio is not
-    compared)."""
+    compared). The prompt holds the session's tools and the whole history (function calls and their outputs as
+    turns), the sampling the tool choice: an answer planned before a tool, a choice or an output changed is
+    dropped."""
     def audio(plan: AnswerPlan) -> object:
         return plan.prompt.get("multi_modal_data", {}).get("audio")
 
     return (audio(planned) is None and audio(asked) is None and planned.prompt == asked.prompt
             and planned.modalities == asked.modalities and planned.sampling == asked.sampling
-            and planned.max_output_tokens == asked.max_output_tokens)
+            and planned.max_output_tokens == asked.max_output_tokens and planned.calls == asked.calls)
 
 
 class SpeculativeStart:
