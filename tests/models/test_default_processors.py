@@ -50,10 +50,11 @@ def test_short_answer_is_one_piece_and_empty_answer_none() -> None:
 
 def test_transcript_follows_the_written_instruction() -> None:
     assert encoder2thinker([{"text": " what is two plus two", "instruction": "Answer briefly:"}]) == [
-        {"text": "Answer briefly: what is two plus two", "history": []}]
+        {"text": "Answer briefly: what is two plus two", "history": [], "tools": []}]
     earlier = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello!"}]
-    assert encoder2thinker([{"text": "and you?", "instruction": "", "history": earlier}]) == [
-        {"text": "and you?", "history": earlier}]  # the conversation goes along
+    tools = [{"name": "get_weather", "parameters": {"type": "object"}}]
+    assert encoder2thinker([{"text": "and you?", "instruction": "", "history": earlier, "tools": tools}]) == [
+        {"text": "and you?", "history": earlier, "tools": tools}]  # the conversation and its tools go along
 
 
 def test_a_long_text_is_spoken_a_sentence_at_a_time() -> None:

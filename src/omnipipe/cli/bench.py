@@ -22,6 +22,7 @@ SUITES = {
     "vocoder-seams": "omnipipe.bench.vocoder_seams",
     "voice": "omnipipe.bench.voice",
     "max-num-seqs": "omnipipe.bench.max_num_seqs",
+    "tools": "omnipipe.bench.tools",
 }
 
 _SUITES_HELP = (

@@ -180,10 +180,11 @@ def sample_next_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow],
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits must have shape [{len(rows)}, vocab], got {tuple(logits.shape)}")
     constrained = [i for i, row in enumerate(rows) if row.constraint is not None]
-    if constrained:  # a copy: the caller's logits stay the model's (its logprobs read them)
+    if constrained:  # a copy: the caller's logits stay the model's (their logprobs read them); one device copy
+        blocked = torch.stack([rows[i].constraint.disallowed(logits.shape[-1]) for i in constrained])
         logits = logits.detach().clone()
-        for i in constrained:
-            rows[i].constraint.mask_(logits[i])
+        index = torch.tensor(constrained, device=logits.device)
+        logits[index] = logits[index].masked_fill(blocked.to(logits.device, non_blocking=True), float("-inf"))
     chosen: list[int | None] = [None] * len(rows)
     plain = [i for i, row in enumerate(rows) if row.params.greedy and not _penalised(row)]
     if plain:

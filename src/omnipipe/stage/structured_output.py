@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 # the whitespace and separators of every JSON value a grammar writes (llguidance's JSON compile options)
@@ -190,19 +191,21 @@ class TokenConstraint:
 
     def allowed(self) -> torch.Tensor:
         """[vocab_size] bool: the tokens the grammar allows next (an end token once it may end)."""
-        words = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
-        bits = (words[:, None] >> torch.arange(32, dtype=torch.int32)) & 1
-        return bits.flatten()[: self.vocab_size].bool()
+        bits = np.unpackbits(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        return torch.from_numpy(bits[: self.vocab_size].view(np.bool_))
 
     def mask_(self, row: torch.Tensor) -> torch.Tensor:
         """Set the scores of the tokens the grammar does not allow next to -inf, in place (a [vocab] row of the
         stage's logits)."""
-        width = row.shape[-1]
-        keep = torch.zeros(width, dtype=torch.bool)
-        allowed = self.allowed()[:width]
-        keep[: allowed.shape[0]] = allowed
-        row.masked_fill_(~keep.to(row.device), float("-inf"))
+        row.masked_fill_(self.disallowed(row.shape[-1]).to(row.device, non_blocking=True), float("-inf"))
         return row
+
+    def disallowed(self, width: int) -> torch.Tensor:
+        """[width] bool: the ids a logits row of ``width`` must not choose next."""
+        blocked = torch.ones(width, dtype=torch.bool)
+        allowed = self.allowed()[:width]
+        blocked[: allowed.shape[0]] = ~allowed
+        return blocked
 
     def accept(self, token: int) -> None:
         """Follow the chosen token (an end token the grammar allows ends it)."""
