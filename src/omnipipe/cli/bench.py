@@ -40,7 +40,9 @@ _SUITES_HELP = (
     "chunked_decode) against one whole decode: difference over absmax and samples missing; voice: realtime sessions "
     "speaking questions at real-time pace (client commit and server VAD, several at once): end of speech -> first "
     "audio p50/p99, underruns, answers right, per variant side by side; max-num-seqs: 8 requests at once through "
-    "AsyncOmni with every stage's max_num_seqs 8 vs 1, both Qwen-Omni families")
+    "AsyncOmni with every stage's max_num_seqs 8 vs 1, both Qwen-Omni families; tools: the default thinker's tool "
+    "decisions, functions, arguments and JSON validity on 24 prompts, constrained vs free decoding, and the "
+    "grammar's cost per decode step")
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
