@@ -372,3 +372,66 @@ def test_random_weights_still_write_json_of_the_schema(checkpoint: Path) -> None
             assert getattr(caught.value, "field", None) == "sampling_params.response_format", caught.value
 
     asyncio.run(run())
+
+
+WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                               "required": ["city"], "additionalProperties": False}}
+
+
+def test_the_chat_text_writes_tools_calls_and_results_as_qwen3s_template() -> None:
+    from omnipipe.models.qwen3_omni.thinker_inputs import TOOLS_INTRO, TOOLS_OUTRO, ThinkerInputBuilder
+
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+                   {"id": "c2", "name": "get_weather", "arguments": '{"city": "Rome"}'}]},
+               {"role": "tool", "content": "18C", "tool_call_id": "c1"},
+               {"role": "tool", "content": "21C", "tool_call_id": "c2"}]
+    text = ThinkerInputBuilder.chat_text(None, {"text": "", "history": history, "tools": [WEATHER_TOOL]}, [])  # type: ignore[arg-type]
+    tool = ('{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", '
+            '"parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, '
+            '"required": ["city"], "additionalProperties": false}}}')
+    assert text == (
+        f"<|im_start|>system\nBe brief.\n\n{TOOLS_INTRO}\n{tool}{TOOLS_OUTRO}<|im_end|>\n"
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n18C\n</tool_response>\n<tool_response>\n21C\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n")
+
+
+def test_random_weights_make_a_required_call_that_validates_and_is_not_spoken(checkpoint: Path) -> None:
+    """tool_choice required on random weights: a call whose arguments validate (the grammar makes it), finish reason
+    tool_calls, and no audio for it, while a free request beside it is spoken."""
+    import json
+
+    import jsonschema
+
+    async def run() -> None:
+        async with AsyncOmni("qwen3_omni", deploy(checkpoint, True)) as engine:
+            async def answer(prompt: Any, sampling: SamplingParams) -> tuple[Any, list[Any], np.ndarray]:
+                pieces: list[Any] = []
+                final = None
+                async for out in engine.generate(prompt, sampling_params={**params(), "thinker": sampling},
+                                                 output_modalities=["text", "audio"]):
+                    if out.modality == "text" and out.details:
+                        pieces += out.details.get("tool_calls") or []
+                    final = out
+                assert final is not None
+                return final, pieces, final.audio if final.audio is not None else np.zeros(0)
+
+            required = SamplingParams(max_tokens=200, temperature=0.8, seed=1, tool_choice="required",
+                                      parallel_tool_calls=False)
+            (call, pieces, audio), (free, _, free_audio) = await asyncio.gather(
+                answer({"prompt": "hello world", "tools": [WEATHER_TOOL]}, required),
+                answer("hello world", SamplingParams(max_tokens=THINKER_TOKENS)))
+            assert call.finish_reason == "tool_calls", (call.text, pieces)
+            assert call.text == ""
+            assert pieces[0] == {"index": 0, "name": "get_weather"}
+            arguments = "".join(piece.get("arguments", "") for piece in pieces if piece["index"] == 0)
+            jsonschema.validate(json.loads(arguments), WEATHER_TOOL["parameters"])
+            assert len(audio) == 0, "a turn of calls is not spoken"
+            assert free.text and len(free_audio) > 0
+
+    asyncio.run(run())

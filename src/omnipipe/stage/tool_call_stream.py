@@ -30,6 +30,7 @@ class ToolCallSplitter:
         self.in_call = False
         self.bare = False  # the call is written without markers (the whole answer is its JSON)
         self.started = False  # the answer has begun (a bare call can only be the whole answer)
+        self.said = False  # some content went out
         self.name: str | None = None
         self.calls: list[dict[str, str]] = []  # every call so far: {"name", "arguments"}
 
@@ -39,6 +40,11 @@ class ToolCallSplitter:
         return twin
 
     def feed(self, text: str, final: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        content, pieces = self._feed(text, final)
+        self.said = self.said or bool(content.strip())
+        return content, pieces
+
+    def _feed(self, text: str, final: bool) -> tuple[str, list[dict[str, Any]]]:
         self.buffer += text
         content, pieces = "", list[dict[str, Any]]()
         while True:
@@ -80,6 +86,12 @@ class ToolCallSplitter:
                 return content, pieces
             self.buffer = self.buffer[len(close):].lstrip()
             self.in_call = False
+
+    @property
+    def calls_so_far(self) -> bool:
+        """The turn is calls, or may still be (its first text is held back as a possible marker): a talker that
+        speaks token by token leaves out such tokens."""
+        return self.in_call or bool(self.calls) or (not self.said and bool(self.buffer.strip()))
 
     def finish(self) -> tuple[str, list[dict[str, Any]]]:
         return self.feed("", final=True)

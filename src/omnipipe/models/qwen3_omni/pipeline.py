@@ -27,6 +27,7 @@ PIPELINE = PipelineSpec(
     input_modalities=("text", "image", "audio", "video"),
     comprehension_stage="thinker",
     takes_history=True,
+    takes_tools=True,
     constrained_decoding=True,
     model_stages=("thinker", "talker", "code2wav"),
     weights_status=f"{_P}.weights.load:weights_status",

@@ -54,7 +54,8 @@ def _video(value: Any, field: str) -> Any:
 def prompt(prompt: dict[str, Any]) -> EntryInput:
     mm = prompt.get("multi_modal_data") or {}
     where = "prompt.multi_modal_data"
-    item: dict[str, Any] = {"text": prompt.get("prompt", ""), "history": prompt.get("history", [])}
+    item: dict[str, Any] = {"text": prompt.get("prompt", ""), "history": prompt.get("history", []),
+                            "tools": prompt.get("tools", [])}
     if mm:
         import numpy as np
 

@@ -8,6 +8,7 @@ image processor exactly as an image is."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,25 @@ import torch
 
 from omnipipe.util.field_error import FieldError
 
+TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+               "with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+               "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call>")
 IMAGE_PART = "<|vision_start|>{}<|vision_end|>"
 AUDIO_PART = "<|audio_start|>{}<|audio_end|>"
+
+
+def _turn(turn: dict[str, Any], before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    """One earlier turn as the template writes it (a tool result opens or closes the user turn its run shares)."""
+    role, content = turn["role"], turn["content"]
+    if role == "tool":
+        opening = "<|im_start|>user" if before is None or before["role"] != "tool" else ""
+        closing = "<|im_end|>\n" if after is None or after["role"] != "tool" else ""
+        return f"{opening}\n<tool_response>\n{content}\n</tool_response>{closing}"
+    calls = "".join(("\n" if i or content else "") + '<tool_call>\n{"name": "' + call["name"] + '", "arguments": '
+                    + call["arguments"] + "}\n</tool_call>" for i, call in enumerate(turn.get("tool_calls") or []))
+    return f"<|im_start|>{role}\n{content}{calls}<|im_end|>\n"
 
 
 def audio_token_count(feature_frames: int, n_window: int) -> int:
@@ -41,8 +59,24 @@ class ThinkerInputBuilder:
         self.merge = int(self.image_processor.merge_size)
 
     def chat_text(self, item: dict[str, Any], placeholders: list[str]) -> str:
-        turns = [f"<|im_start|>{turn['role']}\n{turn['content']}<|im_end|>\n" for turn in item.get("history", [])]
-        turns.append(f"<|im_start|>user\n{''.join(placeholders)}{item.get('text', '')}<|im_end|>\n")
+        """The conversation as Qwen3's chat template writes it: with tools, a system turn listing them (after the
+        conversation's first system message, when it starts with one), the assistant's calls as ``<tool_call>``
+        blocks and consecutive tool results as one user turn of ``<tool_response>`` blocks. A conversation that
+        ends with tool results (no question) has the model go on from them."""
+        history = list(item.get("history", []))
+        tools = item.get("tools") or []
+        turns: list[str] = []
+        if tools:
+            system = ""
+            if history and history[0]["role"] == "system":
+                system, history = history[0]["content"] + "\n\n", history[1:]
+            listed = "".join("\n" + json.dumps({"type": "function", "function": tool}, ensure_ascii=False)
+                             for tool in tools)
+            turns.append(f"<|im_start|>system\n{system}{TOOLS_INTRO}{listed}{TOOLS_OUTRO}<|im_end|>\n")
+        for i, turn in enumerate(history):
+            turns.append(_turn(turn, history[i - 1] if i else None, history[i + 1] if i + 1 < len(history) else None))
+        if item.get("text") or placeholders or not history or history[-1]["role"] != "tool":
+            turns.append(f"<|im_start|>user\n{''.join(placeholders)}{item.get('text', '')}<|im_end|>\n")
         return "".join(turns) + "<|im_start|>assistant\n"
 
     def images(self, images: list[np.ndarray]) -> dict[str, torch.Tensor]:

@@ -34,7 +34,7 @@ from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
-from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
+from omnipipe.stage.structured_output import GrammarCompiler, GrammarError, ToolCallFormat, tool_call_format_for
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
 from omnipipe.util.field_error import FieldError
@@ -69,6 +69,7 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
         self._decoding: set[str] = set()
         self._grammars: GrammarCompiler | None = None  # built on the first request that needs one
+        self.tool_calls = tool_call_format_for(ToolCallFormat(), self.inputs.tokenizer)
 
     def grammars(self) -> GrammarCompiler:
         if self._grammars is None:
@@ -116,13 +117,15 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         """Reserve the request's KV and build its prompt's pieces; an output when it must wait or fail."""
         ids = kwargs["input_ids"]
         params = request.params
+        tools = (request.inputs[0].get("tools") if request.inputs else None) or []
         try:
-            shaped = params.get("response_format") or params.get("logprobs") is not None
-            shape = AnswerShape.start(params, [], self.grammars() if shaped else None, None)
+            shaped = params.get("response_format") or params.get("logprobs") is not None or (
+                tools and params.get("tool_choice", "auto") != "none")
+            shape = AnswerShape.start(params, tools, self.grammars() if shaped else None, self.tool_calls)
         except GrammarError as exc:
             self.prompts.forget(request)
             return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.reason,
-                                error_field="sampling_params.response_format")
+                                error_field=_shape_field(exc))
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
         waiting = self.reserve(request, int(ids.shape[1]) + max_tokens)
         if waiting is not None:
@@ -214,12 +217,9 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
     def _emit(self, request: StageRequest, token: int, embed: torch.Tensor, logits: torch.Tensor) -> RunnerOutput:
         state: Qwen3ThinkerState = request.runner_state
         state.generated.append(token)
-        if state.shape is not None:
-            state.shape.accept(token, logits, is_text=token not in self.eos_ids)
-        data: dict[str, Any] = {"token": token, "embed": embed.float().cpu()}
-        if state.handoff is not None:
-            data.update(state.handoff)
-            state.handoff = None
+        shape = state.shape
+        if shape is not None:
+            shape.accept(token, logits, is_text=token not in self.eos_ids)
         stream = state.stream
         stopped = token in self.eos_ids  # the end token is no text
         delta, units = ("", 0) if stopped else stream.push(token)
@@ -230,10 +230,19 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             delta, units = delta + more, units + rest
             stopped = stopped or stream.stopped
         details = None
-        if state.shape is not None:
-            delta, details = state.shape.shape(delta, final=done)
+        calls = False
+        if shape is not None:
+            delta, details = shape.shape(delta, final=done)
+            # a turn of calls (decided by its first token: the grammar lets no answer start like one) is not spoken:
+            # the talker gets none of its tokens, so it says nothing
+            calls = shape.splitter is not None and shape.splitter.calls_so_far
+        data: dict[str, Any] = {"token": token} if calls else {"token": token, "embed": embed.float().cpu()}
+        if state.handoff is not None:
+            data.update(state.handoff)
+            state.handoff = None
+        reason = ("tool_calls" if calls and stopped else "stop" if stopped else "length") if done else None
         return RunnerOutput(request.request_id, text_delta=delta, data=data, details=details, num_units=units,
-                            finished=done, finish_reason=("stop" if stopped else "length") if done else None)
+                            finished=done, finish_reason=reason)
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
@@ -263,3 +272,7 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         self.prompts.forget(request)
         self._decoding.discard(request.request_id)
         super().free(request)
+
+
+def _shape_field(exc: GrammarError) -> str:
+    return "prompt.tools" if exc.field == "tools" else "sampling_params.response_format"
