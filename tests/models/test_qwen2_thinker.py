@@ -148,7 +148,7 @@ def test_chat_turns_keep_roles_and_end_with_the_assistant_slot() -> None:
     with pytest.raises(ValueError, match="question"):
         chat.turns(" \n ")
     with pytest.raises(ValueError, match="role"):
-        chat.turns("Hi", [{"role": "tool", "content": "x"}])
+        chat.turns("Hi", [{"role": "robot", "content": "x"}])
 
 
 def test_an_unknown_thinker_model_names_the_choices() -> None:

@@ -136,10 +136,10 @@ def test_a_request_that_breaks_the_step_fails_alone(thinker: Qwen3ThinkerRunner,
     want = drive(thinker, arrivals)
     emit = thinker._emit
 
-    def broken(request: Any, token: int, embed: torch.Tensor) -> Any:
+    def broken(request: Any, token: int, *rest: Any) -> Any:
         if request.request_id == "r2" and len(request.runner_state.generated) == 4:
             raise RuntimeError("boom")
-        return emit(request, token, embed)
+        return emit(request, token, *rest)
 
     monkeypatch.setattr(thinker, "_emit", broken)
     result = drive(thinker, arrivals)

@@ -58,6 +58,9 @@ class ToolCallSplitter:
                 if at < 0:
                     keep = 0 if final else _held_back(self.buffer, self.open)
                     cut = len(self.buffer) - keep
+                    if self.calls and not self.buffer[:cut].strip():  # whitespace between or after calls
+                        self.buffer = "" if final else self.buffer
+                        return content, pieces
                     content += self.buffer[:cut]
                     self.buffer = self.buffer[cut:]
                     return content, pieces
