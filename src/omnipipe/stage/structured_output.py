@@ -22,6 +22,7 @@ tool calls (a model left free to add whitespace can fill its token budget with i
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +133,7 @@ def build_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, 
     return "\n".join([start, *rules]) + "\n"
 
 
+_PADDING = re.compile(r"\[PAD\d+\]")
 # a plain answer of a turn with tools: any text that does not start like a call's JSON (bare or in a code fence)
 ANSWER_GRAMMAR = "start: TEXT\nTEXT: " + r"/(?s:.*)/ & ~/\s*(```[A-Za-z]*\s*)?\{(?s:.*)/" + "\n"
 # the answer of a turn decoded again because it only repeated answered calls: words, not data
@@ -166,10 +168,12 @@ class GrammarCompiler:
     def __init__(self, hf_tokenizer: Any, eos_token_id: int | None = None) -> None:
         import llguidance.hf
 
-        # the tokenizer's own tokens: a checkpoint's logits may be wider (Qwen pads 151,665 tokens to 151,936), and
-        # the padding ids are never allowed
+        # the tokenizer's own tokens: a checkpoint's logits may be wider (Qwen pads 151,665 tokens to 151,936; a
+        # tokenizer converted from a GGUF names the padding "[PAD151665]"...), and the padding ids are never allowed
+        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=len(hf_tokenizer), eos_token=eos_token_id)
         self.vocab_size = len(hf_tokenizer)
-        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=self.vocab_size, eos_token=eos_token_id)
+        while self.vocab_size and _PADDING.fullmatch(str(hf_tokenizer.convert_ids_to_tokens(self.vocab_size - 1))):
+            self.vocab_size -= 1
 
     def constraint(self, grammar: str) -> TokenConstraint:
         from llguidance import LLMatcher
