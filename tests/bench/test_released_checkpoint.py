@@ -36,6 +36,7 @@ def test_qwen3_released_config_has_the_published_sizes() -> None:
     assert tiny._config(tokenizer).thinker_config.text_config.hidden_size == 64  # tiny unchanged
 
 
+@pytest.mark.slow  # writes released-size tensors (~8 s): out of make test-fast
 def test_writer_streams_one_tensor_at_a_time(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     specs = [TensorSpec(f"layer.{i}.weight", (64, 32), torch.bfloat16) for i in range(6)]
     specs += [TensorSpec("norm.weight", (32,), torch.bfloat16), TensorSpec("head.bias", (8,), torch.float32)]

@@ -221,6 +221,7 @@ def test_a_spoken_question_takes_the_frames_seen_while_speaking(default_server: 
         assert "green" in _answer(conn)
 
 
+@pytest.mark.models  # the default server, as its neighbours: out of make test-fast
 def test_under_server_vad_the_turn_takes_the_frames_kept_at_its_pause(default_server: ServerProcess) -> None:
     """Frames at 4 a second, also through the silence that ends the turn: the answer started tentatively at the
     pause (with the frames kept by then) is the one released, and the item took exactly those frames; the frames
