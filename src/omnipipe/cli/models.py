@@ -38,4 +38,9 @@ def run_download(args: argparse.Namespace) -> int:
         get_pipeline(name)
         prepare_pipeline(name, progress=True)
         print(f"{name}: ready")
+    if args.pipeline is None:  # the server's own model: semantic_vad's end of turn
+        from omnipipe.server.end_of_turn import prepare_end_of_turn_model
+
+        prepare_end_of_turn_model(progress=True)
+        print("end-of-turn model (semantic_vad): ready")
     return 0

@@ -134,8 +134,10 @@ PCM_RATE: Final = 24_000
 MAX_OUTPUT_TOKENS = 4096
 MAX_TOOLS = 128
 TOOL_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
-SEMANTIC_SILENCE_MS: dict[str, int] = {"low": 1000, "medium": 500, "auto": 500, "high": 300}
-"""``semantic_vad``: the server VAD's silence window for each ``eagerness`` (omnipipe ends a turn on silence)."""
+SEMANTIC_TURN_END_MS: dict[str, tuple[int, int]] = {"low": (600, 3000), "medium": (300, 1500), "auto": (300, 1500),
+                                                    "high": (200, 800)}
+"""``semantic_vad``, per ``eagerness``: the silence after which a turn ends when the end-of-turn model hears it
+complete, and when it hears it unfinished (the speaker may be pausing mid-sentence)."""
 
 
 # ---------------------------------------------------------------------------------------------- client events
@@ -145,14 +147,14 @@ _Tokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)] | Literal["inf"]
 
 class ServerVad(BaseModel):
     """The server VAD (Silero). A field left out keeps the session's current value. ``semantic_vad`` (what the
-    Agents SDK asks for by default) is served by the same VAD, its ``eagerness`` choosing the silence window
-    (``SEMANTIC_SILENCE_MS``)."""
+    Agents SDK asks for by default) adds an end-of-turn model to the same VAD: its ``eagerness`` chooses how long
+    a silence ends a turn the model hears complete, and one it hears unfinished (``SEMANTIC_TURN_END_MS``)."""
 
     model_config = _FIELDS
     type: Literal["server_vad", "semantic_vad"] = "server_vad"
     eagerness: Literal["low", "medium", "high", "auto"] = Field(
-        "auto", description="semantic_vad: how soon a silence ends the turn (low 1000 ms, auto/medium 500 ms, high "
-        "300 ms of silence)")
+        "auto", description="semantic_vad: how soon a silence ends the turn, heard complete / unfinished (low "
+        "600 / 3000 ms, auto and medium 300 / 1500 ms, high 200 / 800 ms)")
     threshold: float = Field(0.5, gt=0, le=1, allow_inf_nan=False, examples=[0.5, 0.9],
                              description="speech probability (0..1) from which a 32 ms window is speech")
     silence_duration_ms: int = Field(500, ge=0, le=60_000)

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from omnipipe.protocol.realtime import (
     GA,
     PCM_RATE,
-    SEMANTIC_SILENCE_MS,
+    SEMANTIC_TURN_END_MS,
     BetaSessionConfig,
     NamedFunction,
     ServerVad,
@@ -60,8 +60,8 @@ def _given(model: BaseModel | None, name: str) -> bool:
 
 
 def _vad(value: ServerVad | None, current: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The VAD's knobs after an update (``type`` kept only for ``semantic_vad``: its ``eagerness`` sets the silence
-    window unless the update gives ``silence_duration_ms``)."""
+    """The VAD's knobs after an update (``type`` kept only for ``semantic_vad``: its ``eagerness`` sets the longest
+    silence window, the one for a turn heard unfinished)."""
     if value is None:
         return None
     given = value.model_dump(include=value.model_fields_set - {"type", "idle_timeout_ms", "eagerness"})
@@ -70,7 +70,7 @@ def _vad(value: ServerVad | None, current: dict[str, Any] | None) -> dict[str, A
     if kind == "semantic_vad":
         eagerness = value.eagerness if "eagerness" in value.model_fields_set else \
             (current or {}).get("eagerness", "auto")
-        base.update(type="semantic_vad", eagerness=eagerness, silence_duration_ms=SEMANTIC_SILENCE_MS[eagerness])
+        base.update(type="semantic_vad", eagerness=eagerness, silence_duration_ms=SEMANTIC_TURN_END_MS[eagerness][1])
     return {**base, **given}
 
 

@@ -12,16 +12,23 @@ Between them, two events the server keeps to itself: ``pause_started`` once spee
 ``pause_ms`` (the turn may be ending: a realtime session starts its answer tentatively) and ``pause_ended`` when
 speech comes back before ``silence_duration_ms`` (the user goes on: the tentative answer is dropped).
 
+With a ``TurnEnd`` (``semantic_vad``), how long the quiet must last depends on what was said: once speech has been
+quiet for ``check_ms``, the end-of-turn model (``end_of_turn.py``) hears the turn's last 8 s and says how likely it
+is complete; the turn then ends after ``complete_ms`` of quiet if it is at least ``threshold``, else after
+``unfinished_ms`` (the speaker may be pausing mid-sentence). Speech that comes back first resets it all.
+
 One model session is shared by every connection of the process (the model is stateless; the state is per
-detector). A window costs ~0.1 ms of CPU.
+detector). A window costs ~0.1 ms of CPU; an end-of-turn judgement ~31 ms, once per pause.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import deque
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +39,7 @@ WINDOW = 512  # samples at 16 kHz: 32 ms
 CONTEXT = 64  # samples of the previous window the model sees before each window
 WINDOW_MS = WINDOW * 1000 // MODEL_RATE_HZ
 HYSTERESIS = 0.15
+_TURN_WINDOWS = 8 * MODEL_RATE_HZ // WINDOW  # the end-of-turn model hears the last 8 s
 
 _session = None
 _session_lock = threading.Lock()
@@ -69,11 +77,25 @@ class VadEvent:
     audio_ms: int
 
 
+@dataclass(frozen=True)
+class TurnEnd:
+    """``semantic_vad``'s end of a turn: the model that judges it, when it is asked, and how long the quiet then
+    lasts before the turn ends (heard complete, or unfinished)."""
+
+    model: Any  # an EndOfTurnModel: probability(audio at 16 kHz) -> float
+    complete_ms: int
+    unfinished_ms: int
+    check_ms: int = 96
+    threshold: float = 0.5
+
+
 class SileroVAD:
     def __init__(self, threshold: float = 0.5, silence_duration_ms: int = 500, prefix_padding_ms: int = 300,
-                 sample_rate_hz: int = PCM16_RATE_HZ, pause_ms: int | None = None) -> None:
+                 sample_rate_hz: int = PCM16_RATE_HZ, pause_ms: int | None = None,
+                 turn_end: TurnEnd | None = None) -> None:
         """``pause_ms``: quiet after which ``pause_started`` is reported (None: never; at least one window and
-        less than ``silence_duration_ms``, else no pause is reported)."""
+        less than ``silence_duration_ms``, else no pause is reported). ``turn_end``: the end-of-turn model decides
+        how long the quiet must last (``silence_duration_ms`` is then unused)."""
         if not 0 < threshold <= 1:
             raise ValueError("threshold: must be in (0, 1]")
         self.pause_ms = None if pause_ms is None or pause_ms >= silence_duration_ms else max(WINDOW_MS, pause_ms)
@@ -82,6 +104,11 @@ class SileroVAD:
         self.silence_duration_ms = int(silence_duration_ms)
         self.prefix_padding_ms = int(prefix_padding_ms)
         self.sample_rate_hz = sample_rate_hz
+        self.turn_end = turn_end
+        if turn_end is not None:
+            self.silence_duration_ms = turn_end.unfinished_ms
+            if pause_ms is not None and pause_ms >= turn_end.complete_ms:
+                self.pause_ms = None
         self._session = _model()
         self.reset()
 
@@ -97,6 +124,9 @@ class SileroVAD:
         self._windows = 0  # windows scored since the reset
         self.speaking = False
         self._quiet_ms = 0
+        self._heard: deque[np.ndarray] = deque(maxlen=_TURN_WINDOWS)  # the last 8 s, for the end-of-turn model
+        self._needed_ms: int | None = None  # the quiet this pause needs, once the end-of-turn model has judged it
+        self.last_judgement: float | None = None  # the end-of-turn model's latest probability (for the session)
 
     def probability(self, window: np.ndarray) -> float:
         """Score one 512-sample 16 kHz window (the detector's state moves on)."""
@@ -117,7 +147,9 @@ class SileroVAD:
         for i in range(whole):
             start_ms = self._windows * WINDOW_MS
             self._windows += 1
-            p = self.probability(audio[i * WINDOW:(i + 1) * WINDOW])
+            window = audio[i * WINDOW:(i + 1) * WINDOW]
+            self._heard.append(window)
+            p = self.probability(window)
             if p >= self.threshold:
                 self._end_quiet(start_ms, events)
                 if not self.speaking:
@@ -131,14 +163,28 @@ class SileroVAD:
                 quiet_from = start_ms + WINDOW_MS - self._quiet_ms
                 if self.pause_ms is not None and self._quiet_ms - WINDOW_MS < self.pause_ms <= self._quiet_ms:
                     events.append(VadEvent("pause_started", quiet_from))
-                if self._quiet_ms >= self.silence_duration_ms:
+                if self._quiet_ms >= self._quiet_needed_ms():
                     self.speaking = False
                     events.append(VadEvent("speech_stopped", quiet_from))
                     self._quiet_ms = 0
+                    self._needed_ms = None
         return events
+
+    def _quiet_needed_ms(self) -> int:
+        """How long this pause must last to end the turn (asking the end-of-turn model once it is due)."""
+        end = self.turn_end
+        if end is None:
+            return self.silence_duration_ms
+        if self._needed_ms is None:
+            if self._quiet_ms < end.check_ms:
+                return end.check_ms
+            self.last_judgement = end.model.probability(np.concatenate(list(self._heard)))
+            self._needed_ms = end.complete_ms if self.last_judgement >= end.threshold else end.unfinished_ms
+        return self._needed_ms
 
     def _end_quiet(self, at_ms: int, events: list[VadEvent]) -> None:
         """Speech (or sound near it) again: a pause reported in the quiet so far has ended."""
         if self.pause_ms is not None and self._quiet_ms >= self.pause_ms:
             events.append(VadEvent("pause_ended", at_ms))
         self._quiet_ms = 0
+        self._needed_ms = None

@@ -18,14 +18,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from omnipipe.protocol.audio import PCM16_RATE_HZ
-from omnipipe.protocol.realtime import COMMIT_EMPTY, InputAudioBufferAppend, ServerEvent
+from omnipipe.protocol.realtime import COMMIT_EMPTY, SEMANTIC_TURN_END_MS, InputAudioBufferAppend, ServerEvent
+from omnipipe.server.end_of_turn import EndOfTurnModel
 from omnipipe.server.errors import APIError
 from omnipipe.server.routes.realtime.checks import check_takes_audio, decode_pcm16
 from omnipipe.server.routes.realtime.conversation import ConversationItem
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
 from omnipipe.server.routes.realtime.live_transcript import LiveTranscript
 from omnipipe.server.routes.realtime.speculative_start import PAUSE_MS, SpeculativeStart, TentativeAnswer
-from omnipipe.server.vad import SileroVAD
+from omnipipe.server.vad import SileroVAD, TurnEnd
 
 if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.session import RealtimeSession
@@ -34,12 +35,17 @@ logger = logging.getLogger(__name__)
 
 
 def vad_for(turn_detection: dict[str, Any] | None) -> SileroVAD | None:
-    """The server VAD a session's ``turn_detection`` asks for (``None``: the client commits)."""
+    """The server VAD a session's ``turn_detection`` asks for (``None``: the client commits; ``semantic_vad``: with
+    the end-of-turn model, its windows by ``eagerness``)."""
     if turn_detection is None:
         return None
+    turn_end = None
+    if turn_detection.get("type") == "semantic_vad":
+        complete_ms, unfinished_ms = SEMANTIC_TURN_END_MS[turn_detection.get("eagerness", "auto")]
+        turn_end = TurnEnd(EndOfTurnModel(), complete_ms, unfinished_ms)
     return SileroVAD(turn_detection["threshold"], turn_detection["silence_duration_ms"],
                      turn_detection["prefix_padding_ms"], PCM16_RATE_HZ,
-                     pause_ms=PAUSE_MS if turn_detection.get("speculative_start", True) else None)
+                     pause_ms=PAUSE_MS if turn_detection.get("speculative_start", True) else None, turn_end=turn_end)
 
 
 class InputAudioBuffer:

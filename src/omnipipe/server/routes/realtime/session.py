@@ -19,6 +19,7 @@ from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.realtime import BETA, BETA_NAMES, GA, ClientEvent, ServerEvent
 from omnipipe.server.capacity import Session
+from omnipipe.server.end_of_turn import model_ready as end_of_turn_model_ready
 from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError
 from omnipipe.server.prometheus import ServerMetrics
@@ -181,17 +182,27 @@ class RealtimeSession:
             if value is not None:
                 check_sampling({"temperature": value}, param)
             return value
+        if key in ("tools", "turn_detection", "transcription"):
+            return self._check_feature(key, value, param)
+        return value
+
+    def _check_feature(self, key: str, value: Any, param: str) -> Any:
+        """A change this server may lack the means for: tools, semantic_vad, transcription."""
         if key == "tools":
             if value and not self.pipeline.takes_tools:
                 raise EventError(f"{param}: pipeline {self.pipeline.name!r} calls no tools (its model has no "
                                  "tool-call format)", param, code="unsupported_parameter")
             return function_tools([(t["name"], t.get("description"), t.get("parameters")) for t in value],
                                   param + "[{}]")
-        if key == "transcription":
-            if value is not None and self.pool.endpoint_pipelines.get("transcription") is None:
-                raise EventError(f"{param}: pipeline {self.pipeline.name!r} has no transcription pipeline", param,
+        if key == "turn_detection":
+            if value is not None and value.get("type") == "semantic_vad" and not end_of_turn_model_ready():
+                raise EventError(f"{param}.type: semantic_vad needs the end-of-turn model, which is not in this "
+                                 "server's cache (run `omnipipe download`)", f"{param}.type",
                                  code="unsupported_feature")
             return value
+        if value is not None and self.pool.endpoint_pipelines.get("transcription") is None:
+            raise EventError(f"{param}: pipeline {self.pipeline.name!r} has no transcription pipeline", param,
+                             code="unsupported_feature")
         return value
 
     async def on_session_update(self, event: Any) -> None:
