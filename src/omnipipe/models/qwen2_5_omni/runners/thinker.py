@@ -84,7 +84,9 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         self.prompts: BackgroundPrompts[dict[str, torch.Tensor]] = BackgroundPrompts(
             lambda request: self.inputs(_merged(request)))
         self._decoding: set[str] = set()
-        self._grammars: GrammarCompiler | None = None
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        eos = im_end if im_end in self.eos_ids else min(self.eos_ids, default=None)
+        self.grammars = GrammarCompiler(self.tokenizer, eos_token_id=eos)
 
     def close(self) -> None:
         self.prompts.close()
@@ -109,12 +111,11 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         it must wait or fail."""
         params = request.params
         try:
-            shaped = params.get("response_format") or params.get("logprobs") is not None
-            shape = AnswerShape.start(params, [], self.grammars() if shaped else None, None)
+            shape = AnswerShape.start(params, [], self.grammars, None)
         except GrammarError as exc:
             self.prompts.forget(request)
             return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.reason,
-                                error_field="sampling_params.response_format")
+                                error_field=exc.engine_field)
         input_ids = inputs["input_ids"].to(self.device)
         prompt_tokens = int(input_ids.shape[1])
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
@@ -146,14 +147,6 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
             rope_delta=int(rope_deltas.view(-1)[0]), handoff=handoff,
             input_shapes={key: list(value.shape) for key, value in inputs.items()}, shape=shape)
         return None
-
-    def grammars(self) -> GrammarCompiler:
-        """The grammar engine over the tokenizer, built on the first request that needs it."""
-        if self._grammars is None:
-            im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-            eos = im_end if im_end in self.eos_ids else min(self.eos_ids, default=None)
-            self._grammars = GrammarCompiler(self.tokenizer, eos_token_id=eos)
-        return self._grammars
 
     def _prompt_part(self, ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, torch.Tensor],
                      inputs_embeds: torch.Tensor) -> dict[str, Any]:

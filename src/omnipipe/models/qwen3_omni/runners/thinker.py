@@ -68,13 +68,8 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         self.make_kv_cache(self.model.config.text_config, self.options, dtype, self.options.max_new_tokens)
         self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
         self._decoding: set[str] = set()
-        self._grammars: GrammarCompiler | None = None  # built on the first request that needs one
+        self.grammars = GrammarCompiler(self.inputs.tokenizer, eos_token_id=int(self.config.im_end_token_id))
         self.tool_calls = tool_call_format_for(ToolCallFormat(), self.inputs.tokenizer)
-
-    def grammars(self) -> GrammarCompiler:
-        if self._grammars is None:
-            self._grammars = GrammarCompiler(self.inputs.tokenizer, eos_token_id=int(self.config.im_end_token_id))
-        return self._grammars
 
     def close(self) -> None:
         self.prompts.close()
@@ -119,13 +114,11 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         params = request.params
         tools = (request.inputs[0].get("tools") if request.inputs else None) or []
         try:
-            shaped = params.get("response_format") or params.get("logprobs") is not None or (
-                tools and params.get("tool_choice", "auto") != "none")
-            shape = AnswerShape.start(params, tools, self.grammars() if shaped else None, self.tool_calls)
+            shape = AnswerShape.start(params, tools, self.grammars, self.tool_calls)
         except GrammarError as exc:
             self.prompts.forget(request)
             return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.reason,
-                                error_field=_shape_field(exc))
+                                error_field=exc.engine_field)
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
         waiting = self.reserve(request, int(ids.shape[1]) + max_tokens)
         if waiting is not None:
@@ -272,7 +265,3 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         self.prompts.forget(request)
         self._decoding.discard(request.request_id)
         super().free(request)
-
-
-def _shape_field(exc: GrammarError) -> str:
-    return "prompt.tools" if exc.field == "tools" else "sampling_params.response_format"
