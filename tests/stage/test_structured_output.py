@@ -157,3 +157,18 @@ def test_only_calls_that_got_results_count_as_answered() -> None:
     shape = AnswerShape(None, ToolCallSplitter(ToolCallFormat()), None, bytes, answered_calls(history))
     shape.shape('{"name": "f", "arguments": {"y": 2, "x": 1}}', final=True)  # the same call, keys reordered
     assert shape.repeats_a_call()
+
+
+def test_a_retried_step_gives_back_the_call_pieces_it_held() -> None:
+    """A turn whose calls wait to be judged holds their pieces; a step undone and retried holds them once."""
+    history = [{"role": "assistant", "content": "", "tool_calls": [{"id": "a", "name": "f", "arguments": "{}"}]},
+               {"role": "tool", "content": "done", "tool_call_id": "a"}]
+    shape = AnswerShape(None, ToolCallSplitter(ToolCallFormat()), None, bytes, answered_calls(history))
+    assert shape.shape('{"name": "g", "arguments": {"x"', final=False) == ("", None)  # held
+    saved = shape.snapshot()
+    shape.shape(": 1", final=False)
+    shape.restore(saved)  # that step failed: it is retried
+    shape.shape(": 1", final=False)
+    _, details = shape.shape("}}", final=True)
+    assert details is not None
+    assert _joined(details["tool_calls"]) == {0: 'g{"x": 1}'}

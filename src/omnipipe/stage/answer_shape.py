@@ -108,14 +108,14 @@ class AnswerShape:
     def snapshot(self) -> tuple[Any, ...]:
         # a redone turn is not snapshotted apart: a retried step of it starts it again as it was started
         return (self.constraint.mark() if self.constraint is not None else 0,
-                self.splitter.copy() if self.splitter is not None else None, list(self._pending))
+                self.splitter.copy() if self.splitter is not None else None, list(self._pending), list(self._held))
 
     def restore(self, saved: tuple[Any, ...]) -> None:
-        mark, splitter, pending = saved
+        mark, splitter, pending, held = saved
         if self.constraint is not None:
             self.constraint.rewind(mark)
         self.splitter = splitter.copy() if splitter is not None else None
-        self._pending = list(pending)
+        self._pending, self._held = list(pending), list(held)
 
 
 def canonical_arguments(arguments: str) -> str:
