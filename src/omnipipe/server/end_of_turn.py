@@ -18,13 +18,14 @@ import hashlib
 import subprocess
 import sys
 import tempfile
-import threading
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from omnipipe.util.cache import cache_root, file_lock
+from omnipipe.util.onnx_session import shared_cpu_session
 
 WHEEL = "pipecat-ai==1.14.0"
 WHEEL_SHA256 = "0352f504b44e78bdf524e45af4bc759601c835b9b7dc195efe5e03384b974a44"
@@ -34,8 +35,6 @@ RATE_HZ = 16_000
 WINDOW_S = 8
 _FRAMES = WINDOW_S * RATE_HZ // 160  # Whisper's frames in the window (the last STFT frame dropped)
 
-_session = None
-_session_lock = threading.Lock()
 
 
 class EndOfTurnModelMissing(RuntimeError):
@@ -83,22 +82,11 @@ def prepare_end_of_turn_model(progress: bool = False) -> Path:
     return target
 
 
-def _model():  # type: ignore[no-untyped-def]
-    global _session
-    with _session_lock:
-        if _session is None:
-            if not model_ready():
-                raise EndOfTurnModelMissing("the end-of-turn model (Smart Turn v3.2) is not in the cache: run "
-                                            "`omnipipe download`")
-            import onnxruntime
-
-            options = onnxruntime.SessionOptions()
-            options.inter_op_num_threads = 1
-            options.intra_op_num_threads = 1
-            options.log_severity_level = 4
-            _session = onnxruntime.InferenceSession(str(model_path()), providers=["CPUExecutionProvider"],
-                                                    sess_options=options)
-        return _session
+def _model() -> Any:
+    if not model_ready():
+        raise EndOfTurnModelMissing("the end-of-turn model (Smart Turn v3.2) is not in the cache: run "
+                                    "`omnipipe download`")
+    return shared_cpu_session(model_path())
 
 
 class _Features:

@@ -23,7 +23,6 @@ detector). A window costs ~0.1 ms of CPU; an end-of-turn judgement ~31 ms, once 
 
 from __future__ import annotations
 
-import threading
 from collections import deque
 from dataclasses import dataclass
 from importlib import resources
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from omnipipe.protocol.audio import PCM16_RATE_HZ
+from omnipipe.util.onnx_session import shared_cpu_session
 
 MODEL_RATE_HZ = 16_000
 WINDOW = 512  # samples at 16 kHz: 32 ms
@@ -41,8 +41,6 @@ WINDOW_MS = WINDOW * 1000 // MODEL_RATE_HZ
 HYSTERESIS = 0.15
 _TURN_WINDOWS = 8 * MODEL_RATE_HZ // WINDOW  # the end-of-turn model hears the last 8 s
 
-_session = None
-_session_lock = threading.Lock()
 
 
 def silero_model_path() -> Path:
@@ -54,19 +52,8 @@ def silero_model_path() -> Path:
     return Path(str(found[-1]))
 
 
-def _model():  # type: ignore[no-untyped-def]
-    global _session
-    with _session_lock:
-        if _session is None:
-            import onnxruntime
-
-            options = onnxruntime.SessionOptions()
-            options.inter_op_num_threads = 1
-            options.intra_op_num_threads = 1
-            options.log_severity_level = 4
-            _session = onnxruntime.InferenceSession(str(silero_model_path()), providers=["CPUExecutionProvider"],
-                                                    sess_options=options)
-        return _session
+def _model() -> Any:
+    return shared_cpu_session(silero_model_path())
 
 
 @dataclass(frozen=True)
