@@ -68,13 +68,14 @@ def offered_tools(pipeline: PipelineSpec, model: str, tools: list[tuple[str, str
     """A request's tools (``function_tools``' form and ``where``) and its choice among them (``choice``: the API's
     value, ``named``: the one function it names, at ``named_field``): the prompt's ``tools`` and the thinker's
     sampling fields (``tool_choice``, ``parallel_tool_calls``). A pipeline with no tool-call format refuses
-    tools; a choice other than ``none`` needs tools."""
+    tools and a choice that would call one; a choice other than ``none`` needs tools."""
     fields: dict[str, Any] = {}
     offered: list[dict[str, Any]] = []
+    for name, asked in (("tools", bool(tools)), ("tool_choice", choice not in (None, "none", "auto"))):
+        if asked and not pipeline.takes_tools:
+            raise invalid(f"{name}: model {model!r} calls no tools (its pipeline {pipeline.name!r} has no tool-call "
+                          "format)", name, code="unsupported_parameter")
     if tools:
-        if not pipeline.takes_tools:
-            raise invalid(f"tools: model {model!r} calls no tools (its pipeline {pipeline.name!r} has no tool-call "
-                          "format)", "tools", code="unsupported_parameter")
         offered = function_tools(tools, where)
     if choice is not None and not offered and choice != "none":
         raise invalid("tool_choice: given without tools", "tool_choice")

@@ -313,15 +313,12 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec, shape:
 def _shape(body: ChatCompletionRequest, pipeline: PipelineSpec, model: str) -> tuple[list[dict[str, Any]],
                                                                                    dict[str, Any]]:
     """The request's tools (the prompt's) and its answer's shape (the thinker's sampling fields)."""
-    asked = {"tools": bool(body.tools), "tool_choice": body.tool_choice not in (None, "none", "auto"),
-             "response_format": body.response_format is not None and body.response_format.type != "text",
+    asked = {"response_format": body.response_format is not None and body.response_format.type != "text",
              "logprobs": bool(body.logprobs), "top_logprobs": bool(body.top_logprobs)}
     for name, wanted in asked.items():
-        able = pipeline.takes_tools if name.startswith("tool") else pipeline.constrained_decoding
-        if wanted and not able:
-            what = "tool calls" if name.startswith("tool") else "constrained decoding or logprobs"
+        if wanted and not pipeline.constrained_decoding:
             raise invalid(f"{name}: not supported by model {model!r} (its pipeline {pipeline.name!r} has no "
-                          f"{what})", name, code="unsupported_parameter")
+                          "constrained decoding or logprobs)", name, code="unsupported_parameter")
     if body.top_logprobs and not body.logprobs:
         raise invalid("top_logprobs: needs logprobs: true", "top_logprobs")
     choice = body.tool_choice
