@@ -177,3 +177,23 @@ def test_a_thinker_that_failed_to_load_closes_cleanly() -> None:
     with pytest.raises(ValueError, match="unknown thinker 'nope'"):
         runner.load()
     runner.close()
+
+
+@pytest.mark.models
+def test_tools_calls_and_results_are_the_packaged_chat_templates_prompt_token_for_token(thinker) -> None:
+    """With tools the prompt is the checkpoint's own chat template's (Qwen2.5's tool format), tokens included."""
+    tools = [{"name": "get_weather", "description": "Weather in a city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": "c1", "name": "get_weather", "arguments": '{"city": "Paris"}'}]},
+               {"role": "tool", "content": "18C sunny", "tool_call_id": "c1"}]
+    messages = [history[0], history[1],
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+                {"role": "tool", "content": "18C sunny"}]
+    template = thinker.tokenizer.apply_chat_template(messages, tools=[{"type": "function", "function": tools[0]}],
+                                                     add_generation_prompt=True, tokenize=False)
+    chat = ChatMLFormat()
+    assert chat.turns("", history, tools) == template
+    assert chat.encode_turns(thinker.tokenizer, "", history, tools) == thinker.tokenizer.encode(template)

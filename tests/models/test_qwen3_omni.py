@@ -380,7 +380,8 @@ WEATHER_TOOL = {"name": "get_weather", "description": "The weather in a city",
 
 
 def test_the_chat_text_writes_tools_calls_and_results_as_qwen3s_template() -> None:
-    from omnipipe.models.qwen3_omni.thinker_inputs import TOOLS_INTRO, TOOLS_OUTRO, ThinkerInputBuilder
+    from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
+    from omnipipe.stage.structured_output import TOOLS_INTRO, TOOLS_OUTRO
 
     history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"},
                {"role": "assistant", "content": "", "tool_calls": [

@@ -62,6 +62,20 @@ class ToolCallFormat:
     close_token: int | None = None
 
 
+# How the Qwen templates (Qwen2.5's and Qwen3's alike) list the tools in the system turn: this text, each tool as
+# ``tool_json`` on a line of its own, then the instructions for a call
+TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+               "with function signatures within <tools></tools> XML tags:\n<tools>")
+TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+               "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+               "<args-json-object>}\n</tool_call>")
+
+
+def tool_json(tool: dict[str, Any]) -> str:
+    """A tool as the Qwen templates list it (``tool | tojson``: OpenAI's function form, Python's separators)."""
+    return json.dumps({"type": "function", "function": tool}, ensure_ascii=False)
+
+
 def tool_call_format_for(fmt: ToolCallFormat, tokenizer: Any) -> ToolCallFormat:
     """``fmt`` with the token ids of its markers where the tokenizer has each as one token."""
     from dataclasses import replace

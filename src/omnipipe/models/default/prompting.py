@@ -17,7 +17,7 @@ import re
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from omnipipe.stage.structured_output import ToolCallFormat
+from omnipipe.stage.structured_output import TOOLS_INTRO, TOOLS_OUTRO, ToolCallFormat, tool_json
 
 FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
     ("What is the capital of Japan?", "The capital of Japan is Tokyo."),
@@ -122,18 +122,6 @@ SPOKEN_SYSTEM_PROMPT = (
 )
 
 
-TOOLS_INTRO = ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
-               "with function signatures within <tools></tools> XML tags:\n<tools>")
-TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-               "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-               "<args-json-object>}\n</tool_call>")
-
-
-def tool_json(tool: dict[str, Any]) -> str:
-    """A tool as the Qwen templates list it (``tool | tojson``: OpenAI's function form, Python's separators)."""
-    return json.dumps({"type": "function", "function": tool}, ensure_ascii=False)
-
-
 def call_json(call: dict[str, str]) -> str:
     """A call an earlier assistant turn made, as the template writes it back."""
     return json.dumps({"name": call["name"], "arguments": json.loads(call["arguments"])}, ensure_ascii=False)
@@ -188,7 +176,7 @@ class ChatMLFormat:
 
     def _tools_preamble(self, tools: Sequence[dict[str, Any]], system: str) -> list[tuple[str, bool]]:
         listed = "".join("\n" + tool_json(tool) for tool in tools)
-        return [(f"{self.START}system\n", False), (system, True), (TOOLS_INTRO, False), (listed, True),
+        return [(f"{self.START}system\n", False), (system, True), (f"\n\n{TOOLS_INTRO}", False), (listed, True),
                 (f"{TOOLS_OUTRO}{self.END}\n", False)]
 
     def _segments(self, question: str, history: Sequence[dict[str, Any]],

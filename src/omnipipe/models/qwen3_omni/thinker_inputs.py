@@ -8,20 +8,15 @@ image processor exactly as an image is."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from omnipipe.stage.structured_output import TOOLS_INTRO, TOOLS_OUTRO, tool_json
 from omnipipe.util.field_error import FieldError
 
-TOOLS_INTRO = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
-               "with function signatures within <tools></tools> XML tags:\n<tools>")
-TOOLS_OUTRO = ("\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
-               "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-               "<args-json-object>}\n</tool_call>")
 IMAGE_PART = "<|vision_start|>{}<|vision_end|>"
 AUDIO_PART = "<|audio_start|>{}<|audio_end|>"
 
@@ -70,8 +65,7 @@ class ThinkerInputBuilder:
             system = ""
             if history and history[0]["role"] == "system":
                 system, history = history[0]["content"] + "\n\n", history[1:]
-            listed = "".join("\n" + json.dumps({"type": "function", "function": tool}, ensure_ascii=False)
-                             for tool in tools)
+            listed = "".join("\n" + tool_json(tool) for tool in tools)
             turns.append(f"<|im_start|>system\n{system}{TOOLS_INTRO}{listed}{TOOLS_OUTRO}<|im_end|>\n")
         for i, turn in enumerate(history):
             turns.append(_turn(turn, history[i - 1] if i else None, history[i + 1] if i + 1 < len(history) else None))
