@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from omnipipe.cli.supervisor import Supervised, Supervisor
+from omnipipe.protocol.header_limits import PARSER_HEADER_BLOCK_BYTES
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.process import kill_group, start_in_group, stop_groups
@@ -132,7 +133,8 @@ def run_gateway(args: argparse.Namespace) -> int:
 
     server = GatewayServer(uvicorn.Config(app, host=config.host, port=config.port,
                                           log_level="info" if args.verbose else "warning",
-                                          timeout_graceful_shutdown=5, **tls))
+                                          timeout_graceful_shutdown=5,
+                                          h11_max_incomplete_event_size=PARSER_HEADER_BLOCK_BYTES, **tls))
     with contextlib.suppress(KeyboardInterrupt):
         server.run()
     return 0

@@ -18,6 +18,7 @@ from typing import Any
 from omnipipe.cli.errors import CLIError
 from omnipipe.cli.pipeline_flags import add_pipeline_flags, deploy_source
 from omnipipe.models.registry import get_pipeline
+from omnipipe.protocol.header_limits import PARSER_HEADER_BLOCK_BYTES
 from omnipipe.protocol.worker import DEFAULT_MAX_BODY_BYTES
 
 
@@ -144,7 +145,8 @@ def run_serve(args: argparse.Namespace, **options: Any) -> int:
     app = create_app(config, on_engine_failure)
     server = _uvicorn_server(app.state.pool, uvicorn.Config(
         app, host=args.host, port=args.port, log_level="info" if args.verbose else "warning",
-        timeout_graceful_shutdown=5, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile))
+        timeout_graceful_shutdown=5, h11_max_incomplete_event_size=PARSER_HEADER_BLOCK_BYTES,
+        ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile))
     role = "serving" if config.exit_on_engine_failure else \
         f"worker (capacity {config.capacity if config.capacity is not None else 'unlimited'}) serving"
     scheme = "https" if args.ssl_certfile else "http"

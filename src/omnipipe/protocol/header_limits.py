@@ -2,7 +2,9 @@
 header bytes, is answered 431 with OpenAI's error object before any route runs (a WebSocket handshake is refused).
 
 uvicorn's h11 parser bounds only a header block that arrives in pieces; one that arrives whole is parsed however
-large it is, so the limit is kept here, once, for both servers.
+large it is, so the limit is kept here, once, for both servers. The parser's own bound (PARSER_HEADER_BLOCK_BYTES,
+given to uvicorn by both servers) sits well above it, so that a block past our limit gets the same 431 whether it
+arrived in one read or in several; only a block past the parser's bound is cut with uvicorn's plain 400.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from omnipipe.protocol.errors import APIError
 
 MAX_HEADERS = 100  # header lines per request
 MAX_HEADER_BYTES = 32 * 1024  # names and values together
+PARSER_HEADER_BLOCK_BYTES = 256 * 1024  # uvicorn's h11_max_incomplete_event_size (its default, 16 KiB, is below ours)
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
