@@ -50,3 +50,21 @@ def test_a_step_is_undone_by_setting_the_length_back() -> None:
     kv.bind(["a"], 7)
     with pytest.raises(KVBudgetError, match="past the KV it reserved"):
         kv.bind(["a"], 1)
+
+
+def test_a_nan_in_one_requests_cache_leaves_its_batch_mates_finite() -> None:
+    """The short row's padding must not read the long row's blocks: a NaN there would make the short row NaN
+    through its masked (zero-weight) positions."""
+    kv = cache(blocks=8)
+    for key, tokens in (("poisoned", 6), ("healthy", 2)):
+        kv.reserve(key, tokens + 1)
+        kv.bind([key], tokens)
+        fill = float("nan") if key == "poisoned" else 1.0
+        kv.update(torch.full((1, 1, tokens, 2), fill), torch.full((1, 1, tokens, 2), fill), 0)
+    kv.bind(["poisoned", "healthy"], 1)
+    new = torch.ones(2, 1, 1, 2)
+    keys, values = kv.update(new, new, 0)
+    out = torch.nn.functional.scaled_dot_product_attention(new, keys, values, attn_mask=kv.attention_mask())
+    eager = torch.softmax(new @ keys.transpose(-1, -2) + kv.attention_mask(), dim=-1) @ values
+    assert out[0].isnan().all() and torch.isfinite(out[1]).all() and torch.isfinite(eager[1]).all()
+    assert torch.equal(out[1], torch.ones(1, 1, 2))

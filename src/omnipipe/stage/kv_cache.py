@@ -9,6 +9,9 @@ reserves all the blocks it can ever need when it is admitted (``reserve``: its p
 a decode step never runs out of memory: a request that does not fit waits until another frees its blocks.
 
 Undoing a step is setting a request's length back (``set_length``): what a failed step wrote past it is never read.
+
+A shorter row's padding reads one row of its own past the blocks (``pad_slot``), zero and never written, never a
+live request's: a NaN in one request's cache stays in its own row (masked weights are 0, and 0 x NaN is NaN).
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class PagedKVCache:
         self.block_tokens = block_tokens
         self.num_blocks = num_blocks
         self.dtype, self.device = dtype, torch.device(device)
-        shape = (num_blocks * block_tokens, kv_heads, head_dim)
+        self.pad_slot = num_blocks * block_tokens  # the padding's row: past every block, always zero
+        shape = (num_blocks * block_tokens + 1, kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self._free = list(range(num_blocks - 1, -1, -1))
@@ -63,7 +67,7 @@ class PagedKVCache:
         """As many blocks as ``budget_bytes`` holds for a decoder of ``text_config`` (layers, kv heads, head dim)."""
         layers, heads, dim = model_shape(text_config)
         per_token = token_bytes(text_config, dtype)
-        num_blocks = budget_bytes // (per_token * block_tokens)
+        num_blocks = (budget_bytes - per_token) // (per_token * block_tokens)  # less the padding row
         if num_blocks < 1:
             raise KVBudgetError(f"a KV budget of {budget_bytes} bytes holds no block of {block_tokens} tokens "
                                 f"({per_token} bytes a token): raise kv_cache_bytes")
@@ -139,7 +143,7 @@ class PagedKVCache:
             starts.append(start)
             entry.length = start + query_tokens
         width = max(starts) + query_tokens
-        slots = torch.zeros(len(keys), width, dtype=torch.long)
+        slots = torch.full((len(keys), width), self.pad_slot, dtype=torch.long)
         for row, key in enumerate(keys):
             end = starts[row] + query_tokens
             slots[row, :end] = self._entries[key].slot_index(self.block_tokens)[:end]

@@ -46,6 +46,9 @@ class Qwen25Token2WavRunner(StageRunner):
         self.speakers = {name: (s["cond"].float().to(self.device), s["ref_mel"].float().to(self.device))
                          for name, s in load_speakers(directory).items()}
         self.vocoder_left_mel = self.options.vocoder_left_mel
+        # codes past the DiT's codec embedding would be a device assert on a GPU (the stage and all its requests
+        # lost): a window holding one fails its own request before any embedding
+        self.num_codes = self.model.code2wav_dit_model.text_embed.codec_embed.num_embeddings
 
     def validate(self, params: dict[str, Any]) -> str | None:
         for name, neutral in NEUTRAL_PARAMS.items():
@@ -73,8 +76,7 @@ class Qwen25Token2WavRunner(StageRunner):
         return request.runner_state
 
     @staticmethod
-    def _window(chunk: dict[str, Any], device: torch.device) -> Token2WavWindow:
-        frames = np.asarray(chunk.get("frames", np.zeros((1, 0), np.int64)))
+    def _window(frames: np.ndarray, chunk: dict[str, Any], device: torch.device) -> Token2WavWindow:
         codes = torch.tensor(frames.reshape(-1), device=device)  # a copy: the input is read-only
         return Token2WavWindow(codes, int(chunk.get("start_frame", 0)), int(chunk.get("context_frames", 0)),
                                int(chunk.get("lookahead_frames", 0)))
@@ -85,7 +87,12 @@ class Qwen25Token2WavRunner(StageRunner):
         decoding: list[tuple[int, Token2WavStream, Token2WavWindow]] = []
         for i, request in enumerate(batch):
             chunk = request.take_input() or {}
-            window = self._window(chunk, self.device)
+            frames = np.asarray(chunk.get("frames", np.zeros((1, 0), np.int64)))
+            problem = codes_out_of_range(frames, self.num_codes)
+            if problem is not None:
+                outputs[i] = RunnerOutput(request.request_id, error=f"token2wav: {problem}")
+                continue
+            window = self._window(frames, chunk, self.device)
             if window.new_codes > 0:
                 decoding.append((i, self._stream(request, chunk.get("speaker")), window))
         if decoding:
@@ -107,3 +114,17 @@ class Qwen25Token2WavRunner(StageRunner):
             self.free(request)
         else:
             request.runner_state.mel_tail = snapshot[0]
+
+
+def codes_out_of_range(frames: np.ndarray, num_codes: int) -> str | None:
+    """Why a window's codes cannot be embedded (one outside ``[0, num_codes)``, or not integers), or None; read on
+    the host, before the codes reach the device (Qwen3's code2wav checks its windows the same way,
+    ``code2wav_stream.py``)."""
+    if frames.size == 0:
+        return None
+    if not np.issubdtype(frames.dtype, np.integer):
+        return f"codes must be integers, got {frames.dtype}"
+    low, high = int(frames.min()), int(frames.max())
+    if low < 0 or high >= num_codes:
+        return f"code {low if low < 0 else high} is outside the vocoder's codebook [0, {num_codes})"
+    return None
