@@ -67,7 +67,7 @@ class PagedKVCache:
         """As many blocks as ``budget_bytes`` holds for a decoder of ``text_config`` (layers, kv heads, head dim)."""
         layers, heads, dim = model_shape(text_config)
         per_token = token_bytes(text_config, dtype)
-        num_blocks = (budget_bytes - per_token) // (per_token * block_tokens)  # less the padding row
+        num_blocks = budget_bytes // (per_token * block_tokens)  # the padding row (one token) comes on top
         if num_blocks < 1:
             raise KVBudgetError(f"a KV budget of {budget_bytes} bytes holds no block of {block_tokens} tokens "
                                 f"({per_token} bytes a token): raise kv_cache_bytes")
