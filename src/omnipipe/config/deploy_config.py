@@ -311,6 +311,7 @@ def _validate_against_pipeline(config: DeployConfig, pipeline: PipelineSpec, ori
         merged = dict(stage.default_options)
         merged.update(config.stages[stage.name].options)
         config.stages[stage.name].options = merged
+    _validate_gpu_layout(config, pipeline, origin)
 
 
 def _validate_stage(config: DeployConfig, name: str, origin: str) -> None:
@@ -331,3 +332,46 @@ def _validate_stage(config: DeployConfig, name: str, origin: str) -> None:
             check_device_present(settings.device, f"stages.{name}.device", settings.tensor_parallel_size)
         except FieldError as exc:
             raise _fail(origin, exc.field, exc.rule) from None
+
+
+def _first_gpu(device: str) -> str | None:
+    """The CUDA device a stage's rank 0 runs on (``cuda`` is ``cuda:0``), None on the CPU."""
+    return None if not device.startswith("cuda") else f"cuda:{device.partition(':')[2] or 0}"
+
+
+def _validate_gpu_layout(config: DeployConfig, pipeline: PipelineSpec, origin: str) -> None:
+    """What a layout on GPUs can never run, refused before anything starts:
+
+    - an nccl edge whose two ends run on one GPU (NCCL forms no group of two processes on one device) or one of
+      them on the CPU; the key named is the edge's ``relay`` when it sets one, else ``relay.backend``;
+    - stages of one host sharing a GPU whose ``gpu_memory_fraction`` shares add up past the whole device."""
+    for spec in pipeline.edges:
+        relay, _ = config.edge_relay(spec.source, spec.target)
+        if relay != "nccl" or not config.same_host(spec.source, spec.target):
+            continue
+        ends = {name: _first_gpu(config.stage(name).device) for name in (spec.source, spec.target)}
+        key = f"edges.{spec.name}.relay" if config.edges.get(spec.name, EdgeDeploy()).relay else "relay.backend"
+        on_cpu = [name for name, gpu in ends.items() if gpu is None]
+        if on_cpu:
+            raise _fail(origin, key, f"nccl moves tensors between GPUs, and stage {on_cpu[0]} of edge {spec.name} "
+                        "runs on the CPU: use shm for this edge")
+        if ends[spec.source] == ends[spec.target]:
+            raise _fail(origin, key, f"nccl needs the two ends of edge {spec.name} on two GPUs, and {spec.source} and "
+                        f"{spec.target} both run on {ends[spec.source]}: set this edge's relay to shm "
+                        f"(edges.{spec.name}.relay: shm)")
+    shares: dict[tuple[str | None, str], list[tuple[str, float]]] = {}
+    for stage in pipeline.stages:
+        settings = config.stage(stage.name)
+        gpu = _first_gpu(settings.device)
+        fraction = settings.options.get("gpu_memory_fraction")
+        if gpu is not None and isinstance(fraction, (int, float)) and not isinstance(fraction, bool):
+            host = None if config.placement.backend == "local" else settings.node
+            if config.placement.backend == "local" or host is not None:  # an unpinned Ray stage: host unknown
+                shares.setdefault((host, gpu), []).append((stage.name, float(fraction)))
+    for (_, gpu), taken in shares.items():
+        total = sum(fraction for _, fraction in taken)
+        if len(taken) > 1 and total > 1 + 1e-9:
+            parts = " + ".join(f"{fraction:g} ({name})" for name, fraction in taken)
+            raise _fail(origin, f"stages.{taken[-1][0]}.options.gpu_memory_fraction",
+                        f"the stages on {gpu} ask for {parts} = {total:g} of its memory: their shares must add up to "
+                        "at most 1")
