@@ -15,6 +15,7 @@ import torch
 
 from omnipipe.models.qwen3_omni.runners.thinker import Qwen3ThinkerRunner
 from omnipipe.models.qwen3_omni.weights.tiny import write_tiny_checkpoint
+from omnipipe.stage.kv_cache import KVBudgetError
 from omnipipe.stage.runner import RunnerContext
 from omnipipe.util.media import load_audio, load_image
 from tests.models import media_files
@@ -203,3 +204,10 @@ def test_the_default_kv_budget_is_what_max_num_seqs_whole_contexts_fill(thinker:
     requests of its whole context and the stage's default reply cap."""
     context = thinker.model.config.text_config.max_position_embeddings
     assert thinker.kv.capacity_tokens == 8 * (context + thinker.options.max_new_tokens)
+
+
+def test_a_budget_that_holds_no_block_stops_the_stage_naming_its_figures(checkpoint: Path) -> None:
+    with pytest.raises(KVBudgetError, match=r"^stages\.thinker: no room for its KV cache: kv_cache_bytes 64 leaves "
+                       r"64 bytes \(a KV budget of 64 bytes holds no block of 16 tokens .*\); raise "
+                       r"gpu_memory_fraction, lower max_num_seqs or prefill_chunk_tokens, or set kv_cache_bytes$"):
+        runner(checkpoint, kv_cache_bytes=64)

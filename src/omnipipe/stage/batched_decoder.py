@@ -17,7 +17,7 @@ import torch
 
 from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.checkpoint_options import DecoderCheckpointOptions
-from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache, token_bytes
+from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache, step_activation_bytes, token_bytes
 from omnipipe.stage.prompt_pieces import PromptPieces
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
@@ -109,14 +109,23 @@ class BatchedDecoderRunner(StageRunner):
                       reply_tokens: int) -> None:
         """The stage's KV cache, from its budget (call once the weights are on the device); without
         ``kv_cache_bytes``, never more than ``max_num_seqs`` requests of the model's whole context plus
-        ``reply_tokens`` (the stage's default cap on a reply) can fill."""
-        budget = options.kv_budget_bytes(self.context.device)
-        context = getattr(text_config, "max_position_embeddings", None)
-        if options.kv_cache_bytes is None and context:
-            most = self.context.max_num_seqs * (int(context) + reply_tokens) * token_bytes(text_config, dtype)
-            budget = min(budget, most)
-        self.kv = PagedKVCache.for_model(text_config, budget, block_tokens=options.kv_block_tokens, dtype=dtype,
-                                         device=self.context.device)
+        ``reply_tokens`` (the stage's default cap on a reply) can fill. A budget that holds not one block stops the
+        stage from starting, with the figures it was reckoned from."""
+        rows = self.context.max_num_seqs
+        context = int(getattr(text_config, "max_position_embeddings", None) or options.prefill_chunk_tokens)
+        activations = step_activation_bytes(text_config, dtype, step_tokens=options.prefill_chunk_tokens,
+                                            rows=rows, context=context + reply_tokens)
+        budget = options.kv_budget(self.context.device, activations)
+        nbytes = budget.bytes
+        if options.kv_cache_bytes is None and getattr(text_config, "max_position_embeddings", None):
+            nbytes = min(nbytes, rows * (context + reply_tokens) * token_bytes(text_config, dtype))
+        try:
+            self.kv = PagedKVCache.for_model(text_config, nbytes, block_tokens=options.kv_block_tokens,
+                                             dtype=dtype, device=self.context.device)
+        except KVBudgetError as exc:
+            raise KVBudgetError(f"stages.{self.context.stage}: no room for its KV cache: {budget.reckoning} "
+                                f"leaves {nbytes} bytes ({exc}); raise gpu_memory_fraction, lower max_num_seqs or "
+                                "prefill_chunk_tokens, or set kv_cache_bytes") from None
 
     def reserve(self, request: StageRequest, tokens: int) -> RunnerOutput | None:
         """Reserve ``tokens`` of KV for ``request`` (its prompt plus all it may generate): None when done, else

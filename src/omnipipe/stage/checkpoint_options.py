@@ -59,10 +59,11 @@ class DecoderCheckpointOptions(CheckpointOptions):
     - ``torch_compile``: compile the decoder's forward (dynamic shapes); off by default (on a CPU the compile costs
       more than it saves at these step sizes).
     - ``kv_cache_bytes``: the KV cache's budget, reserved at start; by default ``DEFAULT_CPU_KV_BYTES`` on a CPU, and
-      on CUDA what ``gpu_memory_fraction`` (else 0.9) of the device leaves once the weights are loaded; either way no
-      more than ``max_num_seqs`` requests of the model's whole context (``max_position_embeddings``) and the stage's
-      default reply cap fill. A request is
-      admitted when its prompt and ``max_tokens`` fit what is free; until then it waits.
+      on CUDA what ``gpu_memory_fraction`` (else 0.9) of the device leaves once the weights are loaded and one step's
+      activations are set aside (``kv_cache.step_activation_bytes``), and never more than the device has free then;
+      either way no more than ``max_num_seqs`` requests of the model's whole context (``max_position_embeddings``)
+      and the stage's default reply cap fill. A request is admitted when its prompt and ``max_tokens`` fit what is
+      free; until then it waits.
     - ``kv_block_tokens``: tokens per block of that cache.
     - ``prefill_chunk_tokens``: at most that many prompt tokens prefilled in one step; a longer prompt is prefilled
       in pieces with the running requests' decode steps in between, so an arrival never freezes their streams."""
@@ -81,18 +82,46 @@ class DecoderCheckpointOptions(CheckpointOptions):
         positive_int("kv_block_tokens", self.kv_block_tokens, 1024)
         positive_int("prefill_chunk_tokens", self.prefill_chunk_tokens, 1 << 20)
 
-    def kv_budget_bytes(self, device: str) -> int:
-        """What the stage's KV cache may take (call once the weights are loaded)."""
+    def kv_budget(self, device: str, activation_bytes: int) -> KVBudget:
+        """What the stage's KV cache may take (call once the weights are loaded), and how that was reckoned;
+        ``activation_bytes`` is kept free on a GPU for the steps themselves (``kv_cache.step_activation_bytes``)."""
         if self.kv_cache_bytes is not None:
-            return int(self.kv_cache_bytes)
+            return KVBudget(int(self.kv_cache_bytes), f"kv_cache_bytes {self.kv_cache_bytes}")
         if not device.startswith("cuda"):
-            return DEFAULT_CPU_KV_BYTES
+            return KVBudget(DEFAULT_CPU_KV_BYTES, f"{gib(DEFAULT_CPU_KV_BYTES)} on the CPU by default")
         index = torch.device(device)
-        total = torch.cuda.get_device_properties(index).total_memory
-        return max(0, int(total * (self.gpu_memory_fraction or 0.9)) - torch.cuda.memory_allocated(index))
+        free, total = torch.cuda.mem_get_info(index)
+        return gpu_kv_budget(device, total, self.gpu_memory_fraction or DEFAULT_GPU_MEMORY_FRACTION,
+                             torch.cuda.memory_allocated(index), free, activation_bytes)
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    bytes: int
+    reckoning: str  # how it was reckoned, for the message of a budget too small
+
+
+def gpu_kv_budget(device: str, total: int, fraction: float, allocated: int, free: int,
+                  activation_bytes: int) -> KVBudget:
+    """A GPU stage's KV budget: its share of the device (``fraction`` x ``total``) less what it holds already (its
+    weights, ``allocated``) and ``activation_bytes`` for its steps, and never more than the device has ``free`` less
+    those activations: other processes on the same GPU (the stages that share it) keep what they hold."""
+    share = int(total * fraction) - allocated - activation_bytes
+    available = free - activation_bytes
+    budget = max(0, min(share, available))
+    reckoning = (f"{fraction:g} x {gib(total)} of {device} = {gib(int(total * fraction))}, less {gib(allocated)} of "
+                 f"weights and {gib(activation_bytes)} kept for one step's activations")
+    if available < share:
+        reckoning += f"; only {gib(free)} of the device is free (other processes hold the rest)"
+    return KVBudget(budget, reckoning)
+
+
+def gib(nbytes: int) -> str:
+    return f"{nbytes / (1 << 30):.2f} GiB"
 
 
 DEFAULT_CPU_KV_BYTES = 1 << 30
+DEFAULT_GPU_MEMORY_FRACTION = 0.9
 
 
 def positive_int(name: str, value: object, most: int) -> None:

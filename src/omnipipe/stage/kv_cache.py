@@ -201,3 +201,27 @@ def token_bytes(text_config: Any, dtype: torch.dtype) -> int:
     """Bytes of keys and values one token takes in every layer."""
     layers, heads, dim = model_shape(text_config)
     return 2 * layers * heads * dim * torch.empty((), dtype=dtype).element_size()
+
+
+def step_activation_bytes(text_config: Any, dtype: torch.dtype, *, step_tokens: int, rows: int,
+                          context: int) -> int:
+    """An upper estimate of what one step of a decoder holds on its device beside its weights and the KV pool, for
+    ``step_tokens`` tokens at most in a step (a prefill piece, or one a row), ``rows`` rows at most and histories of
+    ``context`` tokens at most: the hidden states, projections and MLP of the step's tokens, one layer's history
+    gathered from the pool for every row, the attention mask and the last tokens' float32 logits. What the KV budget
+    keeps free on a GPU (a workspace or a kernel needs more, never less); exact figures vary with the attention
+    kernel, which is why a deploy can set ``kv_cache_bytes`` itself."""
+    size = torch.empty((), dtype=dtype).element_size()
+    layers, kv_heads, head_dim = model_shape(text_config)
+    hidden = int(text_config.hidden_size)
+    heads = int(text_config.num_attention_heads)
+    experts = int(getattr(text_config, "num_experts_per_tok", 0) or 0)
+    moe = int(getattr(text_config, "moe_intermediate_size", 0) or 0) * max(1, experts)
+    inner = max(int(getattr(text_config, "intermediate_size", 0) or 0), moe)
+    vocab = int(getattr(text_config, "vocab_size", 0) or 0)
+    tokens = max(step_tokens, rows)
+    per_token = (6 * hidden + 2 * (heads + 2 * kv_heads) * head_dim + 3 * inner) * size
+    gathered = max(rows, 1) * context * kv_heads * head_dim * 2 * size  # keys and values of one layer, every row
+    mask = max(step_tokens * context, rows * context) * size
+    logits = 2 * rows * vocab * 4
+    return tokens * per_token + gathered + mask + logits
