@@ -175,8 +175,10 @@ def test_ga_session_is_openai_shaped_and_every_field_is_validated(toy_server: Se
                  "session.audio.input.turn_detection.type"),
                 ({"audio": {"input": {"turn_detection": {"type": "server_vad", "threshold": 2}}}},
                  "session.audio.input.turn_detection.threshold"),
-                ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}},
+                ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 10}}}},
                  "session.audio.input.turn_detection.idle_timeout_ms"),
+                ({"audio": {"input": {"turn_detection": {"type": "semantic_vad", "idle_timeout_ms": 5000}}}},
+                 "session.audio.input.turn_detection"),
                 ({"audio": {"input": {"noise_reduction": {"type": "studio"}}}},
                  "session.audio.input.noise_reduction.type"),
                 ({"prompt": {"id": "pmpt_1"}}, "session.prompt"),  # no stored prompts
@@ -401,6 +403,42 @@ def test_speech_does_not_interrupt_when_interrupt_response_is_off(toy_server: Se
         events, done = conn.until("response.done")
         assert done["response"]["status"] == "completed", done
         assert of(events, "input_audio_buffer.speech_started")
+
+
+@pytest.mark.models
+def test_idle_timeout_commits_the_silence_after_the_answer_played_and_answers_it(
+        default_server: ServerProcess) -> None:
+    """Server VAD's idle_timeout_ms counts the audio appended from where the answer's audio will have played out
+    (here the silence comes faster than real time, so the count starts past the audio still playing)."""
+    with session(default_server) as conn:
+        vad_on(conn, idle_timeout_ms=1000)
+        assert conn.update(max_output_tokens=12)["type"] == "session.updated"
+        shown = conn.update(audio={"input": {"turn_detection": {"type": "server_vad"}}})
+        assert shown["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] == 1000  # kept
+        conn.user_text("hello there")
+        conn.send("response.create")
+        _, first = conn.until("response.done")
+        assert first["response"]["status"] == "completed", first
+        for _ in range(60):  # 6 s of silence, 100 ms at a time
+            conn.append(silence(0.1))
+        events, done = conn.until("response.done")
+        triggered = of(events, "input_audio_buffer.timeout_triggered")
+        assert len(triggered) == 1, [e["type"] for e in events]
+        waited_ms = triggered[0]["audio_end_ms"] - triggered[0]["audio_start_ms"]
+        assert 1000 <= waited_ms < 1000 + 150, triggered  # not sooner, and at the first chunk past it
+        kinds = [e["type"] for e in events]
+        assert kinds.index("input_audio_buffer.timeout_triggered") < kinds.index("input_audio_buffer.committed") \
+            < kinds.index("response.created"), kinds
+        committed = of(events, "input_audio_buffer.committed")[0]
+        assert committed["item_id"] == triggered[0]["item_id"]
+        assert done["response"]["status"] == "completed", done
+        nudge = "".join(d["delta"] for d in of(events, "response.output_audio_transcript.delta"))
+        print(f"the answer to the silence: {nudge!r}")
+        assert nudge.strip()  # the model spoke up
+        assert not of(events, "input_audio_buffer.speech_started")
+        off = conn.update(audio={"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": None}}})
+        assert off["session"]["audio"]["input"]["turn_detection"]["idle_timeout_ms"] is None
+    assert engines_idle(default_server.wait_idle(timeout_s=60))
 
 
 def test_disconnect_mid_response_aborts_it(toy_server: ServerProcess) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 GA = "ga"
 BETA = "beta"
@@ -74,6 +74,7 @@ class ServerEvent:
     INPUT_AUDIO_BUFFER_CLEARED = "input_audio_buffer.cleared"
     INPUT_AUDIO_BUFFER_SPEECH_STARTED = "input_audio_buffer.speech_started"
     INPUT_AUDIO_BUFFER_SPEECH_STOPPED = "input_audio_buffer.speech_stopped"
+    INPUT_AUDIO_BUFFER_TIMEOUT_TRIGGERED = "input_audio_buffer.timeout_triggered"
     CONVERSATION_ITEM_ADDED = "conversation.item.added"
     CONVERSATION_ITEM_DONE = "conversation.item.done"  # GA only
     CONVERSATION_ITEM_TRUNCATED = "conversation.item.truncated"
@@ -138,6 +139,7 @@ SEMANTIC_TURN_END_MS: dict[str, tuple[int, int]] = {"low": (600, 3000), "medium"
                                                     "high": (200, 800)}
 """``semantic_vad``, per ``eagerness``: the silence after which a turn ends when the end-of-turn model hears it
 complete, and when it hears it unfinished (the speaker may be pausing mid-sentence)."""
+IDLE_TIMEOUT_MS_RANGE = (1000, 600_000)  # server_vad's idle_timeout_ms, inclusive
 
 
 # ---------------------------------------------------------------------------------------------- client events
@@ -161,10 +163,20 @@ class ServerVad(BaseModel):
     prefix_padding_ms: int = Field(300, ge=0, le=60_000)
     create_response: bool = True
     interrupt_response: bool = Field(True, description="speech during a response cancels it (barge-in)")
-    idle_timeout_ms: None = Field(None, description="not supported: only null")
+    idle_timeout_ms: int | None = Field(
+        None, ge=IDLE_TIMEOUT_MS_RANGE[0], le=IDLE_TIMEOUT_MS_RANGE[1],
+        description="server_vad only: once an answer's audio has played, this long without speech commits the "
+        "silence as the user's turn and answers it (input_audio_buffer.timeout_triggered); null: never")
     speculative_start: bool = Field(True, description="omnipipe: start the answer tentatively when the speech "
                                     "pauses, release it when the silence window closes, drop it without a trace "
                                     "when the user goes on")
+
+    @model_validator(mode="after")
+    def _idle_timeout_is_server_vads(self) -> ServerVad:
+        if self.type == "semantic_vad" and self.idle_timeout_ms is not None:
+            raise ValueError("idle_timeout_ms: only server_vad has an idle timeout (semantic_vad decides the end "
+                             "of a turn from the words)")
+        return self
 
 
 class NoiseReduction(BaseModel):

@@ -24,7 +24,7 @@ from omnipipe.protocol.realtime import (
     SessionConfig,
 )
 
-VAD_DEFAULTS: dict[str, Any] = ServerVad().model_dump(exclude={"type", "idle_timeout_ms", "eagerness"})
+VAD_DEFAULTS: dict[str, Any] = ServerVad().model_dump(exclude={"type", "eagerness"})
 SEMANTIC_FIELDS = ("type", "eagerness", "create_response", "interrupt_response", "speculative_start")
 
 
@@ -64,13 +64,14 @@ def _vad(value: ServerVad | None, current: dict[str, Any] | None) -> dict[str, A
     silence window, the one for a turn heard unfinished)."""
     if value is None:
         return None
-    given = value.model_dump(include=value.model_fields_set - {"type", "idle_timeout_ms", "eagerness"})
+    given = value.model_dump(include=value.model_fields_set - {"type", "eagerness"})
     base = {key: val for key, val in (current or VAD_DEFAULTS).items() if key not in ("type", "eagerness")}
     kind = value.type if "type" in value.model_fields_set else (current or {}).get("type", "server_vad")
     if kind == "semantic_vad":
         eagerness = value.eagerness if "eagerness" in value.model_fields_set else \
             (current or {}).get("eagerness", "auto")
-        base.update(type="semantic_vad", eagerness=eagerness, silence_duration_ms=SEMANTIC_TURN_END_MS[eagerness][1])
+        base.update(type="semantic_vad", eagerness=eagerness, silence_duration_ms=SEMANTIC_TURN_END_MS[eagerness][1],
+                    idle_timeout_ms=None)
     return {**base, **given}
 
 
@@ -207,8 +208,7 @@ def session_object(settings: Settings, dialect: str, session_id: str, model: str
                 "input": {"format": _pcm(), "transcription": transcription,
                           "noise_reduction": settings.noise_reduction,
                           "live_transcription": settings.live_transcription,
-                          "turn_detection": detection if detection is None or detection["type"] != "server_vad"
-                          else {**detection, "idle_timeout_ms": None}},
+                          "turn_detection": detection},
                 "output": {"format": _pcm(), "voice": settings.voice, "speed": settings.speed},
             },
             "max_output_tokens": settings.max_output_tokens, "tools": _wire_tools(settings),

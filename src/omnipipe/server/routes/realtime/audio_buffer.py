@@ -6,7 +6,12 @@ ended (the commit itself, or the arrival of the audio where the VAD heard it sto
 
 Where the pipeline can, the speech is transcribed while it arrives (``live_transcript.py``) and a commit gives the
 item its words; under server VAD a pause in the speech starts the answer tentatively (``speculative_start.py``),
-which the turn adopts when the VAD ends it, or which is dropped when the user goes on."""
+which the turn adopts when the VAD ends it, or which is dropped when the user goes on.
+
+Server VAD's ``idle_timeout_ms``: counted in the appended audio from where the last answer's audio will have
+played out (``answer_played``); when that much audio has come with no speech heard and no answer running, the
+buffer sends ``input_audio_buffer.timeout_triggered``, commits the silence as the user's turn and answers it, so
+the model may prompt a user who went quiet. Speech restarts nothing until the next answer ends."""
 
 from __future__ import annotations
 
@@ -63,6 +68,7 @@ class InputAudioBuffer:
         self.live = LiveTranscript(session)
         self.speculation = SpeculativeStart(session)
         self._speech_from: int | None = None  # the sample where the VAD heard the buffer's speech start
+        self._idle_from_ms: float | None = None  # idle_timeout_ms counts from here (buffer ms; None: not counting)
 
     async def append(self, event: InputAudioBufferAppend) -> None:
         arrived = time.perf_counter()
@@ -79,6 +85,7 @@ class InputAudioBuffer:
         self._arrivals.append((self.size_bytes // 2, arrived))
         if self.vad is not None:
             await self._detect_turns(samples)
+            await self._check_idle()
         if self.chunks and (self.vad is None or self.vad.speaking) and self.live.enabled():
             self.live.heard(self.size_bytes // 2 - (self._speech_from or 0), self.speech)
 
@@ -104,6 +111,7 @@ class InputAudioBuffer:
                 await self.speculation.drop()
             elif vad_event.kind == "speech_started":
                 session.idle.touch()
+                self._idle_from_ms = None
                 if self._speech_from is None:
                     self._speech_from = vad_event.audio_ms * PCM16_RATE_HZ // 1000
                 await self.speculation.drop()
@@ -131,6 +139,34 @@ class InputAudioBuffer:
             if tentative is not None:
                 await tentative.drop()
 
+    def buffered_ms(self) -> float:
+        return self.size_bytes / 2 * 1000 / PCM16_RATE_HZ
+
+    def answer_played(self, ends_at: float | None) -> None:
+        """An answer ended; its audio plays out at ``ends_at`` (perf_counter; None: it had none): the idle timeout
+        counts the audio appended from then on (the microphone streams at real-time pace)."""
+        ahead_s = 0.0 if ends_at is None else max(0.0, ends_at - time.perf_counter())
+        self._idle_from_ms = self.buffered_ms() + ahead_s * 1000
+
+    async def _check_idle(self) -> None:
+        """``idle_timeout_ms`` of silence after the last answer played: commit the silence and answer it."""
+        session = self.session
+        timeout = (session.settings.turn_detection or {}).get("idle_timeout_ms")
+        if timeout is None or self._idle_from_ms is None or (self.vad is not None and self.vad.speaking) \
+                or session.responses.running or session.pause.paused:
+            return
+        now_ms = self.buffered_ms()
+        if now_ms - self._idle_from_ms < timeout:
+            return
+        started_ms, self._idle_from_ms = max(0.0, self._idle_from_ms), None
+        await session.send(ServerEvent.INPUT_AUDIO_BUFFER_TIMEOUT_TRIGGERED, audio_start_ms=int(started_ms),
+                           audio_end_ms=int(now_ms), item_id=self._next_item_id())
+        try:
+            await self.commit(idle=True)
+            await session.responses.start(None, None)
+        except (EventError, APIError) as exc:
+            await session.send_error(exc.message, param=exc.param, code=exc.code)
+
     def _next_item_id(self) -> str:
         if self._pending_item_id is None:
             self._pending_item_id = new_item_id()
@@ -142,24 +178,27 @@ class InputAudioBuffer:
         return next((at for end, at in self._arrivals if end >= sample), time.perf_counter())
 
     async def commit(self, _: Any = None, speech_end: tuple[float, str] | None = None,
-                     tentative: TentativeAnswer | None = None) -> None:
+                     tentative: TentativeAnswer | None = None, idle: bool = False) -> None:
         """The buffer becomes a spoken user item at the end of the conversation; ``speech_end``: when the speech
         ended and what ended the turn (default: now, by the client's commit); ``tentative``: an answer started at
-        the pause before, whose transcript the item takes."""
+        the pause before, whose transcript the item takes; ``idle``: silence the idle timeout commits (nothing is
+        transcribed: the item's words stay empty, and the thinker is told the user said nothing)."""
         session = self.session
         if not self.chunks:
             raise EventError("the input audio buffer is empty", None, code=COMMIT_EMPTY)
         check_takes_audio(session.pipeline, None)
-        self.speech_end = speech_end or (time.perf_counter(), "commit")
+        self.speech_end = None if idle else speech_end or (time.perf_counter(), "commit")
         audio = self.audio()
-        words = await self._transcript(self.speech(audio), tentative) if self.live.enabled() else None
+        words: str | None = ""
+        if not idle:
+            words = await self._transcript(self.speech(audio), tentative) if self.live.enabled() else None
         await self.reset()
         item_id = self._next_item_id()
         self._pending_item_id = None
         await session.send(ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED,
                            previous_item_id=session.conversation.last_item_id(), item_id=item_id)
         item = ConversationItem(item_id, "user", audio=audio, spoken=True, pending=True, words=words or "",
-                                transcribed=words is not None)
+                                transcribed=words is not None, idle=idle)
         item.take_frames(session.frames.take(until_ms=None if tentative is None else tentative.frames_until_ms))
         await session.conversation.add(item)
 
@@ -187,6 +226,8 @@ class InputAudioBuffer:
     async def reset(self) -> None:
         """Empty the buffer (its audio is dropped), restart the VAD, forget the live transcript and drop a
         tentative answer."""
+        if self._idle_from_ms is not None:  # the idle count goes on across the reset, in the new buffer's time
+            self._idle_from_ms -= self.buffered_ms()
         self.chunks, self.size_bytes, self._arrivals, self._speech_from = [], 0, [], None
         if self.vad is not None:
             self.vad.reset()

@@ -51,6 +51,7 @@ class ConversationItem:
     arguments: str = ""  # a function call's arguments (JSON text)
     output: str = ""  # a function_call_output's output
     response_id: str | None = None  # the response that made an assistant item
+    idle: bool = False  # the silence server VAD's idle_timeout_ms committed: the thinker is told the user said nothing
 
     def call(self) -> dict[str, str] | None:
         """A completed function call as the prompt's history takes it (``{"id", "name", "arguments"}``); None for
@@ -101,6 +102,10 @@ class Turn:
     frames: list[Frame] = field(default_factory=list)  # camera frames, by capture time
     heard: bool = False  # spoken words transcribed live are among the texts
 
+
+# what the thinker is given for a silence that server VAD's idle_timeout_ms committed (its transcript stays empty):
+# the model then speaks up (the packaged thinker: "Hello! How can I assist you today?"), as OpenAI's does
+IDLE_TURN_TEXT = "(silence)"
 
 # the content part types each role's item takes in conversation.item.create
 ALLOWED_CONTENT = {"user": ("input_text", "input_audio", "input_image"), "system": ("input_text",),
@@ -328,6 +333,8 @@ class Conversation:
                     turn.texts.append(item.text_part)
                 if item.words and (item.transcribed or not item.spoken):
                     turn.texts.append(item.words)
+                elif item.idle:
+                    turn.texts.append(IDLE_TURN_TEXT)
                 turn.heard = turn.heard or item.transcribed
                 if item.audio is not None and not item.transcribed:
                     turn.audio = item.audio if turn.audio is None else np.concatenate([turn.audio, item.audio])

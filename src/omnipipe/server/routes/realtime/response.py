@@ -286,6 +286,7 @@ class Responses:
         in_tokens = metrics.num_prompt_tokens if metrics is not None else 0
         usage = {"total_tokens": in_tokens + out_tokens, "input_tokens": in_tokens, "output_tokens": out_tokens}
         session.idle.touch()  # the idle count starts when the answer ends
+        session.audio.answer_played(answer.playback.ends_at)  # server VAD's idle_timeout_ms counts from there
         await session.send(ServerEvent.RESPONSE_DONE, response=response(
             status, [output.wire(session.dialect) for output in answer.outputs
                      if output in session.conversation.items], usage, details))
