@@ -258,6 +258,24 @@ def test_voice_page_answers_a_spoken_question(default_stack: Stack, spoken_quest
     _made["voice"] = session_id
 
 
+def test_voice_page_answers_when_the_user_finishes_with_semantic_vad(default_stack: Stack, spoken_question: np.ndarray,
+                                                                    mic_browser: Callable[[Path], Any], new_page: Any,
+                                                                    tmp_path: Path) -> None:
+    wav = write_wav(tmp_path / "question.wav", silence(0.5), spoken_question, silence(3.5))
+    page = new_page(mic_browser(wav))
+    page.goto(default_stack.url + "/voice")
+    page.get_by_label("Answer").select_option(label="When I finish")
+    page.get_by_role("button", name="Start").click()
+    wait_voice_event(page, "response.done")
+    hooks = page.evaluate("() => ({...window.omnipipeVoice})")
+    assert hooks["turnDetection"]["type"] == "semantic_vad" and hooks["turnDetection"]["eagerness"] == "auto", \
+        hooks["turnDetection"]
+    done = next(e for e in hooks["events"] if e["type"] == "response.done")
+    assert done["response"]["status"] == "completed", hooks["errors"]
+    assert hooks["errors"] == [] and hooks["audioChunksReceived"] > 0
+    page.get_by_role("button", name="Stop").click()
+
+
 def test_voice_page_stops_the_answer_when_the_user_talks_over_it(default_stack: Stack, spoken_question: np.ndarray,
                                                                 mic_browser: Callable[[Path], Any], new_page: Any,
                                                                 tmp_path: Path) -> None:

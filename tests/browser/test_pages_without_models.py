@@ -166,6 +166,30 @@ def test_voice_asks_for_the_microphone_before_taking_a_place_in_the_queue(bare_g
     screenshot(page, "voice-microphone-denied")
 
 
+@pytest.mark.parametrize("path", ["/voice", "/omni"])
+def test_the_spoken_pages_offer_when_the_turn_ends_and_remember_the_choice(bare_gateway: Stack, new_page: Any,
+                                                                          path: str) -> None:
+    page = new_page()
+    page.goto(bare_gateway.url + path)
+    choice = page.get_by_label("Answer")
+    expect(choice).to_have_value("pause")  # the server VAD until a choice is made
+    assert [o.strip() for o in choice.locator("option").all_inner_texts()] == [
+        "When I pause", "When I finish", "When I finish, patiently", "When I finish, quickly"]
+    choice.select_option(label="When I finish, patiently")
+    expect(page.locator("#turn-detection-hint")).to_have_text("Waits up to 3 s on an unfinished sentence.")
+    page.reload()
+    expect(page.get_by_label("Answer")).to_have_value("finish-patient")
+    chosen = page.evaluate("""async () => {
+        const { TURN_CHOICES } = await import("/static/js/turn-detection.js");
+        return TURN_CHOICES.map((c) => [c.value, c.detection]);
+    }""")
+    assert chosen == [["pause", {"type": "server_vad"}],
+                      ["finish", {"type": "semantic_vad", "eagerness": "auto"}],
+                      ["finish-patient", {"type": "semantic_vad", "eagerness": "low"}],
+                      ["finish-quick", {"type": "semantic_vad", "eagerness": "high"}]]
+    screenshot(page, f"{path.strip('/')}-turn-choice")
+
+
 def test_session_viewer_shows_settings_transcripts_and_token_counts_readably(bare_gateway: Stack,
                                                                             new_page: Any) -> None:
     session_id = "20260101-000000_chat_viewer0001"

@@ -22,6 +22,7 @@ export function newHooks() {
     // since the session started, like the events'
     answers: [],
     jitterBuffer: true, // false: each answer's audio plays as it arrives (set before the answer starts)
+    turnDetection: null, // the session's turn_detection as the last session.updated showed it
   };
 }
 

@@ -9,7 +9,9 @@
 // that is a barge-in, so playback stops immediately. Pause/Resume send "session.pause" / "session.resume".
 // Each answer shows how long after the end of speech its first audio came, and the session's median beside the
 // controls (voice-answer-delay.js says how that is measured). The preset chosen (presets.js) goes into the first
-// session.update: its instructions, voice and output modalities.
+// session.update: its instructions, voice and output modalities. When the turn ends is the page's own choice
+// (turn-detection.js): server VAD in that first update, semantic VAD in one of its own after it, so a server that
+// cannot offer it refuses only that (the session then goes on answering at pauses, and says so).
 
 import { bytesToBase64, base64ToBytes } from "./base64.js";
 import { $, formatSeconds, h } from "./dom.js";
@@ -22,6 +24,7 @@ import { copyAnswerFigures, logEvent, newHooks } from "./duplex-hooks.js";
 import { AnswerDelayClock, delayNote, showDelaySummary } from "./voice-answer-delay.js";
 import { VoiceTranscript } from "./voice-transcript.js";
 import { mountPresetSelector, realtimeSession } from "./presets.js";
+import { mountTurnDetection } from "./turn-detection.js";
 
 const RATE = 24000;
 const CHUNK_MS = 40;
@@ -31,6 +34,7 @@ let hooks = null;
 let transcript = null;
 let extension = {}; // what the page adds: see startDuplexPage
 let presets = null; // the preset selector (presets.js)
+let turns = null; // when the turn ends (turn-detection.js)
 
 function findElements() {
   return {
@@ -145,6 +149,12 @@ function send(event) {
   if (session && session.ws && session.ws.readyState === WebSocket.OPEN) session.ws.send(JSON.stringify(event));
 }
 
+/** Ask the running session to end turns as `detection` says (an audio.input.turn_detection). */
+function sendTurnDetection(detection) {
+  send({ type: "session.update",
+    session: { type: "realtime", audio: { input: { turn_detection: detection } } } });
+}
+
 const PREROLL_CHUNKS = Math.ceil(1000 / CHUNK_MS);
 
 function onMicChunk(samples, rms) {
@@ -250,6 +260,8 @@ const HANDLERS = {
     // separately, so a server without a transcription pipeline refuses only this (ignored below)
     send({ type: "session.update",
       session: { type: "realtime", audio: { input: { transcription: { model: "whisper-1" } } } } });
+    const detection = turns.current();
+    if (detection.type !== "server_vad") sendTurnDetection(detection);
     startSending(session);
   },
   "input_audio_buffer.speech_started"() {
@@ -267,7 +279,9 @@ const HANDLERS = {
     player.stop();
   },
   "session.updated"(event) {
-    const silenceMs = event.session?.audio?.input?.turn_detection?.silence_duration_ms;
+    const detection = event.session?.audio?.input?.turn_detection;
+    hooks.turnDetection = detection ?? null;
+    const silenceMs = detection?.silence_duration_ms;
     if (silenceMs) session.delays.silenceMs = silenceMs;
   },
   "input_audio_buffer.speech_stopped"(event) {
@@ -342,6 +356,10 @@ const HANDLERS = {
   error(event) {
     const err = event.error || {};
     if (err.code === "unsupported_feature" && err.param === "session.audio.input.transcription") return;
+    if ((err.param || "").startsWith("session.audio.input.turn_detection")) {
+      showError(`Answering when you pause: this server cannot hear when you finish (${err.message})`);
+      return; // the session goes on with the server VAD
+    }
     const message = describeError(new ApiError(0, err.message || "The server reported an error.", {
       code: err.code ?? null, retryAfter: err.retry_after_s ? Math.ceil(err.retry_after_s) : null }));
     session.lastError = message;
@@ -491,6 +509,8 @@ export function startDuplexPage({ hooksName, presetKey, labels: pageLabels = {},
   labels = { ...LABELS, ...pageLabels };
   extension = pageExtension;
   presets = mountPresetSelector($("#presets"), { storageKey: `omnipipe.preset.${presetKey}` });
+  turns = mountTurnDetection($("#turn-detection"), { storageKey: `omnipipe.turn.${presetKey}`,
+    onChange: (detection) => { if (session && session.phase === "live") sendTurnDetection(detection); } });
   els.start.addEventListener("click", start);
   els.stop.addEventListener("click", stop);
   els.pause.addEventListener("click", togglePause);
