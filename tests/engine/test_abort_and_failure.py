@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -15,7 +16,9 @@ import pytest
 from omnipipe import AsyncOmni, RequestFailedError
 from omnipipe.config.pipeline_spec import PipelineSpec, StageSpec
 from omnipipe.engine.startup import EngineStartError
+from omnipipe.engine.state_query import REPLIES_TIMEOUT_S, StageReplies
 from omnipipe.models.registry import get_pipeline
+from omnipipe.transport.messages import StateQuery, StateReply
 from tests.conftest import child_processes, collect, shm_segments, state_is_idle, wait_until_idle
 from tests.engine.expected import expected_audio
 from tests.waiting import wait_for_async
@@ -139,7 +142,8 @@ def test_killed_stage_fails_its_requests_and_is_restarted(harness_factory, victi
             return state if state["pids"].get(victim_stage) not in (None, pid) and victim_stage in state["stages"] \
                 else None
 
-        after = await wait_for_async(back, 10, f"the restarted {victim_stage} back", interval_s=0.05)
+        # a fresh stage process on a loaded machine may take a while to start: the deadline is generous
+        after = await wait_for_async(back, 60, f"the restarted {victim_stage} back", interval_s=0.05)
         return error, others, before, after
 
     error, others, before, after = harness.run(run())
@@ -156,6 +160,39 @@ def test_killed_stage_fails_its_requests_and_is_restarted(harness_factory, victi
     np.testing.assert_allclose(outputs[-1].audio, expected_audio("AFTER THE CRASH"), atol=1e-5)
     final_state = harness.run(wait_until_idle(engine))
     assert state_is_idle(final_state), repr(final_state["stages"]) + repr(final_state["client_requests"])
+
+
+class _FakeStage:
+    """What a state query uses of a ``StageClient``."""
+
+    def __init__(self, name: str, *, ready: bool = True) -> None:
+        self.name = name
+        self.alive = True
+        self.ready = asyncio.Event()
+        if ready:
+            self.ready.set()
+        self.liveness = types.SimpleNamespace(stalled_since=None)
+        self.sent: list[StateQuery] = []
+
+    async def send(self, message: StateQuery) -> None:
+        self.sent.append(message)
+
+
+def test_a_state_query_waits_neither_for_a_restarting_stage_nor_for_one_that_dies() -> None:
+    """A stage that is starting again is not asked (a query sent just after its death could go to the dead
+    process's connection and be lost), and one that dies while its answer is awaited is not waited for: the state
+    comes at once, not after REPLIES_TIMEOUT_S."""
+    async def run() -> list[StateReply]:
+        replies = StageReplies()
+        thinker, talker, restarting = _FakeStage("thinker"), _FakeStage("talker"), _FakeStage("code2wav", ready=False)
+        query = asyncio.create_task(replies.gather([thinker, talker, restarting]))
+        await wait_for_async(lambda: thinker.sent and talker.sent, 10, "the queries sent")
+        assert restarting.sent == []
+        replies.on_reply(StateReply("thinker", thinker.sent[0].nonce, [], 0, 0, 0, 0, 0))
+        replies.stage_gone("talker")  # it died before it answered
+        return await asyncio.wait_for(query, REPLIES_TIMEOUT_S / 2)
+
+    assert [reply.stage for reply in asyncio.run(run())] == ["thinker"]
 
 
 def test_shutdown_leaves_no_segment_socket_or_process() -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -67,8 +68,10 @@ def test_up_starts_workers_and_gateway_and_ctrl_c_stops_them_all(tmp_path: Path)
 def test_up_restarts_a_killed_worker_while_the_gateway_serves_on(tmp_path: Path) -> None:
     port, worker_port = free_port(), free_port()
     killed_port = worker_port + 1
+    token = "up-restart-test-token"
     process = subprocess.Popen([*CLI, "up", "--workers", "2", "--pipeline", "toy", "--port", str(port),
-                                "--worker-port", str(worker_port), "--data-dir", str(tmp_path / "data")],
+                                "--worker-port", str(worker_port), "--data-dir", str(tmp_path / "data"),
+                                "--admin-token", token],
                                stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     lines: list[str] = []  # `up`'s stderr (its children's too), read all along so that no one blocks on the pipe
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
@@ -90,14 +93,30 @@ def test_up_restarts_a_killed_worker_while_the_gateway_serves_on(tmp_path: Path)
     def state() -> str | None:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).json()["workers"].get(f"127.0.0.1:{killed_port}")
 
+    def sessions_on_the_victim() -> int:
+        workers = httpx.get(f"http://127.0.0.1:{port}/api/admin/workers", timeout=5,
+                            headers={"Authorization": f"Bearer {token}"}).json()
+        return next(w["active_sessions"] for w in workers if w["address"] == f"127.0.0.1:{killed_port}")
+
     try:
         wait_for(lambda: said("ready.") or process.poll() is not None, 180, "up said ready (or ended)",
                  interval_s=0.2)
         assert said("ready."), "".join(lines)
         [old_pid] = worker_pids()
         old_group = psutil.Process(old_pid).children(recursive=True)
-        os.kill(old_pid, signal.SIGKILL)
-        # (a) the gateway goes on answering, on the survivor, right after the kill
+        # (a) a request that reaches the worker after its SIGKILL but before its process has ended (its sockets are
+        # still open: SIGSTOP holds it in that state) is served by the survivor, not answered 502. Of two requests
+        # one goes to each worker, unless the gateway has meanwhile taken the stopped one offline (no answers)
+        os.kill(old_pid, signal.SIGSTOP)
+        with ThreadPoolExecutor(2) as threads:
+            try:
+                answers = [threads.submit(chat, f"during {i}") for i in range(2)]
+                wait_for(lambda: sessions_on_the_victim() > 0 or all(a.done() for a in answers), 60,
+                         "a request on the stopped worker", interval_s=0.05)
+            finally:
+                os.kill(old_pid, signal.SIGKILL)  # whatever happened: no worker stays stopped
+            assert sorted(a.result() for a in answers) == ["DURING 0", "DURING 1"]
+        # and it goes on answering, on the survivor, right after the kill
         assert [chat(f"after {i}") for i in range(4)] == [f"AFTER {i}" for i in range(4)]
         # (c) `up` says what it does, one line per event
         wait_for(lambda: said(f"worker {killed_port} exited with code -9; restarting in 1 s (restart 1 of 5)"),

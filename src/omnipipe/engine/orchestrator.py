@@ -360,7 +360,9 @@ class Orchestrator:
         asyncio.ensure_future(self.abort_pub.send(control_plane.encode(Abort([request.request_id]))))
 
     def _fail_requests_of(self, stage: str, death: str) -> None:
-        """``stage`` died: fail every request in flight that still needs it."""
+        """``stage`` died: fail every request in flight that still needs it (and wait no longer for its answer to a
+        state query)."""
+        self._stage_replies.stage_gone(stage)
         victims = [r for r in self.requests.values() if stage in r.route.stages and stage not in r.done_stages]
         for request in victims:
             self._fail(request, stage, death, stage_lost=True)

@@ -1,5 +1,5 @@
 """The engine's state snapshot (``AsyncOmni.debug_state``, tests): what the orchestrator and every stage still
-hold. Each live stage is asked by a ``StateQuery`` with a nonce; its ``StateReply`` comes back on its output
+hold. Each ready stage is asked by a ``StateQuery`` with a nonce; its ``StateReply`` comes back on its output
 socket, read by the orchestrator's output handler and handed here."""
 
 from __future__ import annotations
@@ -19,32 +19,36 @@ REPLIES_TIMEOUT_S = 10.0
 
 
 class StageReplies:
-    """Asks the live stages what they hold and gathers their replies (queries may overlap: each has its nonce)."""
+    """Asks the ready stages what they hold and gathers their replies (queries may overlap: each has its nonce)."""
 
     def __init__(self) -> None:
-        self._waiters: dict[int, tuple[asyncio.Future[list[StateReply]], list[StateReply], int]] = {}
+        # per query: its result, the replies so far, and the stages whose reply is still awaited
+        self._waiters: dict[int, tuple[asyncio.Future[list[StateReply]], list[StateReply], set[str]]] = {}
         self._nonce = 0
 
     async def gather(self, clients: Iterable[StageClient]) -> list[StateReply]:
-        """The replies of every live stage that is not stalled (a stalled stage cannot answer: its liveness
-        reports it instead of holding up the query); whatever came within the timeout."""
+        """The replies of every ready stage that is not stalled; whatever came within the timeout. A stalled stage
+        cannot answer (its liveness reports it instead of holding up the query); nor can a stage that is starting
+        again after a death, before it is ready: it is not asked (a query sent in the moment after a death can
+        even go to the dead process's connection, which ZMQ has not dropped yet, and be lost). A stage that dies
+        while its reply is awaited is not waited for (``stage_gone``)."""
         self._nonce += 1
         nonce = self._nonce
-        alive = [c for c in clients if c.alive and c.liveness.stalled_since is None]
+        asked = [c for c in clients if c.alive and c.ready.is_set() and c.liveness.stalled_since is None]
+        if not asked:
+            return []
         future: asyncio.Future[list[StateReply]] = asyncio.get_running_loop().create_future()
-        self._waiters[nonce] = (future, [], len(alive))
-        for client in alive:
-            try:
-                await asyncio.wait_for(client.send(StateQuery(nonce)), timeout=STAGE_SEND_TIMEOUT_S)
-            except TimeoutError:
-                _, replies_so_far, expected = self._waiters[nonce]
-                self._waiters[nonce] = (future, replies_so_far, expected - 1)
-                if len(replies_so_far) >= expected - 1 and not future.done():
-                    future.set_result(replies_so_far)
+        replies: list[StateReply] = []
+        self._waiters[nonce] = (future, replies, {c.name for c in asked})
         try:
-            return await asyncio.wait_for(future, timeout=REPLIES_TIMEOUT_S) if alive else []
+            for client in asked:
+                try:
+                    await asyncio.wait_for(client.send(StateQuery(nonce)), timeout=STAGE_SEND_TIMEOUT_S)
+                except TimeoutError:
+                    self._not_awaited(nonce, client.name)
+            return await asyncio.wait_for(future, timeout=REPLIES_TIMEOUT_S)
         except TimeoutError:
-            return self._waiters[nonce][1]
+            return list(replies)
         finally:
             self._waiters.pop(nonce, None)
 
@@ -53,10 +57,19 @@ class StageReplies:
         waiter = self._waiters.get(reply.nonce)
         if waiter is None:
             return
-        future, replies, expected = waiter
-        replies.append(reply)
-        if len(replies) >= expected and not future.done():
-            future.set_result(replies)
+        waiter[1].append(reply)
+        self._not_awaited(reply.nonce, reply.stage)
+
+    def stage_gone(self, stage: str) -> None:
+        """``stage`` died: no query waits for its reply any longer."""
+        for nonce in list(self._waiters):
+            self._not_awaited(nonce, stage)
+
+    def _not_awaited(self, nonce: int, stage: str) -> None:
+        future, replies, pending = self._waiters[nonce]
+        pending.discard(stage)
+        if not pending and not future.done():
+            future.set_result(list(replies))
 
 
 def state_snapshot(replies: list[StateReply], clients: dict[str, StageClient], held_request_ids: Iterable[str],

@@ -32,7 +32,7 @@ from omnipipe.gateway.recording.store import InvalidSessionPath, validate_sessio
 from omnipipe.gateway.recording.taps import HttpTap
 from omnipipe.gateway.worker import Worker
 from omnipipe.protocol.errors import APIError
-from omnipipe.protocol.worker import is_at_capacity
+from omnipipe.protocol.worker import HEALTH_PATH, is_at_capacity
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +43,7 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "prox
                          "transfer-encoding", "upgrade", "host", "content-length"})
 _GATEWAY_ONLY = frozenset({"x-admin-token", "cookie"})
 _MAX_RECONNECTS = 2
+_PROBE_TIMEOUT_S = 2.0  # a worker whose connection dropped without an answer: is it still there?
 
 
 class _ClientGone(Exception):
@@ -74,7 +75,7 @@ def _whole_response(reply: httpx.Response) -> Response:
     return response
 
 
-def _dropped(headers: Headers | httpx.Headers, extra: frozenset[str]) -> set[str]:
+def _dropped(headers: Headers | httpx.Headers, extra: frozenset[str]) -> frozenset[str]:
     """Header names not to pass on: hop-by-hop ones, those the ``Connection`` header names, and ``extra``."""
     named = {t.strip().lower() for v in headers.get_list("connection") for t in v.split(",")} \
         if isinstance(headers, httpx.Headers) else {t.strip().lower() for t in headers.get("connection", "").split(",")}
@@ -393,8 +394,10 @@ class ModelProxy:
                                        lambda upstream: self._refused_at_capacity(exchange, upstream))
 
     async def _connect_upstream(self, exchange: Exchange, request: Request, body: bytes) -> httpx.Response:
-        """Send the request to the exchange's worker; one that refuses the connection is taken offline and the
-        request waits, first in line, for another (up to ``_MAX_RECONNECTS`` times)."""
+        """Send the request to the exchange's worker; one that refuses the connection, or drops it before any
+        answer and then does not answer at all (it died: a killed worker's sockets stay open until its process has
+        ended, so a request can reach it in that moment), is taken offline and the request waits, first in line,
+        for another (up to ``_MAX_RECONNECTS`` times)."""
         assert exchange.worker is not None
         while True:
             address = exchange.worker.address
@@ -405,19 +408,37 @@ class ModelProxy:
                 exchange.upstream = await self.client.send(upstream_request, stream=True)
             except httpx.ConnectError as exc:
                 # the request never reached the worker: take it offline and give the request its turn back
-                self.pool.mark_unreachable(address, f"connection refused: {exc}")
-                self.on_worker_failure(address)
-                if exchange.reconnects >= _MAX_RECONNECTS:
-                    exchange.status, exchange.error = "failed", f"ConnectError: {exc}"
-                    raise worker_failed_error(address, exchange.error) from None
-                exchange.reconnects += 1
-                await self._requeue_at_front(exchange, request)
-                continue
+                error, reason = f"ConnectError: {exc}", f"connection refused: {exc}"
+            except (httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                # no answer came: a worker that no longer answers at all died with the request, which it can no
+                # longer serve, so the request gets its turn back; one that still answers failed it: 502
+                error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if await self._answers(address):
+                    exchange.status, exchange.error = "failed", error
+                    self.on_worker_failure(address)
+                    raise worker_failed_error(address, error) from None
+                reason = f"connection lost before an answer, then no answer: {error}"
             except httpx.HTTPError as exc:
                 exchange.status, exchange.error = "failed", f"{type(exc).__name__}: {exc}"
                 self.on_worker_failure(address)
                 raise worker_failed_error(address, exchange.error) from None
-            return exchange.upstream
+            else:
+                return exchange.upstream
+            self.pool.mark_unreachable(address, reason)
+            self.on_worker_failure(address)
+            if exchange.reconnects >= _MAX_RECONNECTS:
+                exchange.status, exchange.error = "failed", error
+                raise worker_failed_error(address, exchange.error) from None
+            exchange.reconnects += 1
+            await self._requeue_at_front(exchange, request)
+
+    async def _answers(self, address: str) -> bool:
+        """Whether the worker at ``address`` answers a health check now (with any status)."""
+        try:
+            await self.client.get(f"http://{address}{HEALTH_PATH}", timeout=_PROBE_TIMEOUT_S)
+        except httpx.HTTPError:
+            return False
+        return True
 
     @staticmethod
     async def _refused_at_capacity(exchange: Exchange, upstream: httpx.Response) -> bool:
