@@ -45,6 +45,7 @@ from omnipipe.models.toy.runners.talker import ToyTalkerRunner
 from omnipipe.models.toy.runners.thinker import ToyThinkerRunner
 from omnipipe.models.toy.runners.vocoder import ToyVocoderRunner
 from omnipipe.protocol.realtime import CLIENT_EVENT_MODELS
+from omnipipe.stage.runner_driver import ForwardCounter
 from omnipipe.transport.relay.recv_buffers import RecvBufferPool
 
 _ = SimpleNamespace()
@@ -135,4 +136,6 @@ _TESTED_ONLY = (CLIENT_EVENT_MODELS, build_prompt, CachedDecoder.num_cached_toke
                 PiperDecoder.decode_window, iter_windows, DecoderStream, DecoderStream.next_window,
                 PiperTalker.phonemize_sentences, token2wav_seam_rows, qwen3_code2wav_stream.decode_window,
                 _.transformer_context_frames, _.last_report,  # Code2WavGeometry's field, PeriodicCleanup's
-                TranscriptionTap.on_response_text, RecvBufferPool.pooled_bytes, _.free_blocks)
+                TranscriptionTap.on_response_text, RecvBufferPool.pooled_bytes, _.free_blocks,
+                ForwardCounter,  # the batched runners' tests count forwards with it
+                _._attn_implementation)  # read by transformers: bench gpu-check's decoder attends with sdpa

@@ -25,8 +25,8 @@ from omnipipe.models.qwen2_5_omni.weights.load import load_config, load_part, lo
 from omnipipe.models.qwen2_5_omni.weights.tiny import write_tiny_checkpoint
 from omnipipe.stage.kv_cache import token_bytes
 from omnipipe.stage.runner import RunnerContext
+from omnipipe.stage.runner_driver import Arrival, DriveResult, ForwardCounter, drive
 from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
-from tests.stage.ar_driver import Arrival, DriveResult, ForwardCounter, drive
 
 GREEDY = {"temperature": 0.0, "max_tokens": 24}  # the model's repetition penalty (1.05) stays on
 LOGITS_BOUND = 1e-5  # of the logits' absmax: float32 rounding of another batch (seen: 3e-7; a wrong rope delta: 2e-4)

@@ -19,9 +19,9 @@ from omnipipe.models.qwen2_5_omni.runners.thinker import Qwen25ThinkerRunner
 from omnipipe.models.qwen2_5_omni.weights.tiny import write_tiny_checkpoint
 from omnipipe.stage.kv_cache import token_bytes
 from omnipipe.stage.runner import RunnerContext
+from omnipipe.stage.runner_driver import Arrival, DriveResult, ForwardCounter, drive
 from omnipipe.util.media import load_audio, load_image
 from tests.models import media_files
-from tests.stage.ar_driver import Arrival, DriveResult, ForwardCounter, drive
 
 GREEDY = {"temperature": 0.0, "max_tokens": 10}
 # batched against alone, of the values' absmax (at least 1): float32 rounding of a different batch shape and

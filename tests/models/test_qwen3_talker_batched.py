@@ -23,9 +23,9 @@ from omnipipe.models.qwen3_omni.runners.thinker import Qwen3ThinkerRunner
 from omnipipe.models.qwen3_omni.weights.tiny import write_tiny_checkpoint
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerContext, RunnerOutput
+from omnipipe.stage.runner_driver import Arrival, DriveResult, ForwardCounter, drive
 from omnipipe.util.media import load_audio, load_image
 from tests.models import media_files
-from tests.stage.ar_driver import Arrival, DriveResult, ForwardCounter, drive
 
 FRAMES = 16
 GREEDY = {"temperature": 0.0, "max_tokens": FRAMES}

@@ -17,9 +17,9 @@ from omnipipe.models.qwen3_omni.runners.thinker import Qwen3ThinkerRunner
 from omnipipe.models.qwen3_omni.weights.tiny import write_tiny_checkpoint
 from omnipipe.stage.kv_cache import KVBudgetError
 from omnipipe.stage.runner import RunnerContext
+from omnipipe.stage.runner_driver import Arrival, ForwardCounter, drive
 from omnipipe.util.media import load_audio, load_image
 from tests.models import media_files
-from tests.stage.ar_driver import Arrival, ForwardCounter, drive
 
 GREEDY = {"temperature": 0.0, "max_tokens": 10}
 HANDOFF_BOUND = 1e-5  # of the values' absmax: float32 rounding of a different batch shape

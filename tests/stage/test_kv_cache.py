@@ -32,11 +32,13 @@ def test_each_row_sees_its_own_history_and_nothing_past_it() -> None:
     kv.bind(["short", "long"], 1)
     new = torch.tensor([[[[-1.0, -1.0]]], [[[-2.0, -2.0]]]])
     keys, _ = kv.update(new, new, 0)
-    assert keys.shape == (2, 1, 7, 2)
+    assert keys.shape == (2, 1, 8, 2)  # the longest row's 7 tokens, padded to its whole blocks (4 tokens each)
     assert keys[0, 0, :3, 0].tolist() == [5.0, 5.0, -1.0] and keys[1, 0, :7, 0].tolist() == [4.0] * 6 + [-2.0]
+    assert keys[0, 0, 3:, 0].tolist() == [0.0] * 5 and keys[1, 0, 7, 0] == 0.0  # the padding row, zero
     mask = kv.attention_mask()
     assert (mask[0, 0, 0, :3] == 0).all() and (mask[0, 0, 0, 3:] < -1e30).all()  # the short row's padding
-    assert (mask[1] == 0).all() and kv.positions().tolist() == [[2], [6]]
+    assert (mask[1, 0, 0, :7] == 0).all() and (mask[1, 0, 0, 7:] < -1e30).all()
+    assert kv.positions().tolist() == [[2], [6]]
 
 
 def test_a_step_is_undone_by_setting_the_length_back() -> None:

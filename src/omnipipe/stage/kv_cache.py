@@ -4,7 +4,8 @@ start from a memory budget, each request holding the blocks its prompt and reply
 ``PagedKVCache`` is what a transformers decoder is given as ``past_key_values``: before each forward the runner
 binds the rows of the batch (``bind``: which requests, how many new tokens each), the model's attention layers call
 ``update`` with the new keys and values of every row, and get back each row's whole history, gathered from its
-blocks and padded to the longest row; ``attention_mask`` masks the padding and the future, row by row. A request
+blocks and padded to the longest row's whole blocks; ``attention_mask`` masks the padding and the future, row by
+row. A request
 reserves all the blocks it can ever need when it is admitted (``reserve``: its prompt plus its ``max_tokens``), so
 a decode step never runs out of memory: a request that does not fit waits until another frees its blocks.
 
@@ -142,7 +143,9 @@ class PagedKVCache:
                                     f"{len(entry.blocks) * self.block_tokens} tokens)")
             starts.append(start)
             entry.length = start + query_tokens
-        width = max(starts) + query_tokens
+        # whole blocks: the step's shapes change once a block, not every step (kernels planned per shape, and
+        # compiled graphs, keep theirs); the slots past a row's end read the padding row, masked
+        width = -(-(max(starts) + query_tokens) // self.block_tokens) * self.block_tokens
         slots = torch.full((len(keys), width), self.pad_slot, dtype=torch.long)
         for row, key in enumerate(keys):
             end = starts[row] + query_tokens
