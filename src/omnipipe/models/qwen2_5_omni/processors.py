@@ -27,13 +27,14 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 AUDIO_RATE_HZ = 16_000
 MAX_ITEMS = 8  # media items of one kind in a prompt
+DEFAULT_SPEAKER = "Chelsie"  # the voice of a request that names none (talker and token2wav)
 
 
 @dataclass(frozen=True)
 class Qwen25TalkerParams:
     """The talker's ``SamplingParams.extra``: ``speaker`` is the voice (a name in the checkpoint's spk_dict.pt)."""
 
-    speaker: str = "Chelsie"
+    speaker: str = DEFAULT_SPEAKER
 
     def __post_init__(self) -> None:
         if not isinstance(self.speaker, str) or not self.speaker:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from omnipipe.models.qwen2_5_omni.options import TalkerOptions
-from omnipipe.models.qwen2_5_omni.processors import Qwen25TalkerParams
+from omnipipe.models.qwen2_5_omni.processors import DEFAULT_SPEAKER, Qwen25TalkerParams
 from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
@@ -46,7 +46,7 @@ class Qwen25TalkerState(DecodeState):
     """``prompt_ids`` are the talker's input ids (codec mask tokens, pad, begin), ``generated`` its codes (an end
     code included), ``max_tokens`` its cap in codes."""
 
-    speaker: str = "Chelsie"
+    speaker: str = DEFAULT_SPEAKER
     rope_delta: int = 0  # decode positions are the cache length plus this (the prompt's media offset)
     replies: list[torch.Tensor] = field(default_factory=list)  # reply items not read yet
     thinker_done: bool = False

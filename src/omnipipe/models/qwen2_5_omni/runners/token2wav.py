@@ -22,7 +22,7 @@ from omnipipe.models.qwen2_5_omni.modeling.token2wav_stream import (
     utterance_noise,
 )
 from omnipipe.models.qwen2_5_omni.options import Token2WavOptions
-from omnipipe.models.qwen2_5_omni.processors import Qwen25Token2WavParams
+from omnipipe.models.qwen2_5_omni.processors import DEFAULT_SPEAKER, Qwen25Token2WavParams
 from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
 from omnipipe.stage.checkpoint_options import checked_options
 from omnipipe.stage.request import StageRequest
@@ -30,7 +30,6 @@ from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
 
 SAMPLE_RATE_HZ = 24_000
-DEFAULT_SPEAKER = "Chelsie"
 # SamplingParams fields with the value that leaves decoding as it is: the only ones token2wav accepts
 NEUTRAL_PARAMS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "stop": [], "repetition_penalty": 1.0,
                   "presence_penalty": 0.0, "frequency_penalty": 0.0}
