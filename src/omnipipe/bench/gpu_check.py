@@ -1,7 +1,7 @@
 """``omnipipe bench gpu-check``: what a first run on a CUDA machine must show, in one command (a few minutes).
 
-Checks, each PASS or FAIL with what was seen (the tiny Qwen3-Omni thinker, run in this process by the stage's own
-scheduler and step, ``stage/runner_driver.py``):
+Checks, each PASS or FAIL (or measured, or skipped) with what was seen (the tiny Qwen3-Omni thinker, run in this
+process by the stage's own scheduler and step, ``stage/runner_driver.py``):
 
 - placement: every parameter and buffer of the loaded thinker, and its KV pool, on the device;
 - batched == alone: 4 greedy requests stepped together give the tokens each gives alone (float32, TF32 off);
@@ -73,18 +73,22 @@ def _exact_float32() -> Any:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def check_placement(checkpoint: Path, device: str) -> tuple[bool, str]:
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "FAIL"
+
+
+def check_placement(checkpoint: Path, device: str) -> tuple[str, str]:
     runner = _runner(checkpoint, device)
     want = torch.device(device).type
     tensors = [*runner.model.named_parameters(), *runner.model.named_buffers()]
     off = [name for name, tensor in tensors if tensor.device.type != want]
     pool = {t.device.type for t in (*runner.kv.keys, *runner.kv.values)}
     ok = not off and pool == {want}
-    return ok, (f"{len(tensors)} tensors and the KV pool on {device}" if ok else
+    return verdict(ok), (f"{len(tensors)} tensors and the KV pool on {device}" if ok else
                 f"off {device}: {', '.join(off[:4]) or 'none'}; KV pool on {sorted(pool)}")
 
 
-def check_batched_equals_alone(checkpoint: Path, device: str) -> tuple[bool, str]:
+def check_batched_equals_alone(checkpoint: Path, device: str) -> tuple[str, str]:
     from omnipipe.stage.runner_driver import drive
 
     with _exact_float32():
@@ -93,10 +97,10 @@ def check_batched_equals_alone(checkpoint: Path, device: str) -> tuple[bool, str
         alone = [drive(runner, _arrivals([prompt])) for prompt in PROMPTS]
     same = [_answer(together, f"r{i}") == _answer(alone[i], "r0") for i in range(len(PROMPTS))]
     lengths = [_answer(together, f"r{i}")[1] for i in range(len(PROMPTS))]
-    return all(same) and all(lengths), f"{sum(same)}/{len(same)} requests equal, {lengths} tokens each"
+    return verdict(all(same) and all(lengths)), f"{sum(same)}/{len(same)} requests equal, {lengths} tokens each"
 
 
-def check_nan_isolation(device: str) -> tuple[bool, str]:
+def check_nan_isolation(device: str) -> tuple[str, str]:
     from omnipipe.stage.kv_cache import PagedKVCache
 
     kv = PagedKVCache(num_layers=1, kv_heads=2, head_dim=64, num_blocks=8, block_tokens=16,
@@ -112,12 +116,12 @@ def check_nan_isolation(device: str) -> tuple[bool, str]:
     keys, values = kv.update(new, new, 0)
     out = torch.nn.functional.scaled_dot_product_attention(new, keys, values, attn_mask=kv.attention_mask())
     healthy = bool(torch.isfinite(out[1]).all())
-    return healthy, "the batch-mate's attention is finite" if healthy else "the NaN reached the batch-mate"
+    return verdict(healthy), "the batch-mate's attention is finite" if healthy else "the NaN reached the batch-mate"
 
 
-def check_syncs_per_step(checkpoint: Path, device: str) -> tuple[bool | None, str]:
+def check_syncs_per_step(checkpoint: Path, device: str) -> tuple[str, str]:
     if not device.startswith("cuda"):
-        return None, "skipped: torch's sync debug mode is CUDA's"
+        return "skipped", "torch's sync debug mode is CUDA's"
     from omnipipe.stage.runner_driver import drive
 
     runner = _runner(checkpoint, device)
@@ -142,10 +146,10 @@ def check_syncs_per_step(checkpoint: Path, device: str) -> tuple[bool | None, st
     finally:
         runner.__dict__.pop("execute", None)
     per_step = sum(counts) / max(1, len(counts))
-    return None, f"{per_step:.1f} a decode step of up to {len(PROMPTS)} rows ({len(counts)} steps measured)"
+    return "measured", f"{per_step:.1f} a decode step of up to {len(PROMPTS)} rows ({len(counts)} steps measured)"
 
 
-def check_recompiles(checkpoint: Path, device: str) -> tuple[bool, str]:
+def check_recompiles(checkpoint: Path, device: str) -> tuple[str, str]:
     from torch._dynamo.utils import counters
 
     from omnipipe.stage.runner_driver import drive
@@ -157,7 +161,7 @@ def check_recompiles(checkpoint: Path, device: str) -> tuple[bool, str]:
     drive(runner, _arrivals(PROMPTS, [0, 1, 3, 4]))
     drive(runner, _arrivals(PROMPTS[1:3] * 3))
     graphs = counters["stats"]["unique_graphs"] - before
-    return graphs == 0, f"{graphs} graphs compiled after warm-up (batches of 1, 4 and 6 rows, other prompts)"
+    return verdict(graphs == 0), f"{graphs} graphs compiled after warm-up (batches of 1, 4 and 6 rows, other prompts)"
 
 
 def released_decoder(layers: int, device: str, dtype: torch.dtype) -> tuple[Any, Any]:
@@ -185,9 +189,9 @@ def released_decoder(layers: int, device: str, dtype: torch.dtype) -> tuple[Any,
 def step_times(layers: int, batches: Sequence[int], context: int, steps: int, device: str) -> list[dict[str, Any]]:
     from omnipipe.stage.kv_cache import PagedKVCache, token_bytes
 
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model, config = released_decoder(layers, device, dtype)
     cuda = device.startswith("cuda")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    model, config = released_decoder(layers, device, dtype)
     sync: Callable[[], None] = torch.cuda.synchronize if cuda else (lambda: None)
     rows = []
     for batch in batches:
@@ -239,7 +243,7 @@ def run_checks(device: str, scratch: Path) -> list[dict[str, Any]]:
     from omnipipe.models.qwen3_omni.weights.tiny import write_tiny_checkpoint
 
     checkpoint = write_tiny_checkpoint(scratch / "qwen3-omni-tiny", seed=0)
-    named: list[tuple[str, Callable[[], tuple[bool | None, str]]]] = [
+    named: list[tuple[str, Callable[[], tuple[str, str]]]] = [
         ("placement", lambda: check_placement(checkpoint, device)),
         ("batched == alone (float32, TF32 off)", lambda: check_batched_equals_alone(checkpoint, device)),
         ("NaN isolation", lambda: check_nan_isolation(device)),
@@ -249,9 +253,7 @@ def run_checks(device: str, scratch: Path) -> list[dict[str, Any]]:
     checks = []
     for name, check in named:
         try:
-            ok, seen = check()
-            result = ("skipped" if seen.startswith("skipped") else "measured") if ok is None else \
-                "PASS" if ok else "FAIL"
+            result, seen = check()
         except Exception as exc:  # noqa: BLE001 - a check that breaks is a failed check, and the next one runs
             result, seen = "FAIL", f"{type(exc).__name__}: {exc}"[:200]
         checks.append({"check": name, "result": result, "seen": seen})

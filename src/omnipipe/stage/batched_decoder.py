@@ -112,13 +112,14 @@ class BatchedDecoderRunner(StageRunner):
         ``reply_tokens`` (the stage's default cap on a reply) can fill. A budget that holds not one block stops the
         stage from starting, with the figures it was reckoned from."""
         rows = self.context.max_num_seqs
-        context = int(getattr(text_config, "max_position_embeddings", None) or options.prefill_chunk_tokens)
+        positions = getattr(text_config, "max_position_embeddings", None)
+        context = int(positions or options.prefill_chunk_tokens) + reply_tokens  # the longest history a row has
         activations = step_activation_bytes(text_config, dtype, step_tokens=options.prefill_chunk_tokens,
-                                            rows=rows, context=context + reply_tokens)
+                                            rows=rows, context=context)
         budget = options.kv_budget(self.context.device, activations)
         nbytes = budget.bytes
-        if options.kv_cache_bytes is None and getattr(text_config, "max_position_embeddings", None):
-            nbytes = min(nbytes, rows * (context + reply_tokens) * token_bytes(text_config, dtype))
+        if options.kv_cache_bytes is None and positions:
+            nbytes = min(nbytes, rows * context * token_bytes(text_config, dtype))
         try:
             self.kv = PagedKVCache.for_model(text_config, nbytes, block_tokens=options.kv_block_tokens,
                                              dtype=dtype, device=self.context.device)

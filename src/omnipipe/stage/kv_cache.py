@@ -145,7 +145,7 @@ class PagedKVCache:
             entry.length = start + query_tokens
         # whole blocks: the step's shapes change once a block, not every step (kernels planned per shape, and
         # compiled graphs, keep theirs); the slots past a row's end read the padding row, masked
-        width = -(-(max(starts) + query_tokens) // self.block_tokens) * self.block_tokens
+        width = self.blocks_for(max(starts) + query_tokens) * self.block_tokens
         slots = torch.full((len(keys), width), self.pad_slot, dtype=torch.long)
         for row, key in enumerate(keys):
             end = starts[row] + query_tokens
