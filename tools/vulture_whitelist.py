@@ -86,7 +86,8 @@ _PYDANTIC = (_.model_config,
              # protocol/openai.py
              _.audio_url, _.video_url, _.refusal, _.annotations, _.tool_calls, _.service_tier, _.prompt_cache_key,
              _.safety_identifier, _.parallel_tool_calls, _.completion_tokens, _.total_tokens, _.expires_at,
-             _.moderation, _.b64_json, _.revised_prompt, _.owned_by, _.logprob,
+             _.moderation, _.b64_json, _.revised_prompt, _.owned_by, _.logprob, _.cached_tokens,
+             _.prompt_tokens_details,
              # protocol/responses.py
              _.strict, _.verbosity, _.include_obfuscation, _.reasoning, _.input_tokens_details,
              _.output_tokens_details, _.incomplete_details,

@@ -212,6 +212,42 @@ def test_a_fact_from_two_turns_back_is_used(client: openai.OpenAI) -> None:
     assert completion.usage.prompt_tokens > alone.usage.prompt_tokens > 0
 
 
+HOTEL = ("You are the booking assistant of the Grand Hotel in Lisbon. " + " ".join(
+    f"Room {number} is on floor {number // 100}, sleeps {2 + number % 3} and costs {90 + number % 7 * 10} euros a "
+    "night." for number in range(101, 131)) + " Answer in one short sentence.")
+
+
+def _prefix_hits(server: ServerProcess) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers=server.headers, timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("omnipipe:prefix_cache_hits_total{"))
+
+
+def test_a_conversations_turns_and_another_with_its_system_prompt_are_prefilled_from_the_prefix_cache(
+        client: openai.OpenAI, default_server: ServerProcess) -> None:
+    """A long system prompt over three turns: from turn 2 on, everything before the new question comes from the
+    cache (``usage.prompt_tokens_details.cached_tokens``); a second conversation with the same system prompt finds
+    it too; /metrics counts the hits."""
+    hits_before = _prefix_hits(default_server)
+    messages: list[dict] = [{"role": "system", "content": HOTEL}]
+    usages = []
+    for question in ("How much is room 105?", "And room 117?", "Which floor is it on?"):
+        messages.append({"role": "user", "content": question})
+        answer = client.chat.completions.create(model="default", messages=messages, max_tokens=16, temperature=0)
+        messages.append({"role": "assistant", "content": answer.choices[0].message.content})
+        usages.append(answer.usage)
+    other = client.chat.completions.create(model="default", max_tokens=8, temperature=0, messages=[
+        {"role": "system", "content": HOTEL}, {"role": "user", "content": "Does room 120 sleep three?"}]).usage
+    first, second, third = usages
+    assert first.prompt_tokens > 600
+    assert first.prompt_tokens_details.cached_tokens < 60  # the shared preamble only
+    assert second.prompt_tokens_details.cached_tokens >= first.prompt_tokens  # all of turn 1 at least
+    assert third.prompt_tokens_details.cached_tokens >= second.prompt_tokens
+    assert other.prompt_tokens_details.cached_tokens > first.prompt_tokens - 20  # all but the new question
+    cached = sum(u.prompt_tokens_details.cached_tokens for u in (*usages, other))
+    assert _prefix_hits(default_server) - hits_before == cached
+
+
 def test_an_earlier_spoken_answer_is_referred_to_by_its_audio_id(client: openai.OpenAI) -> None:
     first = client.chat.completions.create(
         model="default", modalities=["text", "audio"], audio={"voice": "default", "format": "wav"}, max_tokens=30,

@@ -65,6 +65,7 @@ class RequestClock:
             audio_duration_s=duration, rtf=(e2e / duration) if duration > 0 else None,
             num_output_tokens=self.num_tokens, stages=stages, edges=edges,
             num_prompt_tokens=sum(int(m.get("prompt_tokens", 0)) for m in stages.values()),
+            num_cached_tokens=sum(int(m.get("cached_prompt_tokens", 0)) for m in stages.values()),
             hops_s=self.hops(plan, stages, end_s) if plan else {},
         )
 
@@ -85,6 +86,7 @@ def format_request_metrics(metrics: RequestMetrics) -> str:
         ("audio", f"{metrics.audio_duration_s:.2f} s"),
         ("RTF", "-" if metrics.rtf is None else f"{metrics.rtf:.3f}"),
         ("prompt tokens", str(metrics.num_prompt_tokens)),
+        ("  cached", str(metrics.num_cached_tokens)),
         ("output tokens", str(metrics.num_output_tokens)),
     ]
     lines = ["request", *(f"  {name:<20} {value}" for name, value in rows), "stages"]

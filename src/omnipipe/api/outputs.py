@@ -22,6 +22,7 @@ class RequestMetrics:
     rtf: float | None = None  # e2e / audio duration
     num_output_tokens: int = 0
     num_prompt_tokens: int = 0  # as the comprehension stage tokenised the prompt (0: it does not say)
+    num_cached_tokens: int = 0  # of those, the ones its prefix cache spared the prefill
     stages: dict[str, dict[str, Any]] = field(default_factory=dict)  # queue/compute time, tokens/frames
     edges: dict[str, dict[str, Any]] = field(default_factory=dict)  # bytes, chunks, transfer time
     # time between stages of a request that went through its stages one after another, e.g. {"caller->thinker":
@@ -41,6 +42,7 @@ class RequestMetrics:
             "audio_duration_s": self.audio_duration_s,
             "num_output_tokens": self.num_output_tokens,
             "num_prompt_tokens": self.num_prompt_tokens,
+            "num_cached_tokens": self.num_cached_tokens,
         }
 
 

@@ -32,7 +32,7 @@ class Variant:
 
 _NO_LIVE = {"audio": {"input": {"live_transcription": False}}}
 _NO_SPECULATION = {"audio": {"input": {"turn_detection": {"speculative_start": False}}}}
-_NO_SESSION_CACHE = {"stages": {"thinker": {"options": {"session_cache_bytes": 0}}}}
+_NO_PREFIX_CACHE = {"stages": {"thinker": {"options": {"prefix_cache_bytes": 0}}}}
 _FIRST_PIECE_2 = {"edges": {"thinker->talker": {"options": {"first_chunk_words": 2}}}}
 _FIRST_CHUNK_5 = {"edges": {"talker->code2wav": {"options": {"initial_codec_chunk_frames": 5}}}}
 _DEADLINE = {"stages": {name: {"options": {"schedule": "deadline"}} for name in ("talker", "code2wav")}}
@@ -41,14 +41,14 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("baseline", "the voice turn as the server has it"),
     Variant("no-live", "the committed audio transcribed whole by the pipeline", session=_NO_LIVE),
     Variant("no-speculation", "server VAD answers only once its silence window closes", session=_NO_SPECULATION),
-    Variant("no-session-cache", "the thinker prefills the whole conversation every turn", deploy=_NO_SESSION_CACHE),
+    Variant("no-prefix-cache", "the thinker prefills the whole conversation every turn", deploy=_NO_PREFIX_CACHE),
     Variant("first-piece-2", "the talker's first piece is 2 words (default 4)", deploy=_FIRST_PIECE_2),
     Variant("first-chunk-5", "the first audio chunk is 5 frames, 58 ms (default 10)", deploy=_FIRST_CHUNK_5),
     Variant("deadline", "talker and vocoder serve the stream whose playback runs dry soonest", deploy=_DEADLINE),
     Variant("camera", "a 640x480 JPEG camera frame each second beside the microphone, as the omni page sends: the "
             "turn's frames go to the thinker with its words", camera_fps=1.0),
-    Variant("none", "without live transcription, speculation or the session cache: the voice turn as it was",
-            session=merge_settings(_NO_LIVE, _NO_SPECULATION), deploy=_NO_SESSION_CACHE),
+    Variant("none", "without live transcription, speculation or the prefix cache: the voice turn as it was",
+            session=merge_settings(_NO_LIVE, _NO_SPECULATION), deploy=_NO_PREFIX_CACHE),
 )
 
 

@@ -247,10 +247,15 @@ class ChatCompletionRequest(BaseModel):
 
 
 # ---------------------------------------------------------------------------------------------- chat: response
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV a prefix cache kept: their prefill was spared
+
+
 class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0  # text tokens of the answer (its speech is not counted in tokens)
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class ResponseAudio(BaseModel):

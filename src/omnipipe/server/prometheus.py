@@ -3,7 +3,9 @@
 written for vLLM finds the same series by swapping the prefix.
 
 - Per request (observed when a request finishes): E2E, TTFT, TPOT, ITL, TTFP, RTF histograms; generated tokens
-  and seconds of audio counters; HTTP requests by endpoint and status.
+  and seconds of audio counters; prompt tokens looked up in the prefix cache and found there
+  (``prefix_cache_queries`` / ``prefix_cache_hits``, in tokens, as vLLM counts them); HTTP requests by endpoint
+  and status.
 - Per realtime turn: end of the user's speech (the commit, or server VAD's speech_stopped) -> the answer's first
   audio, labelled by what ended the turn (``turn_end``: ``commit`` or ``server_vad``).
 - Per scrape, from the engines (``EngineCollector``): requests running and waiting, what every stage holds, and
@@ -87,7 +89,7 @@ class EngineCollector:
                 held.add_metric([model, pipeline, stage], len(report.get("requests") or []))
                 queued_at.add_metric([model, pipeline, stage], int(report.get("waiting", 0)))
                 kv = report.get("kv_cache")
-                if kv and "blocks" in kv:  # a paged KV cache (the default thinker reports its kept sessions)
+                if kv and "blocks" in kv:  # a paged KV cache (the default thinker reports its prefix cache)
                     kv_usage.add_metric([model, pipeline, stage], kv["blocks_reserved"] / max(1, kv["blocks"]))
             health = info.get("health")
             if not health:
@@ -130,6 +132,10 @@ class ServerMetrics:
         self.tokens = Counter(f"{PREFIX}generation_tokens", "text tokens generated", labels, registry=self.registry)
         self.audio = Counter(f"{PREFIX}generation_audio_seconds", "seconds of audio generated", labels,
                              registry=self.registry)
+        self.prefix_queries = Counter(f"{PREFIX}prefix_cache_queries", "prompt tokens looked up in the prefix cache",
+                                      labels, registry=self.registry)
+        self.prefix_hits = Counter(f"{PREFIX}prefix_cache_hits", "prompt tokens found in the prefix cache (their "
+                                   "prefill spared)", labels, registry=self.registry)
         self.speech_end_to_first_audio = Histogram(
             f"{PREFIX}realtime_speech_end_to_first_audio_seconds", "realtime turn: end of the user's speech (commit, "
             "or server VAD's speech_stopped) -> the answer's first audio", ["model_name", "turn_end"],
@@ -173,6 +179,8 @@ class ServerMetrics:
             self.rtf.labels(*labels).observe(metrics.rtf)
         self.tokens.labels(*labels).inc(metrics.num_output_tokens)
         self.audio.labels(*labels).inc(metrics.audio_duration_s)
+        self.prefix_queries.labels(*labels).inc(metrics.num_prompt_tokens)
+        self.prefix_hits.labels(*labels).inc(metrics.num_cached_tokens)
 
     def observe_speech_end_to_first_audio(self, seconds: float, turn_end: str) -> None:
         """One realtime turn's gap; ``turn_end`` is ``commit`` or ``server_vad``."""

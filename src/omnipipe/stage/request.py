@@ -33,6 +33,7 @@ class StageRequest:
     chunk_state: dict[str, dict[str, Any]] = field(default_factory=dict)  # per target, owned by chunk processors
     num_units: int = 0  # tokens or frames produced
     num_prompt_tokens: int = 0  # set by a runner that tokenises a prompt (an LLM thinker)
+    num_cached_tokens: int = 0  # of those, the ones a prefix cache spared its prefill (their KV was kept)
     arrival_s: float = field(default_factory=time.perf_counter)
     first_input_s: float | None = None  # its first input arrived (later than arrival for a stage fed by chunks)
     first_scheduled_s: float | None = None

@@ -480,6 +480,7 @@ class StageCoreProc:
             "compute_s": request.compute_s,
             "units": request.num_units,
             "prompt_tokens": request.num_prompt_tokens,
+            "cached_prompt_tokens": request.num_cached_tokens,
             "max_batch_size": request.max_batch_size,
             "edges": self.edge_stats.get(request.request_id, {}),
         } | request.runner_metrics | {key: value for state in request.chunk_state.values()

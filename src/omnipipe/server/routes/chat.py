@@ -38,6 +38,7 @@ from omnipipe.protocol.openai import (
     ImageUrlPart,
     InputAudioPart,
     NamedToolChoice,
+    PromptTokensDetails,
     ResponseAudio,
     ResponseFormatJsonSchema,
     ResponseImage,
@@ -383,7 +384,9 @@ def plan_chat(body: ChatCompletionRequest, pool: EnginePool, pipeline: PipelineS
 def _usage(metrics: RequestMetrics | None) -> Usage:
     prompt = metrics.num_prompt_tokens if metrics is not None else 0
     tokens = metrics.num_output_tokens if metrics is not None else 0
-    return Usage(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens)
+    cached = metrics.num_cached_tokens if metrics is not None else 0
+    return Usage(prompt_tokens=prompt, completion_tokens=tokens, total_tokens=prompt + tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 def _image(image: np.ndarray, progress: dict[str, Any] | None = None) -> ResponseImage:

@@ -327,7 +327,8 @@ class OutputItems:
 def _usage(metrics: RequestMetrics | None) -> dict[str, Any]:
     prompt = metrics.num_prompt_tokens if metrics is not None else 0
     tokens = metrics.num_output_tokens if metrics is not None else 0
-    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": tokens,
+    cached = metrics.num_cached_tokens if metrics is not None else 0
+    return {"input_tokens": prompt, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": tokens,
             "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": prompt + tokens}
 
 

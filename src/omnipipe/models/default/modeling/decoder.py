@@ -86,11 +86,13 @@ class LayerCache:
     def reset(self, mark: tuple[torch.Tensor, torch.Tensor, int, int]) -> None:
         self.k, self.v, self.start, self.end = mark
 
-    def truncate(self, num_entries: int) -> None:
-        """Keep only the first ``num_entries``; only for a cache that has dropped none (``start`` 0)."""
-        if self.start != 0 or not 0 <= num_entries <= self.end:
-            raise ValueError(f"cannot truncate a cache of [{self.start}, {self.end}) to {num_entries} entries")
-        self.end = num_entries
+    def copy_first(self, num_entries: int) -> LayerCache:
+        """A new cache holding a copy of the first ``num_entries`` (of a cache that has dropped none)."""
+        if self.start != 0 or not 0 < num_entries <= self.end:
+            raise ValueError(f"cannot copy {num_entries} entries of a cache of [{self.start}, {self.end})")
+        copy = LayerCache(self.k.shape[0], self.k.shape[2], self.k.dtype, self.keep_last, self.k.device)
+        copy.append(self.k[:, :num_entries], self.v[:, :num_entries])
+        return copy
 
     def clone(self) -> LayerCache:
         copy = LayerCache.__new__(LayerCache)

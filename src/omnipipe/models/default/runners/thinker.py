@@ -20,14 +20,17 @@ their shard. Every rank builds a request's prompt itself from the question and t
 input broadcaster brings it), so the prompts agree token for token. Each rank scores its slice of the vocabulary;
 rank 0 gathers the logits and samples.
 
-Sessions (``generate(..., session_id=...)``, a conversation's turns): when a request of a session ends (finished,
-aborted or freed), its KV cache (the prompt and the answer tokens that went through the model) is kept as the
-session's (``modeling/session_cache.py``); the session's next request goes on from the longest common token prefix
-of its prompt and that cache, so it prefills only its new tokens (``runner_metrics["prompt_tokens_cached"]``
-counts those it was spared). The stage option ``session_cache_bytes`` (default ``DEFAULT_SESSION_CACHE_BYTES``; 0
-turns it off) bounds the kept caches, the least recently kept session dropped first; ``end_session`` drops one at
-once; ``memory_stats`` (/debug/state) reports the sessions held and their bytes. A tensor-parallel stage keeps no
-session caches (every rank would have to evict alike): its requests prefill their whole prompt.
+Automatic prefix caching (``modeling/prefix_cache.py``): when a request ends (finished, aborted or freed), its KV
+cache (the prompt and the answer tokens that went through the model) is kept under those tokens; a new request goes
+on from the longest token prefix it shares with any kept cache (or with the shared preamble), so it prefills only
+the rest: a conversation's next turn its new question, another conversation with the same system prompt and tools
+what follows them. ``request.num_cached_tokens`` counts the prompt tokens it was spared (``cached_tokens`` in the
+API's usage). The stage option ``prefix_cache_bytes`` (default ``DEFAULT_PREFIX_CACHE_BYTES``; 0 turns it off;
+``session_cache_bytes`` is its older name) bounds the kept caches, the least recently used dropped first;
+``end_session`` drops what a session's requests kept; ``memory_stats`` (/debug/state) reports the entries, the
+sessions they belong to and their bytes. ``prefix_cache: false`` turns every kind off, the preamble's too. A
+tensor-parallel stage keeps no request's cache (every rank would have to evict alike): its requests go on from the
+preamble at most.
 """
 
 from __future__ import annotations
@@ -44,9 +47,9 @@ import torch
 from omnipipe.models.default.attachments import describe, materialize
 from omnipipe.models.default.modeling.decoder import CachedDecoder
 from omnipipe.models.default.modeling.gemma import GemmaThinker
+from omnipipe.models.default.modeling.prefix_cache import PrefixCache
 from omnipipe.models.default.modeling.quantized import check_weight_format
 from omnipipe.models.default.modeling.qwen2 import Qwen2Thinker
-from omnipipe.models.default.modeling.session_cache import SessionCache
 from omnipipe.models.default.prompting import (
     ChatMLFormat,
     FewShotFormat,
@@ -71,9 +74,9 @@ DEFAULT_WEIGHTS = "float32"
 # more characters than the limit allows is refused before tokenising it (a megabyte of text costs seconds of one
 # step, holding every request of the batch)
 MAX_CHARS_PER_TOKEN = 128
-# the stage option session_cache_bytes when the deploy names none: what the kept sessions' KV caches may hold (Qwen2.5
-# 0.5B keeps 24 KiB a token in float32: some 10,000 tokens, a few sessions of long conversations)
-DEFAULT_SESSION_CACHE_BYTES = 256 << 20
+# the stage option prefix_cache_bytes when the deploy names none: what the KV caches kept for later requests may hold
+# (Qwen2.5 0.5B keeps 24 KiB a token in float32: some 10,000 tokens, a few long conversations)
+DEFAULT_PREFIX_CACHE_BYTES = 256 << 20
 # a model call that fails on a rank other than by its argument checks (which every rank makes alike, before any
 # collective) may leave the ranks out of step: the process exits, and the engine restarts the whole stage
 _OUT_OF_STEP_EXIT = 70
@@ -124,8 +127,7 @@ class ThinkerRunner(StageRunner):
     def load(self) -> None:
         self.model_name = self.context.options["model"]
         chosen = thinker_model(self.model_name)
-        self.sessions = _session_cache(self.context.options.get("session_cache_bytes", DEFAULT_SESSION_CACHE_BYTES),
-                                       self.context.world_size)
+        self.prefixes = _prefix_cache(self.context.options, self.context.world_size)
         model_dir = prepare_thinker(self.model_name, progress=self.context.rank == 0)
         group = self.context.tensor_parallel
         shard = {} if group is None else {"rank": group.rank, "world_size": group.world_size, "group": group.model}
@@ -294,27 +296,29 @@ class ThinkerRunner(StageRunner):
         return [self._advance(r, s, logits[i]) for i, (r, s) in enumerate(zip(batch, states, strict=True))]
 
     def _prefill(self, request: StageRequest, ids: list[int]) -> torch.Tensor:
-        """Prefill a request's prompt, going on from its session's kept cache where they share a prefix."""
+        """Prefill a request's prompt, going on from the kept cache that shares the most leading tokens with it (or
+        the shared preamble's)."""
         kept = None
-        if self.sessions is not None and request.session_id is not None and self.model.within_window(len(ids)):
-            kept = self.sessions.take(request.session_id, ids)
-        cached = kept[1] if kept is not None else self.model.shared_prefix_tokens(ids)
-        request.runner_metrics["prompt_tokens_cached"] = float(cached)
+        if self.prefixes is not None and self.model.within_window(len(ids)):
+            kept = self.prefixes.lookup(ids)
+            if kept is not None and kept[1] <= self.model.shared_prefix_tokens(ids):
+                kept = None  # the preamble's cache serves as much, with no copy made here
+        request.num_cached_tokens = kept[1] if kept is not None else self.model.shared_prefix_tokens(ids)
         return self._model_call(self.model.prefill, request.request_id, ids, continue_from=kept)
 
     def _release_cache(self, request: StageRequest) -> bool:
-        """Free a request's KV cache on every rank, or keep it as its session's; False if it held none."""
-        if self._keep_for_session(request):  # never tensor parallel: nothing for the other ranks to do
+        """Free a request's KV cache on every rank, or keep it for later requests; False if it held none."""
+        if self._keep(request):  # never tensor parallel: nothing for the other ranks to do
             return True
         if self.model.free(request.request_id):
             self._drive({"op": "free", "id": request.request_id})
             return True
         return False
 
-    def _keep_for_session(self, request: StageRequest) -> bool:
-        """A request of a session ends: keep its KV cache as the session's (True), if it holds one."""
+    def _keep(self, request: StageRequest) -> bool:
+        """A request ends: keep its KV cache under the tokens it ran (True), if it holds one."""
         state = request.runner_state
-        if self.sessions is None or request.session_id is None or not isinstance(state, _Decoding):
+        if self.prefixes is None or not isinstance(state, _Decoding):
             return False
         held = self.model.detach(request.request_id)
         if held is None:
@@ -322,15 +326,15 @@ class ThinkerRunner(StageRunner):
         caches, num_tokens = held
         ran = state.prompt_ids + state.stream.ids[: num_tokens - len(state.prompt_ids)]
         if len(ran) == num_tokens and self.model.within_window(num_tokens):
-            self.sessions.keep(request.session_id, ran, caches)
+            self.prefixes.keep(ran, caches, request.session_id)
         return True
 
     def end_session(self, session_id: str) -> None:
-        if self.sessions is not None:
-            self.sessions.end(session_id)
+        if self.prefixes is not None:
+            self.prefixes.end(session_id)
 
     def memory_stats(self) -> dict[str, int] | None:
-        return self.sessions.stats() if self.sessions is not None else None
+        return self.prefixes.stats() if self.prefixes is not None else None
 
     # ------------------------------------------------------------------ tensor parallel
     def _drive(self, message: dict[str, Any]) -> None:
@@ -459,10 +463,18 @@ def _sampling(params: dict[str, Any]) -> TokenSamplingParams | str:
         return str(exc)
 
 
-def _session_cache(budget: Any, world_size: int) -> SessionCache | None:
-    """The stage's session cache of ``budget`` bytes (the option ``session_cache_bytes``); None when that is 0 or
-    the stage is tensor parallel."""
+def _prefix_cache(options: dict[str, Any], world_size: int) -> PrefixCache | None:
+    """The stage's prefix cache of the option ``prefix_cache_bytes`` (or its older name ``session_cache_bytes``);
+    None when that is 0, ``prefix_cache`` is false or the stage is tensor parallel."""
+    if "prefix_cache_bytes" in options and "session_cache_bytes" in options:
+        raise ValueError("stages.thinker.options: give prefix_cache_bytes or its older name session_cache_bytes, "
+                         "not both")
+    name = "session_cache_bytes" if "session_cache_bytes" in options else "prefix_cache_bytes"
+    budget = options.get(name, DEFAULT_PREFIX_CACHE_BYTES)
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
-        raise ValueError(f"stages.thinker.options.session_cache_bytes: must be an integer >= 0 (0: keep no session's "
-                         f"KV cache), got {budget!r}")
-    return SessionCache(budget) if budget and world_size == 1 else None
+        raise ValueError(f"stages.thinker.options.{name}: must be an integer >= 0 (0: keep no request's KV cache), "
+                         f"got {budget!r}")
+    enabled = options.get("prefix_cache", True)
+    if not isinstance(enabled, bool):
+        raise ValueError(f"stages.thinker.options.prefix_cache: must be true or false, got {enabled!r}")
+    return PrefixCache(budget) if budget and enabled and world_size == 1 else None

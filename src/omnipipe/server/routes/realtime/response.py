@@ -284,7 +284,9 @@ class Responses:
         metrics = final.metrics if final is not None else None
         out_tokens = metrics.num_output_tokens if metrics is not None else 0
         in_tokens = metrics.num_prompt_tokens if metrics is not None else 0
-        usage = {"total_tokens": in_tokens + out_tokens, "input_tokens": in_tokens, "output_tokens": out_tokens}
+        cached = metrics.num_cached_tokens if metrics is not None else 0
+        usage = {"total_tokens": in_tokens + out_tokens, "input_tokens": in_tokens, "output_tokens": out_tokens,
+                 "input_token_details": {"cached_tokens": cached}}
         session.idle.touch()  # the idle count starts when the answer ends
         session.audio.answer_played(answer.playback.ends_at)  # server VAD's idle_timeout_ms counts from there
         await session.send(ServerEvent.RESPONSE_DONE, response=response(

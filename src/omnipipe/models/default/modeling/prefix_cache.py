@@ -1,0 +1,103 @@
+"""Automatic prefix caching for the default family's thinker: the KV caches of the requests that ended, kept by the
+tokens they ran through the model, so a new request goes on from the longest token prefix it shares with any of
+them and prefills only the rest. A conversation's next turn shares all of the last turn but the answer's end and
+the new question; another conversation that opens with the same system prompt and tools shares those.
+
+A request that ends hands its caches over (no copy) and they are kept under its tokens; a kept entry whose tokens
+begin the new one's is dropped (the new one serves every prompt it served), and tokens that only begin a kept
+entry's are not kept again. A request that goes on from an entry copies its first shared tokens (the entry stays
+for others). The kept caches are bounded by a byte budget, the least recently used entry dropped first. An entry
+also remembers the session its request belonged to (a realtime session, ``generate(..., session_id=...)``):
+``end`` drops a session's entries when the session ends. Driven from the stage loop only (not thread-safe).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from omnipipe.models.default.modeling.decoder import KVPrefix, LayerCache
+
+
+@dataclass
+class _Kept:
+    token_ids: tuple[int, ...]  # the tokens the caches hold the KV of, in order
+    caches: list[LayerCache]
+    nbytes: int
+    session_id: str | None
+
+
+def common_prefix_length(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
+
+
+class PrefixCache:
+    """Kept KV caches by the tokens they hold, within ``budget_bytes``; ``lookup`` -> the longest shared prefix."""
+
+    def __init__(self, budget_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self._kept: OrderedDict[int, _Kept] = OrderedDict()  # least recently used first
+        self._next_key = 0
+        self.nbytes = 0
+
+    def lookup(self, token_ids: list[int]) -> KVPrefix | None:
+        """A copy of the first tokens of the kept caches that share the most leading tokens with ``token_ids`` (all
+        but its last token at most: a prefill runs one at least), for ``CachedDecoder.prefill(continue_from=...)``;
+        None when no entry shares a token. The entry is the most recently used one now."""
+        best, common = None, 0
+        wanted = token_ids[:-1]
+        for key, kept in self._kept.items():
+            shared = common_prefix_length(kept.token_ids, wanted)
+            if shared > common:
+                best, common = key, shared
+        if best is None:
+            return None
+        self._kept.move_to_end(best)
+        return [cache.copy_first(common) for cache in self._kept[best].caches], common
+
+    def keep(self, token_ids: list[int], caches: list[LayerCache], session_id: str | None = None) -> None:
+        """Keep ``caches`` (holding the KV of ``token_ids``), dropping the entries it serves for (their tokens begin
+        these), unless an entry holds these tokens and more already; then drop the least recently used entries
+        until the budget holds them all (caches larger than the whole budget are not kept)."""
+        held = tuple(token_ids)
+        nbytes = sum(cache.nbytes for cache in caches)
+        if not held or nbytes > self.budget_bytes:
+            return
+        for key, kept in list(self._kept.items()):
+            if len(kept.token_ids) >= len(held) and kept.token_ids[: len(held)] == held:
+                self._kept.move_to_end(key)
+                if session_id is not None:
+                    kept.session_id = session_id
+                return
+            if held[: len(kept.token_ids)] == kept.token_ids:
+                self._drop(key)
+        self._kept[self._next_key] = _Kept(held, caches, nbytes, session_id)
+        self._next_key += 1
+        self.nbytes += nbytes
+        while self.nbytes > self.budget_bytes:
+            self._drop(next(iter(self._kept)))
+
+    def end(self, session_id: str) -> bool:
+        """Drop what a session's requests kept; False if they kept nothing."""
+        keys = [key for key, kept in self._kept.items() if kept.session_id == session_id]
+        for key in keys:
+            self._drop(key)
+        return bool(keys)
+
+    def _drop(self, key: int) -> None:
+        self.nbytes -= self._kept.pop(key).nbytes
+
+    def entries(self) -> list[tuple[int, ...]]:
+        """The kept token sequences, least recently used first."""
+        return [kept.token_ids for kept in self._kept.values()]
+
+    def stats(self) -> dict[str, int]:
+        """For ``memory_stats`` (/debug/state): entries kept, the sessions they belong to, and their bytes."""
+        sessions = {kept.session_id for kept in self._kept.values() if kept.session_id is not None}
+        return {"prefixes": len(self._kept), "sessions": len(sessions), "prefix_cache_bytes": self.nbytes}
