@@ -427,7 +427,8 @@ def test_random_weights_make_a_required_call_that_validates_and_is_not_spoken(ch
             (call, pieces, audio), (free, _, free_audio) = await asyncio.gather(
                 answer({"prompt": "hello world", "tools": [WEATHER_TOOL]}, required),
                 answer("hello world", SamplingParams(max_tokens=THINKER_TOKENS)))
-            assert call.finish_reason == "tool_calls", (call.text, pieces)
+            arguments = "".join(piece.get("arguments", "") for piece in pieces)
+            assert call.finish_reason == "tool_calls", (call.text, arguments, call.finish_reason)
             assert call.text == ""
             assert pieces[0] == {"index": 0, "name": "get_weather"}
             arguments = "".join(piece.get("arguments", "") for piece in pieces if piece["index"] == 0)

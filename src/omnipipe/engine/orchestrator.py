@@ -439,8 +439,11 @@ class Orchestrator:
             task.add_done_callback(self._forwards.discard)
         if request.done_stages >= set(request.route.stages):
             self.requests.pop(request.request_id, None)
-            reason = next((m.get("finish_reason") for m in request.stage_metrics.values() if m.get("finish_reason")),
-                          None)
+            # the first stage's in the pipeline's order that gave one (the thinker's "tool_calls" or "length"), not
+            # the first to finish: a talker given nothing to say may end before its thinker does
+            metrics_of = request.stage_metrics
+            reason = next((metrics_of[name]["finish_reason"] for name in request.route.stages
+                           if metrics_of.get(name, {}).get("finish_reason")), None)
             self._emit(EngineEvent(request.request_id, "done", stage, finish_reason=reason,
                                    stage_metrics=request.stage_metrics, edge_metrics=request.edge_metrics))
 
