@@ -10,6 +10,7 @@ and ``self.kv.attention_mask()`` as its mask, and ``sample_next_tokens`` over th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +18,7 @@ import torch
 
 from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.checkpoint_options import DecoderCheckpointOptions
-from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache, step_activation_bytes, token_bytes
+from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache, block_hashes, step_activation_bytes, token_bytes
 from omnipipe.stage.prompt_pieces import PromptPieces
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
@@ -122,17 +123,25 @@ class BatchedDecoderRunner(StageRunner):
             nbytes = min(nbytes, rows * context * token_bytes(text_config, dtype))
         try:
             self.kv = PagedKVCache.for_model(text_config, nbytes, block_tokens=options.kv_block_tokens,
-                                             dtype=dtype, device=self.context.device)
+                                             dtype=dtype, device=self.context.device,
+                                             prefix_caching=options.prefix_caching)
         except KVBudgetError as exc:
             raise KVBudgetError(f"stages.{self.context.stage}: no room for its KV cache: {budget.reckoning} "
                                 f"leaves {nbytes} bytes ({exc}); raise gpu_memory_fraction, lower max_num_seqs or "
                                 "prefill_chunk_tokens, or set kv_cache_bytes") from None
 
-    def reserve(self, request: StageRequest, tokens: int) -> RunnerOutput | None:
+    def reserve(self, request: StageRequest, tokens: int, prompt_keys: Sequence[int | bytes] = (),
+                needs_extras: bool = False) -> RunnerOutput | None:
         """Reserve ``tokens`` of KV for ``request`` (its prompt plus all it may generate): None when done, else
-        the output that makes it wait for memory, or fails it when even the whole cache is too small."""
+        the output that makes it wait for memory, or fails it when even the whole cache is too small.
+        ``prompt_keys``: each prompt position's key (``kv_cache.block_hashes``): the leading blocks an earlier
+        request computed are shared, and ``request.num_cached_tokens`` says how many tokens (its prefill starts
+        there: ``PromptPieces.skip``)."""
+        hashes = block_hashes(prompt_keys, self.kv.block_tokens) if self.kv.prefix_caching else []
         try:
-            if self.kv.reserve(request.request_id, tokens):
+            if self.kv.reserve(request.request_id, tokens, prompt_tokens=len(prompt_keys), hashes=hashes,
+                               needs_extras=needs_extras):
+                request.num_cached_tokens = self.kv.shared_tokens(request.request_id)
                 return None
         except KVBudgetError as exc:
             return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=str(exc),
@@ -144,7 +153,8 @@ class BatchedDecoderRunner(StageRunner):
         if kv is None:
             return None
         return {"blocks": kv.num_blocks, "blocks_reserved": kv.reserved_blocks(), "tokens_used": kv.used_tokens(),
-                "block_tokens": kv.block_tokens}
+                "block_tokens": kv.block_tokens, "blocks_cached": kv.cached_blocks(),
+                "prefix_queries": kv.prefix_queries, "prefix_hits": kv.prefix_hits}
 
     def snapshot(self, request: StageRequest) -> Any:
         state = request.runner_state
@@ -154,7 +164,8 @@ class BatchedDecoderRunner(StageRunner):
         return {"kv_length": held, "state": state.snapshot()}
 
     def restore(self, request: StageRequest, snapshot: Any) -> None:
-        if snapshot is None:
+        if snapshot is None:  # its first step failed: what it wrote is not kept for others
+            self.kv.release(request.request_id, written=False)
             self.free(request)
             return
         if snapshot["kv_length"] is not None and self.kv.holds(request.request_id):

@@ -66,17 +66,21 @@ class DecoderCheckpointOptions(CheckpointOptions):
       free; until then it waits.
     - ``kv_block_tokens``: tokens per block of that cache.
     - ``prefill_chunk_tokens``: at most that many prompt tokens prefilled in one step; a longer prompt is prefilled
-      in pieces with the running requests' decode steps in between, so an arrival never freezes their streams."""
+      in pieces with the running requests' decode steps in between, so an arrival never freezes their streams.
+    - ``prefix_caching``: a prompt's leading blocks that an earlier request computed are shared, not prefilled
+      again (``kv_cache.py``); on by default."""
 
     torch_compile: bool = False
+    prefix_caching: bool = True
     kv_cache_bytes: int | None = None
     kv_block_tokens: int = 16
     prefill_chunk_tokens: int = 2048
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not isinstance(self.torch_compile, bool):
-            raise FieldError("torch_compile", f"must be true or false, got {self.torch_compile!r}")
+        for name in ("torch_compile", "prefix_caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise FieldError(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.kv_cache_bytes is not None:
             positive_int("kv_cache_bytes", self.kv_cache_bytes, 1 << 50)
         positive_int("kv_block_tokens", self.kv_block_tokens, 1024)

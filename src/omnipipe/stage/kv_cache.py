@@ -13,12 +13,23 @@ Undoing a step is setting a request's length back (``set_length``): what a faile
 
 A shorter row's padding reads one row of its own past the blocks (``pad_slot``), zero and never written, never a
 live request's: a NaN in one request's cache stays in its own row (masked weights are 0, and 0 x NaN is NaN).
+
+Automatic prefix caching: a request may give ``reserve`` the chained hash of each full block of its prompt
+(``block_hashes``: block i's hash covers every position up to its end, a token by its id, a multimodal position by
+its content). Its leading blocks whose hashes the cache holds are shared, not computed (a reference count each; at
+least the prompt's last token is left to prefill), and its own full blocks join the index once written. A block no
+request holds keeps its KV while the pool has other free blocks: it is taken back (and forgotten) least recently
+used first. A family whose later stage reads hidden states of the prompt (the talker's hand-off) gives them with
+``set_extras``; its blocks are indexed with their rows of them, and a prefix is shared only as far as they go.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -31,6 +42,11 @@ class _Entry:
     blocks: list[int]
     length: int = 0  # tokens written and kept
     slots: torch.Tensor | None = None  # the pool row of each token it reserved, in order
+    hashes: list[bytes] = field(default_factory=list)  # of each full block of its prompt
+    indexed: int = 0  # its leading blocks that are in the index (shared from it, or written and added)
+    shared: int = 0  # tokens it found in the index: never written by it
+    needs_extras: bool = False  # its blocks are indexed with their rows of ``extras`` only
+    extras: dict[int, torch.Tensor] | None = None  # the prompt's hidden states a later stage reads [T, D], host
 
     def slot_index(self, block_tokens: int) -> torch.Tensor:
         if self.slots is None or len(self.slots) != len(self.blocks) * block_tokens:
@@ -48,9 +64,10 @@ class PagedKVCache:
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, num_blocks: int, *,
                  block_tokens: int = DEFAULT_BLOCK_TOKENS, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> None:
+                 device: str | torch.device = "cpu", prefix_caching: bool = True) -> None:
         if num_blocks < 1:
             raise ValueError("a KV cache needs at least one block")
+        self.prefix_caching = prefix_caching
         self.block_tokens = block_tokens
         self.num_blocks = num_blocks
         self.dtype, self.device = dtype, torch.device(device)
@@ -58,13 +75,20 @@ class PagedKVCache:
         shape = (num_blocks * block_tokens + 1, kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self._free = list(range(num_blocks - 1, -1, -1))
+        self._free = list(range(num_blocks - 1, -1, -1))  # blocks holding nothing
         self._entries: dict[str, _Entry] = {}
+        self._refs = [0] * num_blocks  # requests holding each block
+        self._index: dict[bytes, int] = {}  # a full block's hash -> the block holding its KV
+        self._hash_of: dict[int, bytes] = {}
+        self._extras: dict[int, dict[int, torch.Tensor]] = {}  # an indexed block's rows of its request's extras
+        self._cached: OrderedDict[int, None] = OrderedDict()  # indexed blocks no request holds, least recent first
+        self.prefix_queries = 0  # prompt tokens looked up in the index, and found there (what vLLM counts)
+        self.prefix_hits = 0
         self._bound: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
 
     @classmethod
     def for_model(cls, text_config: Any, budget_bytes: int, *, block_tokens: int = DEFAULT_BLOCK_TOKENS,
-                  dtype: torch.dtype, device: str | torch.device) -> PagedKVCache:
+                  dtype: torch.dtype, device: str | torch.device, prefix_caching: bool = True) -> PagedKVCache:
         """As many blocks as ``budget_bytes`` holds for a decoder of ``text_config`` (layers, kv heads, head dim)."""
         layers, heads, dim = model_shape(text_config)
         per_token = token_bytes(text_config, dtype)
@@ -72,7 +96,8 @@ class PagedKVCache:
         if num_blocks < 1:
             raise KVBudgetError(f"a KV budget of {budget_bytes} bytes holds no block of {block_tokens} tokens "
                                 f"({per_token} bytes a token): raise kv_cache_bytes")
-        return cls(layers, heads, dim, int(num_blocks), block_tokens=block_tokens, dtype=dtype, device=device)
+        return cls(layers, heads, dim, int(num_blocks), block_tokens=block_tokens, dtype=dtype, device=device,
+                   prefix_caching=prefix_caching)
 
     # ------------------------------------------------------------------------------------------- reservations
     @property
@@ -81,7 +106,8 @@ class PagedKVCache:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks a reservation can take: empty ones, and indexed ones no request holds (their KV forgotten)."""
+        return len(self._free) + len(self._cached)
 
     def blocks_for(self, tokens: int) -> int:
         return max(1, math.ceil(tokens / self.block_tokens))
@@ -89,30 +115,118 @@ class PagedKVCache:
     def fits_ever(self, tokens: int) -> bool:
         return self.blocks_for(tokens) <= self.num_blocks
 
-    def reserve(self, key: str, tokens: int) -> bool:
+    def reserve(self, key: str, tokens: int, *, prompt_tokens: int = 0, hashes: Sequence[bytes] = (),
+                needs_extras: bool = False) -> bool:
         """Reserve room for ``tokens`` tokens of request ``key`` (more blocks if it holds some already). False when
-        the free blocks are too few now; ``KVBudgetError`` when the whole pool is too small for it."""
+        the free blocks are too few now; ``KVBudgetError`` when the whole pool is too small for it.
+
+        A new request's ``hashes`` (``block_hashes`` of its prompt of ``prompt_tokens`` tokens) share the leading
+        blocks the index holds: ``length(key)`` is then where its prefill starts. ``needs_extras``: only blocks
+        indexed with their rows of extras are shared, and its own are indexed once it gave them (``set_extras``)."""
         if not self.fits_ever(tokens):
             raise KVBudgetError(f"needs {tokens} tokens of KV cache, more than the stage's whole budget holds "
                                 f"({self.capacity_tokens} tokens): raise kv_cache_bytes (or gpu_memory_fraction), "
                                 "or lower max_tokens")
         entry = self._entries.get(key)
-        held = len(entry.blocks) if entry else 0
-        more = self.blocks_for(tokens) - held
-        if more > len(self._free):
+        if entry is not None:
+            more = self.blocks_for(tokens) - len(entry.blocks)
+            if more > self.free_blocks:
+                return False
+            entry.blocks.extend(self._take_free() for _ in range(max(0, more)))
+            return True
+        found = self._lookup(hashes, prompt_tokens, needs_extras) if self.prefix_caching else []
+        reusable = sum(1 for block in found if block in self._cached)  # counted among the free blocks now
+        more = self.blocks_for(tokens) - len(found)
+        if more > self.free_blocks - reusable:
             return False
-        if entry is None:
-            entry = self._entries[key] = _Entry([])
-        entry.blocks.extend(self._free.pop() for _ in range(max(0, more)))
+        for block in found:
+            self._cached.pop(block, None)
+            self._refs[block] += 1
+        blocks = found + [self._take_free() for _ in range(max(0, more))]
+        shared = len(found) * self.block_tokens
+        self._entries[key] = _Entry(blocks, length=shared, hashes=list(hashes) if self.prefix_caching else [],
+                                    indexed=len(found), shared=shared, needs_extras=needs_extras)
+        if self.prefix_caching and prompt_tokens:
+            self.prefix_queries += prompt_tokens
+            self.prefix_hits += shared
         return True
+
+    def _lookup(self, hashes: Sequence[bytes], prompt_tokens: int, needs_extras: bool) -> list[int]:
+        """The indexed blocks of the prompt's leading hashes (its last token left to compute)."""
+        found: list[int] = []
+        for block_hash in hashes[: max(0, prompt_tokens - 1) // self.block_tokens]:
+            block = self._index.get(block_hash)
+            if block is None or (needs_extras and block not in self._extras):
+                break
+            found.append(block)
+        return found
+
+    def _take_free(self) -> int:
+        """An empty block, else the least recently used indexed block no request holds (forgotten)."""
+        if self._free:
+            block = self._free.pop()
+        else:
+            block, _ = self._cached.popitem(last=False)
+            del self._index[self._hash_of.pop(block)]
+            self._extras.pop(block, None)
+        self._refs[block] = 1
+        return block
+
+    def shared_tokens(self, key: str) -> int:
+        """Tokens of request ``key`` found in the index when it was reserved."""
+        return self._entries[key].shared
+
+    def set_extras(self, key: str, extras: dict[int, torch.Tensor]) -> None:
+        """The hidden states a later stage reads of request ``key``'s whole prompt ({layer: [T, D]}, kept on the
+        host): its blocks are indexed with their rows."""
+        entry = self._entries[key]
+        entry.extras = {layer: rows.detach().to("cpu") for layer, rows in extras.items()}
+        self._index_written(entry)
+
+    def prefix_extras(self, key: str) -> dict[int, torch.Tensor]:
+        """The extras of the blocks request ``key`` shares ({layer: [shared tokens, D]}; empty when it shares none)."""
+        entry = self._entries[key]
+        shared = entry.blocks[: entry.shared // self.block_tokens]
+        if not shared:
+            return {}
+        layers = self._extras[shared[0]]
+        return {layer: torch.cat([self._extras[block][layer] for block in shared]) for layer in layers}
+
+    def _index_written(self, entry: _Entry) -> None:
+        """Add the request's full blocks written since to the index (with their extras, if it needs them)."""
+        if not self.prefix_caching or (entry.needs_extras and entry.extras is None):
+            return
+        upto = min(entry.length // self.block_tokens, len(entry.hashes))
+        for position in range(entry.indexed, upto):
+            block_hash, block = entry.hashes[position], entry.blocks[position]
+            if block_hash in self._index:  # another request wrote the same block first: this one stays its own
+                continue
+            self._index[block_hash], self._hash_of[block] = block, block_hash
+            if entry.extras is not None:
+                rows = slice(position * self.block_tokens, (position + 1) * self.block_tokens)
+                self._extras[block] = {layer: values[rows] for layer, values in entry.extras.items()}
+        entry.indexed = max(entry.indexed, upto)
 
     def holds(self, key: str) -> bool:
         return key in self._entries
 
-    def release(self, key: str) -> None:
+    def release(self, key: str, *, written: bool = True) -> None:
+        """Free request ``key``'s blocks: an indexed block no other request holds keeps its KV for later requests
+        (the prompt's first blocks the longest), any other goes back empty. ``written=False`` when its last step
+        failed before it could be undone (what that step wrote is not indexed)."""
         entry = self._entries.pop(key, None)
-        if entry is not None:
-            self._free.extend(reversed(entry.blocks))
+        if entry is None:
+            return
+        if written:
+            self._index_written(entry)
+        for block in reversed(entry.blocks):
+            self._refs[block] -= 1
+            if self._refs[block]:
+                continue
+            if block in self._hash_of:
+                self._cached[block] = None
+            else:
+                self._free.append(block)
 
     def length(self, key: str) -> int:
         return self._entries[key].length
@@ -120,15 +234,20 @@ class PagedKVCache:
     def set_length(self, key: str, length: int) -> None:
         """Forget what was written after ``length`` tokens (undo a step)."""
         entry = self._entries[key]
-        if not 0 <= length <= entry.length:
-            raise ValueError(f"cannot set {key}'s KV length to {length} (it holds {entry.length})")
+        if not max(entry.shared, entry.indexed * self.block_tokens) <= length <= entry.length:
+            raise ValueError(f"cannot set {key}'s KV length to {length} (it holds {entry.length}, "
+                             f"{entry.indexed * self.block_tokens} of them shared)")
         entry.length = length
 
     def used_tokens(self) -> int:
         return sum(e.length for e in self._entries.values())
 
     def reserved_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.free_blocks
+
+    def cached_blocks(self) -> int:
+        """Indexed blocks no request holds: KV kept for later requests."""
+        return len(self._cached)
 
     # --------------------------------------------------------------------------------------------- a forward
     def bind(self, keys: list[str], query_tokens: int) -> None:
@@ -137,6 +256,7 @@ class PagedKVCache:
         starts = []
         for key in keys:
             entry = self._entries[key]
+            self._index_written(entry)  # what the steps before wrote
             start = entry.length
             if start + query_tokens > len(entry.blocks) * self.block_tokens:
                 raise KVBudgetError(f"request {key} writes past the KV it reserved ({start} + {query_tokens} > "
@@ -191,6 +311,42 @@ class PagedKVCache:
         return 0 if self._bound is None else int(self._bound[0].shape[1])
 
     is_compileable = False
+
+
+def block_hashes(position_keys: Sequence[int | bytes], block_tokens: int) -> list[bytes]:
+    """The chained hash of each full block of a prompt whose positions are ``position_keys`` (a token's id, or the
+    bytes that name a position's content where it is not a token: an image's, an audio clip's): block i's hash
+    covers every position up to its end, so equal hashes mean equal prefixes."""
+    hashes: list[bytes] = []
+    parent = b""
+    for start in range(0, len(position_keys) - block_tokens + 1, block_tokens):
+        digest = hashlib.blake2b(parent, digest_size=16)
+        for key in position_keys[start:start + block_tokens]:
+            if isinstance(key, bytes):
+                digest.update(b"m%d:" % len(key) + key)
+            else:
+                digest.update(b"t" + int(key).to_bytes(8, "little", signed=True))
+        parent = digest.digest()
+        hashes.append(parent)
+    return hashes
+
+
+def prompt_keys(input_ids: torch.Tensor, multimodal: torch.Tensor | None = None,
+                content: dict[str, Any] | None = None) -> list[int | bytes]:
+    """Each position's key for ``block_hashes`` of a prompt ``input_ids`` [T]: its token id, or where
+    ``multimodal`` [T] is set (an image, audio or video placeholder) a digest of the prompt's media ``content`` (the
+    processor's tensors, as bytes) and the position: two prompts share a block only if their media are the same."""
+    ids = input_ids.tolist()
+    if multimodal is None or not bool(multimodal.any()):
+        return ids
+    digest = hashlib.blake2b(digest_size=16)
+    for name, value in sorted((content or {}).items()):
+        if torch.is_tensor(value):
+            digest.update(name.encode() + str(tuple(value.shape)).encode() + str(value.dtype).encode())
+            digest.update(value.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes())
+    media = digest.digest()
+    return [media + position.to_bytes(4, "little") if bool(flag) else token
+            for position, (token, flag) in enumerate(zip(ids, multimodal.tolist(), strict=True))]
 
 
 def model_shape(text_config: Any) -> tuple[int, int, int]:

@@ -60,6 +60,15 @@ class PromptPieces:
     def remaining(self) -> int:
         return self.length - self.done
 
+    def skip(self, tokens: int, hidden: dict[int, torch.Tensor]) -> None:
+        """The KV of the first ``tokens`` positions is there already (shared from the prefix cache): start after
+        them, with their ``keep`` layers' hidden states [tokens, D] as ``hidden`` gives them."""
+        if self.done or not 0 < tokens < self.length:
+            raise ValueError(f"cannot skip {tokens} of a prompt of {self.length} tokens ({self.done} fed)")
+        self.done = tokens
+        for layer in self.keep:
+            self.hidden[layer] = [hidden[layer].to(self.inputs_embeds.device)]
+
     def next_piece(self, most: int) -> dict[str, Any]:
         """The decoder's keyword arguments for the next ``most`` (or fewer) tokens; ``record`` takes its output."""
         start, end = self.done, min(self.length, self.done + most)

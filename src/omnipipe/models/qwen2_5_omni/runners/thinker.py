@@ -33,6 +33,7 @@ from omnipipe.models.qwen2_5_omni.weights.load import load_config, load_part, lo
 from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
+from omnipipe.stage.kv_cache import prompt_keys
 from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
@@ -119,7 +120,10 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         input_ids = inputs["input_ids"].to(self.device)
         prompt_tokens = int(input_ids.shape[1])
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
-        waiting = self.reserve(request, prompt_tokens + max_tokens)
+        multimodal = torch.isin(inputs["input_ids"][0], torch.tensor(list(self.mm_tokens.values())))
+        keys = prompt_keys(inputs["input_ids"][0], multimodal, {k: v for k, v in inputs.items() if k in MEDIA_KEYS})
+        # the talker reads the prompt's last-layer hidden states: shared blocks come with theirs
+        waiting = self.reserve(request, prompt_tokens + max_tokens, keys, needs_extras=True)
         if waiting is not None:
             return waiting
         self.prompts.forget(request)
@@ -138,12 +142,15 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         decoder_inputs = capture_decoder_inputs(self.model.model, self.decoder, input_ids=input_ids,
                                                 attention_mask=attention_mask, position_ids=position_ids,
                                                 use_cache=False, use_audio_in_video=False, **media)
+        pieces = PromptPieces(decoder_inputs["inputs_embeds"], position_ids, keep=(-1,))
+        if request.num_cached_tokens:
+            pieces.skip(request.num_cached_tokens, self.kv.prefix_extras(request.request_id))
         sampling = TokenSamplingParams.from_params(request.params)
         handoff = self._prompt_part(input_ids[0], attention_mask[0], media, decoder_inputs["inputs_embeds"][0])
         request.runner_state = Qwen25ThinkerState(
             sampling, sampling.make_generator(), max_tokens, prompt_ids=input_ids[0].tolist(),
             stream=TextStream(self._decode_ids, list(request.params.get("stop") or [])),
-            prompt=PromptPieces(decoder_inputs["inputs_embeds"], position_ids, keep=(-1,)),
+            prompt=pieces,
             rope_delta=int(rope_deltas.view(-1)[0]), handoff=handoff,
             input_shapes={key: list(value.shape) for key, value in inputs.items()}, shape=shape)
         return None
@@ -195,6 +202,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         pieces.record(tokens, (out.last_hidden_state,))  # the last layer's hidden states: the decoder's output
         if pieces.remaining:
             return RunnerOutput(request.request_id, prefill_pending=True), tokens
+        self.kv.set_extras(request.request_id, {-1: pieces.gathered(-1)})
         state.handoff = {**state.handoff, "hidden": pieces.gathered(-1).float().cpu().numpy()}
         state.prompt = None
         request.prefilled = True

@@ -29,6 +29,7 @@ from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
 from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_options, compile_if
+from omnipipe.stage.kv_cache import prompt_keys
 from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
@@ -120,7 +121,10 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.reason,
                                 error_field=exc.engine_field)
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
-        waiting = self.reserve(request, int(ids.shape[1]) + max_tokens)
+        media = {key: value for key, value in kwargs.items() if key not in ("input_ids", "attention_mask")}
+        keys = prompt_keys(ids[0], torch.isin(ids[0], self.mm_token_ids), media)
+        # the talker reads the prompt's layer-0 and accept-layer hidden states: shared blocks come with theirs
+        waiting = self.reserve(request, int(ids.shape[1]) + max_tokens, keys, needs_extras=True)
         if waiting is not None:
             return waiting
         self.prompts.forget(request)
@@ -138,6 +142,8 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         pieces = PromptPieces(decoder_inputs["inputs_embeds"], position_ids,
                               decoder_inputs.get("visual_pos_masks"), list(deepstack) if deepstack else None,
                               keep=(0, self.accept_layer))
+        if request.num_cached_tokens:
+            pieces.skip(request.num_cached_tokens, self.kv.prefix_extras(request.request_id))
         sampling = TokenSamplingParams.from_params(request.params)
         request.runner_state = Qwen3ThinkerState(
             sampling, sampling.make_generator(), max_tokens, stream=TextStream(self._decode_ids,
@@ -181,6 +187,7 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         if pieces.remaining:
             return RunnerOutput(request.request_id, prefill_pending=True), tokens
         state.last_position = pieces.position_ids[:, 0, -1]
+        self.kv.set_extras(request.request_id, {layer: pieces.gathered(layer) for layer in pieces.keep})
         ids, embeds = state.handoff["ids"], pieces.gathered(0)
         mm = torch.isin(ids, self.mm_token_ids).to(embeds.device)
         state.handoff = {"prompt_ids": ids, "prompt_embed": embeds.float().cpu(),
