@@ -170,7 +170,8 @@ def test_a_seeded_sampled_request_is_the_same_alone_and_in_a_batch(talker: Qwen3
               for i in range(7)]
     batched = drive(talker, [*others, streamed("seeded", seeded, thinker_data[3], step=2)])
     assert not batched.errors
-    assert max(len(ids) for prefill, ids, _ in batched.steps if not prefill) == 8
+    # it stepped with others (sampled: a batch-mate may draw its end code early, so not always all 8 at once)
+    assert max(len(ids) for prefill, ids, _ in batched.steps if not prefill and "seeded" in ids) >= 5
     assert frames(alone, "seeded") == frames(batched, "seeded") and frames(alone, "seeded")
     greedy = drive(talker, [streamed("greedy", {**GREEDY}, thinker_data[3], step=0)])
     # the residual codes are sampled too, not only the talker's own

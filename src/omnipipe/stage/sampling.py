@@ -2,6 +2,13 @@
 presence and frequency penalties, ids a model must not produce, then greedy (temperature 0) or temperature / top-k /
 top-p sampling with the request's own seeded generator.
 
+The choice runs where the logits are, for every row of a step at once, and comes back to the host as one copy of
+the step's tokens: top-k takes each row's k best (``topk``, no sort of the vocabulary), top-p finds each row's
+probability floor by bisection (the smallest set of likeliest tokens whose mass reaches ``top_p``; tokens tied at
+the floor all stay), and a sampled row draws by the Gumbel-max trick with noise counted from a key: each draw takes
+one 62-bit key from the request's generator on the host, and the noise of token i is a hash of (key, i) computed on
+the device. So a request draws the same tokens whatever it is batched with, and a seeded one the same on any device.
+
 Scores are float64 and stay finite whatever the (valid) settings, so a sampled step never meets a NaN."""
 
 from __future__ import annotations
@@ -16,6 +23,12 @@ import torch
 
 _MAX_SEED = 2**64 - 1
 _MAX_SCORE = torch.finfo(torch.float64).max
+_KEY_BOUND = 2**62  # a draw's key, from the request's generator
+_BISECTIONS = 40  # of top-p's probability floor: within 2**-40 of the likeliest token's probability
+# splitmix64's constants as signed int64 (torch has no uint64 arithmetic; int64 products wrap the same way)
+_GOLDEN = 0x9E3779B97F4A7C15 - 2**64
+_MIX1 = 0xBF58476D1CE4E5B9 - 2**64
+_MIX2 = 0x94D049BB133111EB - 2**64
 
 
 @dataclass(frozen=True)
@@ -136,28 +149,8 @@ def sample_next_token(
     """
     if logits.dim() != 1:
         raise ValueError(f"logits must have shape [vocab], got {tuple(logits.shape)}")
-    if constraint is not None:
-        logits = constraint.mask_(logits.detach().clone())
-    scores = apply_penalties(logits, params, generated_ids, prompt_ids)
-    if len(suppress):
-        scores[torch.as_tensor(suppress, dtype=torch.long).to(scores.device)] = float("-inf")
-    if params.greedy:
-        return int(torch.argmax(scores))
-    # in float64, shifted first: the best score becomes exactly 0 and stays 0 for any temperature > 0 (a tiny one
-    # only sends the others to -inf, which is greedy), so the softmax below never sees NaN
-    scores = (scores - scores.max()) / params.temperature
-    if 0 < params.top_k < scores.numel():
-        kth_best = torch.topk(scores, params.top_k).values[-1]
-        scores = scores.masked_fill(scores < kth_best, float("-inf"))
-    if params.top_p < 1.0:
-        sorted_scores, order = torch.sort(scores, descending=True)
-        sorted_probs = torch.softmax(sorted_scores, dim=-1)
-        # drop a token once the tokens ranked above it already cover top_p; the best token always stays
-        drop_sorted = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= params.top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).cpu()
-    return int(torch.multinomial(probs, num_samples=1, generator=generator))
+    row = SamplingRow(params, generator, generated_ids, prompt_ids, constraint)
+    return sample_next_tokens(logits[None], [row], suppress)[0]
 
 
 @dataclass
@@ -175,8 +168,16 @@ def sample_next_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow],
                        suppress: torch.Tensor | Sequence[int] = ()) -> list[int]:
     """The next token of every row of ``logits`` [rows, vocab], each as ``sample_next_token`` would choose it alone
     (the same scores, the same draw from the row's own generator): a request gives the same tokens whatever it is
-    batched with. Rows that are greedy without penalties take one argmax on the device together; the others have
-    their penalties applied row by row and are filtered (temperature, top-k, top-p) together in float64."""
+    batched with. The step's one copy to the host (``choose_next_tokens`` leaves them on the device)."""
+    return [int(token) for token in choose_next_tokens(logits, rows, suppress).tolist()]
+
+
+def choose_next_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow],
+                       suppress: torch.Tensor | Sequence[int] = ()) -> torch.Tensor:
+    """``sample_next_tokens``'s tokens [rows], left on the logits' device (a step that feeds them straight back,
+    like the code predictor's residuals, never waits for the host). Rows that are greedy without penalties take
+    one argmax together; the others have their penalties applied row by row and are filtered (temperature, top-k,
+    top-p) and drawn together in float64."""
     if logits.dim() != 2 or logits.shape[0] != len(rows):
         raise ValueError(f"logits must have shape [{len(rows)}, vocab], got {tuple(logits.shape)}")
     constrained = [i for i, row in enumerate(rows) if row.constraint is not None]
@@ -185,24 +186,15 @@ def sample_next_tokens(logits: torch.Tensor, rows: Sequence[SamplingRow],
         logits = logits.detach().clone()
         index = torch.tensor(constrained, device=logits.device)
         logits[index] = logits[index].masked_fill(blocked.to(logits.device, non_blocking=True), float("-inf"))
-    chosen: list[int | None] = [None] * len(rows)
-    plain = [i for i, row in enumerate(rows) if row.params.greedy and not _penalised(row)]
-    if plain:
-        scores = logits[plain]
-        if len(suppress):
-            scores = scores.index_fill(1, torch.as_tensor(suppress, dtype=torch.long).to(scores.device),
-                                       float("-inf"))
-        for i, token in zip(plain, scores.argmax(dim=-1).tolist(), strict=True):
-            chosen[i] = int(token)
-    rest = [i for i in range(len(rows)) if chosen[i] is None]
-    if rest:
-        scores = torch.stack([apply_penalties(logits[i], rows[i].params, rows[i].generated_ids, rows[i].prompt_ids)
-                              for i in rest])
-        if len(suppress):
-            scores[:, torch.as_tensor(suppress, dtype=torch.long).to(scores.device)] = float("-inf")
-        for i, token in zip(rest, _filtered_choice(scores, [rows[i] for i in rest]), strict=True):
-            chosen[i] = token
-    return [int(token) for token in chosen if token is not None]
+    suppressed = torch.as_tensor(suppress, dtype=torch.long).to(logits.device) if len(suppress) else None
+    if all(row.params.greedy and not _penalised(row) for row in rows):  # one argmax
+        scores = logits if suppressed is None else logits.index_fill(1, suppressed, float("-inf"))
+        return scores.argmax(dim=-1)
+    scores = torch.stack([apply_penalties(logits[i], row.params, row.generated_ids, row.prompt_ids)
+                          if _penalised(row) else logits[i].detach().to(torch.float64) for i, row in enumerate(rows)])
+    if suppressed is not None:
+        scores = scores.index_fill(1, suppressed, float("-inf"))
+    return _choose(scores, rows)
 
 
 def token_logprobs(logits: torch.Tensor, token: int, top: int, spell: Any) -> dict[str, Any]:
@@ -232,31 +224,73 @@ def _penalised(row: SamplingRow) -> bool:
                 or ((params.presence_penalty or params.frequency_penalty) and row.generated_ids))
 
 
-def _filtered_choice(scores: torch.Tensor, rows: Sequence[SamplingRow]) -> list[int]:
-    """Greedy rows take their argmax; sampled rows are filtered as ``sample_next_token`` does, all at once."""
-    tokens = scores.argmax(dim=-1).tolist()
+def _choose(scores: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """Each row's token [rows] (left on the scores' device): greedy rows their argmax, sampled rows filtered by
+    temperature, top-k and top-p and drawn with their generator's key (``_gumbel``)."""
     sampled = [i for i, row in enumerate(rows) if not row.params.greedy]
     if not sampled:
-        return tokens
-    scores = scores[sampled]
-    temperature = torch.tensor([rows[i].params.temperature for i in sampled], dtype=scores.dtype,
-                               device=scores.device)
+        return scores.argmax(dim=-1)
+    device, vocab = scores.device, scores.shape[-1]
+    params = [row.params for row in rows]
+    temperature = torch.tensor([p.temperature or 1.0 for p in params], dtype=scores.dtype).to(device)
     scores = (scores - scores.max(dim=-1, keepdim=True).values) / temperature[:, None]
-    vocab = scores.shape[-1]
-    top_k = [rows[i].params.top_k for i in sampled]
-    if any(0 < k < vocab for k in top_k):
-        ranked = torch.sort(scores, dim=-1, descending=True).values
-        index = torch.tensor([k - 1 if 0 < k < vocab else vocab - 1 for k in top_k], device=scores.device)
-        kth_best = ranked.gather(1, index[:, None])
-        scores = scores.masked_fill(scores < kth_best, float("-inf"))
-    top_p = torch.tensor([rows[i].params.top_p for i in sampled], dtype=scores.dtype, device=scores.device)
-    if bool((top_p < 1.0).any()):
-        sorted_scores, order = torch.sort(scores, dim=-1, descending=True)
-        sorted_probs = torch.softmax(sorted_scores, dim=-1)
-        drop_sorted = ((sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_p[:, None]) & (top_p[:, None] < 1.0)
-        drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
-        scores = scores.masked_fill(drop, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).cpu()
-    for row, i in enumerate(sampled):
-        tokens[i] = int(torch.multinomial(probs[row], num_samples=1, generator=rows[i].generator))
-    return tokens
+    top_k = [p.top_k if 0 < p.top_k < vocab else 0 for p in params]
+    ids = None  # the vocabulary: every row keeps all its tokens until top-k
+    if any(top_k):
+        # each row's k best (``topk``, not a sort of the vocabulary); when every row has a k, only the largest k
+        # candidates go on
+        best, best_ids = torch.topk(scores, max(top_k), dim=-1)
+        kth = best.gather(1, torch.tensor([max(k, 1) - 1 for k in top_k]).to(device)[:, None])
+        kth = kth.masked_fill(torch.tensor([k == 0 for k in top_k]).to(device)[:, None], float("-inf"))
+        if all(top_k):
+            scores, ids = best.masked_fill(best < kth, float("-inf")), best_ids
+        else:
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+    top_p = [p.top_p for p in params]
+    if any(p < 1.0 for p in top_p):
+        probs = torch.softmax(scores, dim=-1)
+        floor = _top_p_floor(probs, torch.tensor(top_p, dtype=probs.dtype).to(device))
+        scores = scores.masked_fill(probs < floor, float("-inf"))
+    keys = torch.tensor([_draw_key(rows[i].generator) if i in sampled else 0 for i in range(len(rows))])
+    noisy = scores + _gumbel(keys.to(device), vocab, ids)
+    greedy = torch.tensor([p.greedy for p in params]).to(device)
+    chosen = torch.where(greedy, scores.argmax(dim=-1), noisy.argmax(dim=-1))
+    return chosen if ids is None else ids.gather(1, chosen[:, None])[:, 0]
+
+
+def _top_p_floor(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Each row's probability floor [rows, 1]: the highest ``f`` whose tokens of probability >= f hold ``top_p``
+    of the mass (0 where ``top_p`` is 1), found by bisection in a fixed number of steps (no sort, no host sync)."""
+    top_p = top_p[:, None]
+    best = probs.max(dim=-1, keepdim=True).values
+    low, high = torch.zeros_like(best), best
+    for _ in range(_BISECTIONS):
+        middle = (low + high) / 2
+        enough = torch.where(probs >= middle, probs, 0.0).sum(dim=-1, keepdim=True) >= top_p
+        low, high = torch.where(enough, middle, low), torch.where(enough, high, middle)
+    alone = best >= top_p  # the likeliest token holds top_p by itself
+    floor = torch.where(alone, best, low)
+    return torch.where(top_p >= 1.0, torch.zeros_like(floor), floor)
+
+
+def _draw_key(generator: torch.Generator | None) -> int:
+    """One draw's key from a request's generator (torch's global one when it has none)."""
+    return int(torch.randint(_KEY_BOUND, (1,), generator=generator))
+
+
+def _gumbel(keys: torch.Tensor, vocab: int, ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Gumbel noise [rows, vocab] (float64; [rows, candidates] for the token ids ``ids``) counted from each row's
+    key: token i's is a splitmix64 hash of (key, i), so it is the same on every device, whatever the other rows and
+    whether the row's candidates were narrowed first."""
+    tokens = torch.arange(vocab, device=keys.device)[None, :] if ids is None else ids
+    x = keys[:, None] * _MIX1 + tokens * _GOLDEN
+    for shift, multiplier in ((30, _MIX1), (27, _MIX2)):
+        x = (x ^ _shift_right(x, shift)) * multiplier
+    x = x ^ _shift_right(x, 31)
+    uniform = (_shift_right(x, 11).to(torch.float64) + 0.5) * 2.0**-53  # in (0, 1)
+    return -torch.log(-torch.log(uniform))
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """The logical right shift of int64 ``x`` (as if unsigned)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)

@@ -11,7 +11,7 @@ is the sum of the frame's code embeddings: its own code's, then each residual's 
 
 Residuals are greedy for a greedy request, else sampled as the model does (temperature 1, top-k 50, top-p 0.8),
 each row from its own request's generator (``stage/sampling.py``), so a seeded request draws the same residuals
-whatever it is batched with.
+whatever it is batched with; the codes stay on the device from one residual to the next.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams, sample_next_tokens
+from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams, choose_next_tokens
 
 RESIDUAL_SAMPLING = TokenSamplingParams(temperature=1.0, top_k=50, top_p=0.8)  # the model's, when it samples
 
@@ -46,16 +46,12 @@ class BatchedCodePredictor:
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
-        greedy = all(row.params.greedy for row in rows)
         inputs = torch.cat((talker_hidden, code_embeds), dim=1)
         codes, embeds = [], [code_embeds]
         for step in range(self.residuals):
             out = self.model(inputs_embeds=inputs, past_key_values=cache, use_cache=True)
             logits = self.predictor.lm_head[step](out.last_hidden_state)[:, -1]
-            if greedy:  # every row's argmax, left on the device
-                code = logits.argmax(dim=-1)
-            else:
-                code = torch.tensor(sample_next_tokens(logits, rows), device=logits.device)
+            code = choose_next_tokens(logits, rows)  # left on the device: no step waits for the host
             inputs = self.model.codec_embedding[step](code)[:, None]
             codes.append(code)
             embeds.append(inputs)
