@@ -23,6 +23,7 @@ SUITES = {
     "voice": "omnipipe.bench.voice",
     "max-num-seqs": "omnipipe.bench.max_num_seqs",
     "tools": "omnipipe.bench.tools",
+    "prefix-cache": "omnipipe.bench.prefix_cache",
     "gpu-check": "omnipipe.bench.gpu_check",
 }
 
@@ -43,9 +44,11 @@ _SUITES_HELP = (
     "audio p50/p99, underruns, answers right, per variant side by side; max-num-seqs: 8 requests at once through "
     "AsyncOmni with every stage's max_num_seqs 8 vs 1, both Qwen-Omni families; tools: the default thinker's tool "
     "decisions, functions, arguments and JSON validity on 24 prompts, constrained vs free decoding, and the "
-    "grammar's cost per decode step; gpu-check: on a CUDA machine, placement, batched == alone, NaN isolation, "
-    "syncs per step and recompiles of the Qwen3-Omni thinker, and decode step times at the released width (without "
-    "CUDA it says so and exits 0)")
+    "grammar's cost per decode step; prefix-cache: the default thinker's prefix cache on and off side by side (a "
+    "server each): a 3-turn chat with a ~600-token system prompt and a second conversation with the same one, "
+    "prompt and cached tokens and TTFT per turn, off / on; gpu-check: on a CUDA machine, placement, batched == "
+    "alone, NaN isolation, syncs per step and recompiles of the Qwen3-Omni thinker, and decode step times at the "
+    "released width (without CUDA it says so and exits 0)")
 
 
 def add_bench(sub: argparse._SubParsersAction) -> None:
