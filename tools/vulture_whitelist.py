@@ -45,6 +45,7 @@ from omnipipe.models.toy.runners.talker import ToyTalkerRunner
 from omnipipe.models.toy.runners.thinker import ToyThinkerRunner
 from omnipipe.models.toy.runners.vocoder import ToyVocoderRunner
 from omnipipe.protocol.realtime import CLIENT_EVENT_MODELS
+from omnipipe.stage.paged_attention import register_kernel
 from omnipipe.stage.runner_driver import ForwardCounter
 from omnipipe.transport.relay.recv_buffers import RecvBufferPool
 
@@ -127,9 +128,10 @@ _LIBRARY_SETTINGS = (
     _.allow_tf32,
 )
 
-# Parameters a caller's protocol fixes: the async context manager's __aexit__ (gateway/proxy/queue_wait.py) and
-# pyzmq's ZAP credentials callback(domain, key) (transport/control_plane.py).
-_PROTOCOL_PARAMETERS = (_.exc_type, _.tb, _.domain)
+# Parameters a caller's protocol fixes: the async context manager's __aexit__ (gateway/proxy/queue_wait.py),
+# pyzmq's ZAP credentials callback(domain, key) (transport/control_plane.py) and transformers' attention function.
+_PROTOCOL_PARAMETERS = (_.exc_type, _.tb, _.domain,
+                        _.dropout)  # transformers' attention function signature (stage/paged_attention.py)
 
 # Read only by the tests: views into a component's state that tests assert on, the streaming pieces tests compare
 # with the whole (decode, prompt), and entry points tests drive directly.
@@ -139,4 +141,5 @@ _TESTED_ONLY = (CLIENT_EVENT_MODELS, build_prompt, CachedDecoder.num_cached_toke
                 _.transformer_context_frames, _.last_report,  # Code2WavGeometry's field, PeriodicCleanup's
                 TranscriptionTap.on_response_text, RecvBufferPool.pooled_bytes, _.free_blocks,
                 ForwardCounter,  # the batched runners' tests count forwards with it
+                register_kernel, _.block_tables,  # what a paged attention kernel plugs in by and reads
                 _._attn_implementation)  # read by transformers: bench gpu-check's decoder attends with sdpa

@@ -19,6 +19,7 @@ import torch
 from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.checkpoint_options import DecoderCheckpointOptions
 from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache, block_hashes, step_activation_bytes, token_bytes
+from omnipipe.stage.paged_attention import use_paged_attention
 from omnipipe.stage.prompt_pieces import PromptPieces
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
@@ -107,11 +108,12 @@ class BatchedDecoderRunner(StageRunner):
     kv: PagedKVCache
 
     def make_kv_cache(self, text_config: Any, options: DecoderCheckpointOptions, dtype: torch.dtype,
-                      reply_tokens: int) -> None:
+                      reply_tokens: int, decoder: torch.nn.Module) -> None:
         """The stage's KV cache, from its budget (call once the weights are on the device); without
         ``kv_cache_bytes``, never more than ``max_num_seqs`` requests of the model's whole context plus
         ``reply_tokens`` (the stage's default cap on a reply) can fill. A budget that holds not one block stops the
-        stage from starting, with the figures it was reckoned from."""
+        stage from starting, with the figures it was reckoned from. With ``paged_attention``, ``decoder``'s
+        attention layers read the cache's blocks through that kernel (``stage/paged_attention.py``)."""
         rows = self.context.max_num_seqs
         positions = getattr(text_config, "max_position_embeddings", None)
         context = int(positions or options.prefill_chunk_tokens) + reply_tokens  # the longest history a row has
@@ -129,6 +131,9 @@ class BatchedDecoderRunner(StageRunner):
             raise KVBudgetError(f"stages.{self.context.stage}: no room for its KV cache: {budget.reckoning} "
                                 f"leaves {nbytes} bytes ({exc}); raise gpu_memory_fraction, lower max_num_seqs or "
                                 "prefill_chunk_tokens, or set kv_cache_bytes") from None
+        if options.paged_attention is not None:
+            use_paged_attention(decoder)
+            self.kv.kernel = options.paged_attention
 
     def reserve(self, request: StageRequest, tokens: int, prompt_keys: Sequence[int | bytes] = (),
                 needs_extras: bool = False) -> RunnerOutput | None:

@@ -68,10 +68,14 @@ class DecoderCheckpointOptions(CheckpointOptions):
     - ``prefill_chunk_tokens``: at most that many prompt tokens prefilled in one step; a longer prompt is prefilled
       in pieces with the running requests' decode steps in between, so an arrival never freezes their streams.
     - ``prefix_caching``: a prompt's leading blocks that an earlier request computed are shared, not prefilled
-      again (``kv_cache.py``); on by default."""
+      again (``kv_cache.py``); on by default.
+    - ``paged_attention``: the name of a paged attention kernel (``paged_attention.py``: ``reference``, or one a
+      plugin registered) that reads the cache's blocks itself; unset, the cache gathers each row's history for the
+      model's own attention."""
 
     torch_compile: bool = False
     prefix_caching: bool = True
+    paged_attention: str | None = None
     kv_cache_bytes: int | None = None
     kv_block_tokens: int = 16
     prefill_chunk_tokens: int = 2048
@@ -85,6 +89,12 @@ class DecoderCheckpointOptions(CheckpointOptions):
             positive_int("kv_cache_bytes", self.kv_cache_bytes, 1 << 50)
         positive_int("kv_block_tokens", self.kv_block_tokens, 1024)
         positive_int("prefill_chunk_tokens", self.prefill_chunk_tokens, 1 << 20)
+        if self.paged_attention is not None:
+            from omnipipe.stage.paged_attention import KERNELS
+
+            if not isinstance(self.paged_attention, str) or self.paged_attention not in KERNELS:
+                raise FieldError("paged_attention", f"must name a registered kernel ({', '.join(sorted(KERNELS))}), "
+                                 f"got {self.paged_attention!r}")
 
     def kv_budget(self, device: str, activation_bytes: int) -> KVBudget:
         """What the stage's KV cache may take (call once the weights are loaded), and how that was reckoned;

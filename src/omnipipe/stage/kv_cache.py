@@ -21,6 +21,10 @@ least the prompt's last token is left to prefill), and its own full blocks join 
 request holds keeps its KV while the pool has other free blocks: it is taken back (and forgotten) least recently
 used first. A family whose later stage reads hidden states of the prompt (the talker's hand-off) gives them with
 ``set_extras``; its blocks are indexed with their rows of them, and a prefix is shared only as far as they go.
+
+Paged attention (``stage/paged_attention.py``): with ``kernel`` set, ``update`` hands the attention the layer's
+pools rather than each row's gathered history, and ``step_inputs`` adds the step's block tables and lengths for the
+kernel of that name to read.
 """
 
 from __future__ import annotations
@@ -84,7 +88,9 @@ class PagedKVCache:
         self._cached: OrderedDict[int, None] = OrderedDict()  # indexed blocks no request holds, least recent first
         self.prefix_queries = 0  # prompt tokens looked up in the index, and found there (what vLLM counts)
         self.prefix_hits = 0
+        self.kernel: str | None = None  # a paged attention kernel's name (``paged_attention.py``); None: dense
         self._bound: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
+        self._keys: list[str] = []  # the bound step's requests, row by row
 
     @classmethod
     def for_model(cls, text_config: Any, budget_bytes: int, *, block_tokens: int = DEFAULT_BLOCK_TOKENS,
@@ -273,6 +279,29 @@ class PagedKVCache:
         writes = torch.stack([slots[row, s:s + query_tokens] for row, s in enumerate(starts)])
         self._bound = (slots.to(self.device), writes.reshape(-1).to(self.device),
                        torch.tensor(starts, dtype=torch.long), query_tokens)
+        self._keys = keys
+
+    def step_inputs(self) -> dict[str, Any]:
+        """The bound step's keyword arguments for the decoder: its mask, this cache, and with a paged attention
+        kernel its ``PagedStep`` and the kernel's name."""
+        inputs: dict[str, Any] = {"attention_mask": self.attention_mask(), "past_key_values": self, "use_cache": True}
+        if self.kernel is not None:
+            inputs.update(paged_step=self.paged_step(), paged_kernel=self.kernel)
+        return inputs
+
+    def paged_step(self) -> Any:
+        """The bound step as a paged kernel reads it (``paged_attention.PagedStep``)."""
+        from omnipipe.stage.paged_attention import PagedStep
+
+        if self._bound is None:
+            raise RuntimeError("bind the batch before asking for its paged step")
+        slots, _, starts, query = self._bound
+        blocks = [self._entries[key].blocks for key in self._keys]
+        tables = torch.full((len(blocks), max(len(b) for b in blocks)), -1, dtype=torch.int32)
+        for row, held in enumerate(blocks):
+            tables[row, :len(held)] = torch.tensor(held, dtype=torch.int32)
+        return PagedStep(tables.to(self.device), (starts + query).to(torch.int32).to(self.device),
+                         starts.to(torch.int32).to(self.device), slots, self.block_tokens)
 
     def attention_mask(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The bound step's additive mask [rows, 1, query, keys]: 0 where query i of row b may see key j (j <= its
@@ -305,6 +334,8 @@ class PagedKVCache:
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         keys.index_copy_(0, writes, key_states.transpose(1, 2).reshape(-1, heads, dim).to(keys.dtype))
         values.index_copy_(0, writes, value_states.transpose(1, 2).reshape(-1, heads, dim).to(values.dtype))
+        if self.kernel is not None:  # the kernel reads the blocks itself
+            return keys, values
         return keys[slots].transpose(1, 2), values[slots].transpose(1, 2)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:

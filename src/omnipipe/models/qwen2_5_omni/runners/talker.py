@@ -66,7 +66,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         self.eos_codes = {self.model.codec_pad_token, self.model.codec_eos_token}
         self.max_codes = self.options.max_codes
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
-        self.make_kv_cache(self.model.config, self.options, self.dtype, self.options.max_codes)
+        self.make_kv_cache(self.model.config, self.options, self.dtype, self.options.max_codes, self.decoder)
 
     def validate(self, params: dict[str, Any]) -> str | None:
         if params.get("stop"):
@@ -160,8 +160,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
     def _forward(self, projected: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """The decoder over the bound rows' projected inputs [rows, query, hidden] at ``positions`` [3, rows, query];
         the codec logits of each row's last position [rows, codes]."""
-        out = self.decoder(inputs_embeds=projected, position_ids=positions, attention_mask=self.kv.attention_mask(),
-                           past_key_values=self.kv, use_cache=True)
+        out = self.decoder(inputs_embeds=projected, position_ids=positions, **self.kv.step_inputs())
         return self.model.codec_head(out.last_hidden_state[:, -1]).float()
 
     def _next_item(self, request: StageRequest) -> torch.Tensor | None:

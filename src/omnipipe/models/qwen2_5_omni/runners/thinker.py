@@ -81,7 +81,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
                 "text_pad": vector(talker_config.tts_text_pad_token_id),
                 "bos": {name: vector(int(s["bos_token"])) for name, s in speakers.items()},
             }
-        self.make_kv_cache(config.text_config, self.options, self.dtype, self.options.max_new_tokens)
+        self.make_kv_cache(config.text_config, self.options, self.dtype, self.options.max_new_tokens, self.decoder)
         self.prompts: BackgroundPrompts[dict[str, torch.Tensor]] = BackgroundPrompts(
             lambda request: self.inputs(_merged(request)))
         self._decoding: set[str] = set()
@@ -198,7 +198,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         piece = pieces.next_piece(budget)
         tokens = int(piece["inputs_embeds"].shape[1])
         self.kv.bind([request.request_id], tokens)
-        out = self.decoder(**piece, attention_mask=self.kv.attention_mask(), past_key_values=self.kv, use_cache=True)
+        out = self.decoder(**piece, **self.kv.step_inputs())
         pieces.record(tokens, (out.last_hidden_state,))  # the last layer's hidden states: the decoder's output
         if pieces.remaining:
             return RunnerOutput(request.request_id, prefill_pending=True), tokens
@@ -222,8 +222,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         deltas = torch.tensor([state.rope_delta for state in states], device=self.device).view(-1, 1)
         positions = torch.stack([cache_positions] + [cache_positions + deltas] * 3)  # [4, rows, 1]
         embeds = self._embed(torch.tensor([[state.generated[-1]] for state in states], device=self.device))
-        out = self.decoder(inputs_embeds=embeds, position_ids=positions, attention_mask=self.kv.attention_mask(),
-                           past_key_values=self.kv, use_cache=True)
+        out = self.decoder(inputs_embeds=embeds, position_ids=positions, **self.kv.step_inputs())
         last = out.last_hidden_state[:, -1]
         embeds, hidden = embeds[:, -1].float().cpu(), last.float().cpu()
         replies = [{"reply_embed": embeds[row].numpy(), "reply_hidden": hidden[row].numpy()}

@@ -74,7 +74,7 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         self.suppress = torch.tensor([i for i in range(vocab - 1024, vocab) if i != self.eos], device=self.device)
         self._load_text_tokens()
         self.make_kv_cache(self.model.config.text_config, self.options, self.dtype,
-                           self.options.max_new_tokens)
+                           self.options.max_new_tokens, self.model.model)
 
     def _load_text_tokens(self) -> None:
         """tts_bos / tts_eos / tts_pad: the thinker's embeddings of them (three rows read from the checkpoint),
@@ -210,8 +210,7 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         piece = pieces.next_piece(budget)
         tokens = int(piece["inputs_embeds"].shape[1])
         self.kv.bind([request.request_id], tokens)
-        out = self.model.model(**piece, past_key_values=self.kv, attention_mask=self.kv.attention_mask(),
-                               use_cache=True)
+        out = self.model.model(**piece, **self.kv.step_inputs())
         pieces.record(tokens, None)
         if pieces.remaining:
             return RunnerOutput(request.request_id, prefill_pending=True), tokens
@@ -249,7 +248,7 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         positions = torch.stack([state.last_position + 1 for state in states], dim=1)  # [4, rows]
         self.kv.bind([request.request_id for request in batch], 1)
         out = self.model.model(inputs_embeds=inputs_embeds, position_ids=positions[:, :, None],
-                               past_key_values=self.kv, attention_mask=self.kv.attention_mask(), use_cache=True)
+                               **self.kv.step_inputs())
         hidden = out.last_hidden_state[:, -1]
         for row, state in enumerate(states):
             state.step += 1

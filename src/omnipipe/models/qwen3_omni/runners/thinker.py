@@ -66,7 +66,8 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         self.eos_ids = {int(self.config.im_end_token_id)}
         if self.inputs.tokenizer.pad_token_id is not None:
             self.eos_ids.add(int(self.inputs.tokenizer.pad_token_id))  # <|endoftext|>
-        self.make_kv_cache(self.model.config.text_config, self.options, dtype, self.options.max_new_tokens)
+        self.make_kv_cache(self.model.config.text_config, self.options, dtype, self.options.max_new_tokens,
+                           self.decoder)
         self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
         self._decoding: set[str] = set()
         self.grammars = GrammarCompiler(self.inputs.tokenizer, eos_token_id=int(self.config.im_end_token_id))
@@ -181,8 +182,7 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         piece = pieces.next_piece(budget)
         tokens = int(piece["inputs_embeds"].shape[1])
         self.kv.bind([request.request_id], tokens)
-        out = self.decoder(**piece, attention_mask=self.kv.attention_mask(), past_key_values=self.kv, use_cache=True,
-                           output_hidden_states=True)
+        out = self.decoder(**piece, **self.kv.step_inputs(), output_hidden_states=True)
         pieces.record(tokens, out.hidden_states)
         if pieces.remaining:
             return RunnerOutput(request.request_id, prefill_pending=True), tokens
@@ -211,7 +211,7 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         positions = torch.stack([state.last_position for state in states], dim=1)[:, :, None]  # [4, rows, 1]
         tokens = torch.tensor([[state.generated[-1]] for state in states], device=self.device)
         out = self.decoder(inputs_embeds=self.model.get_input_embeddings()(tokens), position_ids=positions,
-                           attention_mask=self.kv.attention_mask(), past_key_values=self.kv, use_cache=True)
+                           **self.kv.step_inputs())
         return self.model.lm_head(out.last_hidden_state[:, -1])
 
     def _emit(self, request: StageRequest, token: int, embed: torch.Tensor, logits: torch.Tensor) -> RunnerOutput:
