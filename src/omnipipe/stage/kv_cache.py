@@ -12,7 +12,8 @@ a decode step never runs out of memory: a request that does not fit waits until 
 Undoing a step is setting a request's length back (``set_length``): what a failed step wrote past it is never read.
 
 A shorter row's padding reads one row of its own past the blocks (``pad_slot``), zero and never written, never a
-live request's: a NaN in one request's cache stays in its own row (masked weights are 0, and 0 x NaN is NaN).
+live request's: a NaN in one request's cache stays in its own row (masked weights are 0, and 0 x NaN is NaN). A
+bucketed step's padding rows write to a scratch row past it (``scratch_slot``), which nothing reads.
 
 Automatic prefix caching: a request may give ``reserve`` the chained hash of each full block of its prompt
 (``block_hashes``: block i's hash covers every position up to its end, a token by its id, a multimodal position by
@@ -76,7 +77,8 @@ class PagedKVCache:
         self.num_blocks = num_blocks
         self.dtype, self.device = dtype, torch.device(device)
         self.pad_slot = num_blocks * block_tokens  # the padding's row: past every block, always zero
-        shape = (num_blocks * block_tokens + 1, kv_heads, head_dim)
+        self.scratch_slot = self.pad_slot + 1  # where a padding row of a bucketed step writes (never read)
+        shape = (num_blocks * block_tokens + 2, kv_heads, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self._free = list(range(num_blocks - 1, -1, -1))  # blocks holding nothing
@@ -98,7 +100,7 @@ class PagedKVCache:
         """As many blocks as ``budget_bytes`` holds for a decoder of ``text_config`` (layers, kv heads, head dim)."""
         layers, heads, dim = model_shape(text_config)
         per_token = token_bytes(text_config, dtype)
-        num_blocks = budget_bytes // (per_token * block_tokens)  # the padding row (one token) comes on top
+        num_blocks = budget_bytes // (per_token * block_tokens)  # the padding and scratch rows come on top
         if num_blocks < 1:
             raise KVBudgetError(f"a KV budget of {budget_bytes} bytes holds no block of {block_tokens} tokens "
                                 f"({per_token} bytes a token): raise kv_cache_bytes")
@@ -256,9 +258,13 @@ class PagedKVCache:
         return len(self._cached)
 
     # --------------------------------------------------------------------------------------------- a forward
-    def bind(self, keys: list[str], query_tokens: int) -> None:
+    def bind(self, keys: list[str], query_tokens: int, *, rows: int | None = None, width: int | None = None) -> None:
         """The next forward writes ``query_tokens`` new tokens for each row (request ``keys[b]``), after what the
-        row holds; each row's length grows by as much (``set_length`` undoes it)."""
+        row holds; each row's length grows by as much (``set_length`` undoes it).
+
+        A bucketed step (its shapes fixed, so one compiled graph, or one captured CUDA graph, serves every step of
+        its bucket): ``rows`` pads the batch with rows of no request (they read the zero padding row, write the
+        scratch row; their outputs mean nothing), ``width`` (whole blocks) fixes the history's width."""
         starts = []
         for key in keys:
             entry = self._entries[key]
@@ -268,15 +274,23 @@ class PagedKVCache:
                 raise KVBudgetError(f"request {key} writes past the KV it reserved ({start} + {query_tokens} > "
                                     f"{len(entry.blocks) * self.block_tokens} tokens)")
             starts.append(start)
-            entry.length = start + query_tokens
         # whole blocks: the step's shapes change once a block, not every step (kernels planned per shape, and
         # compiled graphs, keep theirs); the slots past a row's end read the padding row, masked
-        width = self.blocks_for(max(starts) + query_tokens) * self.block_tokens
-        slots = torch.full((len(keys), width), self.pad_slot, dtype=torch.long)
+        needed = self.blocks_for(max(starts) + query_tokens) * self.block_tokens
+        if width is not None and (width < needed or width % self.block_tokens):
+            raise ValueError(f"a step's width of {width} tokens holds not the {needed} of its longest row in whole "
+                             f"blocks of {self.block_tokens}")
+        padding = (len(keys) if rows is None else rows) - len(keys)
+        if padding < 0:
+            raise ValueError(f"a bucket of {rows} rows holds no batch of {len(keys)}")
+        slots = torch.full((len(keys) + padding, width or needed), self.pad_slot, dtype=torch.long)
         for row, key in enumerate(keys):
             end = starts[row] + query_tokens
+            self._entries[key].length = end
             slots[row, :end] = self._entries[key].slot_index(self.block_tokens)[:end]
-        writes = torch.stack([slots[row, s:s + query_tokens] for row, s in enumerate(starts)])
+        writes = torch.stack([slots[row, s:s + query_tokens] for row, s in enumerate(starts)]
+                             + [torch.full((query_tokens,), self.scratch_slot)] * padding)
+        starts += [0] * padding
         self._bound = (slots.to(self.device), writes.reshape(-1).to(self.device),
                        torch.tensor(starts, dtype=torch.long), query_tokens)
         self._keys = keys
@@ -296,8 +310,8 @@ class PagedKVCache:
         if self._bound is None:
             raise RuntimeError("bind the batch before asking for its paged step")
         slots, _, starts, query = self._bound
-        blocks = [self._entries[key].blocks for key in self._keys]
-        tables = torch.full((len(blocks), max(len(b) for b in blocks)), -1, dtype=torch.int32)
+        blocks = [self._entries[key].blocks for key in self._keys]  # a bucket's padding rows hold none: -1
+        tables = torch.full((slots.shape[0], max(len(b) for b in blocks)), -1, dtype=torch.int32)
         for row, held in enumerate(blocks):
             tables[row, :len(held)] = torch.tensor(held, dtype=torch.int32)
         return PagedStep(tables.to(self.device), (starts + query).to(torch.int32).to(self.device),
