@@ -189,14 +189,13 @@ def test_batched_codes_and_logits_equal_the_model_stepped_alone(talker: Qwen25Ta
     tiny talker barely reads positions (a delta ignored moves its logits by ~1e-4 and no code), so the logits are
     compared too, within float32 rounding of a different batch shape."""
     logits: dict[str, list[torch.Tensor]] = {}
-    sample = talker._sample
+    emit = talker.emit
 
-    def recorded(ready: list[tuple[Any, torch.Tensor]]) -> list[int]:
-        for request, row in ready:
-            logits.setdefault(request.request_id, []).append(row.clone())
-        return sample(ready)
+    def recorded(request: Any, code: int, row: torch.Tensor, extra: Any) -> Any:
+        logits.setdefault(request.request_id, []).append(row.clone())
+        return emit(request, code, row, extra)
 
-    monkeypatch.setattr(talker, "_sample", recorded)
+    monkeypatch.setattr(talker, "emit", recorded)
     arrivals = [arrival(f"r{i}", GREEDY, chunks, step=i % 3) for i, chunks in enumerate(inputs)]
     batched = drive(talker, arrivals)
     assert talker.kv.free_blocks == talker.kv.num_blocks
@@ -274,14 +273,14 @@ def test_a_request_that_breaks_the_step_fails_alone(talker: Qwen25TalkerRunner, 
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     arrivals = [arrival(f"r{i}", GREEDY, inputs[i], every=1) for i in range(4)]
     want = drive(talker, arrivals)
-    emit = talker._emit
+    emit = talker.emit
 
-    def broken(request: Any, code: int) -> Any:
+    def broken(request: Any, code: int, *rest: Any) -> Any:
         if request.request_id == "r2" and len(request.runner_state.generated) == 4:
             raise RuntimeError("boom")
-        return emit(request, code)
+        return emit(request, code, *rest)
 
-    monkeypatch.setattr(talker, "_emit", broken)
+    monkeypatch.setattr(talker, "emit", broken)
     result = drive(talker, arrivals)
     assert set(result.errors) == {"r2"} and "boom" in result.errors["r2"]
     for rid in ("r0", "r1", "r3"):

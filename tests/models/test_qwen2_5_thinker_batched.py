@@ -210,14 +210,14 @@ def test_a_request_that_breaks_the_step_fails_alone(thinker: Qwen25ThinkerRunner
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     arrivals = [Arrival(f"r{i}", GREEDY, [{"text": f"question {i}"}]) for i in range(4)]
     want = drive(thinker, arrivals)
-    emit = thinker._emit
+    emit = thinker.emit
 
     def broken(request: Any, token: int, *rest: Any) -> Any:
         if request.request_id == "r2" and len(request.runner_state.generated) == 4:
             raise RuntimeError("boom")
         return emit(request, token, *rest)
 
-    monkeypatch.setattr(thinker, "_emit", broken)
+    monkeypatch.setattr(thinker, "emit", broken)
     result = drive(thinker, arrivals)
     assert set(result.errors) == {"r2"} and "boom" in result.errors["r2"]
     for rid in ("r0", "r1", "r3"):

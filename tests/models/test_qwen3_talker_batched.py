@@ -215,14 +215,14 @@ def test_a_request_that_breaks_the_step_fails_alone(talker: Qwen3TalkerRunner, t
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     arrivals = mixed_arrivals(thinker_data)
     want = drive(talker, arrivals)
-    emit = talker._emit
+    emit = talker.emit
 
-    def broken(request: StageRequest, code: int, frame: torch.Tensor | None) -> RunnerOutput:
+    def broken(request: StageRequest, code: int, logits: torch.Tensor, frame: torch.Tensor | None) -> RunnerOutput:
         if request.request_id == "r2" and len(request.runner_state.generated) == 5:
             raise RuntimeError("boom")
-        return emit(request, code, frame)
+        return emit(request, code, logits, frame)
 
-    monkeypatch.setattr(talker, "_emit", broken)
+    monkeypatch.setattr(talker, "emit", broken)
     result = drive(talker, arrivals)
     assert set(result.errors) == {"r2"} and "boom" in result.errors["r2"]
     for arrival in arrivals:

@@ -1,12 +1,18 @@
 """What every batched autoregressive checkpoint runner shares (the Qwen-Omni thinkers and talkers): a per-request
 ``DecodeState`` (sampling, generator, tokens so far, its cap) that snapshots and restores the same way for every
-family, and ``BatchedDecoderRunner``: the stage's one ``PagedKVCache`` (``stage/kv_cache.py``), admission of a
-request's KV reservation (wait for memory, or a 400 naming what to raise when it can never fit), batch-failure
-isolation (a failed step rewinds each member's cache length and state) and release of a request's blocks.
+family, and ``BatchedDecoderRunner``: the step itself, the stage's one ``PagedKVCache`` (``stage/kv_cache.py``),
+admission of a request's KV reservation (wait for memory, or a 400 naming what to raise when it can never fit),
+batch-failure isolation (a failed step rewinds each member's cache length and state) and release of a request's
+blocks.
 
-A family's runner keeps its own state as a subclass of ``DecodeState`` and calls, per step: ``reserve`` at
-prefill, ``self.kv.bind(keys, tokens)`` before each forward with ``self.kv`` as the model's ``past_key_values``
-and ``self.kv.attention_mask()`` as its mask, and ``sample_next_tokens`` over the batch's ``sampling_row``s."""
+The step (``execute``), written once: every request of the batch not yet prefilled feeds its prompt's next piece
+within the step's ``prefill_chunk_tokens`` budget; the prefilled ones whose next input is there decode together in
+one forward; then one sampling over every row that has logits, and each row's output. A family supplies the hooks:
+``prefill_piece`` (its prompt, reserved with ``reserve`` and fed with ``self.kv.bind`` and ``self.kv.step_inputs``),
+``decode_input`` (what a row's next step reads besides its last token, or that it must wait), ``decode`` (the
+batch's forward), ``emit`` (a sampled token's output: stop, cap, hand-off) and ``suppress`` (ids never sampled).
+Whether a request decodes is its own ``prefilled`` flag, not the scheduler's guess: a request whose first input
+came while it was parked is prefilled in whatever step it is in."""
 
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from omnipipe.stage.paged_attention import use_paged_attention
 from omnipipe.stage.prompt_pieces import PromptPieces
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
-from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams
+from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams, sample_next_tokens
 from omnipipe.stage.text_stream import TextStream
 
 
@@ -102,10 +108,81 @@ class _Marked:
 
 
 class BatchedDecoderRunner(StageRunner):
-    """The KV cache, admission and step isolation of a batched AR checkpoint stage; ``request.runner_state`` is a
-    ``DecodeState`` subclass (or None before the prefill)."""
+    """The step, KV cache, admission and step isolation of a batched AR checkpoint stage; ``request.runner_state``
+    is a ``DecodeState`` subclass (or None before the prefill)."""
 
     kv: PagedKVCache
+    options: DecoderCheckpointOptions
+    suppress: torch.Tensor | Sequence[int] = ()  # ids the stage never samples
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self._decoding: set[str] = set()  # requests past their prefill
+
+    # ----------------------------------------------------------------------------------- what a family supplies
+    def prefill_piece(self, request: StageRequest, budget: int, wait: bool) -> tuple[RunnerOutput | torch.Tensor,
+                                                                                      int]:
+        """Feed the next piece of ``request``'s prompt, at most ``budget`` tokens (``wait``: its prompt's
+        processing may be waited for, no stream being held up): the logits [vocab] of its last position once the
+        whole prompt is in (and ``request.prefilled`` set), else the output to return now; and the tokens fed."""
+        raise NotImplementedError
+
+    def decode_input(self, request: StageRequest) -> Any:
+        """What ``request``'s next decode step reads besides its last token (None: nothing), or the output to
+        return now when that has not arrived (``needs_input``)."""
+        return None
+
+    def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
+        """One forward for ``rows`` (each its last token at its own next position, with its ``decode_input``):
+        the logits [rows, vocab] of their next tokens and what each row's ``emit`` gets with its token."""
+        raise NotImplementedError
+
+    def emit(self, request: StageRequest, token: int, logits: torch.Tensor, extra: Any) -> RunnerOutput:
+        """The output of ``request``'s sampled ``token`` (chosen from ``logits``; ``extra``: its row's from
+        ``decode``, None after a prefill)."""
+        raise NotImplementedError
+
+    def emit_all(self, sampled: list[tuple[StageRequest, int, torch.Tensor, Any]]) -> list[RunnerOutput]:
+        """Every sampled row's output (a family that works on all of them at once overrides this)."""
+        return [self.emit(request, token, logits, extra) for request, token, logits, extra in sampled]
+
+    # ------------------------------------------------------------------------------------------------ the step
+    @torch.inference_mode()
+    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+        outputs: dict[str, RunnerOutput] = {}
+        ready: list[tuple[StageRequest, torch.Tensor, Any]] = []  # (request, logits [vocab], extra)
+        rows: list[StageRequest] = []
+        inputs: list[Any] = []
+        budget = self.options.prefill_chunk_tokens
+        wait = not self._decoding  # no stream is held up while this step waits for a prompt's processing
+        for request in batch:
+            if not request.prefilled:
+                result, fed = self.prefill_piece(request, budget, wait)
+                budget -= fed
+                if isinstance(result, RunnerOutput):
+                    outputs[request.request_id] = result
+                else:
+                    self._decoding.add(request.request_id)
+                    ready.append((request, result, None))
+                continue
+            needed = self.decode_input(request)
+            if isinstance(needed, RunnerOutput):
+                outputs[request.request_id] = needed
+            else:
+                rows.append(request)
+                inputs.append(needed)
+        if rows:
+            logits, extras = self.decode(rows, inputs)
+            ready += zip(rows, logits, extras, strict=True)
+        if ready:
+            tokens = sample_next_tokens(torch.stack([logits for _, logits, _ in ready]),
+                                        [request.runner_state.sampling_row() for request, _, _ in ready],
+                                        suppress=self.suppress)
+            sampled = [(request, token, logits, extra) for (request, logits, extra), token in zip(ready, tokens,
+                                                                                                   strict=True)]
+            for output in self.emit_all(sampled):
+                outputs[output.request_id] = output
+        return [outputs[request.request_id] for request in batch]
 
     def make_kv_cache(self, text_config: Any, options: DecoderCheckpointOptions, dtype: torch.dtype,
                       reply_tokens: int, decoder: torch.nn.Module) -> None:
@@ -166,7 +243,7 @@ class BatchedDecoderRunner(StageRunner):
         if state is None:
             return None
         held = self.kv.length(request.request_id) if self.kv.holds(request.request_id) else None
-        return {"kv_length": held, "state": state.snapshot()}
+        return {"kv_length": held, "state": state.snapshot(), "prefilled": request.prefilled}
 
     def restore(self, request: StageRequest, snapshot: Any) -> None:
         if snapshot is None:  # its first step failed: what it wrote is not kept for others
@@ -176,7 +253,11 @@ class BatchedDecoderRunner(StageRunner):
         if snapshot["kv_length"] is not None and self.kv.holds(request.request_id):
             self.kv.set_length(request.request_id, snapshot["kv_length"])
         request.runner_state.restore(dict(snapshot["state"]))
+        request.prefilled = snapshot["prefilled"]  # a prefill the failed step finished is fed again
+        if not request.prefilled:
+            self._decoding.discard(request.request_id)
 
     def free(self, request: StageRequest) -> None:
+        self._decoding.discard(request.request_id)
         self.kv.release(request.request_id)
         request.runner_state = None

@@ -34,7 +34,7 @@ from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
-from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
+from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.util.field_error import FieldError
 
 MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
@@ -66,6 +66,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         self.eos_codes = {self.model.codec_pad_token, self.model.codec_eos_token}
         self.max_codes = self.options.max_codes
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
+        self.suppress = [self.model.codec_bos_token]  # the codec's begin token is never sampled
         self.make_kv_cache(self.model.config, self.options, self.dtype, self.options.max_codes, self.decoder)
 
     def validate(self, params: dict[str, Any]) -> str | None:
@@ -135,7 +136,8 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
             prompt_positions=positions)
         return None
 
-    def _prefill(self, request: StageRequest, budget: int) -> tuple[RunnerOutput | torch.Tensor, int]:
+    def prefill_piece(self, request: StageRequest, budget: int,
+                      wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
         """Feed the next piece of the request's prompt (at most ``budget`` tokens): the last position's logits once
         the whole prompt is in, else the output to return now; and the tokens fed."""
         if request.runner_state is None:
@@ -176,20 +178,15 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
             return state.tail.pop(0) if len(state.tail) > 1 else state.tail[0]
         return None
 
-    def _decode(self, batch: list[StageRequest], outputs: dict[str, RunnerOutput]) -> list[tuple[StageRequest,
-                                                                                                  torch.Tensor]]:
-        """One forward for every request of ``batch`` whose next reply item is there (each its last code at its own
-        next position); the others get ``needs_input`` in ``outputs``."""
-        rows, items = [], []
-        for request in batch:
-            item = self._next_item(request)
-            if item is None:
-                outputs[request.request_id] = RunnerOutput(request.request_id, needs_input=True)
-            else:
-                rows.append(request)
-                items.append(item)
-        if not rows:
-            return []
+    def decode_input(self, request: StageRequest) -> Any:
+        """The request's next reply item, or that it waits for the thinker's."""
+        item = self._next_item(request)
+        return RunnerOutput(request.request_id, needs_input=True) if item is None else item
+
+    def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
+        """One forward for every request of ``rows`` (each its last code at its own next position, with its reply
+        item): the logits of each one's next code [rows, codes]."""
+        items = inputs
         states: list[Qwen25TalkerState] = [request.runner_state for request in rows]
         self.kv.bind([request.request_id for request in rows], 1)
         codes = torch.tensor([[state.generated[-1]] for state in states], device=self.device)
@@ -197,9 +194,9 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         deltas = torch.tensor([state.rope_delta for state in states], device=self.device)
         positions = (self.kv.positions() + deltas[:, None])[None].expand(3, -1, -1)
         logits = self._forward(self.model.thinker_to_talker_proj(embeds), positions)
-        return list(zip(rows, logits, strict=True))
+        return logits, [None] * len(rows)
 
-    def _emit(self, request: StageRequest, code: int) -> RunnerOutput:
+    def emit(self, request: StageRequest, code: int, logits: torch.Tensor, extra: Any) -> RunnerOutput:
         state: Qwen25TalkerState = request.runner_state
         state.generated.append(code)
         if code in self.eos_codes:
@@ -207,29 +204,3 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         done = len(state.generated) >= state.max_tokens
         return RunnerOutput(request.request_id, num_units=1, finished=done, finish_reason="length" if done else None,
                             data={"frames": np.array([[code]], dtype=np.int64), "speaker": state.speaker})
-
-    @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        outputs: dict[str, RunnerOutput] = {}
-        ready: list[tuple[StageRequest, torch.Tensor]] = []
-        if is_prefill:
-            budget = self.options.prefill_chunk_tokens
-            for request in batch:
-                result, fed = self._prefill(request, budget)
-                budget -= fed
-                if isinstance(result, RunnerOutput):
-                    outputs[request.request_id] = result
-                else:
-                    ready.append((request, result))
-        else:
-            ready = self._decode(batch, outputs)
-        if ready:
-            for (request, _), code in zip(ready, self._sample(ready), strict=True):
-                outputs[request.request_id] = self._emit(request, code)
-        return [outputs[request.request_id] for request in batch]
-
-    def _sample(self, ready: list[tuple[StageRequest, torch.Tensor]]) -> list[int]:
-        """The next code of each (request, its logits [codes]), each with its own settings and generator."""
-        return sample_next_tokens(torch.stack([logits for _, logits in ready]),
-                                  [request.runner_state.sampling_row() for request, _ in ready],
-                                  suppress=[self.model.codec_bos_token])

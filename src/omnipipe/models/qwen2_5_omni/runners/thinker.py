@@ -38,7 +38,7 @@ from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
-from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
+from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
@@ -84,7 +84,6 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         self.make_kv_cache(config.text_config, self.options, self.dtype, self.options.max_new_tokens, self.decoder)
         self.prompts: BackgroundPrompts[dict[str, torch.Tensor]] = BackgroundPrompts(
             lambda request: self.inputs(_merged(request)))
-        self._decoding: set[str] = set()
         im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         eos = im_end if im_end in self.eos_ids else min(self.eos_ids, default=None)
         self.grammars = GrammarCompiler(self.tokenizer, eos_token_id=eos)
@@ -175,7 +174,8 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         part["embeds"] = embeds.float().cpu().numpy()
         return part
 
-    def _prefill(self, request: StageRequest, budget: int, wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
+    def prefill_piece(self, request: StageRequest, budget: int,
+                      wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
         """Feed the next piece of the request's prompt (at most ``budget`` tokens; its processing waited for if
         ``wait``): the last position's logits once the whole prompt is in, else the output to return now; and the
         tokens fed."""
@@ -206,18 +206,17 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         state.handoff = {**state.handoff, "hidden": pieces.gathered(-1).float().cpu().numpy()}
         state.prompt = None
         request.prefilled = True
-        self._decoding.add(request.request_id)
-        return self.model.lm_head(out.last_hidden_state[:, -1]), tokens
+        return self.model.lm_head(out.last_hidden_state[0, -1]), tokens
 
     # ------------------------------------------------------------------------------------------------- steps
     def _decode_ids(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _decode(self, batch: list[StageRequest]) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-        """One forward for every request of ``batch``, each reading its last token at its own next position: the
+    def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
+        """One forward for every request of ``rows``, each reading its last token at its own next position: the
         last position's logits [rows, vocab] and each row's reply item for the talker."""
-        states: list[Qwen25ThinkerState] = [request.runner_state for request in batch]
-        self.kv.bind([request.request_id for request in batch], 1)
+        states: list[Qwen25ThinkerState] = [request.runner_state for request in rows]
+        self.kv.bind([request.request_id for request in rows], 1)
         cache_positions = self.kv.positions()  # [rows, 1]
         deltas = torch.tensor([state.rope_delta for state in states], device=self.device).view(-1, 1)
         positions = torch.stack([cache_positions] + [cache_positions + deltas] * 3)  # [4, rows, 1]
@@ -226,12 +225,12 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         last = out.last_hidden_state[:, -1]
         embeds, hidden = embeds[:, -1].float().cpu(), last.float().cpu()
         replies = [{"reply_embed": embeds[row].numpy(), "reply_hidden": hidden[row].numpy()}
-                   for row in range(len(batch))]
+                   for row in range(len(rows))]
         return self.model.lm_head(last), replies
 
-    def _emit(self, request: StageRequest, token: int, logits: torch.Tensor) -> RunnerOutput:
+    def emit(self, request: StageRequest, token: int, logits: torch.Tensor, extra: Any) -> RunnerOutput:
         """The output of the request's next token: the text it lets out (with its answer's shape: logprobs), and
-        the talker's part."""
+        the talker's part (the prompt's with the first token; ``extra``: the decode step's reply item)."""
         state: Qwen25ThinkerState = request.runner_state
         state.generated.append(token)
         output = self._text(request, state, token)
@@ -242,6 +241,8 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
             output.data = {**(output.data or {}), "prompt": {**state.handoff, "first_token": token}}
             output.details = {**(output.details or {}), "inputs": state.input_shapes}
             state.handoff = None
+        if extra:
+            output.data = {**(output.data or {}), **extra}
         return output
 
     def _text(self, request: StageRequest, state: Qwen25ThinkerState, token: int) -> RunnerOutput:
@@ -260,35 +261,8 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
                                 finish_reason="stop" if stream.stopped else "length", data={"token": token})
         return RunnerOutput(request.request_id, text_delta=delta, num_units=units, data={"token": token})
 
-    @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        outputs: dict[str, RunnerOutput] = {}
-        ready: list[tuple[StageRequest, torch.Tensor, dict[str, Any]]] = []
-        if is_prefill:
-            budget = self.options.prefill_chunk_tokens
-            wait = not self._decoding  # no stream is held up while this step waits for a prompt's processing
-            for request in batch:
-                result, fed = self._prefill(request, budget, wait)
-                budget -= fed
-                if isinstance(result, RunnerOutput):
-                    outputs[request.request_id] = result
-                else:
-                    ready.append((request, result[0], {}))
-        else:
-            logits, replies = self._decode(batch)
-            ready = list(zip(batch, logits, replies, strict=True))
-        if ready:
-            tokens = sample_next_tokens(torch.stack([row for _, row, _ in ready]),
-                                        [request.runner_state.sampling_row() for request, _, _ in ready])
-            for (request, row, reply), token in zip(ready, tokens, strict=True):
-                output = outputs[request.request_id] = self._emit(request, token, row)
-                if reply:
-                    output.data = {**(output.data or {}), **reply}
-        return [outputs[request.request_id] for request in batch]
-
     def free(self, request: StageRequest) -> None:
         self.prompts.forget(request)
-        self._decoding.discard(request.request_id)
         super().free(request)
 
 

@@ -36,7 +36,7 @@ from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.prompt_pieces import PromptPieces
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
-from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
+from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.util.field_error import FieldError
 
 MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
@@ -196,10 +196,12 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         state.pieces, state.prompt = PromptPieces(inputs_embeds, position_ids), None
         return None
 
-    def _prefill(self, request: StageRequest, state: Qwen3TalkerState,
-                 budget: int) -> tuple[RunnerOutput | torch.Tensor, int]:
-        """Feed the next piece of the request's prompt (at most ``budget`` tokens): its first code's logits [vocab]
-        once the whole prompt is in, else the output to return now; and the tokens fed."""
+    def prefill_piece(self, request: StageRequest, budget: int,
+                      wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
+        """Feed the next piece of the request's prompt (at most ``budget`` tokens; its first chunk may have come
+        while it was parked): its first code's logits [vocab] once the whole prompt is in, else the output to return
+        now; and the tokens fed."""
+        state = self._state(request)
         if state.pieces is None:
             waiting = self._start(request, state)
             if waiting is not None:
@@ -232,11 +234,16 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
                 rows[i] = row
         return torch.stack(rows)
 
-    def _decode(self, batch: list[StageRequest],
-                texts: list[tuple[torch.Tensor, bool]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One step for every request of ``batch``: the residual codes of each one's last code, then one talker
-        forward. Returns the logits of each one's next code [rows, vocab] and the frames just completed [rows,
-        groups]."""
+    def decode_input(self, request: StageRequest) -> Any:
+        """The text the request's next step adds (``_text_embedding``), or that it waits for the thinker's."""
+        text = self._text_embedding(self._state(request))
+        return RunnerOutput(request.request_id, needs_input=True) if text is None else text
+
+    def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
+        """One step for every request of ``rows``: the residual codes of each one's last code, then one talker
+        forward. Returns the logits of each one's next code [rows, vocab] and the frames just completed (each
+        row's [groups])."""
+        batch, texts = rows, inputs
         states: list[Qwen3TalkerState] = [request.runner_state for request in batch]
         codes = torch.tensor([state.generated[-1] for state in states], device=self.device)
         code_embeds = self.model.get_input_embeddings()(codes)[:, None]
@@ -254,9 +261,10 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
             state.step += 1
             state.last_position = positions[:, row]
             state.last_hidden = hidden[row]
-        return self.model.codec_head(hidden), torch.cat((codes[:, None], residuals), dim=1)
+        frames = torch.cat((codes[:, None], residuals), dim=1).cpu()
+        return self.model.codec_head(hidden), list(frames)
 
-    def _emit(self, request: StageRequest, code: int, frame: torch.Tensor | None) -> RunnerOutput:
+    def emit(self, request: StageRequest, code: int, logits: torch.Tensor, frame: Any) -> RunnerOutput:
         """The frame completed this step (none after the prefill), and whether ``code`` ends the request."""
         state: Qwen3TalkerState = request.runner_state
         state.generated.append(code)
@@ -268,37 +276,3 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         elif len(state.generated) >= state.max_tokens:
             out.finished, out.finish_reason = True, "length"
         return out
-
-    @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        outputs: dict[str, RunnerOutput] = {}
-        ready: list[tuple[StageRequest, torch.Tensor, torch.Tensor | None]] = []  # (request, logits, frame)
-        decoding: list[StageRequest] = []
-        texts: list[tuple[torch.Tensor, bool]] = []
-        budget = self.options.prefill_chunk_tokens
-        for request in batch:
-            state = self._state(request)
-            if not request.prefilled:  # its first chunk may have come while it was parked: prefill it now
-                result, fed = self._prefill(request, state, budget)
-                budget -= fed
-                if isinstance(result, RunnerOutput):
-                    outputs[request.request_id] = result
-                else:
-                    ready.append((request, result, None))
-                continue
-            text = self._text_embedding(state)
-            if text is None:
-                outputs[request.request_id] = RunnerOutput(request.request_id, needs_input=True)
-            else:
-                decoding.append(request)
-                texts.append(text)
-        if decoding:
-            logits, frames = self._decode(decoding, texts)
-            ready += zip(decoding, logits, frames.cpu(), strict=True)
-        if ready:
-            codes = sample_next_tokens(torch.stack([logits for _, logits, _ in ready]),
-                                       [request.runner_state.sampling_row() for request, _, _ in ready],
-                                       suppress=self.suppress)
-            for (request, _, frame), code in zip(ready, codes, strict=True):
-                outputs[request.request_id] = self._emit(request, code, frame)
-        return [outputs[request.request_id] for request in batch]

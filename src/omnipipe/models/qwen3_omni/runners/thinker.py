@@ -34,7 +34,7 @@ from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
-from omnipipe.stage.sampling import TokenSamplingParams, given_params, sample_next_tokens
+from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError, ToolCallFormat, tool_call_format_for
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
@@ -69,7 +69,6 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         self.make_kv_cache(self.model.config.text_config, self.options, dtype, self.options.max_new_tokens,
                            self.decoder)
         self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
-        self._decoding: set[str] = set()
         self.grammars = GrammarCompiler(self.inputs.tokenizer, eos_token_id=int(self.config.im_end_token_id))
         self.tool_calls = tool_call_format_for(ToolCallFormat(), self.inputs.tokenizer)
 
@@ -159,7 +158,8 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             grids["audio_feature_lengths"] = kwargs["feature_attention_mask"].sum(-1).cpu()
         return grids
 
-    def _prefill(self, request: StageRequest, budget: int, wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
+    def prefill_piece(self, request: StageRequest, budget: int,
+                      wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
         """Feed the next piece of the request's prompt (at most ``budget`` tokens; its processing waited for if
         ``wait``): the last position's logits once the whole prompt is in, else the output to return now; and the
         tokens fed."""
@@ -195,24 +195,23 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
                          "grids": state.handoff["grids"]}
         state.prompt = None
         request.prefilled = True
-        self._decoding.add(request.request_id)
-        return self.model.lm_head(out.last_hidden_state[:, -1]), tokens
+        return self.model.lm_head(out.last_hidden_state[0, -1]), tokens
 
     # ------------------------------------------------------------------------------------------------- steps
     def _decode_ids(self, ids: list[int]) -> str:
         return self.inputs.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def _decode(self, batch: list[StageRequest]) -> torch.Tensor:
-        """One forward for every request of ``batch``: each one's last token at its own next position."""
-        states: list[Qwen3ThinkerState] = [request.runner_state for request in batch]
-        self.kv.bind([request.request_id for request in batch], 1)
+    def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
+        """One forward for every request of ``rows``: each one's last token at its own next position."""
+        states: list[Qwen3ThinkerState] = [request.runner_state for request in rows]
+        self.kv.bind([request.request_id for request in rows], 1)
         for state in states:
             state.last_position = state.last_position + 1
         positions = torch.stack([state.last_position for state in states], dim=1)[:, :, None]  # [4, rows, 1]
         tokens = torch.tensor([[state.generated[-1]] for state in states], device=self.device)
         out = self.decoder(inputs_embeds=self.model.get_input_embeddings()(tokens), position_ids=positions,
                            **self.kv.step_inputs())
-        return self.model.lm_head(out.last_hidden_state[:, -1])
+        return self.model.lm_head(out.last_hidden_state[:, -1]), [None] * len(rows)
 
     def _emit(self, request: StageRequest, token: int, embed: torch.Tensor, logits: torch.Tensor) -> RunnerOutput:
         state: Qwen3ThinkerState = request.runner_state
@@ -244,31 +243,13 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         return RunnerOutput(request.request_id, text_delta=delta, data=data, details=details, num_units=units,
                             finished=done, finish_reason=reason)
 
-    @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        outputs: dict[str, RunnerOutput] = {}
-        ready: list[tuple[StageRequest, torch.Tensor]] = []
-        if is_prefill:
-            budget = self.options.prefill_chunk_tokens
-            wait = not self._decoding  # no stream is held up while this step waits for a prompt's processing
-            for request in batch:
-                result, fed = self._prefill(request, budget, wait)
-                budget -= fed
-                if isinstance(result, RunnerOutput):
-                    outputs[request.request_id] = result
-                else:
-                    ready.append((request, result[0]))
-        else:
-            ready = list(zip(batch, self._decode(batch), strict=True))
-        if ready:
-            logits = torch.stack([row for _, row in ready])
-            tokens = sample_next_tokens(logits, [request.runner_state.sampling_row() for request, _ in ready])
-            embeds = self.model.get_input_embeddings()(torch.tensor(tokens, device=self.device))
-            for (request, row), token, embed in zip(ready, tokens, embeds, strict=True):
-                outputs[request.request_id] = self._emit(request, token, embed, row)
-        return [outputs[request.request_id] for request in batch]
+    def emit_all(self, sampled: list[tuple[StageRequest, int, torch.Tensor, Any]]) -> list[RunnerOutput]:
+        """Each token's output, with its embedding for the talker (looked up for every row at once)."""
+        tokens = torch.tensor([token for _, token, _, _ in sampled], device=self.device)
+        embeds = self.model.get_input_embeddings()(tokens)
+        return [self._emit(request, token, embed, logits)
+                for (request, token, logits, _), embed in zip(sampled, embeds, strict=True)]
 
     def free(self, request: StageRequest) -> None:
         self.prompts.forget(request)
-        self._decoding.discard(request.request_id)
         super().free(request)
