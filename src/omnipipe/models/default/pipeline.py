@@ -6,6 +6,7 @@ out) and ``asr`` (speech in, text out).
 """
 
 from dataclasses import replace
+from typing import Any
 
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec, ServingTraits, StageSpec
 from omnipipe.models.default.attachments import MAX_IMAGES
@@ -49,7 +50,7 @@ _FRAME_EDGE = {"options": {"codec_chunk_frames": 25, "left_context_frames": 10, 
 # The encoder transcribes a whole clip and the talker speaks a whole piece in one step (seconds for a long one on a
 # busy CPU): their stall bounds are wider than the per-token stages'.
 _LONG_STEPS = {"stall_report_s": 15.0, "stall_restart_s": 120.0}
-_DEPLOY = {
+_DEPLOY: dict[str, Any] = {
     "edges": {"talker->code2wav": _FRAME_EDGE},
     "stages": {
         "encoder": {"threads": 1, "max_num_seqs": 4, **_LONG_STEPS},
@@ -61,7 +62,7 @@ _DEPLOY = {
 
 _VOICES = f"{_P}.weights.voice:list_voices"
 _WEIGHTS = {"prepare_weights": f"{_P}.weights.prepare.prepare_all", "weights_status": f"{_P}.weights.prepare.status"}
-_SPEECH_WEIGHTS = {"prepare_weights": f"{_P}.weights.prepare.prepare_speech",
+_SPEECH_WEIGHTS: dict[str, Any] = {"prepare_weights": f"{_P}.weights.prepare.prepare_speech",
                    "weights_status": f"{_P}.weights.prepare.speech_status"}
 
 DEFAULT = PipelineSpec(

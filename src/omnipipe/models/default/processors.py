@@ -155,8 +155,8 @@ def encoder2thinker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     goes along."""
     transcript = " ".join(t for o in outputs if (t := o.get("text", "").strip()))
     instruction = next((o.get("instruction", "") for o in outputs if o.get("instruction")), "")
-    history = next((o["history"] for o in outputs if o.get("history")), [])
-    tools = next((o["tools"] for o in outputs if o.get("tools")), [])
+    history: list[dict[str, Any]] = next((o["history"] for o in outputs if o.get("history")), [])
+    tools: list[dict[str, Any]] = next((o["tools"] for o in outputs if o.get("tools")), [])
     return [{"text": f"{instruction} {transcript}".strip(), "history": history, "tools": tools}]
 
 

@@ -127,6 +127,11 @@ class CachedDecoder:
     vocab_size: int
     max_positions: int
     sliding_window: int | None = None
+    # set by ``_load_weights``: the embedding table, the output head (a view of it when tied; an ``Int8Linear``
+    # once quantised) and each layer's weights (a model's own record type)
+    _embed: torch.Tensor
+    _lm_head: Any
+    _layers: list[Any]
 
     # the projections of a layer (field names of its weights, each with its bias field or None) that
     # ``weights="int8"`` quantises; the embeddings (looked up, not multiplied) and norms stay float

@@ -290,9 +290,9 @@ class ThinkerRunner(StageRunner):
                 outputs.append(self._advance(request, state, logits))
             return outputs
         states: list[_Decoding] = [r.runner_state for r in batch]
-        ids, tokens = [r.request_id for r in batch], [s.stream.ids[-1] for s in states]
-        self._drive({"op": "decode", "ids": ids, "tokens": tokens})
-        logits = self._model_call(self.model.decode, ids, tokens)
+        keys, tokens = [r.request_id for r in batch], [s.stream.ids[-1] for s in states]
+        self._drive({"op": "decode", "ids": keys, "tokens": tokens})
+        logits = self._model_call(self.model.decode, keys, tokens)
         return [self._advance(r, s, logits[i]) for i, (r, s) in enumerate(zip(batch, states, strict=True))]
 
     def _prefill(self, request: StageRequest, ids: list[int]) -> torch.Tensor:
@@ -397,7 +397,7 @@ class ThinkerRunner(StageRunner):
             raise RuntimeError(f"unknown step {op!r}")
 
     def _decode_ids(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def _advance(self, request: StageRequest, state: _Decoding, logits: torch.Tensor) -> RunnerOutput:
         stream, shape = state.stream, state.shape

@@ -331,9 +331,10 @@ def _silence_gguf_progress(silent: bool) -> None:
         from transformers import modeling_gguf_pytorch_utils as gguf_utils
     except ImportError:
         return
-    if silent and getattr(gguf_utils, "tqdm", None) is tqdm:
-        gguf_utils.tqdm = partial(tqdm, disable=True)
-    elif not silent and isinstance(getattr(gguf_utils, "tqdm", None), partial):
+    quiet, current = partial(tqdm, disable=True), getattr(gguf_utils, "tqdm", None)
+    if silent and current is tqdm:
+        gguf_utils.tqdm = quiet
+    elif not silent and isinstance(current, partial):
         gguf_utils.tqdm = tqdm
 
 
