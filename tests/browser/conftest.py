@@ -201,7 +201,7 @@ def omni_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     stages = {name: {"threads": 1, "options": {"model": str(checkpoint)}}
               for name in ("thinker", "talker", "token2wav")}
     stages["thinker"]["options"]["max_new_tokens"] = 8
-    stages["talker"]["options"]["max_codes"] = 40
+    stages["talker"]["options"]["max_new_tokens"] = 40
     yield from _worker_behind_gateway(workdir, "qwen2_5_omni", deploy={"stages": stages})
 
 

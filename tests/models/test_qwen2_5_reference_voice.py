@@ -138,7 +138,7 @@ def _realtime_audio(url: str, voice: str) -> int:
 def test_voices_made_from_clips_through_the_server(checkpoint, clip, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("OMNIPIPE_CACHE", str(tmp_path / "cache"))
     stages = {name: {"options": {"model": str(checkpoint)}} for name in ("thinker", "talker", "token2wav")}
-    stages["talker"]["options"]["max_codes"] = MAX_CODES  # realtime answers set no talker bound of their own
+    stages["talker"]["options"]["max_new_tokens"] = MAX_CODES  # realtime answers set no talker bound of their own
     data = wav(clip, 24_000)
     with running_server("qwen2_5_omni", {"stages": stages}, tmp_path, 300) as server, server.client() as client:
         assert "decode" in _refused(_upload(client, "mine", b"not audio at all"), 400, "audio")

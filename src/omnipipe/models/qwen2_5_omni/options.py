@@ -12,18 +12,26 @@ from omnipipe.stage.checkpoint_options import (
     DecoderCheckpointOptions,
     positive_int,
 )
+from omnipipe.util.field_error import FieldError
 
 
 @dataclass(frozen=True)
 class TalkerOptions(DecoderCheckpointOptions):
-    """``max_codes``: a request's cap in codec codes (50 per second) when its talker SamplingParams give no
-    ``max_tokens`` (its KV is reserved for its prompt and that many codes)."""
+    """``max_new_tokens``: a request's cap in codec codes (50 per second) when its talker SamplingParams give no
+    ``max_tokens`` (its KV is reserved for its prompt and that many codes), the name every family's decoder stage
+    gives its cap; ``max_codes`` is its older name here."""
 
-    max_codes: int = 2048
+    max_new_tokens: int = 2048
+    max_codes: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        positive_int("max_codes", self.max_codes, 1 << 20)
+        if self.max_codes is not None:
+            if self.max_new_tokens != 2048:
+                raise FieldError("max_codes", "is max_new_tokens's older name: give one of them")
+            positive_int("max_codes", self.max_codes, 1 << 20)
+            object.__setattr__(self, "max_new_tokens", self.max_codes)
+        positive_int("max_new_tokens", self.max_new_tokens, 1 << 20)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ chunk a request whose reply item has not arrived yet waits for it (``needs_input
 
 Sampling follows the fields of the request's talker SamplingParams the caller set; every field left out keeps the
 model's decoding (that of transformers' ``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05,
-up to ``max_codes`` codes), each request with its own generator. The repetition penalty reads the talker's whole
+up to ``max_new_tokens`` codes), each request with its own generator. The repetition penalty reads the talker's whole
 input (as ``generate``), the presence and frequency penalties the codes generated so far. ``stop`` (strings) has no
 meaning for codec codes and is refused. The codec's begin token is suppressed; its pad and end tokens end the
 speech.
@@ -64,10 +64,9 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         self.decoder = self.model.model
         compile_if(self.decoder, self.options.torch_compile)
         self.eos_codes = {self.model.codec_pad_token, self.model.codec_eos_token}
-        self.max_codes = self.options.max_codes
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
         self.suppress = [self.model.codec_bos_token]  # the codec's begin token is never sampled
-        self.make_kv_cache(self.model.config, self.options, self.dtype, self.options.max_codes, self.decoder)
+        self.make_kv_cache(self.model.config, self.options, self.dtype, self.options.max_new_tokens, self.decoder)
 
     def validate(self, params: dict[str, Any]) -> str | None:
         if params.get("stop"):
@@ -100,7 +99,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         prompt = next((chunk["prompt"] for chunk in request.inputs if "prompt" in chunk), None)
         if prompt is None:
             return RunnerOutput(rid, error="the talker's first input carries no thinker prompt part")
-        max_codes = int(given_params(request.params).get("max_tokens", self.max_codes))
+        max_codes = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
         waiting = self.reserve(request, len(prompt["input_ids"]) + 2 + max_codes)
         if waiting is not None:
             return waiting
