@@ -275,6 +275,8 @@ def test_a_realtime_session_keeps_the_conversation(default_server: ServerProcess
 
     url = default_server.url.replace("http://", "ws://") + "/v1/realtime"
 
+    usages: list[dict] = []
+
     def turn(ws, text: str) -> str:  # type: ignore[no-untyped-def]
         ws.send(json.dumps({"type": "conversation.item.create", "item": {
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
@@ -284,6 +286,7 @@ def test_a_realtime_session_keeps_the_conversation(default_server: ServerProcess
             assert event["type"] != "error", event
             if event["type"] == "response.done":
                 assert event["response"]["status"] == "completed", event
+                usages.append(event["response"]["usage"])
                 return event["response"]["output"][0]["content"][0]["text"]
 
     def conversation(*texts: str) -> list[str]:
@@ -296,4 +299,7 @@ def test_a_realtime_session_keeps_the_conversation(default_server: ServerProcess
     answers = conversation("My favourite animal is the axolotl.", "What is the capital of France?",
                            "What is my favourite animal?")
     assert "axolotl" in answers[2].lower(), answers  # turn 3 uses turn 1
+    # each later turn went on from the one before it in the thinker's prefix cache
+    for before, after in zip(usages[:2], usages[1:3], strict=True):
+        assert after["input_token_details"]["cached_tokens"] >= before["input_tokens"], usages
     assert "axolotl" not in conversation("What is my favourite animal?")[0].lower()
