@@ -103,11 +103,10 @@ def test_a_bad_prefix_cache_option_is_refused_naming_it(options: dict[str, Any],
         runner.load()
 
 
-def test_no_prefix_cache_at_a_budget_of_0_turned_off_or_tensor_parallel() -> None:
-    assert _prefix_cache({"prefix_cache_bytes": 0}, 1) is None
-    assert _prefix_cache({"prefix_cache": False}, 1) is None
-    assert _prefix_cache({}, 2) is None
-    assert _prefix_cache({"session_cache_bytes": 1 << 20}, 1).budget_bytes == 1 << 20
+def test_no_prefix_cache_at_a_budget_of_0_or_turned_off() -> None:
+    assert _prefix_cache({"prefix_cache_bytes": 0}) is None
+    assert _prefix_cache({"prefix_cache": False}) is None
+    assert _prefix_cache({"session_cache_bytes": 1 << 20}).budget_bytes == 1 << 20
 
 
 # --- the runner on the real model --------------------------------------------------------------------------------
@@ -150,7 +149,7 @@ def _conversation(runner: ThinkerRunner, session_id: str | None) -> list[tuple[l
 def fresh(runner: ThinkerRunner) -> ThinkerRunner:
     """The module's runner with an empty prefix cache of the default budget (put back afterwards)."""
     kept = runner.prefixes
-    runner.prefixes = _prefix_cache({}, 1)
+    runner.prefixes = _prefix_cache({})
     yield runner
     runner.prefixes = kept
 
@@ -237,7 +236,7 @@ def test_the_byte_budget_keeps_the_most_recently_used(fresh) -> None:
     runner = fresh
     _turn(runner, "probe", QUESTIONS[0], [], "probe")
     one = runner.memory_stats()["prefix_cache_bytes"]
-    runner.prefixes = _prefix_cache({"prefix_cache_bytes": int(1.5 * one)}, 1)
+    runner.prefixes = _prefix_cache({"prefix_cache_bytes": int(1.5 * one)})
     for index in range(3):
         _turn(runner, f"q{index}", QUESTIONS[index], [], None)
     assert runner.memory_stats()["prefixes"] == 1

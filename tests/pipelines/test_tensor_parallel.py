@@ -105,6 +105,37 @@ def tp2() -> EngineHarness:
     harness.close()
 
 
+def _conversation(harness: EngineHarness, session: str) -> list[tuple[str, int]]:
+    """Three turns, each one's answer in the next one's history: (answer, prompt tokens from the prefix cache)."""
+    async def run() -> list[tuple[str, int]]:
+        history: list[dict[str, str]] = []
+        turns = []
+        for question in QUESTIONS:
+            final = (await collect(harness.engine, {"prompt": question, "history": history}, session_id=session,
+                                   sampling_params=PARAMS, output_modalities=["text"]))[-1]
+            turns.append((final.text, final.metrics.num_cached_tokens))
+            history += [{"role": "user", "content": question}, {"role": "assistant", "content": final.text}]
+        await harness.engine.end_session(session)
+        return turns
+    return harness.run(run(), timeout_s=600)
+
+
+def test_two_ranks_share_the_prefix_cache_alike_and_answer_like_one(tp2: EngineHarness) -> None:
+    """Every rank keeps its shard of the same entries: a conversation's later turns go on from the turn before on
+    both ranks (a rank whose lookup found another count would stop the stage), with one rank's answers."""
+    ranks = _rank_pids(tp2)
+    single = EngineHarness("default", _deploy(1))
+    try:
+        want = _conversation(single, "alone")
+    finally:
+        single.close()
+    got = _conversation(tp2, "two-ranks")
+    assert [text for text, _ in got] == [text for text, _ in want]
+    assert [cached for _, cached in got] == [cached for _, cached in want]
+    assert got[1][1] > got[0][1] + 10 and got[2][1] > got[1][1]  # each turn from the one before
+    assert _rank_pids(tp2) == ranks  # no rank stopped the stage
+
+
 def test_a_killed_rank_fails_its_requests_and_the_stage_comes_back(tp2: EngineHarness) -> None:
     before = _rank_pids(tp2)
 

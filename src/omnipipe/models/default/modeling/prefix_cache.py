@@ -7,8 +7,9 @@ A request that ends hands its caches over (no copy) and they are kept under its 
 begin the new one's is dropped (the new one serves every prompt it served), and tokens that only begin a kept
 entry's are not kept again. A request that goes on from an entry copies its first shared tokens (the entry stays
 for others). The kept caches are bounded by a byte budget, the least recently used entry dropped first. An entry
-also remembers the session its request belonged to (a realtime session, ``generate(..., session_id=...)``):
-``end`` drops a session's entries when the session ends. Driven from the stage loop only (not thread-safe).
+also remembers the sessions whose requests kept it (a realtime session, ``generate(..., session_id=...)``) and
+whether a request of no session did: ``end`` drops the entries only that session kept when it ends. Driven from
+the stage loop only (not thread-safe).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class _Kept:
     token_ids: tuple[int, ...]  # the tokens the caches hold the KV of, in order
     caches: list[LayerCache]
     nbytes: int
-    session_id: str | None
+    sessions: set[str]  # the sessions whose requests kept it
+    anonymous: bool  # a request of no session kept it: no session's end drops it
 
 
 def common_prefix_length(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
@@ -69,26 +71,34 @@ class PrefixCache:
         nbytes = sum(cache.nbytes for cache in caches)
         if not held or nbytes > self.budget_bytes:
             return
+        sessions: set[str] = set() if session_id is None else {session_id}
+        anonymous = session_id is None
         for key, kept in list(self._kept.items()):
             if len(kept.token_ids) >= len(held) and kept.token_ids[: len(held)] == held:
                 self._kept.move_to_end(key)
-                if session_id is not None:
-                    kept.session_id = session_id
+                kept.sessions |= sessions
+                kept.anonymous = kept.anonymous or anonymous
                 return
-            if held[: len(kept.token_ids)] == kept.token_ids:
+            if held[: len(kept.token_ids)] == kept.token_ids:  # the new entry serves every prompt this one did
+                sessions |= kept.sessions
+                anonymous = anonymous or kept.anonymous
                 self._drop(key)
-        self._kept[self._next_key] = _Kept(held, caches, nbytes, session_id)
+        self._kept[self._next_key] = _Kept(held, caches, nbytes, sessions, anonymous)
         self._next_key += 1
         self.nbytes += nbytes
         while self.nbytes > self.budget_bytes:
             self._drop(next(iter(self._kept)))
 
     def end(self, session_id: str) -> bool:
-        """Drop what a session's requests kept; False if they kept nothing."""
-        keys = [key for key, kept in self._kept.items() if kept.session_id == session_id]
-        for key in keys:
-            self._drop(key)
-        return bool(keys)
+        """Forget a session: drop what only its requests kept; False if they kept nothing."""
+        found = False
+        for key, kept in list(self._kept.items()):
+            if session_id in kept.sessions:
+                found = True
+                kept.sessions.discard(session_id)
+                if not kept.sessions and not kept.anonymous:
+                    self._drop(key)
+        return found
 
     def _drop(self, key: int) -> None:
         self.nbytes -= self._kept.pop(key).nbytes
@@ -99,5 +109,5 @@ class PrefixCache:
 
     def stats(self) -> dict[str, int]:
         """For ``memory_stats`` (/debug/state): entries kept, the sessions they belong to, and their bytes."""
-        sessions = {kept.session_id for kept in self._kept.values() if kept.session_id is not None}
+        sessions = set().union(*(kept.sessions for kept in self._kept.values()))
         return {"prefixes": len(self._kept), "sessions": len(sessions), "prefix_cache_bytes": self.nbytes}

@@ -28,9 +28,9 @@ what follows them. ``request.num_cached_tokens`` counts the prompt tokens it was
 API's usage). The stage option ``prefix_cache_bytes`` (default ``DEFAULT_PREFIX_CACHE_BYTES``; 0 turns it off;
 ``session_cache_bytes`` is its older name) bounds the kept caches, the least recently used dropped first;
 ``end_session`` drops what a session's requests kept; ``memory_stats`` (/debug/state) reports the entries, the
-sessions they belong to and their bytes. ``prefix_cache: false`` turns every kind off, the preamble's too. A
-tensor-parallel stage keeps no request's cache (every rank would have to evict alike): its requests go on from the
-preamble at most.
+sessions they belong to and their bytes. ``prefix_cache: false`` turns every kind off, the preamble's too. Every
+rank of a tensor-parallel stage keeps its shard of the same entries: rank 0 sends each keep, and the prefill's
+cached count, which the other ranks' lookups must find too (else the ranks went apart: the stage restarts).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from omnipipe.models.default.attachments import describe, materialize
-from omnipipe.models.default.modeling.decoder import CachedDecoder
+from omnipipe.models.default.modeling.decoder import CachedDecoder, KVPrefix
 from omnipipe.models.default.modeling.gemma import GemmaThinker
 from omnipipe.models.default.modeling.prefix_cache import PrefixCache
 from omnipipe.models.default.modeling.quantized import check_weight_format
@@ -127,7 +127,7 @@ class ThinkerRunner(StageRunner):
     def load(self) -> None:
         self.model_name = self.context.options["model"]
         chosen = thinker_model(self.model_name)
-        self.prefixes = _prefix_cache(self.context.options, self.context.world_size)
+        self.prefixes = _prefix_cache(self.context.options)
         model_dir = prepare_thinker(self.model_name, progress=self.context.rank == 0)
         group = self.context.tensor_parallel
         shard = {} if group is None else {"rank": group.rank, "world_size": group.world_size, "group": group.model}
@@ -282,10 +282,6 @@ class ThinkerRunner(StageRunner):
                     continue
                 state, ids = started
                 request.runner_state, request.prefilled = state, True
-                self._drive({"op": "prefill", "id": request.request_id, "question": state.question,
-                             "history": state.history, "tools": state.tools,
-                             "attached": request.request_id in self._images,
-                             "tokens": len(ids)})
                 logits = self._prefill(request, ids)
                 outputs.append(self._advance(request, state, logits))
             return outputs
@@ -296,19 +292,26 @@ class ThinkerRunner(StageRunner):
         return [self._advance(r, s, logits[i]) for i, (r, s) in enumerate(zip(batch, states, strict=True))]
 
     def _prefill(self, request: StageRequest, ids: list[int]) -> torch.Tensor:
-        """Prefill a request's prompt, going on from the kept cache that shares the most leading tokens with it (or
-        the shared preamble's)."""
-        kept = None
-        if self.prefixes is not None and self.model.within_window(len(ids)):
-            kept = self.prefixes.lookup(ids)
-            if kept is not None and kept[1] <= self.model.shared_prefix_tokens(ids):
-                kept = None  # the preamble's cache serves as much, with no copy made here
+        """Prefill a request's prompt (on every rank), going on from the kept cache that shares the most leading
+        tokens with it (or the shared preamble's)."""
+        state: _Decoding = request.runner_state
+        kept = self._lookup(ids)
         request.num_cached_tokens = kept[1] if kept is not None else self.model.shared_prefix_tokens(ids)
+        self._drive({"op": "prefill", "id": request.request_id, "question": state.question, "history": state.history,
+                     "tools": state.tools, "attached": request.request_id in self._images, "tokens": len(ids),
+                     "cached": request.num_cached_tokens})
         return self._model_call(self.model.prefill, request.request_id, ids, continue_from=kept)
+
+    def _lookup(self, ids: list[int]) -> KVPrefix | None:
+        """The kept cache a prompt goes on from; None when the preamble's serves as much (no copy made then)."""
+        if self.prefixes is None or not self.model.within_window(len(ids)):
+            return None
+        kept = self.prefixes.lookup(ids)
+        return None if kept is None or kept[1] <= self.model.shared_prefix_tokens(ids) else kept
 
     def _release_cache(self, request: StageRequest) -> bool:
         """Free a request's KV cache on every rank, or keep it for later requests; False if it held none."""
-        if self._keep(request):  # never tensor parallel: nothing for the other ranks to do
+        if self._keep(request):
             return True
         if self.model.free(request.request_id):
             self._drive({"op": "free", "id": request.request_id})
@@ -325,13 +328,18 @@ class ThinkerRunner(StageRunner):
             return False
         caches, num_tokens = held
         ran = state.prompt_ids + state.stream.ids[: num_tokens - len(state.prompt_ids)]
-        if len(ran) == num_tokens and self.model.within_window(num_tokens):
+        keep = len(ran) == num_tokens and self.model.within_window(num_tokens)
+        if keep:
             self.prefixes.keep(ran, caches, request.session_id)
+        # the other ranks keep (or drop) theirs alike, so every rank's prefix cache holds the same entries
+        self._drive({"op": "keep", "id": request.request_id, "tokens": ran if keep else None,
+                     "session": request.session_id})
         return True
 
     def end_session(self, session_id: str) -> None:
         if self.prefixes is not None:
             self.prefixes.end(session_id)
+            self._drive({"op": "end_session", "session": session_id})
 
     def memory_stats(self) -> dict[str, int] | None:
         return self.prefixes.stats() if self.prefixes is not None else None
@@ -371,14 +379,7 @@ class ThinkerRunner(StageRunner):
 
     def _follow(self, op: str, message: dict[str, Any]) -> None:
         if op == "prefill":
-            images = self._images.get(message["id"])
-            if message["attached"] and images is None:
-                images = self._images[message["id"]] = self.attachments.take(message["id"])["images"]
-            ids = self.encode_prompt(message["question"], message["history"], images, message.get("tools"))
-            if len(ids) != message["tokens"]:
-                raise RuntimeError(f"request {message['id']}: this rank's prompt has {len(ids)} tokens, rank 0's "
-                                   f"{message['tokens']}")
-            self.model.prefill(message["id"], ids)  # its vocabulary slice of the logits goes to rank 0
+            self._follow_prefill(message)
         elif op == "decode":
             if len(message["ids"]) > 1:  # what rank 0's stage snapshots before a batched step, to rewind to
                 self._marks = {rid: self.model.checkpoint(rid) for rid in message["ids"]}
@@ -388,13 +389,39 @@ class ThinkerRunner(StageRunner):
                 self.attachments.take(message["id"])  # rank 0 took it, so it is here or on its way
         elif op == "rewind":
             self.model.rewind(message["id"], self._marks[message["id"]])
-        elif op == "free":
-            self.model.free(message["id"])
-            self._marks.pop(message["id"], None)
-            if not message.get("keep_inputs"):
-                self._images.pop(message["id"], None)
+        elif op in ("free", "keep"):
+            self._follow_release(op, message)
+        elif op == "end_session":
+            if self.prefixes is not None:
+                self.prefixes.end(message["session"])
         else:
             raise RuntimeError(f"unknown step {op!r}")
+
+    def _follow_prefill(self, message: dict[str, Any]) -> None:
+        """Build the request's prompt as rank 0 did and prefill it from the same kept prefix rank 0 found."""
+        images = self._images.get(message["id"])
+        if message["attached"] and images is None:
+            images = self._images[message["id"]] = self.attachments.take(message["id"])["images"]
+        ids = self.encode_prompt(message["question"], message["history"], images, message.get("tools"))
+        if len(ids) != message["tokens"]:
+            raise RuntimeError(f"request {message['id']}: this rank's prompt has {len(ids)} tokens, rank 0's "
+                               f"{message['tokens']}")
+        kept = self._lookup(ids)
+        cached = kept[1] if kept is not None else self.model.shared_prefix_tokens(ids)
+        if cached != message["cached"]:  # the ranks' prefix caches went apart: restart the stage
+            raise RuntimeError(f"request {message['id']}: this rank's prefix cache holds {cached} of its tokens, "
+                               f"rank 0's {message['cached']}")
+        self.model.prefill(message["id"], ids, continue_from=kept)  # its slice of the logits goes to rank 0
+
+    def _follow_release(self, op: str, message: dict[str, Any]) -> None:
+        """A request ended: free its cache, or keep it under the tokens rank 0 kept it under."""
+        held = self.model.detach(message["id"])
+        self._marks.pop(message["id"], None)
+        if op == "free" and message.get("keep_inputs"):
+            return  # a prefill to retry alone: its images stay
+        self._images.pop(message["id"], None)
+        if op == "keep" and held is not None and message["tokens"] is not None and self.prefixes is not None:
+            self.prefixes.keep(message["tokens"], held[0], message["session"])
 
     def _decode_ids(self, ids: list[int]) -> str:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
@@ -463,9 +490,10 @@ def _sampling(params: dict[str, Any]) -> TokenSamplingParams | str:
         return str(exc)
 
 
-def _prefix_cache(options: dict[str, Any], world_size: int) -> PrefixCache | None:
+def _prefix_cache(options: dict[str, Any]) -> PrefixCache | None:
     """The stage's prefix cache of the option ``prefix_cache_bytes`` (or its older name ``session_cache_bytes``);
-    None when that is 0, ``prefix_cache`` is false or the stage is tensor parallel."""
+    None when that is 0 or ``prefix_cache`` is false. Every rank of a tensor-parallel stage holds one, kept alike
+    (rank 0 drives each lookup and keep; a rank whose lookup finds another count stops the stage)."""
     if "prefix_cache_bytes" in options and "session_cache_bytes" in options:
         raise ValueError("stages.thinker.options: give prefix_cache_bytes or its older name session_cache_bytes, "
                          "not both")
@@ -477,4 +505,4 @@ def _prefix_cache(options: dict[str, Any], world_size: int) -> PrefixCache | Non
     enabled = options.get("prefix_cache", True)
     if not isinstance(enabled, bool):
         raise ValueError(f"stages.thinker.options.prefix_cache: must be true or false, got {enabled!r}")
-    return PrefixCache(budget) if budget and enabled and world_size == 1 else None
+    return PrefixCache(budget) if budget and enabled else None
