@@ -68,11 +68,13 @@ test-fast: install-test
 	$(BIN)/python -m pytest -m "not models and not browser and not slow" -q
 
 # ruff (rules in pyproject.toml), the dead-code check (vulture; what only frameworks call is in
-# tools/vulture_whitelist.py) and the type check of the core folders (mypy; the folders in pyproject.toml)
+# tools/vulture_whitelist.py), the type check of the core folders (mypy; the folders in pyproject.toml) and the
+# import-cycle check of src/omnipipe (tools/import_cycles.py)
 lint: install-test
 	$(BIN)/python -m ruff check src tests tools
 	$(BIN)/python -m vulture
 	$(BIN)/python -m mypy
+	$(BIN)/python tools/import_cycles.py
 
 # after changing dependencies in pyproject.toml: install without the old pins, run the suite, then pin again
 lock: install-test

@@ -9,16 +9,16 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from fastapi import Request
 from starlette.datastructures import Headers
 from starlette.formparsers import MultiPartException, MultiPartParser
 
-from omnipipe.gateway.recording.taps import ChatTap, SpeechTap, TranscriptionTap, TurnTranscriptTap
+from omnipipe.gateway.recording.taps import ChatTap, HttpTap, SpeechTap, TranscriptionTap, TurnTranscriptTap
 
 if TYPE_CHECKING:
-    from omnipipe.gateway.proxy.http import Exchange
+    from omnipipe.gateway.live_sessions import LiveSession
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +27,17 @@ MAX_RECORDED_JSON = 64 << 20
 
 Sink = Callable[[bytes | None], None]
 """Takes each chunk of the worker's body for the recording; ``None``: the body ended."""
+
+
+class RecordedExchange(Protocol):
+    """What recording reads and sets of a proxied exchange (``http.Exchange``)."""
+
+    request_type: str
+    session_id: str
+    session: LiveSession | None
+    transcript_for: LiveSession | None  # a chat session whose spoken question this transcribes
+    tap: HttpTap | None
+    error: str | None
 
 
 class _SseSplitter:
@@ -45,7 +56,7 @@ class _SseSplitter:
                 self._on_data(b"\n".join(data).decode("utf-8", "replace"))
 
 
-def make_tap(exchange: Exchange, parsed: object) -> None:
+def make_tap(exchange: RecordedExchange, parsed: object) -> None:
     """Give ``exchange`` the tap of its endpoint (none when its session is not recorded) and hand it the request."""
     chat = exchange.transcript_for
     if chat is not None:
@@ -67,7 +78,7 @@ def make_tap(exchange: Exchange, parsed: object) -> None:
         logger.exception("recording the request of session %s failed", exchange.session_id)
 
 
-async def record_upload(exchange: Exchange, request: Request, body: bytes) -> None:
+async def record_upload(exchange: RecordedExchange, request: Request, body: bytes) -> None:
     """A transcription's uploaded file and its ``response_format``, read from the multipart ``body``."""
     if not isinstance(exchange.tap, TranscriptionTap):
         return
@@ -76,7 +87,7 @@ async def record_upload(exchange: Exchange, request: Request, body: bytes) -> No
         exchange.tap.on_request(audio, filename or "audio", fields.get("response_format", "json"))
 
 
-def recording_sink(exchange: Exchange, status: int, content_type: str, is_sse: bool) -> Sink:
+def recording_sink(exchange: RecordedExchange, status: int, content_type: str, is_sse: bool) -> Sink:
     """What to do with each chunk of the worker's body for the recording (``None``: the body ended)."""
     tap = exchange.tap
     if tap is None:
@@ -100,7 +111,7 @@ def recording_sink(exchange: Exchange, status: int, content_type: str, is_sse: b
     return _json_sink(exchange, safely)
 
 
-def _error_sink(exchange: Exchange, status: int, safely: Callable[[Callable[[], None]], None]) -> Sink:
+def _error_sink(exchange: RecordedExchange, status: int, safely: Callable[[Callable[[], None]], None]) -> Sink:
     """An error answer: its message (the OpenAI error's, else the body's text) is the exchange's error."""
     buffered: list[bytes] = []
 
@@ -119,7 +130,7 @@ def _error_sink(exchange: Exchange, status: int, safely: Callable[[Callable[[], 
     return on_error
 
 
-def _json_sink(exchange: Exchange, safely: Callable[[Callable[[], None]], None]) -> Sink:
+def _json_sink(exchange: RecordedExchange, safely: Callable[[Callable[[], None]], None]) -> Sink:
     """A whole answer (up to ``MAX_RECORDED_JSON``), handed to the tap once it has all come."""
     buffered: list[bytes] = []
     size = [0]

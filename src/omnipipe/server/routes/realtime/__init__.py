@@ -1,6 +1,7 @@
 """``WS /v1/realtime``: OpenAI's Realtime API (GA, or beta for a client that asks for it) over one WebSocket, one
-response at a time. The protocol, event by event, is in docs/openai-compatibility.md; one module per concept here
-(route, session, audio_buffer, conversation, transcription, response, pause, idle; events and checks they share)."""
+response at a time. The protocol, event by event, is in docs/openai-compatibility.md. One module per concept, each
+importing only those after it: route, session, audio_buffer, speculative_start, response, live_transcript,
+transcription, conversation, frames, idle, pause; then checks, events and core, which they share."""
 
 from omnipipe.server.routes.realtime.route import router
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,13 +28,18 @@ from omnipipe.server.end_of_turn import EndOfTurnModel
 from omnipipe.server.errors import APIError
 from omnipipe.server.routes.realtime.checks import check_takes_audio, decode_pcm16
 from omnipipe.server.routes.realtime.conversation import ConversationItem
+from omnipipe.server.routes.realtime.core import SessionCore
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
 from omnipipe.server.routes.realtime.live_transcript import LiveTranscript
 from omnipipe.server.routes.realtime.speculative_start import PAUSE_MS, SpeculativeStart, TentativeAnswer
 from omnipipe.server.vad import SileroVAD, TurnEnd
 
 if TYPE_CHECKING:
-    from omnipipe.server.routes.realtime.session import RealtimeSession
+    from omnipipe.server.routes.realtime.conversation import Conversation
+    from omnipipe.server.routes.realtime.frames import CameraFrames
+    from omnipipe.server.routes.realtime.idle import IdleWatch
+    from omnipipe.server.routes.realtime.pause import SessionPause
+    from omnipipe.server.routes.realtime.response import Responses
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +58,22 @@ def vad_for(turn_detection: dict[str, Any] | None) -> SileroVAD | None:
                      pause_ms=PAUSE_MS if turn_detection.get("speculative_start", True) else None, turn_end=turn_end)
 
 
+class AudioSession(SessionCore, Protocol):
+    """What the input audio buffer uses of its session: the pause (appended audio is dropped), the idle watch
+    (speech is activity), the camera frames and the conversation (a commit makes a user item), the responses
+    (barge-in, respond), and all a tentative answer uses."""
+
+    pause: SessionPause
+    idle: IdleWatch
+    frames: CameraFrames
+    conversation: Conversation
+    responses: Responses
+
+
 class InputAudioBuffer:
     """The audio appended since the last commit or clear (at most the server's body size), and its VAD."""
 
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: AudioSession) -> None:
         self.session = session
         self.chunks: list[np.ndarray] = []
         self.size_bytes = 0
@@ -66,7 +83,7 @@ class InputAudioBuffer:
         self._arrivals: list[tuple[int, float]] = []  # (samples in the buffer after a chunk, when it arrived)
         self.speech_end: tuple[float, str] | None = None  # the last commit's end of speech (perf_counter) and cause
         self.live = LiveTranscript(session)
-        self.speculation = SpeculativeStart(session)
+        self.speculation = SpeculativeStart(session, self.live)
         self._speech_from: int | None = None  # the sample where the VAD heard the buffer's speech start
         self._idle_from_ms: float | None = None  # idle_timeout_ms counts from here (buffer ms; None: not counting)
 

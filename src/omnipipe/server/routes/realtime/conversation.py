@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -20,12 +20,14 @@ from omnipipe.protocol.realtime import (
 )
 from omnipipe.server.realtime_settings import part_type
 from omnipipe.server.routes.realtime.checks import check_image_part, check_takes_audio, decode_pcm16
+from omnipipe.server.routes.realtime.core import SessionCore
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
 from omnipipe.server.routes.realtime.frames import Frame
 from omnipipe.server.tool_calls import new_call_id
 
 if TYPE_CHECKING:
-    from omnipipe.server.routes.realtime.session import RealtimeSession
+    from omnipipe.server.routes.realtime.frames import CameraFrames
+    from omnipipe.server.routes.realtime.idle import IdleWatch
 
 
 @dataclass
@@ -112,10 +114,44 @@ ALLOWED_CONTENT = {"user": ("input_text", "input_audio", "input_image"), "system
                    "assistant": ("output_text", "output_audio", "text", "audio")}
 
 
+class _Transcriptions(Protocol):
+    """The session's transcriptions (``transcription.Transcriptions``): a spoken user item that joins the
+    conversation ``start``s its own."""
+
+    def start(self, item: ConversationItem) -> None: ...
+
+
+class _Responses(Protocol):
+    """The response in progress (``response.Responses``), whose items may not be changed while it runs."""
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def id(self) -> str | None: ...
+
+    @property
+    def item(self) -> ConversationItem | None: ...
+
+
+class ConversationSession(SessionCore, Protocol):
+    """What the conversation uses of its session: the idle watch and the camera frames a user item takes, the
+    transcriptions a spoken user item starts, the response in progress."""
+
+    idle: IdleWatch
+    frames: CameraFrames
+
+    @property
+    def transcriptions(self) -> _Transcriptions: ...
+
+    @property
+    def responses(self) -> _Responses: ...
+
+
 class Conversation:
     """The session's items in order; items are only ever added at the end."""
 
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: ConversationSession) -> None:
         self.session = session
         self.items: list[ConversationItem] = []
 

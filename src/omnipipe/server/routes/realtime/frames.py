@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.realtime import MAX_FRAME_BYTES, MIN_FRAME_INTERVAL_MS, InputVideoFrameAppend
@@ -31,7 +31,8 @@ from omnipipe.server.routes.realtime.events import EventError
 from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions
 
 if TYPE_CHECKING:
-    from omnipipe.server.routes.realtime.session import RealtimeSession
+    from omnipipe.api.async_omni import AsyncOmni
+    from omnipipe.server.routes.realtime.pause import SessionPause
 
 MAX_FRAME_SIDE = 2048  # pixels, either side
 BUFFER_MS = 20_000.0  # frames kept, back from the newest
@@ -89,10 +90,18 @@ def frame_plan(pipeline: PipelineSpec, deploy: Any) -> tuple[str, float, int]:
     return "image", IMAGE_FRAMES_FPS, traits.max_images or 1
 
 
+class FramesSession(Protocol):
+    """What the camera frames use of their session: its pipeline, its engine (the deploy) and its pause."""
+
+    pipeline: PipelineSpec
+    engine: AsyncOmni
+    pause: SessionPause
+
+
 class CameraFrames:
     """The frames appended since the session's last user item."""
 
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: FramesSession) -> None:
         self.session = session
         self.frames: deque[Frame] = deque()
         self._last_ms: float | None = None  # the capture time of the last frame accepted in the session

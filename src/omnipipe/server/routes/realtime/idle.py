@@ -8,21 +8,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from omnipipe.protocol.realtime import IDLE_TIMEOUT, IDLE_WARNING_S, ServerEvent
 from omnipipe.protocol.worker import CLOSE_NORMAL
+from omnipipe.server.routes.realtime.core import SessionCore
 
 if TYPE_CHECKING:
-    from omnipipe.server.routes.realtime.session import RealtimeSession
+    from omnipipe.server.routes.realtime.pause import SessionPause
 
 IDLE_POLL_S = 0.5  # how often the idle watch looks
+
+
+class _Responses(Protocol):
+    """The session's responses (``response.Responses``): a running answer is activity."""
+
+    @property
+    def running(self) -> bool: ...
+
+
+class IdleSession(SessionCore, Protocol):
+    """What the idle watch uses of its session: whether it is paused or answering (neither counts as idle)."""
+
+    pause: SessionPause
+
+    @property
+    def responses(self) -> _Responses: ...
 
 
 class IdleWatch:
     """When the session last saw activity, and the task that closes it once it has been idle too long."""
 
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: IdleSession) -> None:
         self.session = session
         self.timeout_s = session.pool.config.idle_timeout_s  # None: never
         self._last_activity = time.monotonic()

@@ -25,7 +25,7 @@ from omnipipe.protocol.audio import PCM16_RATE_HZ
 from omnipipe.server.routes.realtime.transcription import transcribe
 
 if TYPE_CHECKING:
-    from omnipipe.server.routes.realtime.session import RealtimeSession
+    from omnipipe.server.routes.realtime.core import SessionCore
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class LiveTranscript:
 
     passes_in_flight = 0  # of every session of this server process (see MAX_PASSES_IN_FLIGHT)
 
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: SessionCore) -> None:
         self.session = session
         self.settled = SettledWords()
         self._pass: asyncio.Task[None] | None = None

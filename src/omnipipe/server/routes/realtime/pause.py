@@ -7,19 +7,54 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from omnipipe.protocol.realtime import PAUSE_TIMEOUT, ServerEvent
 from omnipipe.protocol.worker import CLOSE_NORMAL
+from omnipipe.server.routes.realtime.core import SessionCore
 
 if TYPE_CHECKING:
-    from omnipipe.server.routes.realtime.session import RealtimeSession
+    from omnipipe.server.capacity import Session
+
+
+class _Response(Protocol):
+    """The response in progress (``response.Responses``), which a pause cancels."""
+
+    async def cancel(self) -> None: ...
+
+
+class _AudioBuffer(Protocol):
+    """The input audio buffer (``audio_buffer.InputAudioBuffer``), whose uncommitted audio a pause drops."""
+
+    async def reset(self) -> None: ...
+
+
+class _Frames(Protocol):
+    """The camera frames (``frames.CameraFrames``), which a pause drops."""
+
+    def clear(self) -> None: ...
+
+
+class PauseSession(SessionCore, Protocol):
+    """What a pause uses of its session: its place in the server's session count (``handle``) and the parts a pause
+    stops."""
+
+    handle: Session | None
+
+    @property
+    def responses(self) -> _Response: ...
+
+    @property
+    def audio(self) -> _AudioBuffer: ...
+
+    @property
+    def frames(self) -> _Frames: ...
 
 
 class SessionPause:
     """Whether the session is paused, and the timer that closes it when a pause lasts too long."""
 
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: PauseSession) -> None:
         self.session = session
         self.paused = False
         self.timeout_s = session.pool.config.pause_timeout_s

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from omnipipe.api.outputs import OmniRequestOutput
 from omnipipe.api.sampling_params import SamplingParams
@@ -32,14 +32,16 @@ from omnipipe.server.errors import from_engine_error
 from omnipipe.server.realtime_settings import output_modalities_field, response_object
 from omnipipe.server.routes.realtime.checks import check_modalities, check_sampling
 from omnipipe.server.routes.realtime.conversation import ConversationItem, Turn
+from omnipipe.server.routes.realtime.core import SessionCore
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
 from omnipipe.server.routes.realtime.frames import frames_media
 from omnipipe.server.tool_calls import ToolCalls
 from omnipipe.util.playback_clock import PlaybackClock
 
 if TYPE_CHECKING:
-    from omnipipe.server.routes.realtime.session import RealtimeSession
-    from omnipipe.server.routes.realtime.speculative_start import TentativeAnswer
+    from omnipipe.server.routes.realtime.conversation import Conversation
+    from omnipipe.server.routes.realtime.idle import IdleWatch
+    from omnipipe.server.routes.realtime.pause import SessionPause
 
 
 @dataclass(frozen=True)
@@ -90,10 +92,42 @@ class _Answer:
         return {"type": "audio", "transcript": words} if self.item.spoken else {"type": "text", "text": words}
 
 
+class AnswerAhead(Protocol):
+    """An answer started ahead of its turn (``speculative_start.TentativeAnswer``), as the turn's response adopts
+    it."""
+
+    @property
+    def response_id(self) -> str: ...
+
+    async def adopt(self, plan: AnswerPlan) -> AsyncIterator[OmniRequestOutput] | None:
+        """The answer's stream when it ``plan``s the same turn (else None, and the answer dropped)."""
+
+
+class _SpeechInput(Protocol):
+    """The input audio buffer (``audio_buffer.InputAudioBuffer``), as a response reads and tells it."""
+
+    speech_end: tuple[float, str] | None  # the last commit's end of speech (perf_counter) and cause
+
+    def answer_played(self, ends_at: float | None) -> None:
+        """An answer ended; its audio plays out at ``ends_at`` (perf_counter; None: it had none)."""
+
+
+class ResponseSession(SessionCore, Protocol):
+    """What a response uses of its session: the pause (a paused session answers nothing), the conversation, the
+    idle watch, and the input audio buffer (the turn's end of speech; when the answer's audio plays out)."""
+
+    pause: SessionPause
+    conversation: Conversation
+    idle: IdleWatch
+
+    @property
+    def audio(self) -> _SpeechInput: ...
+
+
 class Responses:
     """The session's response in progress (at most one): its task, id and assistant item."""
 
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: ResponseSession) -> None:
         self.session = session
         self.task: asyncio.Task[None] | None = None
         self.id: str | None = None
@@ -109,7 +143,7 @@ class Responses:
         await self.start(event.response)
 
     async def start(self, options: ResponseOptions | BetaResponseOptions | None,
-                    tentative: TentativeAnswer | None = None) -> None:
+                    tentative: AnswerAhead | None = None) -> None:
         """Start answering the pending user items (refused while paused, answering, or with nothing to answer).
         ``tentative``: an answer started ahead for this very turn (``speculative_start.py``), adopted when it asked
         the same; dropped otherwise."""

@@ -41,7 +41,8 @@ logger = logging.getLogger(__name__)
 class RealtimeSession:
     """A realtime connection's state, split by concept: the idle watch, the pause, the input audio buffer, the
     camera frames, the conversation, the transcriptions of spoken items and the response; each part reaches the
-    others through it."""
+    others through it, as the narrow Protocol in its own module says (``core.SessionCore``: what all of them use),
+    and none imports this module."""
 
     def __init__(self, websocket: WebSocket, engine: AsyncOmni, pipeline: PipelineSpec, pool: EnginePool,
                  metrics: ServerMetrics, handle: Session | None = None, dialect: str = GA) -> None:

@@ -16,16 +16,20 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from omnipipe.api.outputs import OmniRequestOutput
 from omnipipe.server.routes.realtime.conversation import ConversationItem
+from omnipipe.server.routes.realtime.core import SessionCore
 
 if TYPE_CHECKING:
-    from omnipipe.server.routes.realtime.response import AnswerPlan
-    from omnipipe.server.routes.realtime.session import RealtimeSession
+    from omnipipe.server.routes.realtime.conversation import Conversation
+    from omnipipe.server.routes.realtime.frames import CameraFrames
+    from omnipipe.server.routes.realtime.live_transcript import LiveTranscript
+    from omnipipe.server.routes.realtime.pause import SessionPause
+    from omnipipe.server.routes.realtime.response import AnswerPlan, Responses
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +38,23 @@ logger = logging.getLogger(__name__)
 PAUSE_MS = 128
 
 
-class TentativeAnswer:
-    """One answer started ahead: its transcript, plan and engine stream (first output awaited in ``task``)."""
+class SpeculationSession(SessionCore, Protocol):
+    """What a tentative answer uses of its session: the camera frames, the conversation and the responses (to plan
+    and start the answer the turn would get), and the pause (a paused session starts none)."""
 
-    def __init__(self, session: RealtimeSession, speech: np.ndarray) -> None:
+    frames: CameraFrames
+    conversation: Conversation
+    responses: Responses
+    pause: SessionPause
+
+
+class TentativeAnswer:
+    """One answer started ahead: its transcript (``live``'s final pass), plan and engine stream (first output
+    awaited in ``task``)."""
+
+    def __init__(self, session: SpeculationSession, live: LiveTranscript, speech: np.ndarray) -> None:
         self.session = session
+        self.live = live
         self.response_id = f"resp_{uuid.uuid4().hex[:24]}"
         self.transcript: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.plan: AnswerPlan | None = None
@@ -50,7 +66,7 @@ class TentativeAnswer:
         """Transcribe, plan and start the answer; its first output (None: it ended with none)."""
         session = self.session
         try:
-            words = await session.audio.live.final(speech)
+            words = await self.live.final(speech)
         except asyncio.CancelledError:
             self.transcript.cancel()
             raise
@@ -116,10 +132,11 @@ def _same(planned: AnswerPlan, asked: AnswerPlan) -> bool:
 
 class SpeculativeStart:
     """The session's tentative answer, at most one: ``begin`` at a pause, ``take`` when the turn ends, ``drop``
-    when the user goes on."""
+    when the user goes on; ``live``: the input audio buffer's live transcript, which transcribes the turn."""
 
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: SpeculationSession, live: LiveTranscript) -> None:
         self.session = session
+        self.live = live
         self.answer: TentativeAnswer | None = None
 
     def wanted(self) -> bool:
@@ -128,12 +145,12 @@ class SpeculativeStart:
         session = self.session
         detection = session.settings.turn_detection
         return (detection is not None and detection.get("speculative_start", True)
-                and detection.get("create_response", True) and session.audio.live.enabled()
+                and detection.get("create_response", True) and self.live.enabled()
                 and not session.responses.running and not session.pause.paused)
 
     def begin(self, speech: np.ndarray) -> None:
         if self.answer is None and self.wanted():
-            self.answer = TentativeAnswer(self.session, speech)
+            self.answer = TentativeAnswer(self.session, self.live, speech)
 
     def take(self) -> TentativeAnswer | None:
         """The tentative answer, now the turn's to adopt (or drop)."""

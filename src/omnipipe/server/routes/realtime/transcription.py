@@ -19,10 +19,10 @@ from omnipipe.server.errors import from_engine_error
 
 if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.conversation import ConversationItem
-    from omnipipe.server.routes.realtime.session import RealtimeSession
+    from omnipipe.server.routes.realtime.core import SessionCore
 
 
-async def transcribe(session: RealtimeSession, audio: np.ndarray, extra: dict[str, Any] | None = None) -> str:
+async def transcribe(session: SessionCore, audio: np.ndarray, extra: dict[str, Any] | None = None) -> str:
     """What the server's transcription pipeline hears in ``audio`` (24 kHz); ``extra``: its
     ``SamplingParams.extra`` (a live pass's ``fitted_window`` and ``prefix``). Raises what the pipeline raised."""
     engine, _ = await session.pool.engine_for("transcription")
@@ -38,7 +38,7 @@ async def transcribe(session: RealtimeSession, audio: np.ndarray, extra: dict[st
 class Transcriptions:
     """The session's transcriptions in flight; cancelled when the session ends."""
 
-    def __init__(self, session: RealtimeSession) -> None:
+    def __init__(self, session: SessionCore) -> None:
         self.session = session
         self._tasks: set[asyncio.Task[None]] = set()
 
