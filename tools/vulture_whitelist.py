@@ -128,6 +128,9 @@ _LIBRARY_SETTINGS = (
     _.allow_tf32,
 )
 
+# transformers classes imported for the type checker only and named in cast() strings (models/qwen*/)
+_CAST_TYPES = (_.PreTrainedConfig, _.Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration)
+
 # Parameters a caller's protocol fixes: the async context manager's __aexit__ (gateway/proxy/queue_wait.py),
 # pyzmq's ZAP credentials callback(domain, key) (transport/control_plane.py) and transformers' attention function.
 _PROTOCOL_PARAMETERS = (_.exc_type, _.tb, _.domain,

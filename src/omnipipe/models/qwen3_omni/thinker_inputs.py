@@ -85,18 +85,18 @@ class ThinkerInputBuilder:
         from PIL import Image
 
         temporal = int(self.image_processor.temporal_patch_size)
-        frames = list(np.asarray(frames, dtype=np.uint8))
-        while len(frames) % temporal:
-            frames.append(frames[-1])
-        per_frame = self.image_processor(images=[Image.fromarray(f) for f in frames], return_tensors="np")
+        padded = list(np.asarray(frames, dtype=np.uint8))
+        while len(padded) % temporal:
+            padded.append(padded[-1])
+        per_frame = self.image_processor(images=[Image.fromarray(f) for f in padded], return_tensors="np")
         grid = per_frame["image_grid_thw"]
         patches_per_frame = int(grid[0, 1] * grid[0, 2])
         channels = 3
         patch = int(self.image_processor.patch_size)
         # every frame's patches carry the frame ``temporal`` times; keep one copy and pair frames instead
-        single = per_frame["pixel_values"].reshape(len(frames), patches_per_frame, channels, temporal, patch, patch)
+        single = per_frame["pixel_values"].reshape(len(padded), patches_per_frame, channels, temporal, patch, patch)
         single = single[:, :, :, 0]
-        grid_t = len(frames) // temporal
+        grid_t = len(padded) // temporal
         paired = single.reshape(grid_t, temporal, patches_per_frame, channels, patch, patch)
         paired = paired.transpose(0, 2, 3, 1, 4, 5).reshape(grid_t * patches_per_frame,
                                                               channels * temporal * patch * patch)
@@ -123,7 +123,7 @@ class ThinkerInputBuilder:
         audios = item.get("audios") or []
         if audios:
             features = self.feature_extractor([np.asarray(a, dtype=np.float32) for a in audios], sampling_rate=16000,
-                                              padding=True, truncation=False, return_attention_mask=True,
+                                              padding="longest", truncation=False, return_attention_mask=True,
                                               return_tensors="pt")
             kwargs["input_features"] = features["input_features"]
             kwargs["feature_attention_mask"] = features["attention_mask"]

@@ -18,7 +18,8 @@ and rank 0 gathers the slices: only rank 0 gets logits, the others get None. Eve
 hold only its own KV heads. With ``world_size`` 1 there is no communication at all.
 
 ``device`` (the stage's, e.g. ``cuda:1``): the weights are read from the checkpoint straight onto it, and the KV
-caches and every step's tensors live there; logits come back on it. int8 weights are CPU only (fbgemm).
+caches and every step's tensors live there; logits come back on it. int8 weights (``int8``, ``int8-split``) are CPU
+only (fbgemm).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.models.default.modeling.quantized import Int8Linear, check_weight_format
+from omnipipe.models.default.modeling.quantized import INT8_FORMATS, Int8Linear, Int8SplitLinear, check_weight_format
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +135,8 @@ class CachedDecoder:
     _layers: list[Any]
 
     # the projections of a layer (field names of its weights, each with its bias field or None) that
-    # ``weights="int8"`` quantises; the embeddings (looked up, not multiplied) and norms stay float
+    # the int8 formats (``weights="int8"``, ``"int8-split"``) quantise; the embeddings (looked up, not multiplied)
+    # and norms stay float
     _projections: tuple[tuple[str, str | None], ...] = ()
 
     def __init__(self, model_dir: Path, num_threads: int | None = None, dtype: torch.dtype = torch.float32, *,
@@ -144,12 +146,12 @@ class CachedDecoder:
 
         started_s = time.perf_counter()
         self.weights = check_weight_format(weights)
-        if weights == "int8" and dtype != torch.float32:
-            raise ValueError(f"int8 weights take float32 activations, not {dtype}")
+        if weights in INT8_FORMATS and dtype != torch.float32:
+            raise ValueError(f"{weights} weights take float32 activations, not {dtype}")
         self.device = torch.device(device)
-        if weights == "int8" and self.device.type != "cpu":
-            raise ValueError(f"stages.thinker.options.weights: int8 weights run on the CPU only (fbgemm); a thinker on "
-                             f"{self.device} takes float32")
+        if weights in INT8_FORMATS and self.device.type != "cpu":
+            raise ValueError(f"stages.thinker.options.weights: {weights} weights run on the CPU only (fbgemm); a "
+                             f"thinker on {self.device} takes float32")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in a world of size {world_size}")
         self.rank, self.world_size, self.group = rank, world_size, group
@@ -172,12 +174,12 @@ class CachedDecoder:
         self.eos_token_ids: frozenset[int] = frozenset(eos)
         self._load_weights(model_dir / "model.safetensors")
         self._shard_lm_head()
-        if weights == "int8":
-            self._quantize()
+        if weights in INT8_FORMATS:
+            self._quantize(Int8SplitLinear if weights == "int8-split" else Int8Linear)
         self._requests: dict[str, _Request] = {}
         self._shared_prefix: tuple[tuple[int, ...], list[LayerCache]] | None = None
         logger.info("Loaded %s in %.1f s (%s weights, %d threads)", model_dir, time.perf_counter() - started_s,
-                    weights if weights == "int8" else dtype, torch.get_num_threads())
+                    weights if weights in INT8_FORMATS else dtype, torch.get_num_threads())
 
     # -- what a model supplies -------------------------------------------------
 
@@ -254,16 +256,16 @@ class CachedDecoder:
             return None
         return torch.cat([g[..., :size] for g, size in zip(gathered, sizes, strict=True)], dim=-1)
 
-    def _quantize(self) -> None:
-        """Replace every layer projection and the lm_head by its ``Int8Linear`` (the float matrices are freed, but
-        for a tied lm_head's embeddings, which the lookup still reads)."""
+    def _quantize(self, kind: type[Int8Linear]) -> None:
+        """Replace every layer projection and the lm_head by its ``kind`` (``Int8Linear`` or ``Int8SplitLinear``;
+        the float matrices are freed, but for a tied lm_head's embeddings, which the lookup still reads)."""
         for layer in self._layers:
             for name, bias_name in self._projections:
                 bias = getattr(layer, bias_name) if bias_name else None
-                setattr(layer, name, Int8Linear(getattr(layer, name), bias))
+                setattr(layer, name, kind(getattr(layer, name), bias))
                 if bias_name:
                     setattr(layer, bias_name, None)
-        self._lm_head = Int8Linear(self._lm_head)
+        self._lm_head = kind(self._lm_head)
 
     def weight_bytes(self) -> int:
         """Bytes of the weights a decode step reads (this rank's shard), the embedding table excluded."""

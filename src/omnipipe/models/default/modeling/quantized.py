@@ -10,6 +10,15 @@ The answers differ from float32's: a weight moves by up to half a step of its ro
 step of its call's. ``omnipipe bench thinker`` prints both greedy texts side by side (and llama.cpp's, whose Q4_K_M
 weights and 8-bit activations are another approximation of the same float weights).
 
+Most of that difference is the activations': a row whose largest entry is 30-80 times its root mean square (the
+input of every layer's down projection in Qwen2.5 0.5B, and the tokens with a massive entry) keeps only a few of
+the 128 levels for its ordinary entries. ``Int8SplitLinear`` (the format ``int8-split``) runs the same packed
+weights on each activation row written as two int8 rows, a coarse one and its rounding remainder at 126 times the
+resolution (about 14 bits together), through the same kernel in the same call: the answers are then those of the
+int8 weights alone, which on ``omnipipe bench quality`` are float32's, at a decode step not much slower than int8's
+(the kernel reads the weights once for both rows; a prefill does twice the integer work). ``docs/benchmarks.md``
+has the measurements.
+
 ``project(x, weight, bias)`` applies either a float matrix (``F.linear``) or an ``Int8Linear``, so a model's forward
 reads the same whichever its weights are.
 """
@@ -22,8 +31,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-# the deploy option stages.thinker.options.weights
-WEIGHT_FORMATS = ("float32", "int8")
+# the deploy option stages.thinker.options.weights: the checkpoint as converted; per-row int8 weights with 7-bit
+# activations (``Int8Linear``); the same weights with each activation row split in two int8 rows (``Int8SplitLinear``)
+WEIGHT_FORMATS = ("float32", "int8", "int8-split")
+# the formats whose projections are int8 (fbgemm: CPU only, float32 activations)
+INT8_FORMATS = ("int8", "int8-split")
 
 
 class Int8Linear:
@@ -54,6 +66,31 @@ class Int8Linear:
         # reduce_range: 7-bit activations, so AVX2's paired uint8 x int8 products cannot saturate int16
         out = torch.ops.quantized.linear_dynamic(normalized, self._packed, True)
         out = out.mul_(half).add_((half + low) * self._row_sums)  # undo: W x = half W n + (half + low) W 1
+        if self._bias is not None:
+            out += self._bias
+        return out.reshape(*shape[:-1], self.out_features)
+
+
+class Int8SplitLinear(Int8Linear):
+    """``Int8Linear``'s weights with finer activations: each row ``x`` is scaled by ``63 / max|x|`` to ``a`` in
+    [-63, 63] and written as ``hi = round(a)`` and ``lo = round(126 (a - hi))``, both integers in [-63, 63]; the
+    kernel takes the 2n rows of one call with scale 1 and zero point 64 (so it quantises nothing: every value is
+    already an integer in [1, 127], 7 bits as AVX2 needs) and returns ``W hi`` and ``W lo`` exactly, combined as
+    ``(W hi + W lo / 126) max|x| / 63``. An activation moves by at most 1/252 of a coarse step (about 1/16,000 of
+    its row's largest entry); each row's result depends on that row only."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, self.in_features).float()
+        rows = x.shape[0]
+        step = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30).div_(63.0)
+        split = torch.empty(2 * rows, self.in_features)
+        coarse, fine = split[:rows], split[rows:]
+        torch.div(x, step, out=fine)  # a
+        torch.round(fine, out=coarse)  # hi
+        fine.sub_(coarse).mul_(126.0).round_()  # lo
+        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(split, 1.0, 64, self._packed)
+        out = torch.add(out[:rows], out[rows:], alpha=1 / 126.0).mul_(step)
         if self._bias is not None:
             out += self._bias
         return out.reshape(*shape[:-1], self.out_features)

@@ -34,7 +34,7 @@ import json
 import numbers
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -130,6 +130,7 @@ class DiffusersRunner(StageRunner):
         self.dtype = DTYPES[options.dtype]
         if self.device.type == "cpu" and self.dtype != torch.float32:
             raise FieldError("options.dtype", f"{options.dtype} runs on cuda only; use float32 on cpu")
+        assert options.model is not None  # DiffusersOptions refuses a missing model
         self.path = _resolve_model(options.model)
         index = json.loads((self.path / "model_index.json").read_text())
         components = {k: v for k, v in index.items() if isinstance(v, list) and len(v) == 2 and v[0] is not None}
@@ -383,7 +384,8 @@ class DiffusersRunner(StageRunner):
         t_all = torch.stack(timesteps + [timesteps[i] for i in guided]).to(self.device)
         cond = None
         if states[0].cond is not None:
-            cond = torch.cat([s.cond for s in states] + [states[i].uncond for i in guided])  # type: ignore[misc]
+            # a conditioned model: every request has its cond, and a guided one (``guided``) its uncond
+            cond = torch.cat(cast("list[torch.Tensor]", [s.cond for s in states] + [states[i].uncond for i in guided]))
         out = self._forward(latents, t_all, cond)
         nulls: dict[int, torch.Tensor] = {i: out[len(states) + k: len(states) + k + 1] for k, i in enumerate(guided)}
         results = []

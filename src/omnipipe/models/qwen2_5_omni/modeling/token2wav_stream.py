@@ -53,12 +53,12 @@ def vocode(token2wav: Any, mels: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     by_length: dict[int, list[int]] = {}
     for i, mel in enumerate(mels):
         by_length.setdefault(mel.shape[1], []).append(i)
-    waves: list[torch.Tensor | None] = [None] * len(mels)
+    waves: dict[int, torch.Tensor] = {}
     for indices in by_length.values():
         batch = torch.stack([mels[i] for i in indices]).to(dtype)
         for i, wave in zip(indices, bigvgan(batch).reshape(len(indices), -1), strict=True):
             waves[i] = wave.to(ode_dtype(bigvgan))
-    return waves
+    return [waves[i] for i in range(len(mels))]
 
 
 @torch.no_grad()

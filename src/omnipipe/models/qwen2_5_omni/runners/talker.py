@@ -22,7 +22,7 @@ Stage options: ``TalkerOptions`` (``options.py``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -36,6 +36,9 @@ from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.util.field_error import FieldError
+
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniTalkerForConditionalGeneration
 
 MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
 _GRIDS = ("image_grid_thw", "video_grid_thw", "audio_feature_lengths", "video_second_per_grid")
@@ -57,11 +60,14 @@ class Qwen25TalkerState(DecodeState):
 
 
 class Qwen25TalkerRunner(BatchedDecoderRunner):
+    options: TalkerOptions
+
     def load(self) -> None:
         self.options, directory, self.dtype = checked_options(self.context, TalkerOptions)
         self.device = torch.device(self.context.device)
-        self.model = load_part(directory, "talker", self.device, self.dtype)
-        self.decoder = self.model.model
+        self.model = cast("Qwen2_5OmniTalkerForConditionalGeneration",
+                          load_part(directory, "talker", self.device, self.dtype))
+        self.decoder: torch.nn.Module = self.model.model
         compile_if(self.decoder, self.options.torch_compile)
         self.eos_codes = {self.model.codec_pad_token, self.model.codec_eos_token}
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
@@ -123,8 +129,10 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         mask = torch.cat([torch.tensor(prompt["attention_mask"], device=device).view(1, -1),
                           torch.ones(1, 2, dtype=torch.long, device=device)], dim=1)
         grids = {k: torch.tensor(prompt[k], device=device) for k in _GRIDS if k in prompt}
-        positions, deltas = model.get_rope_index(text_ids, grids.get("image_grid_thw"), grids.get("video_grid_thw"),
-                                                 mask, False, grids.get("audio_feature_lengths"),
+        # transformers annotates the ids, grids and lengths torch.LongTensor, a class no tensor is typed as
+        positions, deltas = model.get_rope_index(text_ids, grids.get("image_grid_thw"),  # type: ignore[arg-type]
+                                                 grids.get("video_grid_thw"), mask, False,  # type: ignore[arg-type]
+                                                 grids.get("audio_feature_lengths"),  # type: ignore[arg-type]
                                                  grids.get("video_second_per_grid"))
         # the fields a caller gives replace the model's decoding; the others stay the model's
         sampling = TokenSamplingParams.from_params(request.params, MODEL_DECODING)
@@ -146,12 +154,14 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         state: Qwen25TalkerState = request.runner_state
         if budget < 1:
             return RunnerOutput(request.request_id, prefill_pending=True), 0
+        embeds, positions = state.prompt_embeds, state.prompt_positions
+        assert embeds is not None and positions is not None  # set by _start, cleared once the request is prefilled
         start = state.prompt_fed
-        end = min(start + budget, state.prompt_embeds.shape[1])
+        end = min(start + budget, embeds.shape[1])
         self.kv.bind([request.request_id], end - start)
-        logits = self._forward(state.prompt_embeds[:, start:end], state.prompt_positions[:, :, start:end])
+        logits = self._forward(embeds[:, start:end], positions[:, :, start:end])
         state.prompt_fed = end
-        if end < state.prompt_embeds.shape[1]:
+        if end < embeds.shape[1]:
             return RunnerOutput(request.request_id, prefill_pending=True), end - start
         state.prompt_embeds = state.prompt_positions = None
         request.prefilled = True

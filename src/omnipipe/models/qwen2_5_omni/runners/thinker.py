@@ -22,8 +22,8 @@ one is held back until it is settled; the talker speaks the reply's tokens befor
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -44,12 +44,15 @@ from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
 from omnipipe.util.field_error import FieldError
 
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniThinkerForConditionalGeneration
+
 _GRID_KEYS = ("image_grid_thw", "video_grid_thw", "video_second_per_grid")
 
 
 @dataclass
 class Qwen25ThinkerState(DecodeState):
-    stream: TextStream | None = None
+    stream: TextStream = field(kw_only=True)
     prompt: PromptPieces | None = None  # while its prefill is in pieces
     rope_delta: int = 0  # a decode position's multimodal rows: its cache position plus this
     handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
@@ -57,11 +60,14 @@ class Qwen25ThinkerState(DecodeState):
 
 
 class Qwen25ThinkerRunner(BatchedDecoderRunner):
+    options: MultimodalThinkerOptions
+
     def load(self) -> None:
         self.options, self.directory, self.dtype = checked_options(self.context, MultimodalThinkerOptions)
         self.device = torch.device(self.context.device)
-        self.model = load_part(self.directory, "thinker", self.device, self.dtype)
-        self.decoder = self.model.model.language_model
+        self.model = cast("Qwen2_5OmniThinkerForConditionalGeneration",
+                          load_part(self.directory, "thinker", self.device, self.dtype))
+        self.decoder: torch.nn.Module = self.model.model.language_model
         compile_if(self.decoder, self.options.torch_compile)
         self.inputs = ThinkerInputs(self.directory, self.options.video_fps, self.options.video_max_frames)
         self.tokenizer = self.inputs.tokenizer
@@ -133,9 +139,10 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
                      else v.to(self.device)) for k, v in inputs.items() if k in MEDIA_KEYS}
         feature_mask = media.get("feature_attention_mask")
         audio_lengths = feature_mask.sum(-1) if feature_mask is not None else None
+        # transformers annotates the ids, grids and lengths torch.LongTensor, a class no tensor is typed as
         vision_positions, rope_deltas = self.model.get_rope_index(
-            input_ids, media.get("image_grid_thw"), media.get("video_grid_thw"), attention_mask, False,
-            audio_lengths, media.get("video_second_per_grid"))
+            input_ids, media.get("image_grid_thw"), media.get("video_grid_thw"),  # type: ignore[arg-type]
+            attention_mask, False, audio_lengths, media.get("video_second_per_grid"))  # type: ignore[arg-type]
         text_positions = torch.arange(prompt_tokens, device=self.device).view(1, 1, -1)
         position_ids = torch.cat([text_positions, vision_positions])
         decoder_inputs = capture_decoder_inputs(self.model.model, self.decoder, input_ids=input_ids,
@@ -194,7 +201,8 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         state: Qwen25ThinkerState = request.runner_state
         if budget < 1:
             return RunnerOutput(request.request_id, prefill_pending=True), 0
-        pieces = state.prompt
+        pieces, handoff = state.prompt, state.handoff
+        assert pieces is not None and handoff is not None  # set by _start, cleared once the request is prefilled
         piece = pieces.next_piece(budget)
         tokens = int(piece["inputs_embeds"].shape[1])
         self.kv.bind([request.request_id], tokens)
@@ -203,14 +211,15 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         if pieces.remaining:
             return RunnerOutput(request.request_id, prefill_pending=True), tokens
         self.kv.set_extras(request.request_id, {-1: pieces.gathered(-1)})
-        state.handoff = {**state.handoff, "hidden": pieces.gathered(-1).float().cpu().numpy()}
+        state.handoff = {**handoff, "hidden": pieces.gathered(-1).float().cpu().numpy()}
         state.prompt = None
         request.prefilled = True
         return self.model.lm_head(out.last_hidden_state[0, -1]), tokens
 
     # ------------------------------------------------------------------------------------------------- steps
     def _decode_ids(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        # a flat list of ids decodes to one string (transformers types the result str | list[str] for both forms)
+        return cast(str, self.tokenizer.decode(ids, skip_special_tokens=True))
 
     def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
         """One forward for every request of ``rows``, each reading its last token at its own next position: the

@@ -10,7 +10,7 @@ its voice's reference mel; the voice's x-vector stays."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -29,6 +29,10 @@ from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniToken2WavModel
+
 SAMPLE_RATE_HZ = 24_000
 # SamplingParams fields with the value that leaves decoding as it is: the only ones token2wav accepts
 NEUTRAL_PARAMS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "stop": [], "repetition_penalty": 1.0,
@@ -39,7 +43,7 @@ class Qwen25Token2WavRunner(StageRunner):
     def load(self) -> None:
         self.options, directory, dtype = checked_options(self.context, Token2WavOptions)
         self.device = torch.device(self.context.device)
-        self.model = load_part(directory, "token2wav", self.device, dtype)
+        self.model = cast("Qwen2_5OmniToken2WavModel", load_part(directory, "token2wav", self.device, dtype))
         # the vocoder's anti-aliasing filters are buffers built in float32 whatever dtype the weights load in
         self.model.code2wav_bigvgan_model.to(dtype)
         self.speakers = {name: (s["cond"].float().to(self.device), s["ref_mel"].float().to(self.device))
@@ -47,7 +51,7 @@ class Qwen25Token2WavRunner(StageRunner):
         self.vocoder_left_mel = self.options.vocoder_left_mel
         # codes past the DiT's codec embedding would be a device assert on a GPU (the stage and all its requests
         # lost): a window holding one fails its own request before any embedding
-        self.num_codes = self.model.code2wav_dit_model.text_embed.codec_embed.num_embeddings
+        self.num_codes: int = self.model.code2wav_dit_model.text_embed.codec_embed.num_embeddings
 
     def validate(self, params: dict[str, Any]) -> str | None:
         for name, neutral in NEUTRAL_PARAMS.items():
@@ -55,7 +59,8 @@ class Qwen25Token2WavRunner(StageRunner):
                 raise FieldError(f"sampling_params.{name}", f"token2wav samples no tokens: leave it {neutral!r} "
                                  f"(only seed applies here), got {params[name]!r}")
         mel = Qwen25Token2WavParams(**(params.get("extra") or {})).reference_mel
-        bands = self.model.config.dit_config.mel_dim
+        # a built config's dit_config is a config (transformers types the field as what it may be given)
+        bands = cast("PreTrainedConfig", self.model.config.dit_config).mel_dim
         if mel is not None and len(mel[0]) != bands:
             raise FieldError("sampling_params.extra.reference_mel", f"frames of {bands} mel bands expected, got "
                              f"{len(mel[0])}")

@@ -4,11 +4,14 @@ its transformers class, built from its sub-config, without building the other pa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from omnipipe.stage.checkpoint_options import device_on_load, quiet_loading
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 STAGE_PARTS = ("thinker", "talker", "token2wav")
 
@@ -30,16 +33,19 @@ def load_part(directory: Path, part: str, device: torch.device, dtype: torch.dty
     )
 
     config = load_config(directory)
-    classes = {"thinker": (Qwen2_5OmniThinkerForConditionalGeneration, config.thinker_config),
-               "talker": (Qwen2_5OmniTalkerForConditionalGeneration, config.talker_config),
-               "token2wav": (Qwen2_5OmniToken2WavModel, config.token2wav_config)}
+    classes: dict[str, tuple[type[PreTrainedModel], Any]] = {
+        "thinker": (Qwen2_5OmniThinkerForConditionalGeneration, config.thinker_config),
+        "talker": (Qwen2_5OmniTalkerForConditionalGeneration, config.talker_config),
+        "token2wav": (Qwen2_5OmniToken2WavModel, config.token2wav_config)}
     if part not in classes:
         raise ValueError(f"unknown part {part!r}; one of {', '.join(STAGE_PARTS)}")
     cls, sub_config = classes[part]
     with quiet_loading():  # its load report would list the other parts' tensors as unexpected
-        model, info = cls.from_pretrained(directory, config=sub_config, local_files_only=True, dtype=dtype,
-                                          key_mapping={rf"^{part}\.": ""}, output_loading_info=True,
-                                          **device_on_load(device))
+        loaded = cls.from_pretrained(directory, config=sub_config, local_files_only=True, dtype=dtype,
+                                     key_mapping={rf"^{part}\.": ""}, output_loading_info=True,
+                                     **device_on_load(device))
+    # with output_loading_info it returns the model and its load report (transformers types it the model alone)
+    model, info = cast("tuple[torch.nn.Module, dict[str, Any]]", loaded)
     missing = sorted(info["missing_keys"])
     if missing:
         raise ValueError(f"{directory}: the {part} is missing {len(missing)} tensors, e.g. {missing[:3]}")

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers.models.qwen2_5_omni import Qwen2_5OmniForConditionalGeneration
 
 TINY_MARKER = "omnipipe_tiny_checkpoint.json"
 
@@ -74,7 +78,8 @@ def _train_tokenizer(directory: Path) -> None:
     tokenizer.train_from_iterator([_TRAINING_TEXT] * 4, trainer=trainer)
     vocab = tokenizer.get_vocab()
     merges = [tuple(pair) for pair in json.loads(tokenizer.to_str())["model"]["merges"]]
-    wrapped = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, bos_token=None,
+    # transformers annotates merges as strings and unk_token as required; its BPE takes pairs, and None is no token
+    wrapped = Qwen2Tokenizer(vocab=vocab, merges=merges, unk_token=None, bos_token=None,  # type: ignore[arg-type]
                              eos_token="<|im_end|>", pad_token="<|endoftext|>", errors="replace",
                              extra_special_tokens=EXTRA_SPECIAL_TOKENS)
     wrapped.add_special_tokens({"additional_special_tokens": list(SPECIAL_TOKENS)})
@@ -85,7 +90,7 @@ def _train_tokenizer(directory: Path) -> None:
 # Qwen2.5-Omni-7B's sizes (its published config.json), merged over the tiny ones by ``size="released"``. Every figure
 # is also transformers' Qwen2_5Omni*Config default unless its line says otherwise.
 _MROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [16, 24, 24]}  # head_dim 128
-RELEASED = {
+RELEASED: dict[str, dict[str, Any]] = {
     # the thinker's decoder: Qwen2.5-7B (Qwen2_5OmniTextConfig); its output layer is untied from the embedding
     "text": {"vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
              "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 32768,
@@ -230,7 +235,8 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0, size: str = "tiny", la
     directory.mkdir(parents=True, exist_ok=True)
     _train_tokenizer(directory)
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
-    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in SPECIAL_TOKENS}
+    # one token's id is an int (transformers types the result int | list[int] for a token and a list alike)
+    ids = {token: cast(int, tokenizer.convert_tokens_to_ids(token)) for token in SPECIAL_TOKENS}
     config = _config(ids, size, layers)
     ends = [ids["<|im_end|>"], ids["<|endoftext|>"]]
     if size == "released":
@@ -254,7 +260,7 @@ def write_tiny_checkpoint(directory: Path, seed: int = 0, size: str = "tiny", la
     return directory
 
 
-def _set_end_tokens(model: torch.nn.Module, ends: list[int]) -> None:
+def _set_end_tokens(model: Qwen2_5OmniForConditionalGeneration, ends: list[int]) -> None:
     """The end tokens ``generate`` (and the thinker's stage) stops at; ``<|endoftext|>`` pads."""
     for generation in (model.generation_config, model.thinker.generation_config):
         generation.eos_token_id = ends
@@ -275,7 +281,7 @@ def _write_released(directory: Path, config, ends: list[int], tokenizer_size: in
     """The released sizes' random weights, streamed tensor by tensor; config.json beside them."""
     from transformers.models.qwen2_5_omni import Qwen2_5OmniForConditionalGeneration
 
-    from omnipipe.util.random_checkpoint import checkpoint_specs, write_random_checkpoint
+    from omnipipe.util.random_checkpoint import Edit, checkpoint_specs, write_random_checkpoint
 
     with torch.device("meta"):
         model = Qwen2_5OmniForConditionalGeneration(config)
@@ -288,7 +294,7 @@ def _write_released(directory: Path, config, ends: list[int], tokenizer_size: in
     def codec_head(rows: torch.Tensor) -> None:
         rows[codes:] = 0.0
 
-    edits = {"thinker.lm_head.weight": thinker_head, "talker.codec_head.weight": codec_head}
+    edits: dict[str, Edit] = {"thinker.lm_head.weight": thinker_head, "talker.codec_head.weight": codec_head}
     write_random_checkpoint(directory, checkpoint_specs(model, torch.bfloat16), seed, edits=edits)
     config.save_pretrained(directory)
     _set_end_tokens(model, ends)

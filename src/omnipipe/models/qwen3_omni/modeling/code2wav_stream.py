@@ -35,6 +35,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 
 from omnipipe.util.field_error import FieldError
 
+_ConvLayer = Qwen3OmniMoeCausalConvNet | Qwen3OmniMoeCausalTransConvNet  # what the vocoder's convolutions are
+
 
 @dataclass(frozen=True)
 class Code2WavGeometry:
@@ -50,7 +52,7 @@ class Code2WavGeometry:
         return 0 if frame_boundary == 0 else frame_boundary * self.samples_per_frame - self.tail_samples
 
 
-def _conv_layers(code2wav: Qwen3OmniMoeCode2Wav) -> list[torch.nn.Module]:
+def _conv_layers(code2wav: Qwen3OmniMoeCode2Wav) -> list[_ConvLayer]:
     """The causal (transposed) convolutions after the transformer, in the order the forward applies them."""
     layers = [m for part in (code2wav.upsample, code2wav.decoder) for m in part.modules()
               if isinstance(m, (Qwen3OmniMoeCausalConvNet, Qwen3OmniMoeCausalTransConvNet))]
@@ -63,7 +65,7 @@ def _conv_layers(code2wav: Qwen3OmniMoeCode2Wav) -> list[torch.nn.Module]:
     return layers
 
 
-def _input_span(layers: list[torch.nn.Module], first_sample: int, last_sample: int) -> tuple[int, int]:
+def _input_span(layers: list[_ConvLayer], first_sample: int, last_sample: int) -> tuple[int, int]:
     """The input positions (frames of the transformer's output) the output samples ``[first, last]`` read."""
     low, high = first_sample, last_sample
     for layer in reversed(layers):
@@ -78,7 +80,7 @@ def _input_span(layers: list[torch.nn.Module], first_sample: int, last_sample: i
     return low, high
 
 
-def _output_length(layers: list[torch.nn.Module], frames: int) -> int:
+def _output_length(layers: list[_ConvLayer], frames: int) -> int:
     """Samples the convolutions make of ``frames`` transformer outputs."""
     length = frames
     for layer in layers:

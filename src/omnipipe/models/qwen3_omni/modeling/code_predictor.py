@@ -17,10 +17,16 @@ whatever it is batched with; the codes stay on the device from one residual to t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams, choose_next_tokens
+
+if TYPE_CHECKING:
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration,
+    )
 
 RESIDUAL_SAMPLING = TokenSamplingParams(temperature=1.0, top_k=50, top_p=0.8)  # the model's, when it samples
 
@@ -29,9 +35,9 @@ class BatchedCodePredictor:
     """Wraps a loaded ``talker.code_predictor``; call it once per talker step for all the step's rows."""
 
     def __init__(self, predictor: torch.nn.Module) -> None:
-        self.predictor = predictor
-        self.model = predictor.model
-        self.residuals = len(predictor.lm_head)  # num_code_groups - 1
+        self.predictor = cast("Qwen3OmniMoeTalkerCodePredictorModelForConditionalGeneration", predictor)
+        self.model = self.predictor.model
+        self.residuals = len(self.predictor.lm_head)  # num_code_groups - 1
 
     def rows(self, greedy: Sequence[bool], generators: Sequence[torch.Generator | None]) -> list[SamplingRow]:
         """The sampling row of each request: greedy, or the model's residual sampling with its generator."""

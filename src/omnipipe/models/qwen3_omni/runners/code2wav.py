@@ -7,7 +7,7 @@ Stage options: ``Code2WavOptions`` (``options.py``). It takes no SamplingParams.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -24,6 +24,9 @@ from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
 
+if TYPE_CHECKING:
+    from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
+
 SAMPLE_RATE_HZ = 24000
 logger = logging.getLogger(__name__)
 
@@ -31,7 +34,7 @@ logger = logging.getLogger(__name__)
 class Qwen3Code2WavRunner(StageRunner):
     def load(self) -> None:
         _, directory, dtype = checked_options(self.context, Code2WavOptions)
-        self.model = load_part(directory, "code2wav", self.context.device, dtype)
+        self.model = cast("Qwen3OmniMoeCode2Wav", load_part(directory, "code2wav", self.context.device, dtype))
         exact = exact_left_context_frames(self.model)
         logger.info("code2wav: a left context of %d frames makes a streamed decode equal the whole decode "
                     "(edge option left_context_frames)", exact)
@@ -44,9 +47,12 @@ class Qwen3Code2WavRunner(StageRunner):
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        requests = [(request, request.take_input()) for request in batch]
-        windows = [CodeWindow.from_chunk(chunk) for _, chunk in requests]
+        chunks = [request.take_input() for request in batch]
+        windows = []
+        for chunk in chunks:
+            assert chunk is not None  # a generation stage's request is scheduled with an input chunk (StageRunner)
+            windows.append(CodeWindow.from_chunk(chunk))
         waves = decode_windows(self.model, windows)
         return [RunnerOutput(request.request_id, audio=np.ascontiguousarray(wave.float().cpu().numpy(), np.float32),
                              num_units=window.frames.shape[-1] - window.context_frames)
-                for (request, _), window, wave in zip(requests, windows, waves, strict=True)]
+                for request, window, wave in zip(batch, windows, waves, strict=True)]

@@ -24,7 +24,7 @@ refused.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -38,6 +38,9 @@ from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.util.field_error import FieldError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedConfig, Qwen3OmniMoeTalkerForConditionalGeneration
 
 MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
 PROMPT_KEYS = ("prompt_ids", "prompt_embed", "mm_hidden", "grids")
@@ -57,11 +60,14 @@ class Qwen3TalkerState(DecodeState):
 
 
 class Qwen3TalkerRunner(BatchedDecoderRunner):
+    options: TalkerOptions
+
     def load(self) -> None:
         self.options, self.directory, self.dtype = checked_options(self.context, TalkerOptions)
         self.device = self.context.device
         self.config = load_config(self.directory)
-        self.model = load_part(self.directory, "talker", self.device, self.dtype)
+        self.model = cast("Qwen3OmniMoeTalkerForConditionalGeneration",
+                          load_part(self.directory, "talker", self.device, self.dtype))
         compile_if(self.model.model, self.options.torch_compile)
         self.predictor = BatchedCodePredictor(self.model.code_predictor)
         talker = self.config.talker_config
@@ -145,8 +151,9 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         previous = torch.cummax(starts, dim=0).values.clamp_min(0)
         roles = ids[(previous + 1).clamp_max(len(ids) - 1)]
         user = roles == config.user_token_id
-        part = torch.empty(int(user.sum()), self.model.config.text_config.hidden_size, dtype=self.dtype,
-                           device=self.device)
+        # a built config's text_config is a config (transformers types the field as what it may be given)
+        hidden_size = cast("PreTrainedConfig", self.model.config.text_config).hidden_size
+        part = torch.empty(int(user.sum()), hidden_size, dtype=self.dtype, device=self.device)
         user_mm = mm[user]
         mm_rank = torch.cumsum(mm.long(), 0) - 1  # index of each multimodal position among mm_hidden's rows
         if user_mm.any():
@@ -156,10 +163,11 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         part[~user_mm.to(self.device)] = self.model.text_projection(text_rows)
         return part, ids[user]
 
-    def _prompt_inputs(self, request: StageRequest, state: Qwen3TalkerState) -> tuple[torch.Tensor, torch.Tensor]:
-        """The talker's prompt: its input embeddings [1, length, hidden] and rope positions [4, 1, length]."""
+    def _prompt_inputs(self, request: StageRequest, state: Qwen3TalkerState,
+                       prompt: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The talker's prompt (``prompt``: the thinker's prompt part): its input embeddings [1, length, hidden] and
+        rope positions [4, 1, length]."""
         config, talker_config = self.config, self.config.talker_config
-        prompt = state.prompt
         ids = torch.as_tensor(prompt["prompt_ids"]).long()
         embed = torch.as_tensor(prompt["prompt_embed"])
         user_embeds, user_ids = self._user_part(ids, embed, torch.as_tensor(prompt["mm_hidden"]))
@@ -185,11 +193,12 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
     def _start(self, request: StageRequest, state: Qwen3TalkerState) -> RunnerOutput | None:
         """The request's prompt built and its KV reserved; else the output to return now (waiting for the thinker
         or for KV memory, or nothing to speak)."""
-        if state.prompt is None or (not state.text and not state.done):
+        prompt = state.prompt
+        if prompt is None or (not state.text and not state.done):
             return RunnerOutput(request.request_id, needs_input=True)
         if not state.text:  # the thinker said nothing to speak
             return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
-        inputs_embeds, position_ids = self._prompt_inputs(request, state)
+        inputs_embeds, position_ids = self._prompt_inputs(request, state, prompt)
         waiting = self.reserve(request, int(inputs_embeds.shape[1]) + state.max_tokens)
         if waiting is not None:
             return waiting
@@ -207,6 +216,7 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
             if waiting is not None:
                 return waiting, 0
         pieces = state.pieces
+        assert pieces is not None  # set by _start, cleared once the request is prefilled
         if budget < 1:
             return RunnerOutput(request.request_id, prefill_pending=True), 0
         piece = pieces.next_piece(budget)
@@ -247,12 +257,17 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         states: list[Qwen3TalkerState] = [request.runner_state for request in batch]
         codes = torch.tensor([state.generated[-1] for state in states], device=self.device)
         code_embeds = self.model.get_input_embeddings()(codes)[:, None]
-        talker_hidden = torch.stack([state.last_hidden for state in states])[:, None]
-        rows = self.predictor.rows([state.sampling.greedy for state in states],
-                                   [state.generator for state in states])
-        residuals, frame_embeds = self.predictor(talker_hidden, code_embeds, rows)
+        last_hidden, last_positions = [], []
+        for state in states:  # both set when the request's prompt went in
+            assert state.last_hidden is not None and state.last_position is not None
+            last_hidden.append(state.last_hidden)
+            last_positions.append(state.last_position)
+        talker_hidden = torch.stack(last_hidden)[:, None]
+        sampling_rows = self.predictor.rows([state.sampling.greedy for state in states],
+                                            [state.generator for state in states])
+        residuals, frame_embeds = self.predictor(talker_hidden, code_embeds, sampling_rows)
         inputs_embeds = frame_embeds + self._project_texts(texts)[:, None]
-        positions = torch.stack([state.last_position + 1 for state in states], dim=1)  # [4, rows]
+        positions = torch.stack([position + 1 for position in last_positions], dim=1)  # [4, rows]
         self.kv.bind([request.request_id for request in batch], 1)
         out = self.model.model(inputs_embeds=inputs_embeds, position_ids=positions[:, :, None],
                                **self.kv.step_inputs())

@@ -19,8 +19,8 @@ held back until it is settled).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -40,24 +40,30 @@ from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
 from omnipipe.util.field_error import FieldError
 
+if TYPE_CHECKING:
+    from transformers import Qwen3OmniMoeThinkerForConditionalGeneration
+
 _MEDIA_FLOATS = ("pixel_values", "pixel_values_videos", "input_features")
 
 
 @dataclass
 class Qwen3ThinkerState(DecodeState):
-    stream: TextStream | None = None
+    stream: TextStream = field(kw_only=True)
     prompt: PromptPieces | None = None  # while its prefill is in pieces
     last_position: torch.Tensor | None = None  # [4]: the rope rows of the last position fed
     handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
 
 
 class Qwen3ThinkerRunner(BatchedDecoderRunner):
+    options: MultimodalThinkerOptions
+
     def load(self) -> None:
         self.options, self.directory, dtype = checked_options(self.context, MultimodalThinkerOptions)
         self.device = self.context.device
         self.config = load_config(self.directory)
-        self.model = load_part(self.directory, "thinker", self.device, dtype)
-        self.decoder = self.model.model.language_model
+        self.model = cast("Qwen3OmniMoeThinkerForConditionalGeneration",
+                          load_part(self.directory, "thinker", self.device, dtype))
+        self.decoder: torch.nn.Module = self.model.model.language_model
         compile_if(self.decoder, self.options.torch_compile)
         self.inputs = ThinkerInputBuilder(self.directory, self.config)
         self.accept_layer = int(self.config.talker_config.accept_hidden_layer)
@@ -152,8 +158,8 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         return None
 
     def _grids(self, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
-        grids = {k: kwargs[k].cpu() for k in ("image_grid_thw", "video_grid_thw", "video_second_per_grid")
-                 if k in kwargs}
+        grids: dict[str, torch.Tensor] = {k: kwargs[k].cpu() for k in ("image_grid_thw", "video_grid_thw",
+                                                                        "video_second_per_grid") if k in kwargs}
         if "feature_attention_mask" in kwargs:
             grids["audio_feature_lengths"] = kwargs["feature_attention_mask"].sum(-1).cpu()
         return grids
@@ -176,7 +182,8 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             if waiting is not None:
                 return waiting, 0
         state: Qwen3ThinkerState = request.runner_state
-        pieces = state.prompt
+        pieces, handoff = state.prompt, state.handoff
+        assert pieces is not None and handoff is not None  # set by _start, cleared once the request is prefilled
         if budget < 1:
             return RunnerOutput(request.request_id, prefill_pending=True), 0
         piece = pieces.next_piece(budget)
@@ -188,26 +195,30 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             return RunnerOutput(request.request_id, prefill_pending=True), tokens
         state.last_position = pieces.position_ids[:, 0, -1]
         self.kv.set_extras(request.request_id, {layer: pieces.gathered(layer) for layer in pieces.keep})
-        ids, embeds = state.handoff["ids"], pieces.gathered(0)
+        ids, embeds = handoff["ids"], pieces.gathered(0)
         mm = torch.isin(ids, self.mm_token_ids).to(embeds.device)
         state.handoff = {"prompt_ids": ids, "prompt_embed": embeds.float().cpu(),
                          "mm_hidden": pieces.gathered(self.accept_layer)[mm].float().cpu(),
-                         "grids": state.handoff["grids"]}
+                         "grids": handoff["grids"]}
         state.prompt = None
         request.prefilled = True
         return self.model.lm_head(out.last_hidden_state[0, -1]), tokens
 
     # ------------------------------------------------------------------------------------------------- steps
     def _decode_ids(self, ids: list[int]) -> str:
-        return self.inputs.tokenizer.decode(ids, skip_special_tokens=True)
+        # a flat list of ids decodes to one string (transformers types the result str | list[str] for both forms)
+        return cast(str, self.inputs.tokenizer.decode(ids, skip_special_tokens=True))
 
     def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
         """One forward for every request of ``rows``: each one's last token at its own next position."""
         states: list[Qwen3ThinkerState] = [request.runner_state for request in rows]
         self.kv.bind([request.request_id for request in rows], 1)
+        moved = []
         for state in states:
+            assert state.last_position is not None  # set when the request's prompt went in
             state.last_position = state.last_position + 1
-        positions = torch.stack([state.last_position for state in states], dim=1)[:, :, None]  # [4, rows, 1]
+            moved.append(state.last_position)
+        positions = torch.stack(moved, dim=1)[:, :, None]  # [4, rows, 1]
         tokens = torch.tensor([[state.generated[-1]] for state in states], device=self.device)
         out = self.decoder(inputs_embeds=self.model.get_input_embeddings()(tokens), position_ids=positions,
                            **self.kv.step_inputs())

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from omnipipe.stage.checkpoint_options import device_on_load, quiet_loading
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def read_rows(directory: Path, name: str, rows: list[int]) -> torch.Tensor | None:
@@ -100,17 +104,20 @@ def load_part(directory: Path, part: str, device: str, dtype: torch.dtype) -> to
     )
 
     config = load_config(directory)
-    classes = {"thinker": (Qwen3OmniMoeThinkerForConditionalGeneration, config.thinker_config),
-               "talker": (Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),
-               "code2wav": (Qwen3OmniMoeCode2Wav, config.code2wav_config)}
+    classes: dict[str, tuple[type[PreTrainedModel], Any]] = {
+        "thinker": (Qwen3OmniMoeThinkerForConditionalGeneration, config.thinker_config),
+        "talker": (Qwen3OmniMoeTalkerForConditionalGeneration, config.talker_config),
+        "code2wav": (Qwen3OmniMoeCode2Wav, config.code2wav_config)}
     cls, sub_config = classes[part]
     if part == "talker":  # its rope index reads the audio encoder's window, kept in the thinker's config
         sub_config.audio_config = config.thinker_config.audio_config
     # the thinker's class maps the checkpoint's ``thinker.`` names itself; the others are told their prefix
     mapping = None if part == "thinker" else {rf"^{part}\.": ""}
     with quiet_loading():  # its load report would list the fused MoE experts filled below as missing
-        module, info = cls.from_pretrained(directory, config=sub_config, dtype=dtype, key_mapping=mapping,
-                                           local_files_only=True, output_loading_info=True, **device_on_load(device))
+        loaded = cls.from_pretrained(directory, config=sub_config, dtype=dtype, key_mapping=mapping,
+                                     local_files_only=True, output_loading_info=True, **device_on_load(device))
+    # with output_loading_info it returns the model and its load report (transformers types it the model alone)
+    module, info = cast("tuple[torch.nn.Module, dict[str, Any]]", loaded)
     missing = _fuse_experts(module, directory, f"{part}.", sorted(info["missing_keys"]))
     if missing:
         raise ValueError(f"{directory}: the checkpoint lacks {len(missing)} tensors of the {part} "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
@@ -56,7 +57,7 @@ def _tokenizer():
 
 # Qwen3-Omni-30B-A3B-Instruct's sizes (its config.json), merged over the tiny ones by ``size="released"``
 _MROPE = {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [24, 20, 20], "interleaved": True}
-RELEASED = {
+RELEASED: dict[str, dict[str, Any]] = {
     "text": {"vocab_size": 152064, "hidden_size": 2048, "intermediate_size": 768, "num_hidden_layers": 48,
              "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "moe_intermediate_size": 768,
              "num_experts": 128, "num_experts_per_tok": 8, "max_position_embeddings": 65536,
@@ -156,6 +157,9 @@ def audible_code2wav(model: torch.nn.Module) -> None:
     output: about 1e-7), damped on the residual and upsampling paths so activations stay near 1 through the
     decoder and the waveform is audible."""
     from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
+        Qwen3OmniMoeCausalConvNet,
+        Qwen3OmniMoeCausalTransConvNet,
+        Qwen3OmniMoeCode2Wav,
         Qwen3OmniMoeCode2WavDecoderBlock,
         Qwen3OmniMoeCode2WavDecoderResidualUnit,
         Qwen3OmniMoeConvNeXtBlock,
@@ -177,17 +181,17 @@ def audible_code2wav(model: torch.nn.Module) -> None:
             if isinstance(module, Qwen3OmniMoeCode2WavDecoderResidualUnit):
                 module.conv2.conv.weight.mul_(0.2)
             elif isinstance(module, Qwen3OmniMoeCode2WavDecoderBlock):
-                module.block[1].conv.weight.mul_(0.25)
+                cast(Qwen3OmniMoeCausalTransConvNet, module.block[1]).conv.weight.mul_(0.25)
             elif isinstance(module, Qwen3OmniMoeConvNeXtBlock):
                 module.gamma.fill_(0.1)
-        model.decoder[-1].conv.weight.mul_(0.1)
+        cast(Qwen3OmniMoeCausalConvNet, cast(Qwen3OmniMoeCode2Wav, model).decoder[-1]).conv.weight.mul_(0.1)
 
 
 def _write_released(directory: Path, config, tokenizer, seed: int) -> None:
     """The released sizes' random weights, streamed tensor by tensor; config.json beside them."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    from omnipipe.util.random_checkpoint import checkpoint_specs, write_random_checkpoint
+    from omnipipe.util.random_checkpoint import Edit, checkpoint_specs, write_random_checkpoint
 
     with torch.device("meta"):
         model = Qwen3OmniMoeForConditionalGeneration(config)
@@ -200,7 +204,7 @@ def _write_released(directory: Path, config, tokenizer, seed: int) -> None:
     def codec_head(rows: torch.Tensor) -> None:
         rows[config.talker_config.codec_eos_token_id] = 0.0
 
-    edits = {"thinker.lm_head.weight": thinker_head, "talker.codec_head.weight": codec_head}
+    edits: dict[str, Edit] = {"thinker.lm_head.weight": thinker_head, "talker.codec_head.weight": codec_head}
     write_random_checkpoint(directory, checkpoint_specs(model, torch.bfloat16), seed, edits=edits)
     config.save_pretrained(directory)
 

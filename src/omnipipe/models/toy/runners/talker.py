@@ -44,7 +44,11 @@ class ToyTalkerRunner(StageRunner):
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        pieces = [list(request.take_input().get("text", "").encode("latin-1", errors="replace")) for request in batch]
+        pieces = []
+        for request in batch:
+            chunk = request.take_input()
+            assert chunk is not None  # a generation stage's request is scheduled with an input chunk (StageRunner)
+            pieces.append(list(chunk.get("text", "").encode("latin-1", errors="replace")))
         flat = torch.tensor([c for piece in pieces for c in piece], dtype=torch.long)
         frames = self.model(flat).numpy() if len(flat) else np.zeros((FRAME_DIM, 0), np.float32)
         if self.call_delay_s:

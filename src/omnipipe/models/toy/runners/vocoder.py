@@ -50,7 +50,11 @@ class ToyVocoderRunner(StageRunner):
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        chunks = [request.take_input() for request in batch]
+        chunks = []
+        for request in batch:
+            chunk = request.take_input()
+            assert chunk is not None  # a generation stage's request is scheduled with an input chunk (StageRunner)
+            chunks.append(chunk)
         windows = [np.asarray(c["frames"], dtype=np.float32) for c in chunks]
         longest = max(w.shape[1] for w in windows)
         stacked = np.zeros((len(windows), FRAME_DIM, longest), np.float32)
