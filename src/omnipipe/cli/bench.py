@@ -24,6 +24,7 @@ SUITES = {
     "max-num-seqs": "omnipipe.bench.max_num_seqs",
     "tools": "omnipipe.bench.tools",
     "prefix-cache": "omnipipe.bench.prefix_cache",
+    "sampler": "omnipipe.bench.sampler",
     "gpu-check": "omnipipe.bench.gpu_check",
 }
 
@@ -46,7 +47,8 @@ _SUITES_HELP = (
     "decisions, functions, arguments and JSON validity on 24 prompts, constrained vs free decoding, and the "
     "grammar's cost per decode step; prefix-cache: the default thinker's prefix cache on and off side by side (a "
     "server each): a 3-turn chat with a ~600-token system prompt and a second conversation with the same one, "
-    "prompt and cached tokens and TTFT per turn, off / on; gpu-check: on a CUDA machine, placement, batched == "
+    "prompt and cached tokens and TTFT per turn, off / on; sampler: the sampling step on the device beside the "
+    "sort-based one it replaced, per batch and setting; gpu-check: on a CUDA machine, placement, batched == "
     "alone, NaN isolation, syncs per step and recompiles of the Qwen3-Omni thinker, and decode step times at the "
     "released width (without CUDA it says so and exits 0)")
 

@@ -279,7 +279,7 @@ def _draw_key(generator: torch.Generator | None) -> int:
 
 
 def _gumbel(keys: torch.Tensor, vocab: int, ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Gumbel noise [rows, vocab] (float64; [rows, candidates] for the token ids ``ids``) counted from each row's
+    """Gumbel noise [rows, vocab] (float32; [rows, candidates] for the token ids ``ids``) counted from each row's
     key: token i's is a splitmix64 hash of (key, i), so it is the same on every device, whatever the other rows and
     whether the row's candidates were narrowed first."""
     tokens = torch.arange(vocab, device=keys.device)[None, :] if ids is None else ids
@@ -287,8 +287,10 @@ def _gumbel(keys: torch.Tensor, vocab: int, ids: torch.Tensor | None = None) -> 
     for shift, multiplier in ((30, _MIX1), (27, _MIX2)):
         x = (x ^ _shift_right(x, shift)) * multiplier
     x = x ^ _shift_right(x, 31)
-    uniform = (_shift_right(x, 11).to(torch.float64) + 0.5) * 2.0**-53  # in (0, 1)
-    return -torch.log(-torch.log(uniform))
+    # 24 bits in (0, 1), float32: the noise only orders tokens, and a float32 Gumbel tail reaches 17, far past any
+    # gap a temperature leaves between a kept token and the best
+    uniform = (_shift_right(x, 40).to(torch.float32) + 0.5) * 2.0**-24
+    return uniform.log_().neg_().log_().neg_()
 
 
 def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
