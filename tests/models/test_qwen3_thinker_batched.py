@@ -211,3 +211,20 @@ def test_a_budget_that_holds_no_block_stops_the_stage_naming_its_figures(checkpo
                        r"64 bytes \(a KV budget of 64 bytes holds no block of 16 tokens .*\); raise "
                        r"gpu_memory_fraction, lower max_num_seqs or prefill_chunk_tokens, or set kv_cache_bytes$"):
         runner(checkpoint, kv_cache_bytes=64)
+
+
+def test_a_media_prompt_prefilled_in_pieces_equals_it_whole(checkpoint: Path, thinker: Qwen3ThinkerRunner) -> None:
+    """Each piece carries its slice of the visual positions and their DeepStack rows: 8-token pieces cut through
+    the image's positions and give the same tokens and talker hand-off as one piece."""
+    media = prompts()[-1]
+    chunked = runner(checkpoint, prefill_chunk_tokens=8, prefix_caching=False)
+    whole = runner(checkpoint, prefix_caching=False)
+    want = drive(whole, [Arrival("m", GREEDY, [media])])
+    got = drive(chunked, [Arrival("m", GREEDY, [media])])
+    assert sum(1 for prefill, _, _ in got.steps if prefill) > 3  # it went in pieces
+    assert [o.data["token"] for o in got.outputs["m"] if o.data] == \
+        [o.data["token"] for o in want.outputs["m"] if o.data]
+    for key in ("prompt_embed", "mm_hidden"):
+        a, b = first_data(want.outputs["m"])[key], first_data(got.outputs["m"])[key]
+        assert a.shape == b.shape and a.numel()
+        assert float((a - b).abs().max()) <= HANDOFF_BOUND * max(1.0, float(a.abs().max()))

@@ -1,10 +1,11 @@
 """A prompt prefilled in pieces: the decoder's inputs for the whole prompt, built once (its multimodal embeddings
 merged by the model's own code), fed to the decoder ``prefill_chunk_tokens`` at a time, with the hidden states a
-later stage needs gathered over the pieces.
+later stage needs gathered over the pieces. A family whose pieces carry more (Qwen3's DeepStack:
+``models/qwen3_omni/modeling/deepstack.py``) extends ``next_piece``.
 
 ``capture_decoder_inputs`` runs a multimodal model's forward only up to its language model and returns what the model
-would have fed it (``inputs_embeds`` and, for Qwen3's DeepStack, ``visual_pos_masks`` and
-``deepstack_visual_embeds``): the vision and audio towers run once, whatever the number of pieces."""
+would have fed it (``inputs_embeds``, and whatever else the family's language model reads): the vision and audio
+towers run once, whatever the number of pieces."""
 
 from __future__ import annotations
 
@@ -41,13 +42,11 @@ def capture_decoder_inputs(model: torch.nn.Module, language_model: torch.nn.Modu
 
 @dataclass
 class PromptPieces:
-    """A prompt's decoder inputs [1, T, D], its rope positions [rows, 1, T], and (Qwen3) its visual positions mask
-    [1, T] with the DeepStack embeddings of those positions; ``keep`` names the hidden-state layers gathered."""
+    """A prompt's decoder inputs [1, T, D] and its rope positions [rows, 1, T]; ``keep`` names the hidden-state
+    layers gathered."""
 
     inputs_embeds: torch.Tensor
     position_ids: torch.Tensor
-    visual_pos_masks: torch.Tensor | None = None
-    deepstack_visual_embeds: list[torch.Tensor] | None = None
     keep: tuple[int, ...] = ()
     done: int = 0  # tokens fed so far
     hidden: dict[int, list[torch.Tensor]] = field(default_factory=dict)
@@ -72,16 +71,7 @@ class PromptPieces:
     def next_piece(self, most: int) -> dict[str, Any]:
         """The decoder's keyword arguments for the next ``most`` (or fewer) tokens; ``record`` takes its output."""
         start, end = self.done, min(self.length, self.done + most)
-        piece: dict[str, Any] = {"inputs_embeds": self.inputs_embeds[:, start:end],
-                                 "position_ids": self.position_ids[..., start:end]}
-        if self.visual_pos_masks is not None and self.deepstack_visual_embeds is not None:
-            mask = self.visual_pos_masks[:, start:end]
-            if bool(mask.any()):
-                before = int(self.visual_pos_masks[:, :start].sum())
-                rows = slice(before, before + int(mask.sum()))
-                piece["visual_pos_masks"] = mask
-                piece["deepstack_visual_embeds"] = [layer[rows] for layer in self.deepstack_visual_embeds]
-        return piece
+        return {"inputs_embeds": self.inputs_embeds[:, start:end], "position_ids": self.position_ids[..., start:end]}
 
     def record(self, tokens: int, hidden_states: tuple[torch.Tensor, ...] | None) -> None:
         """A piece of ``tokens`` tokens went through; keep its hidden states at the ``keep`` layers."""

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from omnipipe.models.qwen3_omni.modeling.deepstack import DeepStackPieces
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
 from omnipipe.stage.answer_shape import AnswerShape
@@ -145,9 +146,9 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         decoder_inputs = capture_decoder_inputs(self.model.model, self.decoder, position_ids=position_ids,
                                                 use_cache=False, **kwargs)
         deepstack = decoder_inputs.get("deepstack_visual_embeds")
-        pieces = PromptPieces(decoder_inputs["inputs_embeds"], position_ids,
-                              decoder_inputs.get("visual_pos_masks"), list(deepstack) if deepstack else None,
-                              keep=(0, self.accept_layer))
+        pieces = DeepStackPieces(decoder_inputs["inputs_embeds"], position_ids, keep=(0, self.accept_layer),
+                                 visual_pos_masks=decoder_inputs.get("visual_pos_masks"),
+                                 deepstack_visual_embeds=list(deepstack) if deepstack else None)
         if request.num_cached_tokens:
             pieces.skip(request.num_cached_tokens, self.kv.prefix_extras(request.request_id))
         sampling = TokenSamplingParams.from_params(request.params)
