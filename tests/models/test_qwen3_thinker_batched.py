@@ -216,12 +216,16 @@ def test_a_budget_that_holds_no_block_stops_the_stage_naming_its_figures(checkpo
 def test_a_media_prompt_prefilled_in_pieces_equals_it_whole(checkpoint: Path, thinker: Qwen3ThinkerRunner) -> None:
     """Each piece carries its slice of the visual positions and their DeepStack rows: 8-token pieces cut through
     the image's positions and give the same tokens and talker hand-off as one piece."""
-    media = prompts()[-1]
+    rng = np.random.default_rng(5)
+    image = np.asarray(load_image(media_files.png(rng.integers(0, 255, (112, 140, 3), dtype=np.uint8)), "image"))
+    media = {"text": "what do you see", "images": [image]}
     chunked = runner(checkpoint, prefill_chunk_tokens=8, prefix_caching=False)
     whole = runner(checkpoint, prefix_caching=False)
     want = drive(whole, [Arrival("m", GREEDY, [media])])
     got = drive(chunked, [Arrival("m", GREEDY, [media])])
     assert sum(1 for prefill, _, _ in got.steps if prefill) > 3  # it went in pieces
+    image_token = int(chunked.config.thinker_config.image_token_id)
+    assert int((first_data(got.outputs["m"])["prompt_ids"] == image_token).sum()) > 8  # pieces cut the image
     assert [o.data["token"] for o in got.outputs["m"] if o.data] == \
         [o.data["token"] for o in want.outputs["m"] if o.data]
     for key in ("prompt_embed", "mm_hidden"):
