@@ -16,8 +16,8 @@ the 128 levels for its ordinary entries. ``Int8SplitLinear`` (the format ``int8-
 weights on each activation row written as two int8 rows, a coarse one and its rounding remainder at 126 times the
 resolution (about 14 bits together), through the same kernel in the same call: the answers are then those of the
 int8 weights alone, which on ``omnipipe bench quality`` are float32's, at a decode step not much slower than int8's
-(the kernel reads the weights once for both rows; a prefill does twice the integer work). ``docs/benchmarks.md``
-has the measurements.
+(the kernel reads the weights once for both rows; a prefill does twice the integer work). The default pipeline
+still takes ``int8``.
 
 ``project(x, weight, bias)`` applies either a float matrix (``F.linear``) or an ``Int8Linear``, so a model's forward
 reads the same whichever its weights are.
