@@ -135,8 +135,10 @@ def test_a_well_formed_request_meeting_a_killed_stage_is_not_a_malformed_failure
     results = [{"case": "accepted", "round": 0, "status": 503, "expected": 200, "body": down},
                {"case": "refused", "round": 0, "status": 503, "expected": 400, "body": down},
                {"case": "accepted crash", "round": 0, "status": 500, "expected": 200, "body": '{"error": {}}'},
-               {"case": "refused", "round": 1, "status": 400, "expected": 400}]
+               {"case": "refused", "round": 1, "status": 400, "expected": 400},
+               # tools: the toy refuses them, the default pipeline serves them (so they reach its thinker)
+               {"case": "feature", "round": 0, "status": 503, "expected": 400, "feature": True, "body": down}]
     summary = malformed_summary(results, rounds=2)
-    assert summary["stage_down"] == 1
+    assert summary["stage_down"] == 2
     assert summary["5xx"] == 2 and {e["case"] for e in summary["server_errors"]} == {"refused", "accepted crash"}
-    assert summary["4xx"] == 1 and summary["requests"] == 4
+    assert summary["4xx"] == 1 and summary["requests"] == 5

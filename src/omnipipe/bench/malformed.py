@@ -36,6 +36,8 @@ class Case:
     files: dict[str, Any] | None = None
     data: dict[str, Any] | None = None
     auth: bool = True  # send the server's API key (if it has one)
+    # refused by the toy for a feature it lacks (tools, logprobs, JSON output); a pipeline that has it serves it
+    feature: bool = False
 
     def request_args(self, auth_headers: dict[str, str]) -> dict[str, Any]:
         """Keyword arguments for ``httpx.Client.request`` / ``httpx.AsyncClient.request`` (sync or async alike)."""
@@ -146,9 +148,11 @@ def malformed_cases(model: str, max_body_bytes: int) -> list[Case]:
         Case("prompt huge", 200, None, json_body=chat(max_tokens=4, messages=[{"role": "user", "content": huge}])),
         Case("unknown top-level field", 400, "frobnicate", json_body=chat(max_tokens=4, frobnicate=1)),
         Case("unknown top-level field with a huge name", 400, "k" * 1000, json_body=chat(**{"k" * 1000: [1, 2]})),
-        Case("tools given", 400, "tools", json_body=chat(tools=[{"type": "function", "function": {"name": "f"}}])),
-        Case("logprobs asked for", 400, "logprobs", json_body=chat(logprobs=True)),
-        Case("json response_format", 400, "response_format", json_body=chat(response_format={"type": "json_object"})),
+        Case("tools given", 400, "tools", json_body=chat(tools=[{"type": "function", "function": {"name": "f"}}]),
+             feature=True),
+        Case("logprobs asked for", 400, "logprobs", json_body=chat(logprobs=True), feature=True),
+        Case("json response_format", 400, "response_format", json_body=chat(response_format={"type": "json_object"}),
+             feature=True),
         Case("off values of missing features are accepted", 200, None,
              json_body=chat(max_tokens=4, logprobs=False, tools=[], tool_choice="none", user="u1", store=False,
                             response_format={"type": "text"}, logit_bias={}, parallel_tool_calls=True)),

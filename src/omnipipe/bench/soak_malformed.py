@@ -19,7 +19,7 @@ async def run_malformed(client: httpx.AsyncClient, cases: Sequence[Case], rounds
     for round_index in range(rounds):
         for case in cases:
             entry: dict[str, Any] = {"case": case.name, "round": round_index, "status": None,
-                                     "expected": case.status}
+                                     "expected": case.status, "feature": case.feature}
             try:
                 response = await asyncio.wait_for(client.request(**case.request_args(headers)), timeout_s)
                 entry["status"] = response.status_code
@@ -35,9 +35,10 @@ async def run_malformed(client: httpx.AsyncClient, cases: Sequence[Case], rounds
 
 
 def _stage_down(result: dict[str, Any]) -> bool:
-    """A well-formed request (one the server must accept) answered 503 ``stage_unavailable``: it met a stage the
-    soak had just killed or stopped, which is the right answer then, not a malformed input breaking the server."""
-    if result["status"] != 503 or result.get("expected", 500) >= 300:
+    """A well-formed request (one the server must accept, or a feature case a pipeline with the feature serves)
+    answered 503 ``stage_unavailable``: it met a stage the soak had just killed or stopped, which is the right answer
+    then, not a malformed input breaking the server."""
+    if result["status"] != 503 or (result.get("expected", 500) >= 300 and not result.get("feature")):
         return False
     try:
         return json.loads(result.get("body") or "{}")["error"]["code"] == "stage_unavailable"
