@@ -17,6 +17,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
     (["--backends", "omnipipe-int8,vllm"], "--backends: unknown vllm"),
     (["--tokens", "0"], "--tokens must be at least 1"),
     (["--batch", "1000"], "--batch must be at most"),
+    (["--prompt-tokens", "-1"], r"--prompt-tokens must be in \[0, 2048\]"),
     (["--model", "llama-70b"], "--model: .*unknown thinker"),
 ])
 def test_bad_arguments_are_refused_by_name(argv: list[str], message: str, capsys) -> None:

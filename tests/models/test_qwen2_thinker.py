@@ -12,7 +12,7 @@ from omnipipe.models.default.prompting import ChatMLFormat
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-MODEL = "qwen2.5-0.5b-instruct"
+MODEL = "qwen2.5-coder-0.5b-instruct"
 QUESTIONS = (
     "What is the largest planet in our solar system?",
     "What is the capital of Italy?",
@@ -158,6 +158,25 @@ def test_an_unknown_thinker_model_names_the_choices() -> None:
     assert set(THINKER_MODELS) == set(PACKAGED)  # every selectable thinker has packaged weights
     with pytest.raises(ValueError, match="stages.thinker.options.model: unknown thinker 'nope'.*gemma3-270m"):
         thinker_model("nope")
+
+
+def test_the_former_thinker_id_names_the_coder_model_and_its_cached_conversion_moves(tmp_path, monkeypatch) -> None:
+    """``qwen2.5-0.5b-instruct`` was the id of these Coder weights: it still selects them, and a conversion cached
+    under it is moved to the new name rather than made again."""
+    from omnipipe.models.default.runners.thinker import thinker_model
+    from omnipipe.models.default.weights.thinker import thinker_dir, thinker_ready, thinker_weights
+
+    assert thinker_model("qwen2.5-0.5b-instruct") is thinker_model(MODEL)
+    assert thinker_weights("qwen2.5-0.5b-instruct").upstream == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    monkeypatch.setenv("OMNIPIPE_CACHE", str(tmp_path))
+    former = tmp_path / "qwen2.5-0.5b-instruct"
+    former.mkdir()
+    (former / "model.safetensors").write_bytes(b"weights")
+    (former / "omnipipe-converted.json").write_text('{"format_version": 1, "files": ["model.safetensors"]}')
+    assert thinker_ready("qwen2.5-0.5b-instruct")
+    assert thinker_dir(MODEL) == tmp_path / MODEL
+    assert (tmp_path / MODEL / "model.safetensors").read_bytes() == b"weights"
+    assert not former.exists()
 
 
 @pytest.mark.models

@@ -23,7 +23,7 @@ from omnipipe.util.net import free_port
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-MODELS = ("gemma3-270m", "qwen2.5-0.5b-instruct")
+MODELS = ("gemma3-270m", "qwen2.5-coder-0.5b-instruct")
 PROMPTS = (
     "The capital of France is",
     "Once upon a time, in a small village near the mountains, there lived a",
@@ -214,8 +214,8 @@ def test_one_process_makes_no_all_reduce(runs) -> None:
 
 @pytest.mark.models
 @pytest.mark.parametrize(("model", "world_size", "message"), [
-    ("qwen2.5-0.5b-instruct", 3, "world_size 3 does not divide the 14 attention heads"),
-    ("qwen2.5-0.5b-instruct", 7, "splits the groups of 7 query heads .* inconsistently"),
+    ("qwen2.5-coder-0.5b-instruct", 3, "world_size 3 does not divide the 14 attention heads"),
+    ("qwen2.5-coder-0.5b-instruct", 7, "splits the groups of 7 query heads .* inconsistently"),
     ("gemma3-270m", 8, "world_size 8 does not divide the 4 attention heads"),
     ("gemma3-270m", 2, "needs an initialised torch.distributed"),  # a valid split, but no process group
 ])

@@ -21,7 +21,7 @@ from omnipipe.stage.runner import RunnerContext
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-MODEL = "qwen2.5-0.5b-instruct"
+MODEL = "qwen2.5-coder-0.5b-instruct"
 QUESTIONS = ("What is the capital of France?", "And what river runs through it?", "How long is that river?")
 MAX_TOKENS = 12
 

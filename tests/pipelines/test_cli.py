@@ -42,7 +42,7 @@ def test_models_lists_the_pipelines() -> None:
     assert result.returncode == 0
     for name in ("default", "tts", "asr"):
         assert name in result.stdout
-    assert "thinkers: qwen2.5-0.5b-instruct (default), gemma3-270m" in result.stdout  # the default pipeline's
+    assert "thinkers: qwen2.5-coder-0.5b-instruct (default), gemma3-270m" in result.stdout  # the default pipeline's
 
 
 @pytest.mark.parametrize("args, message", [

@@ -12,7 +12,7 @@ prefill waited for it.
 
     omnipipe bench broadcast [--concurrency 1,8,32] [--requests-per-client 2] [--max-tokens 8]
                              [--modes blocking,async,async_raw] [--format jpeg|png] [--images-per-request 1-4]
-                             [--model qwen2.5-0.5b-instruct|gemma3-270m] [--json FILE]
+                             [--model qwen2.5-coder-0.5b-instruct|gemma3-270m] [--json FILE]
 
 ``python -m omnipipe.bench.mm_broadcast`` measures the same wire forms without the engine (two bare ranks).
 """
@@ -140,8 +140,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--format", choices=("jpeg", "png"), default="jpeg", help="how the images are encoded")
     parser.add_argument("--images-per-request", type=int, default=1, choices=range(1, 5), metavar="1-4",
                         help="images attached to each question")
-    parser.add_argument("--model", default="qwen2.5-0.5b-instruct", help="the thinker (qwen2.5-0.5b-instruct or "
-                        "gemma3-270m)")
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct",
+                        help="the thinker (qwen2.5-coder-0.5b-instruct or gemma3-270m)")
     parser.add_argument("--json", help="also write the raw results here")
     args = parser.parse_args(argv)
     try:

@@ -54,7 +54,7 @@ from omnipipe.util.net import free_port
 
 PROG = "omnipipe bench prefix-cache"
 PIPELINE = "default"
-MODEL = "qwen2.5-0.5b-instruct"  # the default pipeline's thinker, unless the deploy names another
+MODEL = "qwen2.5-coder-0.5b-instruct"  # the default pipeline's thinker, unless the deploy names another
 VARIANTS: dict[str, dict[str, Any]] = {  # name -> deploy settings merged over --deploy
     "on": {},
     "off": {"stages": {"thinker": {"options": {"prefix_cache_bytes": 0}}}},

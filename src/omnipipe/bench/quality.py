@@ -6,8 +6,8 @@ the listed variants: "4" or "four"), asked one at a time, text only, through ``A
 check: a name given in turn 1 and asked for in turn 3. Decode tok/s is the tokens after the first over the time
 they took, summed over the questions.
 
-    omnipipe bench quality [--models qwen2.5-0.5b-instruct,gemma3-270m] [--weights float32,int8] [--max-tokens 48]
-                           [--json FILE]
+    omnipipe bench quality [--models qwen2.5-coder-0.5b-instruct,gemma3-270m] [--weights float32,int8,int8-split]
+                           [--max-tokens 48] [--json FILE]
 
 Each model is run with each weight format (the deploy option ``stages.thinker.options.weights``).
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 from omnipipe.bench.report import format_table, machine_info, write_json
 from omnipipe.models.default.modeling.quantized import WEIGHT_FORMATS
-from omnipipe.models.default.weights.thinker import THINKER_MODELS
+from omnipipe.models.default.weights.thinker import THINKER_MODELS, canonical_thinker
 
 PIPELINE = "default"
 MODELS = tuple(THINKER_MODELS)  # the default pipeline's selectable thinkers
@@ -162,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the raw results here")
     parser.add_argument("--verbose", "-v", action="store_true", help="print each answer as it comes")
     args = parser.parse_args(argv)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    models = [str(canonical_thinker(m.strip())) for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in MODELS]
     if not models or unknown:
         parser.error(f"--models: choose from {', '.join(MODELS)}")

@@ -1,21 +1,26 @@
 """``omnipipe bench thinker``: the default pipeline's thinker decoder against llama.cpp and transformers on the same
 weights, in one run.
 
-    omnipipe bench thinker [--model qwen2.5-0.5b-instruct] [--threads 2] [--tokens 48] [--batch 8]
+    omnipipe bench thinker [--model qwen2.5-coder-0.5b-instruct] [--threads 2] [--tokens 48] [--batch 8]
+                           [--prompt-tokens N]
 
 Backends (each loaded alone, in turn, with the same thread count):
 
-- ``omnipipe float32`` / ``omnipipe int8``: ``CachedDecoder`` with float32 weights or ``Int8Linear`` projections;
+- ``omnipipe float32`` / ``omnipipe int8`` / ``omnipipe int8-split``: ``CachedDecoder`` with each weight format
+  (``stages.thinker.options.weights``): float32, ``Int8Linear`` or ``Int8SplitLinear`` projections;
 - ``llama.cpp``: llama-cpp-python on the packaged GGUF itself (Q4_K_M, the file the float32 checkpoint was
   dequantised from), driven through its batch API so that several sequences decode in one ``llama_decode``;
 - ``transformers``: ``AutoModelForCausalLM`` on the converted float32 checkpoint, ``generate`` with a KV cache.
 
-Per backend: prefill ms of one whole prompt (no prefix cache), decode tok/s at batch 1, aggregate decode tok/s with
+Per backend: prefill ms of one whole prompt (no prefix cache; ``--prompt-tokens N``: the first question after
+requests for long answers, about N tokens in all, so that prefill is timed on a longer prompt; that prompt is also
+the one decoded alone and the first of the batch), decode tok/s at batch 1, aggregate decode tok/s with
 ``--batch`` sequences decoding together (every sequence prefilled first, then ``--tokens`` steps of all of them;
 transformers pads the batch), and the greedy answer to the first question. Every backend decodes exactly
 ``--tokens`` tokens (an end-of-turn token does not stop the timing run), so they do the same work. The last line
-reads ``llama.cpp / omnipipe decode time at batch 1: X.XX`` (int8 runner; float32 when int8 was not run), the
-fraction of our decode time llama.cpp needs: 1.00 is parity, 0.50 means llama.cpp is twice as fast.
+reads ``llama.cpp / omnipipe decode time at batch 1: X.XX`` (the default pipeline's weight format; else int8, else
+float32, whichever was run), the fraction of our decode time llama.cpp needs: 1.00 is parity, 0.50 means llama.cpp
+is twice as fast.
 
 llama.cpp is an optional install (``pip install llama-cpp-python==0.3.36``, built from source: ~10-20 minutes on two
 cores); without it its rows say so and the ratio is not printed.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import os
 import time
 from collections.abc import Sequence
@@ -33,10 +39,12 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.bench.prompts import QUESTIONS
+from omnipipe.bench.prompts import LONG_QUESTIONS, QUESTIONS
 from omnipipe.bench.report import format_table, machine_info, write_json
+from omnipipe.models.default.modeling.quantized import WEIGHT_FORMATS
 
-BACKENDS = ("omnipipe-float32", "omnipipe-int8", "llama.cpp", "transformers")
+MAX_PROMPT_TOKENS = 2048  # the thinker stage's own limit (runners/thinker.py)
+BACKENDS = (*(f"omnipipe-{weights}" for weights in WEIGHT_FORMATS), "llama.cpp", "transformers")
 LLAMA_CPP_INSTALL = "pip install llama-cpp-python==0.3.36"
 
 
@@ -52,13 +60,19 @@ class Result:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def _prompts(model: str, tokenizer: Any, batch: int) -> list[list[int]]:
-    """The chat prompts of the first ``batch`` questions, tokenised as the thinker stage does."""
+def _prompts(model: str, tokenizer: Any, batch: int, prompt_tokens: int = 0) -> list[list[int]]:
+    """The chat prompts of the first ``batch`` questions, tokenised as the thinker stage does; with
+    ``prompt_tokens``, the first one's question follows requests for long answers, to at least that many tokens."""
     from omnipipe.models.default.runners.thinker import thinker_model
 
     prompt_format = thinker_model(model).prompt_format()
     preamble = tokenizer.encode(prompt_format.preamble())
-    return [preamble + prompt_format.encode_turns(tokenizer, q) for q in QUESTIONS[:batch]]
+    questions = list(QUESTIONS[:batch])
+    for index in itertools.count():
+        if len(preamble + prompt_format.encode_turns(tokenizer, questions[0])) >= prompt_tokens:
+            break
+        questions[0] = f"{LONG_QUESTIONS[index % len(LONG_QUESTIONS)]} {questions[0]}"
+    return [preamble + prompt_format.encode_turns(tokenizer, q) for q in questions]
 
 
 def _answer(tokenizer: Any, ids: list[int], stops: frozenset[int]) -> str:
@@ -66,12 +80,12 @@ def _answer(tokenizer: Any, ids: list[int], stops: frozenset[int]) -> str:
     return tokenizer.decode(ids[:cut], skip_special_tokens=True).strip()
 
 
-def _bench_omnipipe(model: str, weights: str, threads: int, tokens: int, batch: int) -> Result:
+def _bench_omnipipe(model: str, weights: str, threads: int, tokens: int, batch: int, prompt_tokens: int) -> Result:
     from omnipipe.models.default.runners.thinker import thinker_model
     from omnipipe.models.default.weights.thinker import prepare_thinker
 
     decoder = thinker_model(model).decoder(prepare_thinker(model), num_threads=threads, weights=weights)
-    prompts = _prompts(model, decoder.tokenizer, batch)
+    prompts = _prompts(model, decoder.tokenizer, batch, prompt_tokens)
     result = Result(f"omnipipe {weights}", prompt_tokens=len(prompts[0]))
     decoder.prefill("warm", prompts[0][:8])
     decoder.decode(["warm"], [0])
@@ -97,7 +111,7 @@ def _bench_omnipipe(model: str, weights: str, threads: int, tokens: int, batch: 
     return result
 
 
-def _bench_llama_cpp(model: str, threads: int, tokens: int, batch: int) -> Result:
+def _bench_llama_cpp(model: str, threads: int, tokens: int, batch: int, prompt_tokens: int) -> Result:
     try:
         import llama_cpp
     except ImportError as error:
@@ -108,8 +122,8 @@ def _bench_llama_cpp(model: str, threads: int, tokens: int, batch: int) -> Resul
 
     # our tokenizer, so every backend reads the same token ids (the GGUF's vocabulary is the same one)
     tokenizer = AutoTokenizer.from_pretrained(str(prepare_thinker(model)), local_files_only=True)
-    prompts = _prompts(model, tokenizer, batch)
-    context = 512 * batch
+    prompts = _prompts(model, tokenizer, batch, prompt_tokens)
+    context = 512 * batch + prompt_tokens
     # the model through the high-level class; a context of our own, which the class would not give several
     # sequences
     llm = llama_cpp.Llama(str(thinker_gguf(model, progress=False)), n_ctx=64, n_threads=threads, verbose=False)
@@ -179,7 +193,7 @@ def _eos_ids(tokenizer: Any) -> list[int]:
     return [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
 
 
-def _bench_transformers(model: str, threads: int, tokens: int, batch: int) -> Result:
+def _bench_transformers(model: str, threads: int, tokens: int, batch: int, prompt_tokens: int) -> Result:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -189,7 +203,7 @@ def _bench_transformers(model: str, threads: int, tokens: int, batch: int) -> Re
     directory = str(prepare_thinker(model))
     tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
     lm = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32).eval()
-    prompts = _prompts(model, tokenizer, batch)
+    prompts = _prompts(model, tokenizer, batch, prompt_tokens)
     result = Result("transformers float32", prompt_tokens=len(prompts[0]))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -219,14 +233,19 @@ def _bench_transformers(model: str, threads: int, tokens: int, batch: int) -> Re
     return result
 
 
-def _run(backend: str, model: str, threads: int, tokens: int, batch: int) -> Result:
-    if backend == "omnipipe-float32":
-        return _bench_omnipipe(model, "float32", threads, tokens, batch)
-    if backend == "omnipipe-int8":
-        return _bench_omnipipe(model, "int8", threads, tokens, batch)
+def _run(backend: str, model: str, threads: int, tokens: int, batch: int, prompt_tokens: int = 0) -> Result:
+    if backend.startswith("omnipipe-"):
+        return _bench_omnipipe(model, backend.removeprefix("omnipipe-"), threads, tokens, batch, prompt_tokens)
     if backend == "llama.cpp":
-        return _bench_llama_cpp(model, threads, tokens, batch)
-    return _bench_transformers(model, threads, tokens, batch)
+        return _bench_llama_cpp(model, threads, tokens, batch, prompt_tokens)
+    return _bench_transformers(model, threads, tokens, batch, prompt_tokens)
+
+
+def _default_weights() -> str:
+    """The default pipeline's thinker weight format."""
+    from omnipipe.models.default.pipeline import THINKER
+
+    return str(THINKER.default_options["weights"])
 
 
 def format_report(results: list[Result], batch: int) -> str:
@@ -236,7 +255,8 @@ def format_report(results: list[Result], batch: int) -> str:
                          rows, digits=1)
     lines = [table]
     by_name = {r.backend: r for r in results if r.decode_tok_s}
-    ours = by_name.get("omnipipe int8") or by_name.get("omnipipe float32")
+    ours = next((by_name[name] for name in (f"omnipipe {_default_weights()}", "omnipipe int8", "omnipipe float32")
+                 if name in by_name), None)
     llama = next((r for r in results if r.backend.startswith("llama.cpp") and r.decode_tok_s), None)
     if ours is not None and llama is not None:
         if ours.batch_tok_s and llama.batch_tok_s:
@@ -249,10 +269,12 @@ def format_report(results: list[Result], batch: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="omnipipe bench thinker", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="qwen2.5-0.5b-instruct", help="a packaged thinker (omnipipe models)")
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct", help="a packaged thinker (omnipipe models)")
     parser.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--tokens", type=int, default=48, help="decode steps timed per sequence")
     parser.add_argument("--batch", type=int, default=8, help="sequences decoding together")
+    parser.add_argument("--prompt-tokens", type=int, default=0,
+                        help="time prefill on a prompt of about this many tokens (default: the first question's)")
     parser.add_argument("--backends", default=",".join(BACKENDS), help=f"comma-separated of: {', '.join(BACKENDS)}")
     parser.add_argument("--json", help="also write the raw figures here")
     args = parser.parse_args(argv)
@@ -265,6 +287,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"{name} must be at least 1")
     if args.batch > len(QUESTIONS):
         parser.error(f"--batch must be at most {len(QUESTIONS)}")
+    if not 0 <= args.prompt_tokens <= MAX_PROMPT_TOKENS:
+        parser.error(f"--prompt-tokens must be in [0, {MAX_PROMPT_TOKENS}]")
     from omnipipe.models.default.runners.thinker import thinker_model
 
     try:
@@ -273,12 +297,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--model: {error}")
     results = []
     for backend in backends:
-        results.append(_run(backend, args.model, args.threads, args.tokens, args.batch))
+        results.append(_run(backend, args.model, args.threads, args.tokens, args.batch, args.prompt_tokens))
         gc.collect()
     print(f"thinker {args.model}, {args.threads} threads, {args.tokens} greedy tokens per sequence")
     print(format_report(results, args.batch))
     if args.json:
         write_json(args.json, {"machine": machine_info(), "model": args.model, "threads": args.threads,
-                               "tokens": args.tokens, "batch": args.batch,
+                               "tokens": args.tokens, "batch": args.batch, "prompt_tokens": args.prompt_tokens,
                                "results": [r.__dict__ for r in results]})
     return 0

@@ -25,7 +25,7 @@ answer is text (no call) and holds the result's value.
 Last, the grammar engine's cost per decode step: ``TokenConstraint.mask_`` (and ``accept``) per row beside the
 decode step itself (``decode`` of 1 and of 8 rows), greedy, one torch thread.
 
-    omnipipe bench tools [--weights int8|float32] [--prompts N] [--max-tokens 64] [--json FILE] [-v]
+    omnipipe bench tools [--weights int8|int8-split|float32] [--prompts N] [--max-tokens 64] [--json FILE] [-v]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from typing import Any
 
 from omnipipe.bench.report import format_table, machine_info, write_json
 
-MODEL = "qwen2.5-0.5b-instruct"  # the default pipeline's thinker
+MODEL = "qwen2.5-coder-0.5b-instruct"  # the default pipeline's thinker
 QWEN_SYSTEM_PROMPT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
 SYSTEM_PROMPTS = ("spoken", "qwen")  # the stage's spoken-answer prompt; Qwen's own default
 MODES = ("constrained", "unconstrained")
@@ -483,10 +483,12 @@ def _right(prompt: Prompt, answer: Answer) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from omnipipe.models.default.modeling.quantized import WEIGHT_FORMATS
+    from omnipipe.models.default.pipeline import THINKER
 
     parser = argparse.ArgumentParser(prog="omnipipe bench tools", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--weights", default="int8", choices=list(WEIGHT_FORMATS),
-                        help="the thinker's weights (int8: the default pipeline's)")
+    default_weights = THINKER.default_options["weights"]
+    parser.add_argument("--weights", default=default_weights, choices=list(WEIGHT_FORMATS),
+                        help=f"the thinker's weights (default: the default pipeline's, {default_weights})")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS),
                         help="the first N prompts, alternating need-a-tool and need-none (a quick run)")
     parser.add_argument("--systems", default=",".join(SYSTEM_PROMPTS),

@@ -37,7 +37,7 @@ _SUITES_HELP = (
     "side; soak: load with stage kills, a stopped stage, clients that leave and malformed requests, and what was left "
     "behind; images: the image pipeline's images/s and latency with step-level, request-level and no batching; "
     "broadcast: a two-rank thinker's requests/s and latency with images moved to its ranks blocking, async or as raw "
-    "bytes; thinker: the thinker decoder (float32 and int8) against llama.cpp and transformers on the same weights: "
+    "bytes; thinker: the thinker decoder (each weight format) against llama.cpp and transformers on the same weights: "
     "prefill, decode tok/s at batch 1 and 8; placement: TTFP with every stage on one host vs split over two Ray nodes "
     "(a loopback cluster); vocoder-seams: a streamed vocoder decode (omnipipe's exact windows, transformers' "
     "chunked_decode) against one whole decode: difference over absmax and samples missing; voice: realtime sessions "

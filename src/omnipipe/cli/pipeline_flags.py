@@ -11,7 +11,7 @@ from omnipipe.cli.errors import CLIError
 from omnipipe.models.registry import PIPELINES, get_pipeline
 
 MODEL_HELP = ("the model of the pipeline's main stage (its deploy option 'model'): default, a thinker name "
-              "(qwen2.5-0.5b-instruct, gemma3-270m); image, think-and-draw: digits or a diffusers checkpoint "
+              "(qwen2.5-coder-0.5b-instruct, gemma3-270m); image, think-and-draw: digits or a diffusers checkpoint "
               "directory")
 
 RAY_HELP = ("run the stages as Ray actors on this cluster (auto, HOST:PORT or ray://HOST:PORT): the deploy file's "

@@ -18,11 +18,13 @@ VOICE_HOP_SAMPLES = 256  # audio samples per latent frame of the Piper decoder
 # whisper decodes autoregressively, a segment per step (so a transcript streams and an abort stops it early)
 ENCODER = StageSpec("encoder", "ar", f"{_P}.runners.encoder:WhisperEncoderRunner",
                     extra_params=f"{_P}.processors:TranscriptionParams")
-# the thinker model (deploy stages.thinker.options.model): qwen2.5-0.5b-instruct, or the smaller gemma3-270m; its
-# projections in int8 (options.weights; float32: the converted checkpoint as it is). Measured on the 2-core box
-# (omnipipe bench quality): the same 26/30 right answers and the multi-turn recall as float32, decode ~2x as fast
+# the thinker model (deploy stages.thinker.options.model): qwen2.5-coder-0.5b-instruct, or the smaller gemma3-270m; its
+# projections in int8 with split activations (options.weights: int8-split; int8: 7-bit activations, float32: the
+# converted checkpoint as it is). Measured on the 2-core box (docs/benchmarks.md, 2026-11-28): int8-split gives
+# float32's answers on omnipipe bench quality (26/30, none lost; int8 24/30, "Mars" for the largest planet) and
+# decodes one request at ~90% of int8's rate, eight at 82-87% (60-70% on AVX2 kernels); 4-5x float32's
 THINKER = StageSpec("thinker", "ar", f"{_P}.runners.thinker:ThinkerRunner", final_output="text",
-                    default_options={"model": "qwen2.5-0.5b-instruct", "weights": "int8"})
+                    default_options={"model": "qwen2.5-coder-0.5b-instruct", "weights": "int8-split"})
 TALKER = StageSpec("talker", "generation", f"{_P}.runners.talker:PiperTalkerRunner",
                    extra_params=f"{_P}.processors:PiperTalkerParams")
 CODE2WAV = StageSpec("code2wav", "generation", f"{_P}.runners.code2wav:PiperCode2WavRunner", final_output="audio",

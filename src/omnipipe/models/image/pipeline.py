@@ -25,7 +25,7 @@ DIFFUSION = StageSpec(
     default_options={"model": "digits", "scheduler": "ddim", "steps": 25, "guidance_scale": 2.0},
 )
 THINKER = StageSpec("thinker", "ar", _THINKER_RUNNER, final_output="text",
-                    default_options={"model": "qwen2.5-0.5b-instruct"})
+                    default_options={"model": "qwen2.5-coder-0.5b-instruct"})
 
 # 8x8 images: a denoising step of 16 requests is a few milliseconds, so one stage holds many at once
 _DIFFUSION_DEPLOY = {"threads": 1, "max_num_seqs": 16}

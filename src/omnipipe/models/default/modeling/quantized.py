@@ -10,14 +10,14 @@ The answers differ from float32's: a weight moves by up to half a step of its ro
 step of its call's. ``omnipipe bench thinker`` prints both greedy texts side by side (and llama.cpp's, whose Q4_K_M
 weights and 8-bit activations are another approximation of the same float weights).
 
-Most of that difference is the activations': a row whose largest entry is 30-80 times its root mean square (the
-input of every layer's down projection in Qwen2.5 0.5B, and the tokens with a massive entry) keeps only a few of
-the 128 levels for its ordinary entries. ``Int8SplitLinear`` (the format ``int8-split``) runs the same packed
-weights on each activation row written as two int8 rows, a coarse one and its rounding remainder at 126 times the
-resolution (about 14 bits together), through the same kernel in the same call: the answers are then those of the
-int8 weights alone, which on ``omnipipe bench quality`` are float32's, at a decode step not much slower than int8's
-(the kernel reads the weights once for both rows; a prefill does twice the integer work). The default pipeline
-still takes ``int8``.
+Most of that difference is the activations': a row whose range spans 30-80 times its root mean square (the input
+of every layer's down projection in Qwen2.5 0.5B, and the tokens with a massive entry) keeps only a few of the 128
+levels for its ordinary entries. ``Int8SplitLinear`` (the format ``int8-split``) runs the same packed weights on
+each activation row written as two int8 rows, a coarse one and its rounding remainder at 126 times the resolution
+(about 14 bits together), through the same kernel in the same call: the answers are then, to about 14 bits, those
+of the int8 weights alone, which on ``omnipipe bench quality`` are float32's, at a decode step not much slower than
+int8's (the kernel reads the weights once for both rows; a call does twice the integer work, which shows at batch
+8 and in prefill). ``docs/benchmarks.md`` has the measurements. It is the default pipeline's format.
 
 ``project(x, weight, bias)`` applies either a float matrix (``F.linear``) or an ``Int8Linear``, so a model's forward
 reads the same whichever its weights are.
@@ -83,14 +83,14 @@ class Int8SplitLinear(Int8Linear):
         shape = x.shape
         x = x.reshape(-1, self.in_features).float()
         rows = x.shape[0]
-        step = torch.linalg.vector_norm(x, float("inf"), dim=1, keepdim=True).clamp_(min=1e-30).div_(63.0)
-        split = torch.empty(2 * rows, self.in_features)
+        step = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30).div_(63.0)
+        split = x.new_empty((2 * rows, self.in_features))
         coarse, fine = split[:rows], split[rows:]
         torch.div(x, step, out=fine)  # a
         torch.round(fine, out=coarse)  # hi
         fine.sub_(coarse).mul_(126.0).round_()  # lo
-        out = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(split, 1.0, 64, self._packed)
-        out = torch.add(out[:rows], out[rows:], alpha=1 / 126.0).mul_(step)
+        both = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(split, 1.0, 64, self._packed)
+        out = both[:rows].add_(both[rows:], alpha=1 / 126.0).mul_(step)
         if self._bias is not None:
             out += self._bias
         return out.reshape(*shape[:-1], self.out_features)

@@ -55,7 +55,7 @@ from omnipipe.models.default.prompting import (
     FewShotFormat,
     PromptFormat,
 )
-from omnipipe.models.default.weights.thinker import prepare_thinker
+from omnipipe.models.default.weights.thinker import canonical_thinker, prepare_thinker
 from omnipipe.stage.answer_shape import AnswerShape
 from omnipipe.stage.broadcast import Broadcaster
 from omnipipe.stage.request import StageRequest
@@ -67,8 +67,8 @@ from omnipipe.stage.text_stream import TextStream
 logger = logging.getLogger(__name__)
 
 MAX_PROMPT_TOKENS = 2048
-# the deploy option stages.thinker.options.weights when a pipeline names none: "float32" (the checkpoint as converted)
-# or "int8" (per-row int8 projections, ``quantized.py``; the default pipeline's choice)
+# the deploy option stages.thinker.options.weights when a pipeline names none: "float32" (the checkpoint as converted),
+# "int8" or "int8-split" (per-row int8 projections, ``quantized.py``; int8-split is the default pipeline's choice)
 DEFAULT_WEIGHTS = "float32"
 # no token of either thinker's vocabulary is longer than this (Qwen's longest: a run of 128 spaces): a question with
 # more characters than the limit allows is refused before tokenising it (a megabyte of text costs seconds of one
@@ -92,13 +92,15 @@ class ThinkerModel:
 
 # the deploy option stages.thinker.options.model; the pipeline's StageSpec names the default
 THINKER_MODELS: dict[str, ThinkerModel] = {
-    "qwen2.5-0.5b-instruct": ThinkerModel(Qwen2Thinker, ChatMLFormat),
+    "qwen2.5-coder-0.5b-instruct": ThinkerModel(Qwen2Thinker, ChatMLFormat),
     "gemma3-270m": ThinkerModel(GemmaThinker, FewShotFormat),
 }
 
 
 def thinker_model(name: Any) -> ThinkerModel:
-    """The thinker called ``name``; a ValueError naming the choices otherwise."""
+    """The thinker called ``name`` (or a former id of it, ``THINKER_ALIASES``); a ValueError naming the choices
+    otherwise."""
+    name = canonical_thinker(name)
     if not isinstance(name, str) or name not in THINKER_MODELS:
         raise ValueError(f"stages.thinker.options.model: unknown thinker {name!r}; choose one of: "
                          f"{', '.join(THINKER_MODELS)}")
@@ -125,7 +127,7 @@ class ThinkerRunner(StageRunner):
     supports_tensor_parallel = True
 
     def load(self) -> None:
-        self.model_name = self.context.options["model"]
+        self.model_name = str(canonical_thinker(self.context.options["model"]))
         chosen = thinker_model(self.model_name)
         self.prefixes = _prefix_cache(self.context.options)
         model_dir = prepare_thinker(self.model_name, progress=self.context.rank == 0)

