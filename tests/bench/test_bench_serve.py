@@ -298,3 +298,14 @@ def test_every_flag_is_documented() -> None:
     section = doc[doc.index("### Flags"):doc.index("### The result file")]
     documented = {cell.strip("`").split()[0] for cell in re.findall(r"^\| (`--[^|]+`) \|", section, re.M)}
     assert documented == flags
+
+
+def test_an_sse_line_gives_its_event_none_or_the_end_and_a_stream_error_raises() -> None:
+    from omnipipe.bench.serve_endpoints import EndOfStream, StreamEventError, sse_event
+
+    assert sse_event('data: {"choices": []}') == {"choices": []}
+    assert sse_event("") is None and sse_event(": keep-alive") is None and sse_event("event: x") is None
+    with pytest.raises(EndOfStream):
+        sse_event("data: [DONE]")
+    with pytest.raises(StreamEventError, match="stream error: stage down"):
+        sse_event('data: {"error": {"message": "stage down"}}')

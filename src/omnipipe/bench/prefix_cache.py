@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import secrets
 import shutil
 import sys
@@ -48,6 +47,7 @@ import yaml
 
 from omnipipe.bench.gateway import BenchError, Child, stop_children, wait_until
 from omnipipe.bench.report import Cell, format_table, machine_info, median, write_json
+from omnipipe.bench.serve_endpoints import EndOfStream, StreamEventError, sse_event
 from omnipipe.config.deploy_config import merge_settings
 from omnipipe.protocol.worker import CHAT_PATH, HEALTH_PATH, MODELS_PATH
 from omnipipe.util.net import free_port
@@ -111,17 +111,13 @@ class Turn:
 
 
 def _events(response: httpx.Response) -> Iterator[dict[str, Any]]:
-    """The JSON events of an SSE body until ``[DONE]``; an ``error`` event raises RuntimeError."""
-    for line in response.iter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        event = json.loads(data)
-        if "error" in event:
-            raise RuntimeError(f"stream error: {event['error'].get('message')}")
-        yield event
+    """The JSON events of an SSE body until ``[DONE]`` (``sse_event``)."""
+    try:
+        for line in response.iter_lines():
+            if (event := sse_event(line)) is not None:
+                yield event
+    except EndOfStream:
+        return
 
 
 def chat(client: httpx.Client, model: str, messages: list[dict[str, str]], max_tokens: int, turn: Turn) -> Turn:
@@ -146,7 +142,7 @@ def chat(client: httpx.Client, model: str, messages: list[dict[str, str]], max_t
                 if usage:
                     turn.prompt_tokens = int(usage["prompt_tokens"])
                     turn.cached_tokens = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
-    except (httpx.HTTPError, RuntimeError, ValueError, KeyError) as exc:
+    except (httpx.HTTPError, StreamEventError, ValueError, KeyError) as exc:
         turn.error = f"{type(exc).__name__}: {exc}"
         return turn
     turn.e2e_ms = (time.perf_counter() - start) * 1e3

@@ -99,22 +99,36 @@ async def _http_error(response: httpx.Response) -> str:
     return f"HTTP {response.status_code}: {detail}"
 
 
-class _EventError(Exception):
+class StreamEventError(Exception):
     """An error the server reported inside a stream (an SSE ``error`` or a realtime ``error`` event)."""
 
 
+class EndOfStream(Exception):
+    """An SSE body's ``data: [DONE]``."""
+
+
+def sse_event(line: str) -> dict[str, Any] | None:
+    """One line of an SSE body: the JSON event it carries, or None (a blank line, a comment, another field).
+    Raises ``EndOfStream`` at ``[DONE]`` and ``StreamEventError`` for an event carrying an ``error``."""
+    if not line.startswith("data:"):
+        return None
+    data = line[5:].strip()
+    if data == "[DONE]":
+        raise EndOfStream
+    event = json.loads(data)
+    if "error" in event:
+        raise StreamEventError(f"stream error: {event['error'].get('message')}")
+    return event
+
+
 async def _sse_events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON events of an SSE body until ``[DONE]``; an event carrying an ``error`` raises ``_EventError``."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        event = json.loads(data)
-        if "error" in event:
-            raise _EventError(f"stream error: {event['error'].get('message')}")
-        yield event
+    """The JSON events of an SSE body until ``[DONE]`` (``sse_event``)."""
+    try:
+        async for line in response.aiter_lines():
+            if (event := sse_event(line)) is not None:
+                yield event
+    except EndOfStream:
+        return
 
 
 async def send_chat(client: httpx.AsyncClient, prompt: BenchPrompt, options: RequestOptions) -> RequestResult:
@@ -154,7 +168,7 @@ async def send_chat(client: httpx.AsyncClient, prompt: BenchPrompt, options: Req
                     if chunk:
                         first_audio = now if first_audio is None else first_audio
                         audio_bytes += len(base64.b64decode(chunk))
-        except _EventError as exc:
+        except StreamEventError as exc:
             return _failed(start, str(exc))
     result.text = "".join(words)
     return _finish(result, start, time.perf_counter(), text_times, first_audio, audio_bytes)
@@ -197,7 +211,7 @@ async def send_transcription(client: httpx.AsyncClient, prompt: BenchPrompt,
                     usage = event.get("usage") or {}
                     result.input_tokens = int(usage.get("input_tokens") or 0)
                     result.output_tokens = int(usage.get("output_tokens") or 0)
-        except _EventError as exc:
+        except StreamEventError as exc:
             return _failed(start, str(exc))
     end = time.perf_counter()
     if text is None:
@@ -221,7 +235,7 @@ async def _next_event(ws: Any) -> dict[str, Any]:
     event = json.loads(await ws.recv())
     if event.get("type") == ServerEvent.ERROR:
         error = event.get("error") or {}
-        raise _EventError(f"error event ({error.get('code')}): {error.get('message')}")
+        raise StreamEventError(f"error event ({error.get('code')}): {error.get('message')}")
     return event
 
 
@@ -282,8 +296,8 @@ async def send_realtime(client: httpx.AsyncClient, prompt: BenchPrompt, options:
                     break
     except InvalidStatus as exc:
         return _failed(start, f"HTTP {exc.response.status_code}: the WebSocket handshake was refused")
-    except (_EventError, WebSocketException, OSError, json.JSONDecodeError) as exc:
-        return _failed(start, f"{type(exc).__name__}: {exc}" if not isinstance(exc, _EventError) else str(exc))
+    except (StreamEventError, WebSocketException, OSError, json.JSONDecodeError) as exc:
+        return _failed(start, f"{type(exc).__name__}: {exc}" if not isinstance(exc, StreamEventError) else str(exc))
     result.text = "".join(words)
     return _finish(result, start, time.perf_counter(), text_times, first_audio, audio_bytes)
 
