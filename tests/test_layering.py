@@ -3,7 +3,6 @@ loads no torch, zmq or engine; the server never imports the gateway; ``protocol/
 
 from __future__ import annotations
 
-import ast
 import json
 import subprocess
 import sys
@@ -12,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import omnipipe
+from tools.import_cycles import import_graph
 
 SRC = Path(omnipipe.__file__).resolve().parent  # src/omnipipe
 GATEWAY_MODULES = ("omnipipe.gateway.app", "omnipipe.gateway.proxy.http", "omnipipe.gateway.proxy.realtime",
@@ -19,43 +19,12 @@ GATEWAY_MODULES = ("omnipipe.gateway.app", "omnipipe.gateway.proxy.http", "omnip
 HEAVY = ("torch", "zmq", "omnipipe.engine", "omnipipe.server")
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def imported_modules(path: Path, name: str | None = None) -> set[str]:
-    """Every module ``path`` (the module ``name``) imports, anywhere in the file (functions included), relative
-    imports resolved."""
-    name = name or module_name(path)
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                target = ".".join([*base, node.module] if node.module else base)
-            else:
-                target = node.module or ""
-            if target == "omnipipe":  # ``from omnipipe import gateway`` (fine) or ``... import AsyncOmni`` (not)
-                found.update(f"omnipipe.{alias.name}" for alias in node.names)
-            else:
-                found.add(target)
-    return found
-
-
 def omnipipe_imports(package: str) -> dict[str, set[str]]:
-    """Module -> the omnipipe modules it imports, for every module of ``omnipipe.<package>``."""
-    out: dict[str, set[str]] = {}
-    for path in sorted((SRC / package).rglob("*.py")):
-        modules = {m for m in imported_modules(path) if m == "omnipipe" or m.startswith("omnipipe.")}
-        out[module_name(path)] = modules
-    return out
+    """Module -> the omnipipe modules it imports, for every module of ``omnipipe.<package>`` (the scan ``make lint``'s
+    import-cycle check makes: imports anywhere in a file, relative ones resolved)."""
+    prefix = f"omnipipe.{package}"
+    return {module: targets for module, targets in import_graph(SRC).items()
+            if module == prefix or module.startswith(prefix + ".")}
 
 
 def violations(package: str, allowed: tuple[str, ...]) -> list[str]:
@@ -70,11 +39,16 @@ def violations(package: str, allowed: tuple[str, ...]) -> list[str]:
 
 def test_import_scan_sees_relative_nested_and_top_level_imports(tmp_path: Path) -> None:
     """The scanner itself: relative imports, imports inside functions and names from ``omnipipe`` all count."""
-    probe = tmp_path / "probe.py"
-    probe.write_text("from . import pool\nfrom omnipipe import AsyncOmni\n\n\n"
-                     "def f():\n    from ..engine import orchestrator\n    import omnipipe.server.app\n")
-    assert imported_modules(probe, "omnipipe.gateway.probe") == {
-        "omnipipe.gateway", "omnipipe.AsyncOmni", "omnipipe.engine", "omnipipe.server.app"}
+    package = tmp_path / "omnipipe"
+    for module in ("__init__.py", "engine/__init__.py", "engine/orchestrator.py", "server/__init__.py",
+                   "server/app.py", "gateway/__init__.py", "gateway/pool.py"):
+        (package / module).parent.mkdir(parents=True, exist_ok=True)
+        (package / module).write_text("")
+    (package / "gateway" / "probe.py").write_text(
+        "from . import pool\nfrom omnipipe import AsyncOmni\n\n\n"
+        "def f():\n    from ..engine import orchestrator\n    import omnipipe.server.app\n")
+    assert import_graph(package)["omnipipe.gateway.probe"] == {
+        "omnipipe.gateway.pool", "omnipipe", "omnipipe.engine.orchestrator", "omnipipe.server.app"}
 
 
 @pytest.mark.parametrize("module", GATEWAY_MODULES)
