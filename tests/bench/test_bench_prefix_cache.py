@@ -97,10 +97,12 @@ def test_the_cache_spares_the_system_prompt_and_the_earlier_turns(tmp_path: Path
     at least the system prompt (turn 2 from all of turn 1's prompt); with it off every turn reports only the shared
     preamble, and so does the first turn with it on."""
     path = tmp_path / "prefix-cache.json"
+    before = {p.pid for p in child_processes()}  # a server another module's fixture keeps for the session
     code = main(["--rounds", "1", "--rooms", "6", "--max-tokens", "8", "--json", str(path)])
     printed = capsys.readouterr().out
     assert code == 0, printed
-    assert not [p for p in child_processes() if "omnipipe" in " ".join(p.cmdline())]  # both servers stopped
+    left = [p for p in child_processes() if p.pid not in before and "omnipipe" in " ".join(p.cmdline())]
+    assert not left  # both servers stopped
 
     turns = [("1", "1"), ("1", "2"), ("1", "3"), ("2", "1")]  # (conversation, turn)
     rows = table_rows(printed, HEADERS)
