@@ -47,6 +47,7 @@ from omnipipe.models.toy.runners.vocoder import ToyVocoderRunner
 from omnipipe.protocol.realtime import CLIENT_EVENT_MODELS
 from omnipipe.stage.paged_attention import register_kernel
 from omnipipe.stage.runner_driver import ForwardCounter
+from omnipipe.stage.streaming_audio import merge_audio_embeds
 from omnipipe.transport.relay.recv_buffers import RecvBufferPool
 
 _ = SimpleNamespace()
@@ -145,4 +146,5 @@ _TESTED_ONLY = (CLIENT_EVENT_MODELS, build_prompt, CachedDecoder.num_cached_toke
                 TranscriptionTap.on_response_text, RecvBufferPool.pooled_bytes, _.free_blocks,
                 ForwardCounter,  # the batched runners' tests count forwards with it
                 register_kernel, _.block_tables,  # what a paged attention kernel plugs in by and reads
-                _._attn_implementation)  # read by transformers: bench gpu-check's decoder attends with sdpa
+                _._attn_implementation,  # read by transformers: bench gpu-check's decoder attends with sdpa
+                merge_audio_embeds)  # a streamed clip's audio into a thinker prompt (no runner feeds streams yet)

@@ -1,6 +1,8 @@
 """The thinker's inputs from a request: the chat text with one placeholder run per image, video and audio clip,
 tokenised, beside the tensors the thinker's encoders read (image and video patches with their grids, log-mel
-features with their masks). It uses the checkpoint's own tokenizer, image processor and feature extractor.
+features with their masks). It uses the checkpoint's own tokenizer, image processor and feature extractor. A clip
+that streamed in (``stage/streaming_audio.py``: a finished ``StreamedAudio``, the request's only audio) brings its
+features, and its audio encoder output as ``audio_embeds`` (for ``merge_audio_embeds``), made already.
 
 Videos are patchified here from their sampled frames (consecutive frames paired into temporal patches, the last
 repeated to fill a pair), so no video-processing backend is needed; each frame is resized and normalised by the
@@ -14,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnipipe.stage.streaming_audio import streamed_clip
 from omnipipe.stage.structured_output import TOOLS_INTRO, TOOLS_OUTRO, tool_json
 from omnipipe.util.field_error import FieldError
 
@@ -121,7 +124,15 @@ class ThinkerInputBuilder:
             for thw in kwargs["video_grid_thw"]:
                 placeholders.append(IMAGE_PART.format("<|video_pad|>" * (int(thw.prod()) // self.merge ** 2)))
         audios = item.get("audios") or []
-        if audios:
+        streamed = streamed_clip(audios)
+        if streamed is not None:  # features (and the encoder's output) made while the clip streamed in
+            kwargs["input_features"] = streamed.input_features
+            kwargs["feature_attention_mask"] = streamed.feature_attention_mask
+            if streamed.audio_embeds is not None:
+                kwargs["audio_embeds"] = streamed.audio_embeds
+            frames = int(streamed.feature_attention_mask.sum())
+            placeholders.append(AUDIO_PART.format("<|audio_pad|>" * audio_token_count(frames, self.n_window)))
+        elif audios:
             features = self.feature_extractor([np.asarray(a, dtype=np.float32) for a in audios], sampling_rate=16000,
                                               padding="longest", truncation=False, return_attention_mask=True,
                                               return_tensors="pt")

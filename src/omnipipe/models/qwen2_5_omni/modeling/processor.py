@@ -1,14 +1,19 @@
 """The Qwen2.5-Omni processor without a separate video processor: videos go through the image processor, frame by
 frame, and their patches are grouped in time the way Qwen2-VL's video processor groups them. Needs no
-torchvision."""
+torchvision. A clip that streamed in (a finished ``StreamedAudio``, ``stage/streaming_audio.py``) is taken as an
+audio input: its features are used as they are and its placeholder is written for them."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
+import torch
 from transformers.feature_extraction_utils import BatchFeature
 from transformers.models.qwen2_5_omni import Qwen2_5OmniProcessor
+from transformers.models.qwen2_5_omni.processing_qwen2_5_omni import _get_feat_extract_output_lengths
+
+from omnipipe.stage.streaming_audio import StreamedAudio
 
 
 class FramesVideoProcessor:
@@ -57,3 +62,29 @@ class OmniProcessor(Qwen2_5OmniProcessor):
         for name in ("image_token", "audio_token", "video_token", "image_token_id", "audio_token_id",
                      "video_token_id", "vision_bos_token", "vision_eos_token", "audio_bos_token", "audio_eos_token"):
             setattr(self, name, getattr(tokenizer, name))
+
+    def prepare_inputs_layout(self, images: Any = None, text: Any = None, videos: Any = None, audio: Any = None,
+                              **kwargs: Any) -> tuple[Any, Any, Any, Any]:
+        streamed = _streamed(audio)
+        images, text, videos, audio = super().prepare_inputs_layout(
+            images=images, text=text, videos=videos, audio=None if streamed else audio, **kwargs)
+        return images, text, videos, streamed or audio
+
+    def _process_audio(self, audio: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+        streamed = _streamed(audio)
+        if not streamed:
+            return super()._process_audio(audio, **kwargs)
+        masks = [clip.feature_attention_mask for clip in streamed]
+        if len({int(mask.shape[1]) for mask in masks}) != 1:
+            raise ValueError("streamed clips of different padded lengths cannot be batched")
+        inputs = BatchFeature({"input_features": torch.cat([clip.input_features for clip in streamed]),
+                               "feature_attention_mask": torch.cat(masks)})
+        inputs["num_audio_tokens"] = _get_feat_extract_output_lengths(inputs["feature_attention_mask"].sum(-1))
+        return inputs, [self.replace_audio_token(dict(inputs), audio_idx=i) for i in range(len(streamed))]
+
+
+def _streamed(audio: Any) -> list[StreamedAudio] | None:
+    """``audio`` as finished streams, if it is a list of them."""
+    if isinstance(audio, (list, tuple)) and audio and all(isinstance(clip, StreamedAudio) for clip in audio):
+        return list(audio)
+    return None
