@@ -50,7 +50,7 @@ def _outputs(runner: Any) -> dict[str, tuple[list[int], torch.Tensor]]:
     out = {}
     for arrival in arrivals:
         data = [o.data for o in result.outputs[arrival.request_id] if o.data]
-        out[arrival.request_id] = ([d["token"] for d in data], data[0]["mm_hidden"])
+        out[arrival.request_id] = ([d["token"] for d in data], data[0]["prompt"]["mm_hidden"])
     return out
 
 

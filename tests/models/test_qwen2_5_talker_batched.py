@@ -18,12 +18,14 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from omnipipe.models.qwen2_5_omni.handoff import Qwen25TalkerPrompt, thinker2talker_async_chunk
 from omnipipe.models.qwen2_5_omni.modeling.processor import OmniProcessor
-from omnipipe.models.qwen2_5_omni.processors import chat_messages, thinker2talker_async_chunk
+from omnipipe.models.qwen2_5_omni.processors import chat_messages
 from omnipipe.models.qwen2_5_omni.runners.talker import Qwen25TalkerRunner
 from omnipipe.models.qwen2_5_omni.weights.load import load_config, load_part, load_speakers
 from omnipipe.models.qwen2_5_omni.weights.tiny import write_tiny_checkpoint
 from omnipipe.stage.kv_cache import token_bytes
+from omnipipe.stage.request import RequestStatus
 from omnipipe.stage.runner import RunnerContext
 from omnipipe.stage.runner_driver import Arrival, DriveResult, ForwardCounter, drive
 from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
@@ -47,12 +49,11 @@ class ThinkerOutputs:
         talker = load_config(checkpoint).talker_config
         embed = self.model.get_input_embeddings()
 
-        def vector(token: int) -> np.ndarray:
-            return embed(torch.tensor([token]))[0].detach().numpy()
+        def vector(token: int) -> torch.Tensor:
+            return embed(torch.tensor([token]))[0].detach()
 
-        self.special = {"text_eos": vector(talker.tts_text_end_token_id),
-                        "text_pad": vector(talker.tts_text_pad_token_id),
-                        "bos": {name: vector(int(s["bos_token"])) for name, s in load_speakers(checkpoint).items()}}
+        self.text_eos, self.text_pad = vector(talker.tts_text_end_token_id), vector(talker.tts_text_pad_token_id)
+        self.speaker_bos = {name: vector(int(s["bos_token"])) for name, s in load_speakers(checkpoint).items()}
 
     @torch.inference_mode()
     def chunks(self, item: dict[str, Any], reply: str) -> list[dict[str, Any]]:
@@ -76,15 +77,13 @@ class ThinkerOutputs:
         for key, token in (("input_features", config.audio_token_index), ("pixel_values", config.image_token_index)):
             if key in media:
                 embeds[ids[0] == token] = 0
-        prompt = {"input_ids": prompt_ids[0].numpy(), "attention_mask": mask[0, :length].numpy(),
-                  "embeds": embeds[:length].numpy(), "hidden": hidden[:length].numpy(),
-                  "special_embeds": self.special, "first_token": int(reply_ids[0, 0])}
-        if "image_grid_thw" in media:
-            prompt["image_grid_thw"] = media["image_grid_thw"].numpy()
+        grids = {"image_grid_thw": media["image_grid_thw"]} if "image_grid_thw" in media else {}
         if audio_lengths is not None:
-            prompt["audio_feature_lengths"] = audio_lengths.numpy()
-        outputs = [{"prompt": prompt}] + [{"reply_embed": embeds[i].numpy(), "reply_hidden": hidden[i].numpy()}
-                                          for i in range(length, ids.shape[1])]
+            grids["audio_feature_lengths"] = audio_lengths
+        prompt = Qwen25TalkerPrompt(prompt_ids[0], mask[0, :length], embeds[:length], hidden[:length],
+                                    int(reply_ids[0, 0]), self.text_eos, self.text_pad, self.speaker_bos, grids)
+        outputs = [{"prompt": prompt.to_dict()}] + [{"embed": embeds[i], "hidden": hidden[i]}
+                                                    for i in range(length, ids.shape[1])]
         state: dict[str, Any] = {}
         return [chunk for i, output in enumerate(outputs)
                 for chunk in thinker2talker_async_chunk(state, output, i == len(outputs) - 1, None)]
@@ -152,14 +151,12 @@ def stepped_alone(talker: Qwen25TalkerRunner, chunks: list[dict[str, Any]], max_
     the end code, and the logits of every step."""
     model, prompt = talker.model, chunks[0]["prompt"]
     tensor = torch.as_tensor
-    special = prompt["special_embeds"]
-    replies = [tensor(e) + tensor(h) for chunk in chunks
-               for e, h in zip(chunk["reply_embeds"], chunk["reply_hidden"], strict=True)]
-    replies += [tensor(special["text_eos"])] + [tensor(special["text_pad"])] * max_codes
+    replies = [e + h for chunk in chunks for e, h in zip(chunk["text_embeds"], chunk["text_hidden"], strict=True)]
+    replies += [prompt["text_eos"]] + [prompt["text_pad"]] * max_codes
     ids = tensor(prompt["input_ids"])[None]
     length = ids.shape[1] + 2
     history = [model.codec_mask_token] * ids.shape[1] + [model.codec_pad_token, model.codec_bos_token]
-    extra = {k: tensor(prompt[k]) for k in ("image_grid_thw", "audio_feature_lengths") if k in prompt}
+    extra = dict(prompt["grids"])
     cache, sampling, steps = DynamicCache(), TokenSamplingParams(temperature=0.0, repetition_penalty=1.05), []
     model.rope_deltas = None
     with torch.inference_mode():
@@ -167,7 +164,7 @@ def stepped_alone(talker: Qwen25TalkerRunner, chunks: list[dict[str, Any]], max_
                     input_text_ids=torch.cat([ids, torch.tensor([[talker.bos_tokens["Chelsie"],
                                                                   prompt["first_token"]]])], dim=1),
                     inputs_embeds=torch.cat([tensor(prompt["hidden"]) + tensor(prompt["embeds"]),
-                                             tensor(special["bos"]["Chelsie"])[None], replies[0][None]])[None],
+                                             prompt["speaker_bos"]["Chelsie"][None], replies[0][None]])[None],
                     attention_mask=torch.ones(1, length, dtype=torch.long), use_audio_in_video=False, **extra)
         for reply in replies[1:max_codes + 1]:
             steps.append(out.logits[0, -1])
@@ -213,7 +210,7 @@ def test_a_request_waiting_for_its_reply_item_holds_up_no_one(talker: Qwen25Talk
     fast_steps = [i for i, (prefill, ids, _) in enumerate(result.steps) if "fast" in ids]
     assert fast_steps == list(range(len(fast_steps)))  # a step for the fast one every step until it is done
     assert any("slow" not in ids for prefill, ids, _ in result.steps[1:len(fast_steps)])  # while the slow waited
-    assert any(o.needs_input for o in result.outputs["slow"])
+    assert any(o.status is RequestStatus.WAITING_FOR_CHUNK for o in result.outputs["slow"])
     assert codes(result, "slow") == codes(drive(talker, [arrival("slow", GREEDY, inputs[0])]), "slow")
 
 

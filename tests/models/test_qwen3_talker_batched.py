@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnipipe.models.qwen3_omni.processors import thinker2talker, thinker2talker_async_chunk
+from omnipipe.models.qwen3_omni.handoff import thinker2talker, thinker2talker_async_chunk
 from omnipipe.models.qwen3_omni.runners.talker import Qwen3TalkerRunner
 from omnipipe.models.qwen3_omni.runners.thinker import Qwen3ThinkerRunner
 from omnipipe.models.qwen3_omni.weights.tiny import write_tiny_checkpoint

@@ -50,7 +50,8 @@ def prompts() -> list[dict[str, Any]]:
 
 
 def first_data(outputs: list[Any]) -> dict[str, Any]:
-    return next(o.data for o in outputs if o.data)
+    """The talker's prompt the thinker sent with its first token (``Qwen3TalkerPrompt.to_dict``)."""
+    return next(o.data["prompt"] for o in outputs if o.data)
 
 
 def test_eight_requests_joining_at_different_steps_equal_each_stepped_alone(thinker: Qwen3ThinkerRunner) -> None:
@@ -64,8 +65,8 @@ def test_eight_requests_joining_at_different_steps_equal_each_stepped_alone(thin
         rid = arrival.request_id
         assert batched.text(rid) == alone.text(rid) and batched.finished(rid)
         want, got = first_data(alone.outputs[rid]), first_data(batched.outputs[rid])
-        assert torch.equal(want["prompt_ids"], got["prompt_ids"])
-        for key in ("prompt_embed", "mm_hidden"):
+        assert torch.equal(want["ids"], got["ids"])
+        for key in ("embeds", "mm_hidden"):
             scale = max(1.0, float(want[key].abs().max())) if want[key].numel() else 1.0
             assert want[key].shape == got[key].shape
             if want[key].numel():
@@ -103,7 +104,7 @@ def test_a_long_prompt_is_prefilled_in_pieces_while_four_streams_decode(checkpoi
     long_prompt = Arrival("long", GREEDY, [{"text": "a long story " * 60}], step=3)
     result = drive(chunked, [*streams, long_prompt])
     assert not result.errors
-    prompt_tokens = len(first_data(result.outputs["long"])["prompt_ids"])
+    prompt_tokens = len(first_data(result.outputs["long"])["ids"])
     pieces = [i for i, (prefill, ids, _) in enumerate(result.steps) if prefill and i > 0]
     assert len(pieces) >= prompt_tokens // 16  # prefilled in pieces of at most 16 tokens
     for earlier, later in zip(pieces, pieces[1:], strict=False):  # a decode step between any two pieces
@@ -225,10 +226,10 @@ def test_a_media_prompt_prefilled_in_pieces_equals_it_whole(checkpoint: Path, th
     got = drive(chunked, [Arrival("m", GREEDY, [media])])
     assert sum(1 for prefill, _, _ in got.steps if prefill) > 3  # it went in pieces
     image_token = int(chunked.config.thinker_config.image_token_id)
-    assert int((first_data(got.outputs["m"])["prompt_ids"] == image_token).sum()) > 8  # pieces cut the image
+    assert int((first_data(got.outputs["m"])["ids"] == image_token).sum()) > 8  # pieces cut the image
     assert [o.data["token"] for o in got.outputs["m"] if o.data] == \
         [o.data["token"] for o in want.outputs["m"] if o.data]
-    for key in ("prompt_embed", "mm_hidden"):
+    for key in ("embeds", "mm_hidden"):
         a, b = first_data(want.outputs["m"])[key], first_data(got.outputs["m"])[key]
         assert a.shape == b.shape and a.numel()
         assert float((a - b).abs().max()) <= HANDOFF_BOUND * max(1.0, float(a.abs().max()))

@@ -47,15 +47,14 @@ def _qwen2_5(directory: Path, **options: Any) -> StageRunner:
 def _qwen3_handoff(result: DriveResult, rid: str) -> dict[str, torch.Tensor]:
     data = next(o.data for o in result.outputs[rid] if o.data)
     return {"tokens": torch.tensor([o.data["token"] for o in result.outputs[rid] if o.data]),
-            "prompt_embed": data["prompt_embed"], "mm_hidden": data["mm_hidden"]}
+            "embeds": data["prompt"]["embeds"], "mm_hidden": data["prompt"]["mm_hidden"]}
 
 
 def _qwen2_5_handoff(result: DriveResult, rid: str) -> dict[str, torch.Tensor]:
     part = next(o.data["prompt"] for o in result.outputs[rid] if o.data and "prompt" in o.data)
     tokens = [part["first_token"]] + [o.data["token"] for o in result.outputs[rid]
                                       if o.data and "token" in o.data and "prompt" not in o.data]
-    return {"tokens": torch.tensor(tokens), "hidden": torch.from_numpy(part["hidden"]),
-            "embeds": torch.from_numpy(part["embeds"])}
+    return {"tokens": torch.tensor(tokens), "hidden": part["hidden"], "embeds": part["embeds"]}
 
 
 FAMILIES = {"qwen3": (_qwen3, _qwen3_handoff), "qwen2_5": (_qwen2_5, _qwen2_5_handoff)}

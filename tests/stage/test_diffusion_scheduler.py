@@ -29,8 +29,8 @@ def run(s: DiffusionScheduler, steps: dict[str, int], arrivals: dict[int, list[s
         calls.append([r.request_id for r in batch])
         for r in batch:
             done[r.request_id] = done.get(r.request_id, 0) + 1
-            finished = done[r.request_id] == steps[r.request_id]
-            s.postprocess(r, RunnerOutput(r.request_id, num_units=1, finished=finished))
+            status = RequestStatus.FINISHED if done[r.request_id] == steps[r.request_id] else RequestStatus.RUNNING
+            s.postprocess(r, RunnerOutput(r.request_id, num_units=1, status=status))
         k += 1
 
 

@@ -35,9 +35,9 @@ def test_ar_postprocess_finishes_only_when_the_runner_says_so() -> None:
     batch, _ = s.schedule()
     r.take_all_inputs()
     assert s.postprocess(r, RunnerOutput("a")) is False and r.status is RequestStatus.RUNNING
-    assert s.postprocess(r, RunnerOutput("a", needs_input=True)) is False
+    assert s.postprocess(r, RunnerOutput("a", status=RequestStatus.WAITING_FOR_CHUNK)) is False
     assert r.status is RequestStatus.WAITING_FOR_CHUNK
-    assert s.postprocess(r, RunnerOutput("a", finished=True)) is True
+    assert s.postprocess(r, RunnerOutput("a", status=RequestStatus.FINISHED)) is True
     assert r.status is RequestStatus.FINISHED and s.counts() == (0, 0, 0)
 
 

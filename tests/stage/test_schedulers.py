@@ -49,7 +49,8 @@ def test_ar_a_prefill_in_pieces_alternates_with_the_running_decodes() -> None:
         phases.append((prefill, [r.request_id for r in batch]))
         if prefill:
             pieces += 1
-            s.postprocess(batch[0], RunnerOutput("long", prefill_pending=pieces < 3))
+            status = RequestStatus.PREFILLING if pieces < 3 else RequestStatus.RUNNING
+            s.postprocess(batch[0], RunnerOutput("long", status=status))
     assert phases == [(False, ["a"]), (True, ["long"]), (False, ["a"]), (True, ["long"]), (False, ["a"]),
                       (True, ["long"]), (False, ["a", "long"])]
 
@@ -61,8 +62,8 @@ def test_ar_a_request_without_kv_memory_waits_at_the_head_until_one_leaves() -> 
     batch, prefill = s.schedule()
     assert prefill and len(batch) == 3
     s.postprocess(batch[0], RunnerOutput("a"))
-    s.postprocess(batch[1], RunnerOutput("b", wait_for_memory=True))
-    s.postprocess(batch[2], RunnerOutput("c", wait_for_memory=True))
+    s.postprocess(batch[1], RunnerOutput("b", status=RequestStatus.WAITING_FOR_MEMORY))
+    s.postprocess(batch[2], RunnerOutput("c", status=RequestStatus.WAITING_FOR_MEMORY))
     s.add(request("d"))
     assert [r.request_id for r in s.waiting] == ["c", "b", "d"]
     assert s.counts() == (1, 3, 0)

@@ -155,7 +155,7 @@ class _CountingRunner(StageRunner):
                 request.runner_state, request.prefilled = 0, True
             request.runner_state += 1
             done = request.runner_state > request.params["max_tokens"]
-            outputs.append(RunnerOutput(request.request_id, num_units=1, finished=done))
+            outputs.append(RunnerOutput.decoded(request.request_id, "length" if done else None, num_units=1))
         return outputs
 
     def free(self, request: StageRequest) -> None:

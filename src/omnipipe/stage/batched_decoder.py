@@ -27,7 +27,7 @@ from omnipipe.stage.checkpoint_options import DecoderCheckpointOptions
 from omnipipe.stage.kv_cache import KVBudgetError, PagedKVCache, block_hashes, step_activation_bytes, token_bytes
 from omnipipe.stage.paged_attention import use_paged_attention
 from omnipipe.stage.prompt_pieces import PromptPieces
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.stage.sampling import SamplingRow, TokenSamplingParams, sample_next_tokens
 from omnipipe.stage.text_stream import TextStream
@@ -129,7 +129,7 @@ class BatchedDecoderRunner(StageRunner):
 
     def decode_input(self, request: StageRequest) -> Any:
         """What ``request``'s next decode step reads besides its last token (None: nothing), or the output to
-        return now when that has not arrived (``needs_input``)."""
+        return now when that has not arrived (``WAITING_FOR_CHUNK``)."""
         return None
 
     def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
@@ -226,9 +226,8 @@ class BatchedDecoderRunner(StageRunner):
                 request.num_cached_tokens = self.kv.shared_tokens(request.request_id)
                 return None
         except KVBudgetError as exc:
-            return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=str(exc),
-                                error_field="sampling_params.max_tokens")
-        return RunnerOutput(request.request_id, wait_for_memory=True)
+            return RunnerOutput.failed(request.request_id, str(exc), "sampling_params.max_tokens")
+        return RunnerOutput(request.request_id, status=RequestStatus.WAITING_FOR_MEMORY)
 
     def memory_stats(self) -> dict[str, int] | None:
         kv = getattr(self, "kv", None)

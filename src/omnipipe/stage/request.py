@@ -10,10 +10,18 @@ from typing import Any
 
 
 class RequestStatus(enum.Enum):
-    WAITING = "waiting"  # admitted input, not yet scheduled
-    RUNNING = "running"
+    """Where a request stands in its stage: one status, which only the stage's scheduler sets
+    (``StageRequest.status``). A runner step says where it left each request with ``RunnerOutput.status`` (any but
+    WAITING); the scheduler moves the request there, or fails it for a status its stage kind has no use for
+    (``Scheduler.RUNNER_STATUSES``)."""
+
+    WAITING = "waiting"  # admitted with input, not yet scheduled
+    PREFILLING = "prefilling"  # AR: in the batch, its prompt not all in the cache yet (another prefill step)
+    RUNNING = "running"  # in the batch: decoding (AR), or a step on its input (generation, diffusion)
     WAITING_FOR_CHUNK = "waiting_for_chunk"  # needs the next input chunk; never blocks the batch
-    FINISHED = "finished"
+    WAITING_FOR_MEMORY = "waiting_for_memory"  # AR: its KV cache does not fit what is free; first in the queue
+    FINISHED = "finished"  # done (``RunnerOutput.finish_reason`` says why); out of the scheduler
+    FAILED = "failed"  # failed alone (``RunnerOutput.error``); out of the scheduler
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 
 if TYPE_CHECKING:
     from omnipipe.stage.tensor_parallel import StepChannel, TensorParallelGroup
@@ -43,19 +43,42 @@ class RunnerOutput:
     # the frame rate); None when the runner cannot tell. The ``deadline`` schedule serves by it
     # (``schedulers/service_order.py``)
     playback_s: float | None = None
-    finished: bool = False
-    finish_reason: str | None = None
-    needs_input: bool = False  # AR stage: wait (WAITING_FOR_CHUNK) until the next input chunk arrives
-    # AR stage, a prefill step: the prompt is not all in the cache yet (chunked prefill, or its media still being
-    # processed); the request gets another prefill step after the running requests' next decode step
-    prefill_pending: bool = False
-    # AR stage, a prefill step: the request's KV cache does not fit what is free now; it goes back to the head of
-    # the queue and no request is admitted until one leaves the stage
-    wait_for_memory: bool = False
-    error: str | None = None  # this request failed (e.g. its input is too long); the rest of the batch goes on
+    # where this step left the request (``RequestStatus``; the scheduler moves it there): RUNNING, it runs again
+    # (decodes, takes its next input); PREFILLING (AR), its prompt is not all in the cache yet (chunked prefill, or
+    # its media still being processed): another prefill step after the running requests' next decode step;
+    # WAITING_FOR_CHUNK (AR), it waits outside the batch until its next input chunk arrives; WAITING_FOR_MEMORY (AR,
+    # a prefill step), its KV cache does not fit what is free now: back to the head of the queue, and no request is
+    # admitted until one leaves the stage; FINISHED, with ``finish_reason``; FAILED, with ``error``
+    status: RequestStatus = RequestStatus.RUNNING
+    finish_reason: str | None = None  # FINISHED: why ("stop", "length", "tool_calls"; None: the input ran out)
+    error: str | None = None  # FAILED: this request failed (e.g. its input is too long); the rest of the batch goes on
     # with ``error``: the request's own input is at fault, and this is the field it came in (``prompt``); the
     # caller gets a FieldError naming it (HTTP 400) instead of a failure, and ``error`` is the rule it broke
     error_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is RequestStatus.WAITING:
+            raise ValueError("a runner output cannot put a request back to WAITING: that is the scheduler's")
+        if (self.status is RequestStatus.FAILED) != (self.error is not None):
+            raise ValueError(f"{self.request_id}: an output has an error exactly when its status is FAILED "
+                             f"(status {self.status.name}, error {self.error!r})")
+        if self.finish_reason is not None and self.status is not RequestStatus.FINISHED:
+            raise ValueError(f"{self.request_id}: finish_reason {self.finish_reason!r} without FINISHED")
+
+    @classmethod
+    def failed(cls, request_id: str, error: str, error_field: str | None = None) -> RunnerOutput:
+        """The output that fails ``request_id`` alone with ``error`` (a 400 naming ``error_field`` when given)."""
+        return cls(request_id, status=RequestStatus.FAILED, error=error, error_field=error_field)
+
+    @classmethod
+    def decoded(cls, request_id: str, finish_reason: str | None, **fields: Any) -> RunnerOutput:
+        """A decode step's output: FINISHED with ``finish_reason`` when the step gives one, else RUNNING."""
+        status = RequestStatus.RUNNING if finish_reason is None else RequestStatus.FINISHED
+        return cls(request_id, status=status, finish_reason=finish_reason, **fields)
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
 
 
 @dataclass
@@ -78,18 +101,21 @@ class RunnerContext:
 class StageRunner(ABC):
     """Loads a model and runs one step over a batch of requests.
 
+    Each output's ``status`` says where the step left its request; the scheduler moves the request there.
     AR stages: ``execute(batch, is_prefill)`` is called with newly admitted requests (``is_prefill=True``: read
     ``request.take_all_inputs()``, build the per-request cache) or with the running batch (one decode step each).
-    A prefill may take several steps (``RunnerOutput.prefill_pending``: decode steps of the others run between
-    them) or wait for KV memory (``RunnerOutput.wait_for_memory``).
+    ``is_prefill`` tells the phase the scheduler picked; a runner that decides by each request's own ``prefilled``
+    (``stage/batched_decoder.py``) may ignore it. A prefill may take several steps (``PREFILLING``: decode steps of
+    the others run between them) or wait for KV memory (``WAITING_FOR_MEMORY``); a request that has read all its
+    input waits for more (``WAITING_FOR_CHUNK``).
     Generation stages: ``execute(batch, False)``; each request has at least one input chunk, take one with
     ``request.take_input()`` and return its result; the scheduler finishes a request once its input is exhausted.
     Diffusion stages: ``execute(batch, False)`` is one denoising step for every request of the batch, each at its
     own step; a request new to the batch has ``runner_state is None`` and all its input ready
-    (``request.take_all_inputs()``); return ``finished=True`` with the image at its last step.
+    (``request.take_all_inputs()``); return ``FINISHED`` with the image at its last step.
 
     A problem with one request should fail that request alone: reject unusable params in :meth:`validate` (the
-    stage fails the request when it arrives, before it shares a batch), or return ``RunnerOutput(error=...)`` for
+    stage fails the request when it arrives, before it shares a batch), or return ``RunnerOutput.failed(...)`` for
     it. If ``execute`` raises on a batch of several, the stage retries its members one by one so that only the
     culprit fails; :meth:`snapshot` and :meth:`restore` let it undo what the failed call did to each member's
     runner state first (the stage itself restores the request's inputs, ``consumed_inputs`` and ``prefilled``).

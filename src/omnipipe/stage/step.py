@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnipipe.stage.device import is_sticky_cuda_error
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import NOT_RESTORABLE, RunnerOutput, StageRunner
 from omnipipe.stage.schedulers import Scheduler
 
@@ -89,8 +89,14 @@ class StageStep:
 
     def _apply(self, batch: list[StageRequest], outputs: list[RunnerOutput], elapsed: float) -> None:
         for request, output in zip(batch, outputs, strict=True):
-            if output.error is not None:
-                self._fail(request.request_id, output.error, output.error_field)
+            if output.status is RequestStatus.FAILED:
+                self.scheduler.fail(request)
+                self._fail(request.request_id, output.error or "", output.error_field)
+                continue
+            if output.status not in self.scheduler.RUNNER_STATUSES:  # a runner written for another stage kind
+                self.scheduler.fail(request)
+                self._fail(request.request_id, f"the runner left the request {output.status.name}, which a "
+                                               f"{type(self.scheduler).__name__} cannot schedule", None)
                 continue
             request.compute_s += elapsed
             request.max_batch_size = max(request.max_batch_size, len(batch))

@@ -21,7 +21,7 @@ PIPELINE = PipelineSpec(
                   extra_params=f"{_P}.processors:Qwen25Token2WavParams"),
     ),
     edges=(
-        EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker", f"{_P}.processors.thinker2talker_async_chunk"),
+        EdgeSpec("thinker", "talker", f"{_P}.handoff.thinker2talker", f"{_P}.handoff.thinker2talker_async_chunk"),
         EdgeSpec("talker", "token2wav", f"{_P}.processors.talker2token2wav",
                  f"{_P}.processors.talker2token2wav_async_chunk",
                  options="omnipipe.chunk.accumulation:FrameChunkOptions"),

@@ -1,6 +1,6 @@
-"""Stage handoff for Qwen2.5-Omni: the prompt processor (prompt -> the thinker's chat and media), the thinker ->
-talker edge (the hidden states the talker reads), the talker -> token2wav edge (codec frames with context), and
-the knobs the stages read from ``SamplingParams.extra``.
+"""Stage handoff for Qwen2.5-Omni: the prompt processor (prompt -> the thinker's chat and media), the talker ->
+token2wav edge (codec frames with context), and the knobs the stages read from ``SamplingParams.extra``. The
+thinker -> talker edge (the hidden states the talker reads) is ``handoff.py``.
 
 The checkpoint's processor (tokenizer, image processor, feature extractor) runs inside the thinker stage, which
 knows the checkpoint; the prompt processor only decodes media into arrays, but for video files, which stay encoded
@@ -137,49 +137,6 @@ def chat_messages(data: dict[str, Any]) -> list[dict[str, Any]]:
         content.append({"type": "text", "text": data["text"]})
     messages.append({"role": "user", "content": content})
     return messages
-
-
-# ---------------------------------------------------------------- thinker -> talker
-# The thinker's step data: its prefill step carries the talker's prompt part ({"prompt": {...}}) and the first
-# token; every later step the layer-0 embedding and last-layer hidden state of the token it just read
-# ({"reply": [D] x 2}). The talker's prefill needs the prompt part and the first reply item together.
-
-
-def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The whole thinker output as one talker input."""
-    state: dict[str, Any] = {}
-    chunks: list[dict[str, Any]] = []
-    for index, output in enumerate(outputs):
-        chunks += thinker2talker_async_chunk(state, output, index == len(outputs) - 1, None)
-    if not outputs:
-        return []
-    merged: dict[str, Any] = {"reply_embeds": [], "reply_hidden": [], "thinker_done": False}
-    for chunk in chunks:
-        if "prompt" in chunk:
-            merged["prompt"] = chunk["prompt"]
-        merged["reply_embeds"] += list(chunk.get("reply_embeds", []))
-        merged["reply_hidden"] += list(chunk.get("reply_hidden", []))
-        merged["thinker_done"] = merged["thinker_done"] or chunk.get("thinker_done", False)
-    return [merged]
-
-
-def thinker2talker_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: bool,
-                               ctx: ChunkContext | None) -> list[dict[str, Any]]:
-    """Per thinker step: the prompt part waits for the first reply item, then each reply item goes at once; the
-    last chunk says the thinker is done (the talker then reads the text-end and pad embeddings)."""
-    if "prompt" in output:
-        state["prompt"] = output["prompt"]
-    has_reply = "reply_embed" in output
-    if not has_reply and not is_last:
-        return []
-    chunk: dict[str, Any] = {
-        "reply_embeds": [np.asarray(output["reply_embed"])] if has_reply else [],
-        "reply_hidden": [np.asarray(output["reply_hidden"])] if has_reply else [],
-        "thinker_done": is_last,
-    }
-    if "prompt" in state:
-        chunk["prompt"] = state.pop("prompt")
-    return [chunk]
 
 
 # ---------------------------------------------------------------- talker -> token2wav

@@ -13,13 +13,15 @@ from omnipipe.stage.checkpoint_options import (
 )
 from omnipipe.util.field_error import FieldError
 
+DEFAULT_SPEAKER = "ethan"  # the voice of a request that names none, where the checkpoint has it (any case)
+
 
 @dataclass(frozen=True)
 class TalkerOptions(DecoderCheckpointOptions):
     """A batched decoder stage's options (``DecoderCheckpointOptions``: the KV budget, prefill pieces,
-    ``step_per_request``) and: ``speaker``, the voice (default: Ethan where the checkpoint has him, else its first);
-    ``max_new_tokens``, a request's cap in codec frames (12.5 per second) when its SamplingParams give no
-    ``max_tokens``."""
+    ``step_per_request``) and: ``speaker``, the voice (default: ``DEFAULT_SPEAKER`` where the checkpoint has it,
+    else its first); ``max_new_tokens``, a request's cap in codec frames (12.5 per second) when its SamplingParams
+    give no ``max_tokens``."""
 
     speaker: str | None = None
     max_new_tokens: int = 4096

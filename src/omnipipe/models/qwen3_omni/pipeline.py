@@ -19,7 +19,7 @@ PIPELINE = PipelineSpec(
                   sample_rate_hz=SAMPLE_RATE_HZ),
     ),
     edges=(
-        EdgeSpec("thinker", "talker", f"{_P}.processors.thinker2talker", f"{_P}.processors.thinker2talker_async_chunk"),
+        EdgeSpec("thinker", "talker", f"{_P}.handoff.thinker2talker", f"{_P}.handoff.thinker2talker_async_chunk"),
         EdgeSpec("talker", "code2wav", f"{_FRAMES}.frames_whole", f"{_FRAMES}.frames_async_chunk",
                  options="omnipipe.chunk.accumulation:FrameChunkOptions"),
     ),

@@ -1,13 +1,8 @@
-"""Qwen3-Omni's prompt processor and its thinker -> talker handoff.
+"""Qwen3-Omni's prompt processor (the thinker -> talker hand-off is ``handoff.py``).
 
 The prompt processor loads the caller's media once, in the engine: images to uint8 arrays, audio to 16 kHz float
 arrays, videos given as frames to a uint8 [T, H, W, 3] array, and video files to their bytes (the thinker samples
 them at its ``video_fps``).
-
-Thinker -> talker: the talker starts from the prompt (its user turns and the assistant's first token) and reads one
-generated token's embedding per step after that. As in the model's own ``generate``, the embedding of the thinker's
-last token (never fed back to the thinker) is not spoken, so each token's embedding is shipped once the next one is
-known; the last chunk says the text is done.
 """
 
 from __future__ import annotations
@@ -15,14 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from omnipipe.chunk.context import ChunkContext
 from omnipipe.config.pipeline_spec import EntryInput
 from omnipipe.util.field_error import FieldError
-
-PROMPT_KEYS = ("prompt_ids", "prompt_embed", "mm_hidden", "grids")
-
 
 MAX_ITEMS = 8  # media items of one kind in a prompt
 
@@ -76,41 +65,3 @@ def prompt(prompt: dict[str, Any]) -> EntryInput:
         videos = _as_list(videos, f"{where}.video")
         item["videos"] = [_video(v, f"{where}.video[{i}]") for i, v in enumerate(videos)]
     return EntryInput("thinker", item)
-
-
-def thinker2talker(outputs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The whole thinker output as the talker's one input: the prompt and every generated token's embedding but the
-    last one's."""
-    first = next((o for o in outputs if "prompt_ids" in o), None)
-    if first is None:
-        return []
-    embeds = [o["embed"] for o in outputs if "embed" in o][:-1]
-    item = {key: first[key] for key in PROMPT_KEYS}
-    item["text_embeds"] = torch.stack(embeds) if embeds else first["prompt_embed"][:0]
-    item["done"] = True
-    return [item]
-
-
-def thinker2talker_async_chunk(state: dict[str, Any], output: dict[str, Any], is_last: bool,
-                               ctx: ChunkContext) -> list[dict[str, Any]]:
-    """Per thinker step: the previous token's embedding (the first chunk carries the prompt with it); at the end,
-    what is left and ``done``."""
-    if "prompt_ids" in output:
-        state["prompt"] = {key: output[key] for key in PROMPT_KEYS}
-    ready: list[torch.Tensor] = []
-    if "embed" in output:
-        if "pending" in state:
-            ready.append(state["pending"])
-        state["pending"] = output["embed"]
-    if not ready and not is_last:
-        return []
-    if "prompt" not in state and not state.get("sent_prompt"):
-        return []
-    chunk: dict[str, Any] = {}
-    if not state.get("sent_prompt"):
-        chunk.update(state.pop("prompt"))
-        state["sent_prompt"] = True
-    width = chunk["prompt_embed"].shape[-1] if "prompt_embed" in chunk else output["embed"].shape[-1]
-    chunk["text_embeds"] = torch.stack(ready) if ready else torch.zeros(0, width)
-    chunk["done"] = is_last
-    return [chunk]

@@ -4,10 +4,16 @@ Requests join the running batch between steps (a prefill step for the newcomers)
 finish; at most ``max_num_seqs`` run at once. A request that has used all its input and expects more waits in
 WAITING_FOR_CHUNK outside the batch.
 
-A runner may prefill a long prompt in pieces (``RunnerOutput.prefill_pending``): prefill steps then alternate with
-decode steps of the running requests, so an arrival never freezes their streams for longer than one piece. A
-request whose KV cache does not fit what is free (``RunnerOutput.wait_for_memory``) goes back to the head of the
-queue, and nothing more is admitted until a request leaves the stage and frees its cache.
+A request's status after each step is the one its output names (``RunnerOutput.status``):
+
+- an admitted request is PREFILLING until a step leaves it RUNNING (decoding). A runner may prefill a long prompt
+  in pieces (PREFILLING again): prefill steps then alternate with decode steps of the running requests, so an
+  arrival never freezes their streams for longer than one piece;
+- WAITING_FOR_CHUNK: out of the batch until its next input arrives (then RUNNING, or WAITING to be admitted again
+  if it was never prefilled);
+- WAITING_FOR_MEMORY: its KV cache does not fit what is free; it goes back to the head of the queue, and nothing
+  more is admitted until a request leaves the stage and frees its cache;
+- FINISHED: out of the stage.
 
 Which waiting request is admitted next, and which running requests a decode step takes in what order, follow the
 ``schedule`` option (``service_order.py``): oldest first, or by playback deadline.
@@ -26,6 +32,9 @@ from omnipipe.stage.schedulers.service_order import Clock, ServiceOrder
 
 
 class ARScheduler(Scheduler):
+    RUNNER_STATUSES = frozenset({RequestStatus.PREFILLING, RequestStatus.RUNNING, RequestStatus.WAITING_FOR_CHUNK,
+                                 RequestStatus.WAITING_FOR_MEMORY, RequestStatus.FINISHED})
+
     def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None,
                  clock: Clock = time.perf_counter) -> None:
         super().__init__(max_num_seqs, options)
@@ -69,7 +78,7 @@ class ARScheduler(Scheduler):
         while self._can_admit():
             request = self.service.order(self.waiting)[0]
             self.waiting.remove(request)
-            request.status = RequestStatus.RUNNING
+            request.status = RequestStatus.PREFILLING
             if request.first_scheduled_s is None:
                 request.first_scheduled_s = now
             self.running.append(request)
@@ -83,24 +92,31 @@ class ARScheduler(Scheduler):
         return self.service.pick(decoding, len(decoding)), False
 
     def postprocess(self, request: StageRequest, output: RunnerOutput) -> bool:
-        """An AR request finishes when the runner says so; it leaves the batch only when it needs more input or
-        memory, and stays among the prefills while its prefill is pending."""
+        """Move ``request`` to the status its output names: an AR request finishes when the runner says so; it
+        leaves the batch only when it needs more input or memory, and stays among the prefills while its prefill
+        is not done."""
         self.service.record(request, output)
-        if output.finished:
+        status = output.status
+        if status is RequestStatus.FINISHED:
             self.finish(request)
             return True
-        if output.wait_for_memory:
+        if status is RequestStatus.WAITING_FOR_MEMORY:
             self._requeue(request)
-        elif output.prefill_pending:
+        elif status is RequestStatus.PREFILLING:
+            request.status = RequestStatus.PREFILLING
             if request not in self.prefilling:
                 self.prefilling.append(request)
-        elif output.needs_input:
+        elif status is RequestStatus.WAITING_FOR_CHUNK:
             self.park(request)
+        elif status is RequestStatus.RUNNING:
+            request.status = RequestStatus.RUNNING
+        else:
+            raise ValueError(f"{request.request_id}: an AR stage has no use for a runner's {status.name}")
         return False
 
     def _requeue(self, request: StageRequest) -> None:
         self._drop_from_batch(request)
-        request.status = RequestStatus.WAITING
+        request.status = RequestStatus.WAITING_FOR_MEMORY
         self.waiting.appendleft(request)
         self.memory_blocked = True
 
@@ -114,14 +130,11 @@ class ARScheduler(Scheduler):
         """The runner consumed all input and needs more."""
         self._drop_from_batch(request)
         if request.inputs:
+            request.status = RequestStatus.RUNNING
             self.running.append(request)
             return
         request.status = RequestStatus.WAITING_FOR_CHUNK
         self.waiting_for_chunk[request.request_id] = request
-
-    def finish(self, request: StageRequest) -> None:
-        request.status = RequestStatus.FINISHED
-        self.remove(request.request_id)
 
     def remove(self, request_id: str) -> StageRequest | None:
         self.service.forget(request_id)

@@ -1,8 +1,10 @@
 """What every stage scheduler offers the stage loop: schedule -> (runner) -> postprocess.
 
-Only the scheduler changes a request's status. The stage loop asks it for a batch, runs the batch, and hands
-each output back to ``postprocess``, which decides whether the request finished (FINISHED, out of the scheduler),
-waits for more input (WAITING_FOR_CHUNK) or stays runnable.
+Only the scheduler changes a request's status (``RequestStatus``). The stage loop asks it for a batch, runs the
+batch, and hands each output back to ``postprocess``, which moves the request to the status the output names
+(``RunnerOutput.status``): FINISHED (out of the scheduler), waiting for more input (WAITING_FOR_CHUNK), still
+runnable, or what else its stage kind knows (``RUNNER_STATUSES``). A FAILED output, or one naming a status the
+stage kind has no use for, fails the request instead (``StageStep``, through ``fail``).
 """
 
 from __future__ import annotations
@@ -10,11 +12,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 
 
 class Scheduler(ABC):
+    # the statuses a runner of this stage kind may report (``RunnerOutput.status``) besides FAILED
+    RUNNER_STATUSES: frozenset[RequestStatus] = frozenset({RequestStatus.RUNNING, RequestStatus.FINISHED})
+
     def __init__(self, max_num_seqs: int, options: dict[str, Any] | None = None) -> None:
         """``options``: the stage's deploy options (``stages.<name>.options``); a scheduler reads its own knobs
         there and raises ``ValueError`` naming the key for a bad one (the stage then fails to load with it)."""
@@ -44,9 +49,15 @@ class Scheduler(ABC):
         """Finish and return the requests that have nothing left to run (their input ended with nothing more)."""
         return []
 
-    @abstractmethod
     def finish(self, request: StageRequest) -> None:
         """Mark ``request`` FINISHED and drop it."""
+        request.status = RequestStatus.FINISHED
+        self.remove(request.request_id)
+
+    def fail(self, request: StageRequest) -> None:
+        """Mark ``request`` FAILED and drop it (the stage loop reports the failure)."""
+        request.status = RequestStatus.FAILED
+        self.remove(request.request_id)
 
     @abstractmethod
     def remove(self, request_id: str) -> StageRequest | None:

@@ -76,14 +76,10 @@ class DiffusionScheduler(Scheduler):
         return list(self.running), False
 
     def postprocess(self, request: StageRequest, output: RunnerOutput) -> bool:
-        if output.finished:
+        if output.status is RequestStatus.FINISHED:
             self.finish(request)
             return True
         return False
-
-    def finish(self, request: StageRequest) -> None:
-        request.status = RequestStatus.FINISHED
-        self.remove(request.request_id)
 
     def remove(self, request_id: str) -> StageRequest | None:
         found = self.waiting_for_chunk.pop(request_id, None)

@@ -63,7 +63,7 @@ class GenerationScheduler(Scheduler):
         """A request finishes once its input is finished and consumed (or the runner says so); until then it
         waits for its next chunk after every step."""
         self.service.record(request, output)
-        if output.finished or request.input_exhausted:
+        if output.status is RequestStatus.FINISHED or request.input_exhausted:
             self.finish(request)
             return True
         self.park(request)
@@ -71,10 +71,6 @@ class GenerationScheduler(Scheduler):
 
     def park(self, request: StageRequest) -> None:
         self._refresh(request)
-
-    def finish(self, request: StageRequest) -> None:
-        request.status = RequestStatus.FINISHED
-        self.remove(request.request_id)
 
     def remove(self, request_id: str) -> StageRequest | None:
         self.service.forget(request_id)

@@ -13,7 +13,7 @@ from typing import Any
 
 from omnipipe.models.default.modeling.whisper import DecodeOptions, Decoding, TranscriptSegment, WhisperASR
 from omnipipe.models.default.processors import TranscriptionParams
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 
 
@@ -59,13 +59,13 @@ class WhisperEncoderRunner(StageRunner):
             decoding = self.asr.start_fitted(item["audio"], int(item["sample_rate_hz"]), params.prefix,
                                              float(params.temperature))
         except ValueError as exc:
-            return RunnerOutput(request.request_id, error=str(exc), error_field="prompt.multi_modal_data.audio")
+            return RunnerOutput.failed(request.request_id, str(exc), error_field="prompt.multi_modal_data.audio")
         segment = decoding.next_segment()
         text = segment.text.strip() if segment is not None else ""
         details = {"language": decoding.language, "duration": round(decoding.duration_s, 3),
                    **(segment_details(segment) if segment is not None else {})}
         return RunnerOutput(request.request_id, text_delta=text, num_units=len(segment.tokens) if segment else 0,
-                            details=details, finished=True,
+                            details=details, status=RequestStatus.FINISHED,
                             data={"text": text, "instruction": item.get("instruction", ""),
                                   "history": item.get("history", []), "tools": item.get("tools", [])})
 
@@ -74,7 +74,7 @@ class WhisperEncoderRunner(StageRunner):
         decoding: Decoding = state["decoding"]
         segment = decoding.next_segment()
         if segment is None:
-            return RunnerOutput(request.request_id, finished=True,
+            return RunnerOutput(request.request_id, status=RequestStatus.FINISHED,
                                 data={"text": "", "instruction": state["instruction"],
                                       # the instruction and conversation alone
                                       "history": state["history"], "tools": state["tools"]})

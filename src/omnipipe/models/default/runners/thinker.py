@@ -200,23 +200,23 @@ class ThinkerRunner(StageRunner):
         params = request.params
         problem = self.validate(params)
         if problem is not None:
-            return RunnerOutput(request.request_id, error=problem)
+            return RunnerOutput.failed(request.request_id, problem)
         inputs = request.take_all_inputs()
         question = " ".join(str(item.get("text", "")) for item in inputs).strip()
         history: list[dict[str, Any]] = next((item["history"] for item in inputs if item.get("history")), [])
         tools: list[dict[str, Any]] = next((item["tools"] for item in inputs if item.get("tools")), [])
         if tools and self.tool_calls is None:
-            return RunnerOutput(request.request_id, error=f"the thinker {self.model_name!r} has no tool-call format "
-                                "(it is not an instruction-tuned chat model): send the request without tools",
-                                error_field="prompt.tools")
+            return RunnerOutput.failed(request.request_id, f"the thinker {self.model_name!r} has no tool-call "
+                                       "format (it is not an instruction-tuned chat model): send the request "
+                                       "without tools", error_field="prompt.tools")
         answers_a_call = bool(history) and history[-1]["role"] == "tool"
         if not question and not answers_a_call:  # the caller's input: no text, and no speech heard in its audio
-            return RunnerOutput(request.request_id, error="is empty (no text, and no speech heard in the audio)",
-                                error_field="prompt")
+            return RunnerOutput.failed(request.request_id, "is empty (no text, and no speech heard in the audio)",
+                                       error_field="prompt")
         chars = len(question) + sum(len(turn["content"]) for turn in history)
         if chars > self.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # too long to be worth tokenising
-            return RunnerOutput(request.request_id, error=f"is {chars} characters long, more than the "
-                                f"{self.max_prompt_tokens} tokens the thinker takes", error_field="prompt")
+            return RunnerOutput.failed(request.request_id, f"is {chars} characters long, more than the "
+                                       f"{self.max_prompt_tokens} tokens the thinker takes", error_field="prompt")
         images = self._images.get(request.request_id)  # taken already (a prefill retried alone)
         if request.runner_state is _PENDING_ATTACHMENTS:
             request.runner_state = None
@@ -224,8 +224,8 @@ class ThinkerRunner(StageRunner):
             try:
                 images = self._images[request.request_id] = self.attachments.take(request.request_id)["images"]
             except Exception as exc:  # noqa: BLE001 - an undecodable image fails its request alone
-                return RunnerOutput(request.request_id, error=f"the attached image could not be read: {exc}",
-                                    error_field="prompt.multi_modal_data.image")
+                return RunnerOutput.failed(request.request_id, f"the attached image could not be read: {exc}",
+                                           error_field="prompt.multi_modal_data.image")
             # what the images cost on rank 0: decoding, moving to the other ranks, and how long prefill waited
             stats = self.attachments.stats(request.request_id) or {}
             request.runner_metrics.update({"attachments_materialize_s": stats.get("materialize_s", 0.0),
@@ -234,11 +234,11 @@ class ThinkerRunner(StageRunner):
         try:
             shape = AnswerShape.start(params, tools, self.grammars, self.tool_calls, history)
         except GrammarError as exc:
-            return RunnerOutput(request.request_id, error=exc.reason, error_field=exc.engine_field)
+            return RunnerOutput.failed(request.request_id, exc.reason, error_field=exc.engine_field)
         ids = self.encode_prompt(question, history, images, tools)
         if len(ids) > self.max_prompt_tokens:
-            return RunnerOutput(request.request_id, error=f"is {len(ids)} tokens long, more than the limit of "
-                                f"{self.max_prompt_tokens}", error_field="prompt")
+            return RunnerOutput.failed(request.request_id, f"is {len(ids)} tokens long, more than the limit of "
+                                       f"{self.max_prompt_tokens}", error_field="prompt")
         request.num_prompt_tokens = len(ids)
         sampling = _sampling(params)
         assert not isinstance(sampling, str)
@@ -455,9 +455,8 @@ class ThinkerRunner(StageRunner):
             delta, details = shape.shape(delta, final=finish_reason is not None)
             if finish_reason == "stop" and shape.made_calls:
                 finish_reason = "tool_calls"
-        return RunnerOutput(request.request_id, text_delta=delta, data={"text": delta} if delta else None,
-                            details=details, num_units=0 if eos else 1, finished=finish_reason is not None,
-                            finish_reason=finish_reason)
+        return RunnerOutput.decoded(request.request_id, finish_reason, text_delta=delta,
+                                    data={"text": delta} if delta else None, details=details, num_units=0 if eos else 1)
 
     def _answer_instead(self, request: StageRequest, state: _Decoding) -> RunnerOutput:
         """The turn only repeated calls already answered: the turn again, from the conversation without the tools

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from omnipipe.models.image.processors import DiffusionParams, class_named
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput, StageRunner
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.image import enlarge
@@ -270,7 +270,7 @@ class DiffusersRunner(StageRunner):
         try:
             cond, uncond = self._conditioning(inputs, guide)
         except FieldError as exc:
-            return RunnerOutput(request.request_id, error=f"{exc.field}: {exc.rule}", error_field=exc.field)
+            return RunnerOutput.failed(request.request_id, f"{exc.field}: {exc.rule}", error_field=exc.field)
 
         steps = extra.steps or self.options.steps
         scheduler = copy.deepcopy(self.scheduler_template)
@@ -446,7 +446,8 @@ class DiffusersRunner(StageRunner):
                 if i in outputs:  # a preview
                     outputs[i].image = image
                 else:
-                    outputs[i] = RunnerOutput(batch[i].request_id, image=image, finished=True, num_units=1)
+                    outputs[i] = RunnerOutput(batch[i].request_id, image=image, status=RequestStatus.FINISHED,
+                                              num_units=1)
         return [outputs[i] for i in range(len(batch))]
 
     # ------------------------------------------------------------------ the rest

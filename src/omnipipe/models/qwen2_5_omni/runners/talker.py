@@ -8,7 +8,7 @@ cache length plus its own rope delta, which its prompt's media set). A request's
 part and first reply item, and is fed ``prefill_chunk_tokens`` at a time between the others' decode steps; it
 reserves the KV of its prompt and ``max_tokens`` codes first (or waits for memory). Each later step reads the next
 reply item (then the text-end embedding, then the pad embedding for ever once the thinker is done). Under async
-chunk a request whose reply item has not arrived yet waits for it (``needs_input``) while the others step.
+chunk a request whose reply item has not arrived yet waits for it (``WAITING_FOR_CHUNK``) while the others step.
 
 Sampling follows the fields of the request's talker SamplingParams the caller set; every field left out keeps the
 model's decoding (that of transformers' ``generate``: temperature 0.9, top-k 40, top-p 0.8, repetition penalty 1.05,
@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
+from omnipipe.models.qwen2_5_omni.handoff import Qwen25TalkerHandoff, Qwen25TalkerPrompt
 from omnipipe.models.qwen2_5_omni.options import TalkerOptions
 from omnipipe.models.qwen2_5_omni.processors import DEFAULT_SPEAKER, Qwen25TalkerParams
 from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.util.field_error import FieldError
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from transformers.models.qwen2_5_omni import Qwen2_5OmniTalkerForConditionalGeneration
 
 MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=40, top_p=0.8, repetition_penalty=1.05)
-_GRIDS = ("image_grid_thw", "video_grid_thw", "audio_feature_lengths", "video_second_per_grid")
 
 
 @dataclass
@@ -84,17 +84,17 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
                              f"unknown voice {speaker!r}; this checkpoint has {', '.join(sorted(self.bos_tokens))}")
         return None
 
-    def _tensor(self, array: Any) -> torch.Tensor:
-        return torch.tensor(np.asarray(array), dtype=self.dtype, device=self.device)  # a copy: inputs are read-only
+    def _tensor(self, value: torch.Tensor) -> torch.Tensor:
+        return value.to(self.device, self.dtype, copy=True)  # a copy: inputs are read-only
 
-    def _read(self, request: StageRequest) -> tuple[dict[str, Any] | None, list[torch.Tensor], bool]:
-        """The arrived chunks: (the prompt part if one came, the reply items, whether the thinker is done)."""
+    def _read(self, request: StageRequest) -> tuple[Qwen25TalkerPrompt | None, list[torch.Tensor], bool]:
+        """The arrived hand-offs: (the prompt if one came, the reply items, whether the thinker is done)."""
         prompt, items, done = None, [], False
         for chunk in request.take_all_inputs():
-            prompt = chunk.get("prompt", prompt)
-            items += [self._tensor(e) + self._tensor(h)
-                      for e, h in zip(chunk.get("reply_embeds", []), chunk.get("reply_hidden", []), strict=False)]
-            done = done or bool(chunk.get("thinker_done"))
+            handoff = Qwen25TalkerHandoff.from_chunk(chunk)
+            prompt = handoff.prompt or prompt
+            items += list((self._tensor(handoff.text_embeds) + self._tensor(handoff.text_hidden)).unbind(0))
+            done = done or handoff.done
         return prompt, items, done
 
     # ------------------------------------------------------------------------------------------------ prefill
@@ -102,33 +102,33 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         """Reserve the request's KV, read its first input and build its prompt (embeddings projected, positions);
         an output when it must wait or fail."""
         rid = request.request_id
-        prompt = next((chunk["prompt"] for chunk in request.inputs if "prompt" in chunk), None)
-        if prompt is None:
-            return RunnerOutput(rid, error="the talker's first input carries no thinker prompt part")
+        part = next((chunk["prompt"] for chunk in request.inputs if "prompt" in chunk), None)
+        if part is None:
+            return RunnerOutput.failed(rid, "the talker's first input carries no thinker prompt part")
         max_codes = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
-        waiting = self.reserve(request, len(prompt["input_ids"]) + 2 + max_codes)
+        waiting = self.reserve(request, len(part["input_ids"]) + 2 + max_codes)
         if waiting is not None:
             return waiting
-        _, replies, done = self._read(request)
-        if not replies and not done:
-            return RunnerOutput(rid, error="the talker's first input carries no reply item")
+        prompt, replies, done = self._read(request)
+        if prompt is None or (not replies and not done):
+            return RunnerOutput.failed(rid, "the talker's first input carries no reply item")
         speaker = Qwen25TalkerParams(**(request.params.get("extra") or {})).speaker
-        special = prompt["special_embeds"]
-        eos_embed, pad_embed = self._tensor(special["text_eos"]), self._tensor(special["text_pad"])
+        eos_embed, pad_embed = self._tensor(prompt.text_eos), self._tensor(prompt.text_pad)
         model, device = self.model, self.device
-        input_ids = torch.tensor(prompt["input_ids"], device=device).view(1, -1)
+        input_ids = prompt.input_ids.to(device).view(1, -1)
         length = input_ids.shape[1]
-        text_ids = torch.cat([input_ids, torch.tensor([[self.bos_tokens[speaker], int(prompt["first_token"])]],
+        text_ids = torch.cat([input_ids, torch.tensor([[self.bos_tokens[speaker], prompt.first_token]],
                                                       device=device)], dim=1)
         talker_ids = [model.codec_mask_token] * length + [model.codec_pad_token, model.codec_bos_token]
         codec = model.get_input_embeddings()(torch.tensor([model.codec_pad_token, model.codec_bos_token],
                                                           device=device))
         first_reply = replies[0] if replies else eos_embed
-        embeds = torch.cat([self._tensor(prompt["hidden"]) + self._tensor(prompt["embeds"]),
-                            (self._tensor(special["bos"][speaker]) + codec[0])[None], (first_reply + codec[1])[None]])
-        mask = torch.cat([torch.tensor(prompt["attention_mask"], device=device).view(1, -1),
+        embeds = torch.cat([self._tensor(prompt.hidden) + self._tensor(prompt.embeds),
+                            (self._tensor(prompt.speaker_bos[speaker]) + codec[0])[None],
+                            (first_reply + codec[1])[None]])
+        mask = torch.cat([prompt.attention_mask.to(device).view(1, -1),
                           torch.ones(1, 2, dtype=torch.long, device=device)], dim=1)
-        grids = {k: torch.tensor(prompt[k], device=device) for k in _GRIDS if k in prompt}
+        grids = {k: v.to(device) for k, v in prompt.grids.items()}
         # transformers annotates the ids, grids and lengths torch.LongTensor, a class no tensor is typed as
         positions, deltas = model.get_rope_index(text_ids, grids.get("image_grid_thw"),  # type: ignore[arg-type]
                                                  grids.get("video_grid_thw"), mask, False,  # type: ignore[arg-type]
@@ -153,7 +153,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
                 return waiting, 0
         state: Qwen25TalkerState = request.runner_state
         if budget < 1:
-            return RunnerOutput(request.request_id, prefill_pending=True), 0
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
         embeds, positions = state.prompt_embeds, state.prompt_positions
         assert embeds is not None and positions is not None  # set by _start, cleared once the request is prefilled
         start = state.prompt_fed
@@ -162,7 +162,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         logits = self._forward(embeds[:, start:end], positions[:, :, start:end])
         state.prompt_fed = end
         if end < embeds.shape[1]:
-            return RunnerOutput(request.request_id, prefill_pending=True), end - start
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), end - start
         state.prompt_embeds = state.prompt_positions = None
         request.prefilled = True
         return logits[0], end - start
@@ -190,7 +190,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
     def decode_input(self, request: StageRequest) -> Any:
         """The request's next reply item, or that it waits for the thinker's."""
         item = self._next_item(request)
-        return RunnerOutput(request.request_id, needs_input=True) if item is None else item
+        return RunnerOutput(request.request_id, status=RequestStatus.WAITING_FOR_CHUNK) if item is None else item
 
     def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
         """One forward for every request of ``rows`` (each its last code at its own next position, with its reply
@@ -209,7 +209,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         state: Qwen25TalkerState = request.runner_state
         state.generated.append(code)
         if code in self.eos_codes:
-            return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
+            return RunnerOutput.decoded(request.request_id, "stop")
         done = len(state.generated) >= state.max_tokens
-        return RunnerOutput(request.request_id, num_units=1, finished=done, finish_reason="length" if done else None,
-                            data={"frames": np.array([[code]], dtype=np.int64), "speaker": state.speaker})
+        return RunnerOutput.decoded(request.request_id, "length" if done else None, num_units=1,
+                                    data={"frames": np.array([[code]], dtype=np.int64), "speaker": state.speaker})

@@ -1,5 +1,5 @@
 """The Qwen2.5-Omni thinker stage: text, images, audio and video in, text out, and per step the hidden states the
-talker reads (see ``processors.py``).
+talker reads (see ``handoff.py``).
 
 Every decoding request of the stage steps in one forward of the language model (``stage/batched_decoder.py``: one
 paged KV cache, each row its own length; at decode a request's four position rows are its cache position, then
@@ -8,9 +8,10 @@ extractor, video decoding: ``qwen2_5_omni/thinker_inputs.py``) on a background t
 its multimodal embeddings merged once by the model's own code, then fed to the decoder ``prefill_chunk_tokens`` at
 a time between the others' decode steps (``stage/prompt_pieces.py``); only the last position's logits are computed.
 
-What the talker needs goes out as step data: with the first token, the prompt part (ids, layer-0 embeddings with
-the multimodal positions zeroed, last-layer hidden states, the grids its rope index needs); with every later token,
-the layer-0 embedding and last-layer hidden state of the token the step read. Layer 0 is what the decoder is fed and
+What the talker needs goes out as step data (``handoff.py``): with the first token, the prompt
+(``Qwen25TalkerPrompt``: ids, layer-0 embeddings with the multimodal positions zeroed, last-layer hidden states, the
+grids its rope index needs); with every later token, the layer-0 embedding and last-layer hidden state of the token
+the step read. Layer 0 is what the decoder is fed and
 the last layer (after the final norm, as transformers' ``hidden_states[-1]``) is what it returns, so no forward
 collects the layers in between.
 
@@ -22,12 +23,13 @@ one is held back until it is settled; the talker speaks the reply's tokens befor
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 
+from omnipipe.models.qwen2_5_omni.handoff import Qwen25TalkerPrompt
 from omnipipe.models.qwen2_5_omni.thinker_inputs import MEDIA_KEYS, ThinkerInputs
 from omnipipe.models.qwen2_5_omni.weights.load import load_config, load_part, load_speakers
 from omnipipe.stage.answer_shape import AnswerShape
@@ -36,7 +38,7 @@ from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_
 from omnipipe.stage.kv_cache import prompt_keys
 from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.prompt_processing import BackgroundPrompts
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
@@ -55,7 +57,8 @@ class Qwen25ThinkerState(DecodeState):
     stream: TextStream = field(kw_only=True)
     prompt: PromptPieces | None = None  # while its prefill is in pieces
     rope_delta: int = 0  # a decode position's multimodal rows: its cache position plus this
-    handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
+    # the talker's prompt, sent with the first token (its hidden states filled once the prompt is in)
+    handoff: Qwen25TalkerPrompt | None = None
     input_shapes: dict[str, list[int]] | None = None  # the processor's tensors' shapes, reported with it
 
 
@@ -79,14 +82,13 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
                           "pixel_values_videos": config.video_token_index}
         speakers = load_speakers(self.directory)
         with torch.no_grad():
-            def vector(token: int) -> np.ndarray:
-                return self._embed(torch.tensor([token], device=self.device))[0].float().cpu().numpy()
+            def vector(token: int) -> torch.Tensor:
+                return self._embed(torch.tensor([token], device=self.device))[0].float().cpu()
 
-            self.special_embeds = {
-                "text_eos": vector(talker_config.tts_text_end_token_id),
-                "text_pad": vector(talker_config.tts_text_pad_token_id),
-                "bos": {name: vector(int(s["bos_token"])) for name, s in speakers.items()},
-            }
+            # what every request's talker prompt carries: the text-end, pad and voices' begin embeddings
+            self.text_eos = vector(talker_config.tts_text_end_token_id)
+            self.text_pad = vector(talker_config.tts_text_pad_token_id)
+            self.speaker_bos = {name: vector(int(s["bos_token"])) for name, s in speakers.items()}
         self.make_kv_cache(config.text_config, self.options, self.dtype, self.options.max_new_tokens, self.decoder)
         self.prompts: BackgroundPrompts[dict[str, torch.Tensor]] = BackgroundPrompts(
             lambda request: self.inputs(_merged(request)))
@@ -120,8 +122,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
             shape = AnswerShape.start(params, [], self.grammars, None)
         except GrammarError as exc:
             self.prompts.forget(request)
-            return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.reason,
-                                error_field=exc.engine_field)
+            return RunnerOutput.failed(request.request_id, exc.reason, exc.engine_field)
         input_ids = inputs["input_ids"].to(self.device)
         prompt_tokens = int(input_ids.shape[1])
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
@@ -162,24 +163,20 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         return None
 
     def _prompt_part(self, ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, torch.Tensor],
-                     inputs_embeds: torch.Tensor) -> dict[str, Any]:
-        """The talker's prompt part but the last layer's hidden states (added once the prompt is in): the ids, the
-        embeddings the decoder's layer 0 reads (the multimodal positions' zeroed: the talker does not read them),
-        the grids its rope index needs and the special embeddings it speaks with."""
-        part: dict[str, Any] = {"input_ids": ids.cpu().numpy(), "attention_mask": attention_mask.cpu().numpy(),
-                                "special_embeds": self.special_embeds}
-        for key in _GRID_KEYS:
-            if key in media:
-                part[key] = media[key].float().cpu().numpy() if key == "video_second_per_grid" else \
-                    media[key].cpu().numpy()
+                     inputs_embeds: torch.Tensor) -> Qwen25TalkerPrompt:
+        """The talker's prompt but the last layer's hidden states (filled once the prompt is in) and the first
+        token: the ids, the embeddings the decoder's layer 0 reads (the multimodal positions' zeroed: the talker
+        does not read them), the grids its rope index needs and the special embeddings it speaks with."""
+        grids = {key: media[key].float().cpu() if key == "video_second_per_grid" else media[key].cpu()
+                 for key in _GRID_KEYS if key in media}
         if "feature_attention_mask" in media:
-            part["audio_feature_lengths"] = media["feature_attention_mask"].sum(-1).cpu().numpy()
+            grids["audio_feature_lengths"] = media["feature_attention_mask"].sum(-1).cpu()
         embeds = inputs_embeds.clone()
         for key, token in self.mm_tokens.items():
             if key in media:
                 embeds[ids == token] = 0
-        part["embeds"] = embeds.float().cpu().numpy()
-        return part
+        return Qwen25TalkerPrompt(ids.cpu(), attention_mask.cpu(), embeds.float().cpu(), torch.empty(0), -1,
+                                  self.text_eos, self.text_pad, self.speaker_bos, grids)
 
     def prefill_piece(self, request: StageRequest, budget: int,
                       wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
@@ -191,16 +188,15 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
                 inputs = self.prompts.result(request, wait)
             except FieldError as exc:  # e.g. a video file that cannot be decoded: the caller's input
                 self.prompts.forget(request)
-                return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
-                                    error_field=exc.field), 0
+                return RunnerOutput.failed(request.request_id, exc.rule, exc.field), 0
             if inputs is None:
-                return RunnerOutput(request.request_id, prefill_pending=True), 0
+                return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
             waiting = self._start(request, inputs)
             if waiting is not None:
                 return waiting, 0
         state: Qwen25ThinkerState = request.runner_state
         if budget < 1:
-            return RunnerOutput(request.request_id, prefill_pending=True), 0
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
         pieces, handoff = state.prompt, state.handoff
         assert pieces is not None and handoff is not None  # set by _start, cleared once the request is prefilled
         piece = pieces.next_piece(budget)
@@ -209,9 +205,9 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         out = self.decoder(**piece, **self.kv.step_inputs())
         pieces.record(tokens, (out.last_hidden_state,))  # the last layer's hidden states: the decoder's output
         if pieces.remaining:
-            return RunnerOutput(request.request_id, prefill_pending=True), tokens
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
         self.kv.set_extras(request.request_id, {-1: pieces.gathered(-1)})
-        state.handoff = {**handoff, "hidden": pieces.gathered(-1).float().cpu().numpy()}
+        state.handoff = dataclasses.replace(handoff, hidden=pieces.gathered(-1).float().cpu())
         state.prompt = None
         request.prefilled = True
         return self.model.lm_head(out.last_hidden_state[0, -1]), tokens
@@ -233,8 +229,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         out = self.decoder(inputs_embeds=embeds, position_ids=positions, **self.kv.step_inputs())
         last = out.last_hidden_state[:, -1]
         embeds, hidden = embeds[:, -1].float().cpu(), last.float().cpu()
-        replies = [{"reply_embed": embeds[row].numpy(), "reply_hidden": hidden[row].numpy()}
-                   for row in range(len(rows))]
+        replies = [{"embed": embeds[row], "hidden": hidden[row]} for row in range(len(rows))]
         return self.model.lm_head(last), replies
 
     def emit(self, request: StageRequest, token: int, logits: torch.Tensor, extra: Any) -> RunnerOutput:
@@ -247,7 +242,8 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
             state.shape.accept(token, logits, is_text=token not in self.eos_ids)
             output.text_delta, output.details = state.shape.shape(output.text_delta, final=output.finished)
         if state.handoff is not None:
-            output.data = {**(output.data or {}), "prompt": {**state.handoff, "first_token": token}}
+            output.data = {**(output.data or {}),
+                           "prompt": dataclasses.replace(state.handoff, first_token=token).to_dict()}
             output.details = {**(output.details or {}), "inputs": state.input_shapes}
             state.handoff = None
         if extra:
@@ -258,16 +254,14 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
         stream = state.stream
         if token in self.eos_ids:
             delta, units = stream.finish()
-            return RunnerOutput(request.request_id, text_delta=delta, num_units=units, finished=True,
-                                finish_reason="stop")
+            return RunnerOutput.decoded(request.request_id, "stop", text_delta=delta, num_units=units)
         delta, units = stream.push(token)
         if stream.stopped:
-            return RunnerOutput(request.request_id, text_delta=delta, num_units=units, finished=True,
-                                finish_reason="stop")
+            return RunnerOutput.decoded(request.request_id, "stop", text_delta=delta, num_units=units)
         if len(state.generated) >= state.max_tokens:
             more, rest = stream.finish()
-            return RunnerOutput(request.request_id, text_delta=delta + more, num_units=units + rest, finished=True,
-                                finish_reason="stop" if stream.stopped else "length", data={"token": token})
+            return RunnerOutput.decoded(request.request_id, "stop" if stream.stopped else "length",
+                                        text_delta=delta + more, num_units=units + rest, data={"token": token})
         return RunnerOutput(request.request_id, text_delta=delta, num_units=units, data={"token": token})
 
     def free(self, request: StageRequest) -> None:

@@ -94,7 +94,7 @@ class Qwen25Token2WavRunner(StageRunner):
             frames = np.asarray(chunk.get("frames", np.zeros((1, 0), np.int64)))
             problem = codes_out_of_range(frames, self.num_codes)
             if problem is not None:
-                outputs[i] = RunnerOutput(request.request_id, error=f"token2wav: {problem}")
+                outputs[i] = RunnerOutput.failed(request.request_id, f"token2wav: {problem}")
                 continue
             window = self._window(frames, chunk, self.device)
             if window.new_codes > 0:

@@ -8,7 +8,7 @@ chunk (the prompt and the first text embedding) is there, whether the scheduler 
 its chunk having come in while it was parked, a decode step, and feeds at most ``prefill_chunk_tokens`` a step
 (``stage/prompt_pieces.py``: a long prompt goes in pieces between the others' decode steps). Each step then feeds
 the sum of the last frame's code embeddings plus the next text embedding (``tts_eos`` once the text is done,
-``tts_pad`` after). A step whose text embedding has not arrived yet waits for the thinker (``needs_input``).
+``tts_pad`` after). A step whose text embedding has not arrived yet waits for the thinker (``WAITING_FOR_CHUNK``).
 
 Every decoding request with its text embedding steps together (``stage/batched_decoder.py``): the code predictor's
 residual codes for all of them in one loop over the codebooks (``modeling/code_predictor.py``), then one talker
@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from omnipipe.models.qwen3_omni.handoff import Qwen3TalkerHandoff, Qwen3TalkerPrompt
 from omnipipe.models.qwen3_omni.modeling.code_predictor import BatchedCodePredictor
-from omnipipe.models.qwen3_omni.options import Qwen3TalkerParams, TalkerOptions
+from omnipipe.models.qwen3_omni.options import DEFAULT_SPEAKER, Qwen3TalkerParams, TalkerOptions
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, read_rows, speaker_ids
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
 from omnipipe.stage.prompt_pieces import PromptPieces
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.util.field_error import FieldError
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedConfig, Qwen3OmniMoeTalkerForConditionalGeneration
 
 MODEL_DECODING = TokenSamplingParams(temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05)
-PROMPT_KEYS = ("prompt_ids", "prompt_embed", "mm_hidden", "grids")
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Qwen3TalkerState(DecodeState):
 
     text: list[torch.Tensor] = field(default_factory=list)  # the thinker's token embeddings, unprojected
     done: bool = False  # the thinker's text is all there
-    prompt: dict[str, Any] | None = None  # the prompt part of the thinker's first chunk, until the prefill
+    prompt: Qwen3TalkerPrompt | None = None  # the prompt of the thinker's first hand-off, until the prefill
     pieces: PromptPieces | None = None  # the talker's prompt while it is prefilled
     step: int = 0  # decode steps taken: the next text embedding is text[step + 1]
     last_position: torch.Tensor | None = None  # [4]: the rope rows of the last position fed
@@ -72,7 +72,7 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         self.predictor = BatchedCodePredictor(self.model.code_predictor)
         talker = self.config.talker_config
         self.speakers = {name.lower(): index for name, index in speaker_ids(self.config).items()}
-        default = "ethan" if "ethan" in self.speakers else next(iter(self.speakers), "")
+        default = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else next(iter(self.speakers), "")
         self.speaker_id = self._speaker_id(self.options.speaker or default,
                                            f"stages.{self.context.stage}.options.speaker")
         self.eos = int(talker.codec_eos_token_id)
@@ -121,12 +121,12 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
             max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
             state = request.runner_state = Qwen3TalkerState(sampling, sampling.make_generator(), max_tokens)
         for item in request.take_all_inputs():
-            if "prompt_ids" in item:
-                state.prompt = {key: item[key] for key in PROMPT_KEYS}
-            embeds = item.get("text_embeds")
-            if embeds is not None and len(embeds):
-                state.text = [*state.text, *torch.as_tensor(embeds).unbind(0)]
-            state.done = state.done or bool(item.get("done"))
+            handoff = Qwen3TalkerHandoff.from_chunk(item)
+            if handoff.prompt is not None:
+                state.prompt = handoff.prompt
+            if len(handoff.text_embeds):
+                state.text = [*state.text, *handoff.text_embeds.unbind(0)]
+            state.done = state.done or handoff.done
         return state
 
     def _text_embedding(self, state: Qwen3TalkerState) -> tuple[torch.Tensor, bool] | None:
@@ -164,13 +164,12 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         return part, ids[user]
 
     def _prompt_inputs(self, request: StageRequest, state: Qwen3TalkerState,
-                       prompt: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+                       prompt: Qwen3TalkerPrompt) -> tuple[torch.Tensor, torch.Tensor]:
         """The talker's prompt (``prompt``: the thinker's prompt part): its input embeddings [1, length, hidden] and
         rope positions [4, 1, length]."""
         config, talker_config = self.config, self.config.talker_config
-        ids = torch.as_tensor(prompt["prompt_ids"]).long()
-        embed = torch.as_tensor(prompt["prompt_embed"])
-        user_embeds, user_ids = self._user_part(ids, embed, torch.as_tensor(prompt["mm_hidden"]))
+        ids, embed = prompt.ids, prompt.embeds
+        user_embeds, user_ids = self._user_part(ids, embed, prompt.mm_hidden)
         starts = ((ids[:-1] == config.im_start_token_id) & (ids[1:] == config.assistant_token_id)).nonzero()
         # the assistant's opening: <|im_start|> assistant \n
         opening = self.model.text_projection(embed[int(starts[-1, 0]):].to(self.device, self.dtype))
@@ -185,7 +184,7 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         talker_ids = torch.cat([user_ids, torch.full((len(text_part),), config.tts_pad_token_id)])[None]
         mask = torch.ones(1, inputs_embeds.shape[1], dtype=torch.long, device=self.device)
         kwargs = {"attention_mask": mask, "talker_input_ids": talker_ids.to(self.device), "past_key_values": None,
-                  **{k: torch.as_tensor(v).to(self.device) for k, v in prompt["grids"].items()}}
+                  **{k: v.to(self.device) for k, v in prompt.grids.items()}}
         position_ids = self.model._prepare_position_ids_for_generation(inputs_embeds, kwargs)
         self.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
         return inputs_embeds, position_ids
@@ -195,9 +194,9 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         or for KV memory, or nothing to speak)."""
         prompt = state.prompt
         if prompt is None or (not state.text and not state.done):
-            return RunnerOutput(request.request_id, needs_input=True)
+            return RunnerOutput(request.request_id, status=RequestStatus.WAITING_FOR_CHUNK)
         if not state.text:  # the thinker said nothing to speak
-            return RunnerOutput(request.request_id, finished=True, finish_reason="stop")
+            return RunnerOutput.decoded(request.request_id, "stop")
         inputs_embeds, position_ids = self._prompt_inputs(request, state, prompt)
         waiting = self.reserve(request, int(inputs_embeds.shape[1]) + state.max_tokens)
         if waiting is not None:
@@ -218,14 +217,14 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         pieces = state.pieces
         assert pieces is not None  # set by _start, cleared once the request is prefilled
         if budget < 1:
-            return RunnerOutput(request.request_id, prefill_pending=True), 0
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
         piece = pieces.next_piece(budget)
         tokens = int(piece["inputs_embeds"].shape[1])
         self.kv.bind([request.request_id], tokens)
         out = self.model.model(**piece, **self.kv.step_inputs())
         pieces.record(tokens, None)
         if pieces.remaining:
-            return RunnerOutput(request.request_id, prefill_pending=True), tokens
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
         state.last_position = pieces.position_ids[:, 0, -1]
         state.last_hidden = out.last_hidden_state[0, -1]
         state.pieces = None
@@ -247,7 +246,7 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
     def decode_input(self, request: StageRequest) -> Any:
         """The text the request's next step adds (``_text_embedding``), or that it waits for the thinker's."""
         text = self._text_embedding(self._state(request))
-        return RunnerOutput(request.request_id, needs_input=True) if text is None else text
+        return RunnerOutput(request.request_id, status=RequestStatus.WAITING_FOR_CHUNK) if text is None else text
 
     def decode(self, rows: list[StageRequest], inputs: list[Any]) -> tuple[torch.Tensor, list[Any]]:
         """One step for every request of ``rows``: the residual codes of each one's last code, then one talker
@@ -283,11 +282,8 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         """The frame completed this step (none after the prefill), and whether ``code`` ends the request."""
         state: Qwen3TalkerState = request.runner_state
         state.generated.append(code)
-        out = RunnerOutput(request.request_id)
-        if frame is not None:
-            out.data, out.num_units = {"frames": frame.long().numpy()[:, None]}, 1
-        if code == self.eos:
-            out.finished, out.finish_reason = True, "stop"
-        elif len(state.generated) >= state.max_tokens:
-            out.finished, out.finish_reason = True, "length"
-        return out
+        reason = "stop" if code == self.eos else "length" if len(state.generated) >= state.max_tokens else None
+        if frame is None:
+            return RunnerOutput.decoded(request.request_id, reason)
+        return RunnerOutput.decoded(request.request_id, reason, data={"frames": frame.long().numpy()[:, None]},
+                                    num_units=1)

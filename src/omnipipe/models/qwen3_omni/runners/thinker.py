@@ -7,9 +7,9 @@ video decoding) on a background thread from the moment it arrives, its multimoda
 model's own code, then fed to the decoder ``prefill_chunk_tokens`` at a time between the others' decode steps
 (``stage/prompt_pieces.py``). Qwen3's MoE layers route the whole batch's tokens through their experts together.
 
-What the talker needs goes out as step data: with the first token, the prompt's ids, its layer-0 embeddings and its
-multimodal positions' hidden states at the talker's ``accept_hidden_layer`` (and the grids its rope index needs);
-with every token, that token's embedding.
+What the talker needs goes out as step data (``handoff.py``): with the first token, the prompt
+(``Qwen3TalkerPrompt``: its ids, its layer-0 embeddings and its multimodal positions' hidden states at the talker's
+``accept_hidden_layer``, and the grids its rope index needs); with every token, that token's embedding.
 
 Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``). SamplingParams (``stage/sampling.py``):
 temperature, top-k, top-p, seed, repetition / presence / frequency penalties (over the generated tokens),
@@ -19,11 +19,13 @@ held back until it is settled).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from omnipipe.models.qwen3_omni.handoff import Qwen3TalkerPrompt
 from omnipipe.models.qwen3_omni.modeling.deepstack import DeepStackPieces
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
@@ -33,7 +35,7 @@ from omnipipe.stage.checkpoint_options import MultimodalThinkerOptions, checked_
 from omnipipe.stage.kv_cache import prompt_keys
 from omnipipe.stage.prompt_pieces import PromptPieces, capture_decoder_inputs
 from omnipipe.stage.prompt_processing import BackgroundPrompts
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError, ToolCallFormat, tool_call_format_for
@@ -52,7 +54,8 @@ class Qwen3ThinkerState(DecodeState):
     stream: TextStream = field(kw_only=True)
     prompt: PromptPieces | None = None  # while its prefill is in pieces
     last_position: torch.Tensor | None = None  # [4]: the rope rows of the last position fed
-    handoff: dict[str, Any] | None = None  # the talker's prompt part, sent with the first token
+    # the talker's prompt, sent with the first token (its embeddings and hidden states filled once the prompt is in)
+    handoff: Qwen3TalkerPrompt | None = None
 
 
 class Qwen3ThinkerRunner(BatchedDecoderRunner):
@@ -125,8 +128,7 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             shape = AnswerShape.start(params, tools, self.grammars, self.tool_calls)
         except GrammarError as exc:
             self.prompts.forget(request)
-            return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.reason,
-                                error_field=exc.engine_field)
+            return RunnerOutput.failed(request.request_id, exc.reason, exc.engine_field)
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
         media = {key: value for key, value in kwargs.items() if key not in ("input_ids", "attention_mask")}
         keys = prompt_keys(ids[0], torch.isin(ids[0], self.mm_token_ids), media)
@@ -155,7 +157,8 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         request.runner_state = Qwen3ThinkerState(
             sampling, sampling.make_generator(), max_tokens, stream=TextStream(self._decode_ids,
                                                                                request.params.get("stop") or []),
-            prompt=pieces, handoff={"ids": ids[0].cpu(), "grids": self._grids(kwargs)}, shape=shape)
+            prompt=pieces, shape=shape,
+            handoff=Qwen3TalkerPrompt(ids[0].cpu(), torch.empty(0), torch.empty(0), self._grids(kwargs)))
         return None
 
     def _grids(self, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -175,10 +178,9 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
                 kwargs = self.prompts.result(request, wait)
             except FieldError as exc:
                 self.prompts.forget(request)
-                return RunnerOutput(request.request_id, finished=True, finish_reason="error", error=exc.rule,
-                                    error_field=exc.field), 0
+                return RunnerOutput.failed(request.request_id, exc.rule, exc.field), 0
             if kwargs is None:
-                return RunnerOutput(request.request_id, prefill_pending=True), 0
+                return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
             waiting = self._start(request, kwargs)
             if waiting is not None:
                 return waiting, 0
@@ -186,21 +188,20 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         pieces, handoff = state.prompt, state.handoff
         assert pieces is not None and handoff is not None  # set by _start, cleared once the request is prefilled
         if budget < 1:
-            return RunnerOutput(request.request_id, prefill_pending=True), 0
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
         piece = pieces.next_piece(budget)
         tokens = int(piece["inputs_embeds"].shape[1])
         self.kv.bind([request.request_id], tokens)
         out = self.decoder(**piece, **self.kv.step_inputs(), output_hidden_states=True)
         pieces.record(tokens, out.hidden_states)
         if pieces.remaining:
-            return RunnerOutput(request.request_id, prefill_pending=True), tokens
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
         state.last_position = pieces.position_ids[:, 0, -1]
         self.kv.set_extras(request.request_id, {layer: pieces.gathered(layer) for layer in pieces.keep})
-        ids, embeds = handoff["ids"], pieces.gathered(0)
-        mm = torch.isin(ids, self.mm_token_ids).to(embeds.device)
-        state.handoff = {"prompt_ids": ids, "prompt_embed": embeds.float().cpu(),
-                         "mm_hidden": pieces.gathered(self.accept_layer)[mm].float().cpu(),
-                         "grids": handoff["grids"]}
+        embeds = pieces.gathered(0)
+        mm = torch.isin(handoff.ids, self.mm_token_ids).to(embeds.device)
+        state.handoff = dataclasses.replace(handoff, embeds=embeds.float().cpu(),
+                                            mm_hidden=pieces.gathered(self.accept_layer)[mm].float().cpu())
         state.prompt = None
         request.prefilled = True
         return self.model.lm_head(out.last_hidden_state[0, -1]), tokens
@@ -249,11 +250,11 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             calls = shape.splitter is not None and shape.splitter.calls_so_far
         data: dict[str, Any] = {"token": token} if calls else {"token": token, "embed": embed.float().cpu()}
         if state.handoff is not None:
-            data.update(state.handoff)
+            data["prompt"] = state.handoff.to_dict()
             state.handoff = None
         reason = ("tool_calls" if calls and stopped else "stop" if stopped else "length") if done else None
-        return RunnerOutput(request.request_id, text_delta=delta, data=data, details=details, num_units=units,
-                            finished=done, finish_reason=reason)
+        return RunnerOutput.decoded(request.request_id, reason, text_delta=delta, data=data, details=details,
+                                    num_units=units)
 
     def emit_all(self, sampled: list[tuple[StageRequest, int, torch.Tensor, Any]]) -> list[RunnerOutput]:
         """Each token's output, with its embedding for the talker (looked up for every row at once)."""

@@ -109,13 +109,13 @@ class ToyThinkerRunner(StageRunner):
             state["step"] += 1
             max_tokens = int(request.params.get("max_tokens", 1 << 30))
             if token == EOS:
-                outputs.append(RunnerOutput(request.request_id, finished=True, finish_reason="stop"))
+                outputs.append(RunnerOutput.decoded(request.request_id, "stop"))
                 continue
             # append the generated token to the cache under the never-queried last position
             state["k"] = torch.cat([state["k"], self.model.keys(torch.tensor([MAX_POSITIONS - 1]))])
             state["v"] = torch.cat([state["v"], self.model.values(torch.tensor([token]))])
             char = bytes([token]).decode("latin-1")
             done = state["step"] >= max_tokens
-            outputs.append(RunnerOutput(request.request_id, text_delta=char, data={"text": char}, num_units=1,
-                                        finished=done, finish_reason="length" if done else None))
+            outputs.append(RunnerOutput.decoded(request.request_id, "length" if done else None, text_delta=char,
+                                                data={"text": char}, num_units=1))
         return outputs
