@@ -20,7 +20,15 @@ from omnipipe.bench.voice import main, session_questions
 from omnipipe.bench.voice_questions import SpokenQuestion, cut_trailing_quiet
 from omnipipe.bench.voice_report import HEADERS, server_histogram, server_mean_ms, summarize_turns
 from omnipipe.bench.voice_session import CHUNK_BYTES, Listener, Pacer, Turn
-from omnipipe.bench.voice_variants import COMMIT, SERVER_VAD, VARIANTS, Variant, parse_variants, session_update
+from omnipipe.bench.voice_variants import (
+    COMMIT,
+    SEMANTIC_VAD,
+    SERVER_VAD,
+    VARIANTS,
+    Variant,
+    parse_variants,
+    session_update,
+)
 from omnipipe.config.deploy_config import merge_settings
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.util.playback_clock import PlaybackClock
@@ -111,6 +119,8 @@ def test_variants_name_their_settings_and_merge_into_the_session_update() -> Non
     assert commit["session"]["max_output_tokens"] == 30 and commit["session"]["output_modalities"] == ["audio"]
     vad = session_update(SERVER_VAD, 30, VARIANTS[0])["session"]["audio"]["input"]["turn_detection"]
     assert vad == {"type": "server_vad"}  # the server's defaults
+    semantic = session_update(SEMANTIC_VAD, 30, VARIANTS[0])["session"]["audio"]["input"]["turn_detection"]
+    assert semantic == {"type": "semantic_vad"}  # eagerness auto, the default
     switched = Variant("switched", "a session field on", session={"audio": {"input": {"noise_reduction": "x"}}})
     fields = session_update(SERVER_VAD, 30, switched)["session"]["audio"]["input"]
     assert fields == {"turn_detection": {"type": "server_vad"}, "noise_reduction": "x"}
@@ -166,6 +176,35 @@ def test_the_listener_gives_the_answer_to_the_turn_being_asked() -> None:
     assert not failed.ok and "broken" in (failed.error or "") and listener.answered.is_set()
 
 
+def test_a_question_taken_for_two_turns_is_a_cut_turn() -> None:
+    """Committed twice, answered before the question ended, or an answer cancelled as the question went on: each
+    is a cut (and a failed turn); one commit and an answer after the end of speech is not."""
+    listener = Listener(None)
+    whole = Turn(SpokenQuestion(FRANCE, b""), speech_end=1.0)
+    listener.begin(whole)
+    listener.on_event({"type": "input_audio_buffer.committed"}, 1.5)
+    listener.on_event({"type": "response.output_audio.delta", "delta": base64.b64encode(pcm(0.1)).decode()}, 2.0)
+    listener.on_event({"type": "response.done", "response": {"status": "completed"}}, 3.0)
+    whole.check()
+    assert whole.ok and not whole.cut and whole.commits == 1
+    talked_over = Turn(SpokenQuestion(FRANCE, b""), speech_end=3.0)
+    listener.begin(talked_over)
+    listener.on_event({"type": "input_audio_buffer.committed"}, 1.0)  # at the pause
+    listener.on_event({"type": "response.done", "response": {"status": "cancelled", "status_details": {
+        "type": "cancelled", "reason": "turn_detected"}}}, 2.0)
+    listener.on_event({"type": "input_audio_buffer.committed"}, 3.5)  # the rest, after the answer's end
+    talked_over.check()
+    assert talked_over.cut and talked_over.commits == 2 and "cut" in (talked_over.error or "")
+    early = Turn(SpokenQuestion(FRANCE, b""), speech_end=3.0)
+    listener.begin(early)
+    listener.on_event({"type": "response.output_audio.delta", "delta": base64.b64encode(pcm(0.1)).decode()}, 2.0)
+    listener.on_event({"type": "response.done", "response": {"status": "completed"}}, 2.5)
+    early.check()
+    assert early.cut and not early.ok and "before the end of speech" in (early.error or "")
+    row = summarize_turns("baseline", SEMANTIC_VAD, 1, [[whole, talked_over, early]])
+    assert (row["ok"], row["cut"]) == (1, 2)
+
+
 def test_the_turn_histogram_is_in_the_metrics_text() -> None:
     metrics = ServerMetrics("default", {})
     before = server_histogram(metrics.render({}).decode())
@@ -181,7 +220,7 @@ def test_the_turn_histogram_is_in_the_metrics_text() -> None:
 
 def test_bad_arguments_are_usage_errors() -> None:
     for args in (["--modes", "push"], ["--concurrency", "0"], ["--concurrency", "a"], ["--variants", "nope"],
-                 ["--questions", "0"]):
+                 ["--questions", "0"], ["--pause-s", "-1"], ["--pause-s", "9"]):
         with pytest.raises(SystemExit) as exc:
             main(args)
         assert exc.value.code == 2, args
@@ -190,20 +229,22 @@ def test_bad_arguments_are_usage_errors() -> None:
 @pytest.mark.slow
 @pytest.mark.models
 @pytest.mark.timeout(900)
-def test_the_bench_times_a_spoken_turn_in_both_modes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A started default-pipeline server, one question per mode at c=1: every turn answered, its gap timed by the
-    client and by the server's histogram, the answer transcribed and right, and the table printed."""
+def test_the_bench_times_a_spoken_turn_in_every_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A started default-pipeline server, one question per mode (commit, server VAD, semantic VAD) at c=1: every
+    turn answered and none cut, its gap timed by the client and by the server's histogram, the answer transcribed
+    and right, and the table printed."""
     path = tmp_path / "voice.json"
     code = main(["--concurrency", "1", "--questions", "1", "--max-tokens", "24", "--spoken-cache-dir",
                  str(tmp_path / "spoken"), "--json", str(path)])
     printed = capsys.readouterr().out
     rows = json.loads(path.read_text())["rows"]
     assert code == 0, printed
-    assert [(r["mode"], r["concurrency"]) for r in rows] == [(COMMIT, 1), (SERVER_VAD, 1)]
+    assert [(r["mode"], r["concurrency"]) for r in rows] == [(COMMIT, 1), (SERVER_VAD, 1), (SEMANTIC_VAD, 1)]
     for row in rows:
         assert row["ok"] == row["turns"] == 1, row["errors"]
         assert 0 < row["p50_ms"] == row["max_ms"] < 60_000, row
         assert row["server_turns"] == 1 and 0 < row["server_mean_ms"] < 60_000, row  # the server's histogram
         assert row["underruns_per_stream"] is not None
         assert row["answers_transcribed"] == 1 and row["answers_right"] == 1, row["turn_detail"]
-    assert len(table_rows(printed, HEADERS)) == 2, printed
+    assert len(table_rows(printed, HEADERS)) == 3, printed
+    assert all(row["cut"] == 0 for row in rows)

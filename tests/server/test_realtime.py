@@ -20,7 +20,8 @@ from pydantic import TypeAdapter
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from omnipipe.server.vad import SileroVAD
+from omnipipe.server.vad import MODEL_RATE_HZ, SileroVAD
+from omnipipe.util.audio import resample
 from tests.server.conftest import ServerProcess, engines_idle, spoken
 
 RECV_TIMEOUT_S = 120
@@ -126,20 +127,22 @@ def silence(seconds: float) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------- the VAD alone
 def test_silero_vad_hears_speech_and_not_tones_noise_or_silence() -> None:
-    speech = spoken(SENTENCE)
+    """The VAD is fed the session's 16 kHz stream (the input's 24 kHz resampled once)."""
+    speech = resample(spoken(SENTENCE), RATE, MODEL_RATE_HZ)
     vad = SileroVAD(threshold=0.5, silence_duration_ms=500, prefix_padding_ms=0)
-    noise = (0.1 * np.random.default_rng(0).standard_normal(RATE)).astype(np.float32)
-    assert vad.feed(np.concatenate([silence(1), tone(1), silence(0.5), noise, silence(1)])) == []
+    noise = (0.1 * np.random.default_rng(0).standard_normal(MODEL_RATE_HZ)).astype(np.float32)
+    quiet = resample(np.concatenate([silence(1), tone(1), silence(0.5)]), RATE, MODEL_RATE_HZ)
+    assert vad.feed(np.concatenate([quiet, noise, np.zeros(MODEL_RATE_HZ, np.float32)])) == []
     vad.reset()
-    events = vad.feed(np.concatenate([silence(1), speech, silence(1)]))
+    audio = np.concatenate([np.zeros(MODEL_RATE_HZ, np.float32), speech, np.zeros(MODEL_RATE_HZ, np.float32)])
+    events = vad.feed(audio)
     assert [e.kind for e in events] == ["speech_started", "speech_stopped"]
-    speech_ms = len(speech) * 1000 / RATE
+    speech_ms = len(speech) * 1000 / MODEL_RATE_HZ
     assert abs(events[0].audio_ms - 1000) < 300, events  # where the speech starts (its first word)
     assert abs(events[1].audio_ms - (1000 + speech_ms)) < 400, events
     # the same audio in small appends gives the same events; prefix padding moves the start earlier
     padded = SileroVAD(threshold=0.5, silence_duration_ms=500, prefix_padding_ms=300)
-    audio = np.concatenate([silence(1), speech, silence(1)])
-    pieces = [e for start in range(0, len(audio), 480) for e in padded.feed(audio[start:start + 480])]
+    pieces = [e for start in range(0, len(audio), 320) for e in padded.feed(audio[start:start + 320])]
     assert [e.kind for e in pieces] == ["speech_started", "speech_stopped"]
     assert pieces[0].audio_ms == max(0, events[0].audio_ms - 300)
     # OpenAI's threshold meaning: a probability; 1.0 hears nothing of ordinary speech

@@ -1,4 +1,4 @@
-"""``python -m omnipipe.bench.streaming_audio``: how long after the end of speech a Qwen-Omni thinker's audio encoder
+"""``omnipipe bench streaming-audio``: how long after the end of speech a Qwen-Omni thinker's audio encoder
 output is ready, when the clip is processed whole at the end (the feature extractor, then the thinker's
 ``get_audio_features``) and when it streamed in while the user spoke (``stage/streaming_audio.py``: only the tail,
 and the chunks a louder last syllable changed, are left).
@@ -10,8 +10,8 @@ directory), or with ``--released-layers N`` on audio encoders of the released ch
 layers (random weights: the tiny encoders cost little beside the feature extraction), float32, on the CPU with
 ``--threads`` threads.
 
-    python -m omnipipe.bench.streaming_audio                      # both families, clips of 2, 5, 10 and 20 s
-    python -m omnipipe.bench.streaming_audio --seconds 3 6 12 --repeats 3 --released-layers 2
+    omnipipe bench streaming-audio                      # both families, clips of 2, 5, 10 and 20 s
+    omnipipe bench streaming-audio --seconds 3 6 12 --repeats 3 --released-layers 2
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def measure(family: Family, name: str, seconds: Sequence[float], repeats: int) -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m omnipipe.bench.streaming_audio", description=__doc__,
+    parser = argparse.ArgumentParser(prog="omnipipe bench streaming-audio", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--family", choices=["qwen2_5_omni", "qwen3_omni", "all"], default="all")
     parser.add_argument("--seconds", type=float, nargs="+", default=[2.0, 5.0, 10.0, 20.0])

@@ -1,8 +1,8 @@
 """``omnipipe bench voice``: how soon the answer to a spoken question starts to sound, the gap a person talking to
 the voice page feels, with one or many sessions at once, and with each variant of the server side by side.
 
-    omnipipe bench voice [--url URL] [--concurrency 1,4,8] [--modes commit,server_vad] [--questions 3]
-                         [--variants baseline] [--json FILE]
+    omnipipe bench voice [--url URL] [--concurrency 1,4,8] [--modes commit,server_vad,semantic_vad] [--questions 3]
+                         [--pause-s 0.8] [--variants baseline] [--json FILE]
 
 Without ``--url`` it starts ``omnipipe serve --pipeline default`` on a free loopback port (a server per distinct
 deploy among the variants, one after the other), waits for ``/health``, and stops it at the end.
@@ -10,10 +10,13 @@ deploy among the variants, one after the other), waits for ``/health``, and stop
 Each run is a variant, a mode and a concurrency c: c realtime sessions start half a second apart
 (``--stagger-s``), and each asks ``--questions`` short factual questions in turn, spoken by the server's tts
 pipeline and streamed at real-time pace in 40 ms chunks (``bench/voice_session.py`` says how a turn ends in each
-mode: ``commit``, the client commits at the end of speech; ``server_vad``, the server's VAD at its defaults).
+mode: ``commit``, the client commits at the end of speech; ``server_vad``, the server's VAD at its defaults;
+``semantic_vad``, the VAD with the end-of-turn model, eagerness auto). ``--pause-s S`` speaks every question with
+a thinking pause of S seconds after a filler ("What is the capital of, um," ... "Italy?").
 A warm-up turn per mode runs first on each server, unmeasured.
 
-Columns: ``Turns ok`` (answered turns / asked); ``p50 ms``, ``p99 ms``, ``max ms``: end of speech (the last speech
+Columns: ``Turns ok`` (answered turns / asked); ``Cut``: questions the server took for more than one turn (a
+cut turn fails and ends its session); ``p50 ms``, ``p99 ms``, ``max ms``: end of speech (the last speech
 sample sent) -> first ``response.output_audio.delta``, over the answered turns of all sessions; ``Underruns/stream``:
 the times an answer's playback at real-time pace would have run dry (a gap over 20 ms) before ``response.done``,
 per answer; ``Answers right``: answers whose audio, transcribed by the server's ``/v1/audio/transcriptions``, holds
@@ -133,7 +136,7 @@ def run_group(args: argparse.Namespace, variants: list[Variant], workdir: Path, 
     with serving(args, variants[0].deploy, workdir) as (url, headers):
         model = served_model(url, headers)
         with httpx.Client(base_url=url, headers=headers, timeout=args.turn_timeout) as client:
-            spoken = spoken_questions(client, model, args.spoken_cache_dir)
+            spoken = spoken_questions(client, model, args.spoken_cache_dir, args.pause_s)
         for mode in modes:
             for _ in range(args.warmup):
                 plan = SessionPlan(ws_url(url), headers, session_update(mode, args.max_tokens, variants[0]), mode,
@@ -168,10 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--variants", default=VARIANTS[0].name,
                         help=f"comma-separated, or 'all' (default: %(default)s): "
                              f"{'; '.join(f'{v.name}: {v.about}' for v in VARIANTS)}")
-    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated among commit,server_vad "
+    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated among {','.join(MODES)} "
                         "(default: %(default)s)")
     parser.add_argument("--concurrency", default="1,4,8", help="comma-separated session counts (default: %(default)s)")
     parser.add_argument("--questions", type=int, default=3, help="questions per session (default: %(default)s)")
+    parser.add_argument("--pause-s", type=float, default=0.0,
+                        help="a thinking pause this long in the middle of every question (default: none)")
     parser.add_argument("--stagger-s", type=float, default=0.5, help="between session starts (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, default=40, help="answer length limit (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=1, help="unmeasured turns per mode first (default: %(default)s)")
@@ -195,6 +200,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[l
         parser.error(f"--modes: comma-separated among {', '.join(MODES)}")
     if not levels or min(levels) < 1:
         parser.error("--concurrency: every level must be >= 1")
+    if not 0 <= args.pause_s <= 5:
+        parser.error("--pause-s: seconds in [0, 5]")
     if args.questions < 1 or args.max_tokens < 1 or args.warmup < 0 or args.stagger_s < 0 or args.turn_timeout <= 0:
         parser.error("--questions and --max-tokens must be >= 1, --warmup and --stagger-s >= 0, --turn-timeout > 0")
     if args.url and any(v.deploy for v in variants):
@@ -218,12 +225,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     shutil.rmtree(workdir, ignore_errors=True)
     info = machine_info()
     print(f"{PROG}: {args.url or f'omnipipe serve --pipeline {args.pipeline}'}, {args.questions} question(s) per "
-          f"session, sessions {args.stagger_s:g} s apart, max_tokens {args.max_tokens}; {info['cpu_count']} CPUs, "
+          f"session{f' with a {args.pause_s:g} s pause in each' if args.pause_s else ''}, sessions "
+          f"{args.stagger_s:g} s apart, max_tokens {args.max_tokens}; {info['cpu_count']} CPUs, "
           f"load {' '.join(f'{x:.1f}' for x in info['load_avg_1_5_15'])}")
     print(format_rows(rows))
     if args.json:
         write_json(args.json, {"meta": {"url": args.url, "pipeline": args.pipeline, "modes": modes,
-                                        "concurrency": levels, "questions": args.questions,
+                                        "concurrency": levels, "questions": args.questions, "pause_s": args.pause_s,
                                         "stagger_s": args.stagger_s, "max_tokens": args.max_tokens,
                                         "variants": [{"name": v.name, "about": v.about, "deploy": v.deploy,
                                                       "session": v.session} for v in variants],

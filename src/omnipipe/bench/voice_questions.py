@@ -5,6 +5,10 @@ the server's tts pipeline (``/v1/audio/speech``, 24 kHz pcm16, made once and cac
 dataset is), and its trailing quiet is cut, so the clip ends at its last speech sample: the moment the bench times
 the turn from. An answer is right when its audio, transcribed by the server's ``/v1/audio/transcriptions``, holds
 the key word.
+
+With a thinking pause (``--pause-s``) each question is spoken in two parts, a head ending in a filler and the
+rest (``PAUSED``: "What is the capital of, um," ... "Italy?"), joined by that much silence: a person who stops to
+think mid-sentence, the case a VAD cuts and an end-of-turn model should wait through.
 """
 
 from __future__ import annotations
@@ -28,6 +32,13 @@ _TEXTS = (
     "In which country are the pyramids of Giza?",
 )
 VOICE_QUESTIONS: tuple[Question, ...] = tuple(next(q for q in QUESTIONS if q.text == text) for text in _TEXTS)
+# each question of ``_TEXTS`` as a head ending in a filler and its rest, in the same order
+PAUSED: tuple[tuple[str, str], ...] = (
+    ("What is the capital of, um,", "France?"), ("What is the largest planet in, um,", "our solar system?"),
+    ("Who wrote, um,", "Romeo and Juliet?"), ("What color is the sky on, uh,", "a clear day?"),
+    ("What is the capital of, um,", "Italy?"), ("Which planet is known as, uh,", "the Red Planet?"),
+    ("What is the capital of, uh,", "Germany?"), ("In which country are, um,", "the pyramids of Giza?"),
+)
 
 QUIET_FRAME_S = 0.01
 QUIET_DB = -40.0  # a frame this far below the clip's loudest frame is quiet
@@ -53,10 +64,17 @@ def cut_trailing_quiet(pcm16: bytes) -> bytes:
     return pcm16[:(int(loud[-1]) + 1) * frame * PCM16_SAMPLE_BYTES]
 
 
-def spoken_questions(client: httpx.Client, model: str, cache_dir: Path | None = None) -> list[SpokenQuestion]:
-    """Every question of ``VOICE_QUESTIONS`` spoken by the server (RuntimeError when it cannot speak)."""
+def spoken_questions(client: httpx.Client, model: str, cache_dir: Path | None = None,
+                     pause_s: float = 0.0) -> list[SpokenQuestion]:
+    """Every question of ``VOICE_QUESTIONS`` spoken by the server (RuntimeError when it cannot speak); with
+    ``pause_s``, each as its ``PAUSED`` head, that much silence, and the rest."""
     cache = cache_dir or default_spoken_cache()
-    return [SpokenQuestion(q, cut_trailing_quiet(speak(client, model, q.text, cache))) for q in VOICE_QUESTIONS]
+    if not pause_s:
+        return [SpokenQuestion(q, cut_trailing_quiet(speak(client, model, q.text, cache))) for q in VOICE_QUESTIONS]
+    silence = bytes(round(pause_s * PCM16_RATE_HZ) * PCM16_SAMPLE_BYTES)
+    return [SpokenQuestion(q, cut_trailing_quiet(speak(client, model, head, cache)) + silence
+                           + cut_trailing_quiet(speak(client, model, tail, cache)))
+            for q, (head, tail) in zip(VOICE_QUESTIONS, PAUSED, strict=True)]
 
 
 def wav(pcm16: bytes) -> bytes:

@@ -11,7 +11,7 @@ from omnipipe.bench.voice_questions import answered_right
 from omnipipe.bench.voice_session import Turn, audio_seconds
 
 HISTOGRAM = "omnipipe:realtime_speech_end_to_first_audio_seconds"
-HEADERS = ["Variant", "Mode", "c", "Turns ok", "p50 ms", "p99 ms", "max ms", "Underruns/stream", "Answers right",
+HEADERS = ["Variant", "Mode", "c", "Turns ok", "Cut", "p50 ms", "p99 ms", "max ms", "Underruns/stream", "Answers right",
            "Server mean ms"]
 
 
@@ -53,6 +53,7 @@ def summarize_turns(variant: str, mode: str, concurrency: int, sessions: list[li
                    for s in sessions]
     return {
         "variant": variant, "mode": mode, "concurrency": concurrency, "turns": len(turns), "ok": len(done),
+        "cut": sum(t.cut for t in turns),
         "p50_ms": percentile(latencies, 50) if latencies else None,
         "p99_ms": percentile(latencies, 99) if latencies else None,
         "max_ms": max(latencies) if latencies else None,
@@ -71,7 +72,8 @@ def _turn_detail(turn: Turn) -> dict[str, Any]:
             "latency_ms": None if turn.latency_s is None else turn.latency_s * 1000.0,
             "underruns": turn.playback.underruns,
             "gaps": [{"after_audio_s": round(at, 3), "gap_ms": round(gap * 1000)} for at, gap in turn.playback.gaps],
-            "answer_audio_s": audio_seconds(turn.audio), "heard": turn.heard, "error": turn.error}
+            "answer_audio_s": audio_seconds(turn.audio), "heard": turn.heard, "error": turn.error,
+            "commits": turn.commits, "cut": turn.cut}
 
 
 def _ms(value: float | None) -> int | None:
@@ -81,9 +83,9 @@ def _ms(value: float | None) -> int | None:
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """The table, and under it each run's errors."""
     table = format_table(HEADERS, [
-        [r["variant"], r["mode"], r["concurrency"], f"{r['ok']}/{r['turns']}", _ms(r["p50_ms"]), _ms(r["p99_ms"]),
-         _ms(r["max_ms"]), r["underruns_per_stream"], f"{r['answers_right']}/{r['answers_transcribed']}",
-         _ms(r["server_mean_ms"])] for r in rows])
+        [r["variant"], r["mode"], r["concurrency"], f"{r['ok']}/{r['turns']}", r["cut"], _ms(r["p50_ms"]),
+         _ms(r["p99_ms"]), _ms(r["max_ms"]), r["underruns_per_stream"],
+         f"{r['answers_right']}/{r['answers_transcribed']}", _ms(r["server_mean_ms"])] for r in rows])
     lines = [table]
     for r in rows:
         if r["errors"]:

@@ -14,6 +14,9 @@ pace, as a microphone would send them, and each answer timed and played on a vir
   ``response.output_audio.delta``.
 - Underruns: from the first audio delta on, the answer is played at real-time pace; each time the next audio comes
   more than 20 ms after what was received has played out (playback ran dry) before ``response.done`` is one.
+- Cut turns: a question the server took as more than one turn (``input_audio_buffer.committed`` more than once
+  while it was asked, or an answer begun before its speech ended), as a VAD does at a thinking pause. A cut turn
+  fails, and so ends its session.
 """
 
 from __future__ import annotations
@@ -55,6 +58,17 @@ class Turn:
     playback: PlaybackClock = field(default_factory=PlaybackClock)
     error: str | None = None
     heard: str | None = None  # the answer's audio, transcribed
+    commits: int = 0  # input_audio_buffer.committed events while it was asked and answered
+    talked_over: bool = False  # an answer cancelled because the rest of the question was heard (turn_detected)
+
+    @property
+    def early(self) -> bool:
+        return self.first_audio is not None and self.speech_end is not None and self.first_audio < self.speech_end
+
+    @property
+    def cut(self) -> bool:
+        """The server ended the turn before the question did (a pause taken for its end)."""
+        return self.commits > 1 or self.early or self.talked_over
 
     @property
     def ok(self) -> bool:
@@ -74,10 +88,11 @@ class Turn:
         self.playback.feed(now, audio_seconds(data))
 
     def check(self) -> None:
-        """A turn the server answered before its speech ended (a VAD that cut the question) is an error."""
-        if self.error is None and self.first_audio is not None and self.speech_end is not None \
-                and self.first_audio < self.speech_end:
-            self.error = "the answer began before the end of speech (the turn ended early)"
+        """A turn the server cut (answered before its speech ended, or committed more than once) is an error."""
+        if self.cut:
+            self.error = (f"the question was cut: {self.commits} commit(s)"
+                          f"{', an answer begun before the end of speech' if self.early else ''}"
+                          f"{', an answer cancelled as the question went on' if self.talked_over else ''}")
 
 
 @dataclass(frozen=True)
@@ -172,6 +187,9 @@ class Listener:
 
     def on_event(self, event: dict[str, Any], now: float) -> None:
         turn, kind = self.turn, event.get("type")
+        if turn is not None and kind == ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED:
+            turn.commits += 1  # counted after the answer too: a question cut in two is committed twice
+            return
         if turn is None or turn.done is not None:
             return
         if kind == ServerEvent.ERROR:
@@ -181,6 +199,8 @@ class Listener:
             turn.add_audio(now, base64.b64decode(event["delta"]))
         elif kind == ServerEvent.RESPONSE_DONE:
             response = event.get("response") or {}
+            details = response.get("status_details") or {}
+            turn.talked_over = response.get("status") == "cancelled" and details.get("reason") == "turn_detected"
             if response.get("status") != "completed":
                 self._fail(f"response.done status {response.get('status')!r}: {response.get('status_details')}")
             turn.done = now

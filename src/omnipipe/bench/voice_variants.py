@@ -12,8 +12,8 @@ from typing import Any
 from omnipipe.config.deploy_config import merge_settings
 from omnipipe.protocol.realtime import ClientEvent
 
-COMMIT, SERVER_VAD = "commit", "server_vad"
-MODES = (COMMIT, SERVER_VAD)
+COMMIT, SERVER_VAD, SEMANTIC_VAD = "commit", "server_vad", "semantic_vad"
+MODES = (COMMIT, SERVER_VAD, SEMANTIC_VAD)
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,9 @@ def parse_variants(value: str, known: tuple[Variant, ...] = VARIANTS) -> list[Va
 
 def session_update(mode: str, max_tokens: int, variant: Variant) -> dict[str, Any]:
     """The ``session.update`` a session of ``variant`` sends: spoken answers, the token limit, the turn detection
-    of ``mode`` (none: the client commits; server VAD at its defaults), then the variant's own fields."""
-    detection = None if mode == COMMIT else {"type": "server_vad"}
+    of ``mode`` (none: the client commits; server VAD or semantic VAD at its defaults, eagerness auto), then the
+    variant's own fields."""
+    detection = None if mode == COMMIT else {"type": mode}
     session = {"type": "realtime", "output_modalities": ["audio"], "max_output_tokens": max_tokens,
                "audio": {"input": {"turn_detection": detection}}}
     own = copy.deepcopy(variant.session)

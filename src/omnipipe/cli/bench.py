@@ -21,6 +21,8 @@ SUITES = {
     "placement": "omnipipe.bench.placement",
     "vocoder-seams": "omnipipe.bench.vocoder_seams",
     "voice": "omnipipe.bench.voice",
+    "hearing": "omnipipe.bench.hearing",
+    "streaming-audio": "omnipipe.bench.streaming_audio",
     "max-num-seqs": "omnipipe.bench.max_num_seqs",
     "tools": "omnipipe.bench.tools",
     "prefix-cache": "omnipipe.bench.prefix_cache",
@@ -41,8 +43,13 @@ _SUITES_HELP = (
     "prefill, decode tok/s at batch 1 and 8; placement: TTFP with every stage on one host vs split over two Ray nodes "
     "(a loopback cluster); vocoder-seams: a streamed vocoder decode (omnipipe's exact windows, transformers' "
     "chunked_decode) against one whole decode: difference over absmax and samples missing; voice: realtime sessions "
-    "speaking questions at real-time pace (client commit and server VAD, several at once): end of speech -> first "
-    "audio p50/p99, underruns, answers right, per variant side by side; max-num-seqs: 8 requests at once through "
+    "speaking questions at real-time pace (client commit, server VAD and semantic VAD, several at once): end of speech -> first "
+    "audio p50/p99, underruns, answers right, per variant side by side; hearing: the words a realtime session "
+    "hears live (fitted-window passes, then the final pass) against a whole-clip decode, on 24 spoken questions (4 "
+    "with a pause mid-question) per delivery and speed: word error rate each way, the questions misheard; "
+    "streaming-audio: a Qwen-Omni thinker's audio features and encoder output made as the clip streams in against "
+    "the whole clip at its end: ms left after the last append, and the difference; "
+    "max-num-seqs: 8 requests at once through "
     "AsyncOmni with every stage's max_num_seqs 8 vs 1, both Qwen-Omni families; tools: the default thinker's tool "
     "decisions, functions, arguments and JSON validity on 24 prompts, constrained vs free decoding, and the "
     "grammar's cost per decode step; prefix-cache: the default thinker's prefix cache on and off side by side (a "

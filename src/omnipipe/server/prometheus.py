@@ -138,7 +138,8 @@ class ServerMetrics:
                                    "prefill spared)", labels, registry=self.registry)
         self.speech_end_to_first_audio = Histogram(
             f"{PREFIX}realtime_speech_end_to_first_audio_seconds", "realtime turn: end of the user's speech (commit, "
-            "or server VAD's speech_stopped) -> the answer's first audio", ["model_name", "turn_end"],
+            "or the VAD's speech_stopped: turn_end server_vad or semantic_vad) -> the answer's first audio",
+            ["model_name", "turn_end"],
             buckets=_TURN_BUCKETS, registry=self.registry)
         self.turn_transcriptions = Counter(
             f"{PREFIX}realtime_turn_transcriptions", "realtime spoken turns transcribed (once each)", ["model_name"],

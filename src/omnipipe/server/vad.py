@@ -1,7 +1,8 @@
 """Server VAD for the realtime endpoint: Silero VAD (the ONNX model that ships inside faster-whisper).
 
-Audio arrives as 24 kHz pcm16; it is resampled as a stream to 16 kHz and cut into 32 ms windows of 512 samples,
-each scored by the model (its LSTM state carried from window to window) with the probability that it holds speech.
+Audio arrives at 16 kHz (the session's one 16 kHz stream of its input: ``audio_buffer.py``) and is cut into 32 ms
+windows of 512 samples, each scored by the model (its LSTM state carried from window to window) with the
+probability that it holds speech.
 ``threshold`` has OpenAI's meaning: a probability in 0..1 (default 0.5; higher needs louder, clearer speech). Speech
 starts at the first window at or above it and stops after ``silence_duration_ms`` of windows below
 ``threshold - 0.15`` (Silero's own hysteresis, so a word's soft ending does not end the turn). Positions are
@@ -31,10 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.protocol.audio import PCM16_RATE_HZ
 from omnipipe.util.onnx_session import shared_cpu_session
 
-MODEL_RATE_HZ = 16_000
+MODEL_RATE_HZ = 16_000  # the rate the detector is fed at
 WINDOW = 512  # samples at 16 kHz: 32 ms
 CONTEXT = 64  # samples of the previous window the model sees before each window
 WINDOW_MS = WINDOW * 1000 // MODEL_RATE_HZ
@@ -78,8 +78,7 @@ class TurnEnd:
 
 class SileroVAD:
     def __init__(self, threshold: float = 0.5, silence_duration_ms: int = 500, prefix_padding_ms: int = 300,
-                 sample_rate_hz: int = PCM16_RATE_HZ, pause_ms: int | None = None,
-                 turn_end: TurnEnd | None = None) -> None:
+                 pause_ms: int | None = None, turn_end: TurnEnd | None = None) -> None:
         """``pause_ms``: quiet after which ``pause_started`` is reported (None: never; at least one window and
         less than ``silence_duration_ms``, else no pause is reported). ``turn_end``: the end-of-turn model decides
         how long the quiet must last (``silence_duration_ms`` is then unused)."""
@@ -90,7 +89,6 @@ class SileroVAD:
         self.off_threshold = max(self.threshold - HYSTERESIS, 0.01)
         self.silence_duration_ms = int(silence_duration_ms)
         self.prefix_padding_ms = int(prefix_padding_ms)
-        self.sample_rate_hz = sample_rate_hz
         self.turn_end = turn_end
         if turn_end is not None:
             self.silence_duration_ms = turn_end.unfinished_ms
@@ -100,10 +98,6 @@ class SileroVAD:
         self.reset()
 
     def reset(self) -> None:
-        import soxr
-
-        self._resampler = None if self.sample_rate_hz == MODEL_RATE_HZ else \
-            soxr.ResampleStream(self.sample_rate_hz, MODEL_RATE_HZ, 1, dtype="float32")
         self._pending = np.zeros(0, dtype=np.float32)
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._h = np.zeros((1, 1, 128), dtype=np.float32)
@@ -123,11 +117,8 @@ class SileroVAD:
         return float(np.asarray(out).reshape(-1)[0])
 
     def feed(self, samples: np.ndarray) -> list[VadEvent]:
-        """Float32 mono samples at ``sample_rate_hz`` -> the speech_started / speech_stopped events they cause."""
-        audio = np.asarray(samples, dtype=np.float32).reshape(-1)
-        if self._resampler is not None:
-            audio = self._resampler.resample_chunk(audio)
-        audio = np.concatenate([self._pending, audio])
+        """Float32 mono samples at 16 kHz (``MODEL_RATE_HZ``) -> the events they cause."""
+        audio = np.concatenate([self._pending, np.asarray(samples, dtype=np.float32).reshape(-1)])
         whole = len(audio) // WINDOW
         self._pending = audio[whole * WINDOW:]
         events: list[VadEvent] = []

@@ -6,7 +6,16 @@ to its length, optionally continuing from words already settled (``prefix``). Wh
 any clip in its 30 s window (measured on the 2-core box, 1 thread, int8: 380-430 ms of a ~490 ms pass over a 2 s
 question); a window of 10 s costs 53 ms and the whole pass ~100 ms, with the same words on 6 of the 8 spoken
 questions of ``bench voice`` (the others: "Rome, O." for "Romeo", "colors this sky" for "color is the sky").
-Windows under 10 s made tiny.en repeat the sentence (no timestamps to end it): ``FITTED_MIN_WINDOW_S``.
+Windows under 10 s made tiny.en repeat the sentence (no timestamps to end it). A window under 20 s hears worse than
+the whole clip, the more so the shorter (``omnipipe bench hearing``, 96 spoken questions without a prefix, word
+errors / ms a decode on the loaded 2-core box: 10 s 4.0% / 115, 15 s 3.9% / 140, 20 s 3.6% / 178, a 30 s window
+3.4% / 362; faster-whisper's own decoding 3.7%): ``FITTED_MIN_WINDOW_S``.
+
+A fitted decode keeps whisper's timestamps (the prompt ends in ``<|0.00|>``, not ``<|notimestamps|>``): without
+them tiny.en ends the transcript at a pause in the speech, as if the window held one segment, and drops what
+follows ("What is the capital of, um, ... Italy?" heard as "What is the capital of", with or without settled
+words); with them it closes a segment at the pause and goes on. Only the words are kept (``omnipipe bench
+hearing``, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ logger = logging.getLogger(__name__)
 WHISPER_SAMPLE_RATE_HZ = 16_000
 WHISPER_WINDOW_S = 30
 FRAMES_PER_S = 100  # log-mel frames per second of audio
-FITTED_MIN_WINDOW_S = 10
+FITTED_MIN_WINDOW_S = 20
 FITTED_WINDOW_STEP_S = 5  # fitted windows come in a few sizes (each size's first encode costs a warm-up)
 FITTED_QUIET_S = 1.0  # at least this much silence after the clip in its window (whisper hears where speech ends)
 MAX_FITTED_AUDIO_S = WHISPER_WINDOW_S - FITTED_QUIET_S
@@ -152,7 +161,7 @@ class WhisperASR:
         tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe",
                               language=self.language)
         forced = tokenizer.encode(" " + prefix) if prefix else []
-        prompt = [*tokenizer.sot_sequence, tokenizer.no_timestamps, *forced]
+        prompt = [*tokenizer.sot_sequence, tokenizer.timestamp_begin, *forced]  # <|0.00|>: segments may close
         with self._lock:
             features = model.feature_extractor(padded)[:, :window_s * FRAMES_PER_S]
             encoded = model.model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(features[None])),
@@ -160,9 +169,10 @@ class WhisperASR:
             result = model.model.generate(
                 encoded, [prompt], beam_size=1, sampling_topk=0 if temperature > 0 else 1,  # 1: greedy
                 sampling_temperature=float(temperature) if temperature > 0 else 1.0,
-                max_length=len(prompt) + 10 + int(6 * duration_s),  # speech is 3-4 tokens a second
+                # speech is 3-4 tokens a second; a segment's two timestamps ~1 more
+                max_length=len(prompt) + 10 + int(8 * duration_s),
                 return_scores=True, return_no_speech_prob=True, suppress_blank=not forced)[0]
-        tokens = [t for t in result.sequences_ids[0] if t < tokenizer.eot]
+        tokens = [t for t in result.sequences_ids[0] if t < tokenizer.eot]  # the words (timestamps dropped)
         text = without_repeats(tokenizer.decode(tokens))
         if not forced and result.no_speech_prob > NO_SPEECH_PROB:
             text = ""

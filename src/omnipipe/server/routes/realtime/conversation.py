@@ -54,6 +54,8 @@ class ConversationItem:
     output: str = ""  # a function_call_output's output
     response_id: str | None = None  # the response that made an assistant item
     idle: bool = False  # the silence server VAD's idle_timeout_ms committed: the thinker is told the user said nothing
+    speech_end: tuple[float, str] | None = None  # a committed item: when the speech ended (perf_counter) and what
+    # ended the turn (the commit, or the VAD), from the event that ended it
 
     def call(self) -> dict[str, str] | None:
         """A completed function call as the prompt's history takes it (``{"id", "name", "arguments"}``); None for
@@ -103,6 +105,7 @@ class Turn:
     images: list[str] = field(default_factory=list)  # data URLs
     frames: list[Frame] = field(default_factory=list)  # camera frames, by capture time
     heard: bool = False  # spoken words transcribed live are among the texts
+    speech_end: tuple[float, str] | None = None  # the last committed item's end of speech and what ended it
 
 
 # what the thinker is given for a silence that server VAD's idle_timeout_ms committed (its transcript stays empty):
@@ -372,6 +375,7 @@ class Conversation:
                 elif item.idle:
                     turn.texts.append(IDLE_TURN_TEXT)
                 turn.heard = turn.heard or item.transcribed
+                turn.speech_end = item.speech_end or turn.speech_end
                 if item.audio is not None and not item.transcribed:
                     turn.audio = item.audio if turn.audio is None else np.concatenate([turn.audio, item.audio])
             elif item.words:

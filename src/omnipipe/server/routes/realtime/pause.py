@@ -17,16 +17,10 @@ if TYPE_CHECKING:
     from omnipipe.server.capacity import Session
 
 
-class _Response(Protocol):
-    """The response in progress (``response.Responses``), which a pause cancels."""
+class _Turn(Protocol):
+    """The turn (``turn.TurnController``): a pause cancels its answer and drops its uncommitted audio."""
 
-    async def cancel(self) -> None: ...
-
-
-class _AudioBuffer(Protocol):
-    """The input audio buffer (``audio_buffer.InputAudioBuffer``), whose uncommitted audio a pause drops."""
-
-    async def reset(self) -> None: ...
+    async def session_paused(self) -> None: ...
 
 
 class _Frames(Protocol):
@@ -42,10 +36,7 @@ class PauseSession(SessionCore, Protocol):
     handle: Session | None
 
     @property
-    def responses(self) -> _Response: ...
-
-    @property
-    def audio(self) -> _AudioBuffer: ...
+    def turn(self) -> _Turn: ...
 
     @property
     def frames(self) -> _Frames: ...
@@ -68,8 +59,7 @@ class SessionPause:
             self.paused = True
             if session.handle is not None:
                 session.handle.pause()
-            await session.responses.cancel()
-            await session.audio.reset()
+            await session.turn.session_paused()
             session.frames.clear()
             self._timer = asyncio.create_task(self._time_out(), name="omnipipe-realtime-pause")
         await session.send(ServerEvent.SESSION_PAUSED, pause_timeout_s=self.timeout_s)

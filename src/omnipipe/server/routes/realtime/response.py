@@ -5,7 +5,8 @@ disconnect): a cancelled answer closes its part and item too and keeps the words
 answer audio is timed from the end of the user's speech (``omnipipe:realtime_speech_end_to_first_audio_seconds``),
 and the answer's audio is played on a clock at real-time pace that counts its gaps
 (``omnipipe:realtime_playback_underruns``). An answer started ahead of the turn's end (``speculative_start.py``)
-is adopted by the response of that turn.
+is taken by the response of that turn as it is, plan and stream. When an answer ends, the response tells whoever
+made it (``answered``: the turn controller) when its audio will have played out.
 
 With tools offered, the answer's output items open as they come: its message when its first words or audio
 arrive, a ``function_call`` item when the model names a function (``response.function_call_arguments.delta`` /
@@ -17,7 +18,7 @@ import asyncio
 import base64
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,42 +94,32 @@ class _Answer:
 
 
 class AnswerAhead(Protocol):
-    """An answer started ahead of its turn (``speculative_start.TentativeAnswer``), as the turn's response adopts
+    """An answer started ahead of its turn (``speculative_start.TentativeAnswer``), as the turn's response takes
     it."""
 
     @property
     def response_id(self) -> str: ...
 
-    async def adopt(self, plan: AnswerPlan) -> AsyncIterator[OmniRequestOutput] | None:
-        """The answer's stream when it ``plan``s the same turn (else None, and the answer dropped)."""
-
-
-class _SpeechInput(Protocol):
-    """The input audio buffer (``audio_buffer.InputAudioBuffer``), as a response reads and tells it."""
-
-    speech_end: tuple[float, str] | None  # the last commit's end of speech (perf_counter) and cause
-
-    def answer_played(self, ends_at: float | None) -> None:
-        """An answer ended; its audio plays out at ``ends_at`` (perf_counter; None: it had none)."""
+    async def adopt(self) -> tuple[AnswerPlan, AsyncIterator[OmniRequestOutput]] | None:
+        """The answer's plan and stream (None, and the answer dropped, when it failed to start)."""
 
 
 class ResponseSession(SessionCore, Protocol):
-    """What a response uses of its session: the pause (a paused session answers nothing), the conversation, the
-    idle watch, and the input audio buffer (the turn's end of speech; when the answer's audio plays out)."""
+    """What a response uses of its session: the pause (a paused session answers nothing), the conversation and the
+    idle watch."""
 
     pause: SessionPause
     conversation: Conversation
     idle: IdleWatch
 
-    @property
-    def audio(self) -> _SpeechInput: ...
-
 
 class Responses:
-    """The session's response in progress (at most one): its task, id and assistant item."""
+    """The session's response in progress (at most one): its task, id and assistant item. ``answered``: told when
+    an answer ends, with when its audio plays out (perf_counter; None: it had none)."""
 
-    def __init__(self, session: ResponseSession) -> None:
+    def __init__(self, session: ResponseSession, answered: Callable[[float | None], None]) -> None:
         self.session = session
+        self.answered = answered
         self.task: asyncio.Task[None] | None = None
         self.id: str | None = None
         self.item: ConversationItem | None = None
@@ -145,8 +136,9 @@ class Responses:
     async def start(self, options: ResponseOptions | BetaResponseOptions | None,
                     tentative: AnswerAhead | None = None) -> None:
         """Start answering the pending user items (refused while paused, answering, or with nothing to answer).
-        ``tentative``: an answer started ahead for this very turn (``speculative_start.py``), adopted when it asked
-        the same; dropped otherwise."""
+        ``tentative``: an answer started ahead for this very turn (``speculative_start.py``; the turn controller
+        keeps one only while what it was planned from stands): its plan and stream are the response's, unless it
+        failed to start."""
         session = self.session
         if session.pause.paused:
             raise EventError("the session is paused; send session.resume first", None, code="session_paused")
@@ -156,14 +148,15 @@ class Responses:
         if not session.conversation.has_pending():
             raise EventError("there is nothing to respond to: create a user message item or commit audio first",
                              None, code="no_input")
-        plan = self.plan(options, *session.conversation.peek_turn())  # bad options refused before the turn is taken
-        session.conversation.take_turn()
-        speech_end, session.audio.speech_end = session.audio.speech_end, None
-        self._speech_end = speech_end if plan.spoken_turn else None
-        outputs = None
+        adopted = None
         if tentative is not None:
-            outputs = await tentative.adopt(plan)
-        response_id = tentative.response_id if outputs is not None and tentative is not None \
+            adopted = await tentative.adopt()
+            session.metrics.count_speculative_start("released" if adopted is not None else "dropped")
+        # bad options are refused before the turn is taken
+        plan, outputs = adopted or (self.plan(options, *session.conversation.peek_turn()), None)
+        turn, _ = session.conversation.take_turn()
+        self._speech_end = turn.speech_end if plan.spoken_turn else None
+        response_id = tentative.response_id if adopted is not None and tentative is not None \
             else f"resp_{uuid.uuid4().hex[:24]}"
         self.id = response_id
         self.task = asyncio.create_task(self._respond(response_id, plan, outputs),
@@ -322,7 +315,7 @@ class Responses:
         usage = {"total_tokens": in_tokens + out_tokens, "input_tokens": in_tokens, "output_tokens": out_tokens,
                  "input_token_details": {"cached_tokens": cached}}
         session.idle.touch()  # the idle count starts when the answer ends
-        session.audio.answer_played(answer.playback.ends_at)  # server VAD's idle_timeout_ms counts from there
+        self.answered(answer.playback.ends_at)  # server VAD's idle_timeout_ms counts from there
         await session.send(ServerEvent.RESPONSE_DONE, response=response(
             status, [output.wire(session.dialect) for output in answer.outputs
                      if output in session.conversation.items], usage, details))

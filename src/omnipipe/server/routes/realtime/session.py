@@ -1,6 +1,7 @@
 """One realtime WebSocket's session: its settings (``session.update``, checked against the pipeline), the loop that
-reads client events and hands each to the part of the session that handles it, and the one way events are sent
-(renamed for the beta dialect)."""
+reads client events and hands each to the part of the session that handles it (and tells the turn controller of
+those that change what a tentative answer was planned from), and the one way events are sent (renamed for the beta
+dialect)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ from omnipipe.server.engines import EnginePool
 from omnipipe.server.errors import APIError
 from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.realtime_settings import Change, Settings, changes, session_object
-from omnipipe.server.routes.realtime.audio_buffer import InputAudioBuffer, vad_for
 from omnipipe.server.routes.realtime.checks import check_modalities, check_sampling
 from omnipipe.server.routes.realtime.conversation import Conversation
 from omnipipe.server.routes.realtime.events import EventError, new_event_id, parse_event
@@ -33,16 +33,26 @@ from omnipipe.server.routes.realtime.idle import IdleWatch
 from omnipipe.server.routes.realtime.pause import SessionPause
 from omnipipe.server.routes.realtime.response import Responses
 from omnipipe.server.routes.realtime.transcription import Transcriptions
+from omnipipe.server.routes.realtime.turn import InputsChanged, ResponseStarted, TurnController, TurnEvent
 from omnipipe.server.tool_calls import function_tools, tool_choice
 
 logger = logging.getLogger(__name__)
 
+# client events after which the turn controller is told (a tentative answer planned before them no longer holds)
+TURN_EVENTS: dict[str, TurnEvent] = {
+    ClientEvent.SESSION_UPDATE: InputsChanged(),
+    ClientEvent.CONVERSATION_ITEM_CREATE: InputsChanged(),
+    ClientEvent.CONVERSATION_ITEM_TRUNCATE: InputsChanged(),
+    ClientEvent.CONVERSATION_ITEM_DELETE: InputsChanged(),
+    ClientEvent.RESPONSE_CREATE: ResponseStarted(),
+}
+
 
 class RealtimeSession:
-    """A realtime connection's state, split by concept: the idle watch, the pause, the input audio buffer, the
-    camera frames, the conversation, the transcriptions of spoken items and the response; each part reaches the
-    others through it, as the narrow Protocol in its own module says (``core.SessionCore``: what all of them use),
-    and none imports this module."""
+    """A realtime connection's state, split by concept: the idle watch, the pause, the turn (its controller, which
+    holds the input audio buffer and what listens to it), the camera frames, the conversation, the transcriptions of
+    spoken items and the response; each part reaches the others through it, as the narrow Protocol in its own
+    module says (``core.SessionCore``: what all of them use), and none imports this module."""
 
     def __init__(self, websocket: WebSocket, engine: AsyncOmni, pipeline: PipelineSpec, pool: EnginePool,
                  metrics: ServerMetrics, handle: Session | None = None, dialect: str = GA) -> None:
@@ -60,18 +70,18 @@ class RealtimeSession:
         self.handle = handle  # this connection's slot in the server's session count
         self.idle = IdleWatch(self)
         self.pause = SessionPause(self)
-        self.audio = InputAudioBuffer(self)
+        self.turn = TurnController(self)
         self.frames = CameraFrames(self)
         self.conversation = Conversation(self)
         self.transcriptions = Transcriptions(self)
-        self.responses = Responses(self)
+        self.responses = Responses(self, answered=self.turn.answer_ended)
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
             ClientEvent.SESSION_UPDATE: self.on_session_update,
             ClientEvent.SESSION_PAUSE: self.pause.on_pause,
             ClientEvent.SESSION_RESUME: self.pause.on_resume,
-            ClientEvent.INPUT_AUDIO_BUFFER_APPEND: self.audio.append,
-            ClientEvent.INPUT_AUDIO_BUFFER_COMMIT: self.audio.commit,
-            ClientEvent.INPUT_AUDIO_BUFFER_CLEAR: self.audio.clear,
+            ClientEvent.INPUT_AUDIO_BUFFER_APPEND: self.turn.append,
+            ClientEvent.INPUT_AUDIO_BUFFER_COMMIT: self.turn.commit,
+            ClientEvent.INPUT_AUDIO_BUFFER_CLEAR: self.turn.clear,
             ClientEvent.INPUT_VIDEO_FRAME_APPEND: self.frames.append,
             ClientEvent.CONVERSATION_ITEM_CREATE: self.conversation.create,
             ClientEvent.CONVERSATION_ITEM_TRUNCATE: self.conversation.truncate,
@@ -109,7 +119,7 @@ class RealtimeSession:
     async def run(self) -> None:
         await self.send(ServerEvent.SESSION_CREATED, session=self.session_object())
         self.idle.start()
-        self.audio.live.warm_up()
+        self.turn.live.warm_up()
         try:
             while not self.closed:
                 message = await self.ws.receive()
@@ -127,8 +137,7 @@ class RealtimeSession:
             self.closed = True
             await self.idle.stop()
             await self.pause.stop_timer()
-            await self.responses.cancel()
-            await self.audio.reset()
+            await self.turn.close()
             await self.transcriptions.cancel()
             await self.engine.end_session(self.session_id)  # the stages drop what they kept of the conversation
 
@@ -143,6 +152,8 @@ class RealtimeSession:
         try:
             event = parse_event(raw, self.dialect, self.handlers)
             await self.handlers[event.type](event)
+            if event.type in TURN_EVENTS:
+                await self.turn.handle(TURN_EVENTS[event.type])
         except EventError as exc:
             await self.send_error(exc.message, param=exc.param, code=exc.code, type_=exc.type,
                                   client_event_id=client_event_id)
@@ -220,5 +231,5 @@ class RealtimeSession:
         for key, value in new.items():
             setattr(self.settings, key, value)
         if detection_changed:
-            self.audio.vad = vad_for(self.settings.turn_detection)
+            await self.turn.detection_changed()
         await self.send(ServerEvent.SESSION_UPDATED, session=self.session_object())

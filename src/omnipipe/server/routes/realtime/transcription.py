@@ -22,12 +22,14 @@ if TYPE_CHECKING:
     from omnipipe.server.routes.realtime.core import SessionCore
 
 
-async def transcribe(session: SessionCore, audio: np.ndarray, extra: dict[str, Any] | None = None) -> str:
-    """What the server's transcription pipeline hears in ``audio`` (24 kHz); ``extra``: its
-    ``SamplingParams.extra`` (a live pass's ``fitted_window`` and ``prefix``). Raises what the pipeline raised."""
+async def transcribe(session: SessionCore, audio: np.ndarray, extra: dict[str, Any] | None = None, *,
+                     rate_hz: int = PCM16_RATE_HZ) -> str:
+    """What the server's transcription pipeline hears in ``audio`` (at ``rate_hz``: a spoken item's 24 kHz, or the
+    input's 16 kHz stream, which whisper takes as it is); ``extra``: its ``SamplingParams.extra`` (a live pass's
+    ``fitted_window`` and ``prefix``). Raises what the pipeline raised."""
     engine, _ = await session.pool.engine_for("transcription")
     final = None
-    async for out in engine.generate({"prompt": "", "multi_modal_data": {"audio": (audio, PCM16_RATE_HZ)}},
+    async for out in engine.generate({"prompt": "", "multi_modal_data": {"audio": (audio, rate_hz)}},
                                      request_id=f"rt-transcribe-{uuid.uuid4().hex}",
                                      sampling_params=SamplingParams(extra=extra) if extra else None,
                                      output_modalities=["text"]):
