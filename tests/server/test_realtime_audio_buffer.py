@@ -42,13 +42,13 @@ def test_the_speech_starts_where_the_vad_heard_it_and_arrivals_date_the_audio() 
         buffer.append(tone(0.1), arrived=10.0 + i / 10)
     buffer.speech_started(400)
     buffer.speech_started(700)  # the first start counts
-    lag = 0.6 * LISTEN_RATE_HZ - buffer.speech_samples()  # the resampler holds back its last few ms until flushed
+    lag = 0.6 * LISTEN_RATE_HZ - buffer.speech().size  # the resampler holds back its last few ms until flushed
     assert 0 <= lag < 0.03 * LISTEN_RATE_HZ, lag
     assert buffer.speech(flush=True).size == pytest.approx(0.6 * LISTEN_RATE_HZ, abs=2)
     assert buffer.arrival_of(250) == pytest.approx(10.2)  # the chunk holding 250 ms arrived third
     assert buffer.arrival_of(5000) > 1000  # past the end: now
     buffer.reset()
-    assert buffer.chunks == [] and buffer.speech().size == 0 and buffer.speech_samples() == 0
+    assert buffer.chunks == [] and buffer.speech().size == 0
 
 
 def test_a_buffer_that_would_grow_too_big_refuses_the_append_by_field() -> None:

@@ -1,5 +1,5 @@
-"""The voice turn on the default pipeline: the speech transcribed while it arrives (the same words as the whole
-clip; once a turn, for the answer and the transcription events alike), the tentative answer under server VAD (a
+"""The voice turn on the default pipeline: the speech transcribed by the session as the turn ends (once a turn,
+for the answer and the transcription events alike), the tentative answer under server VAD (a
 start the user talks over leaves nothing behind), and the thinker's per-session cache freed when a session ends."""
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 
 from omnipipe.bench.voice_questions import cut_trailing_quiet
-from omnipipe.models.default.modeling.whisper import WhisperASR
-from omnipipe.server.routes.realtime.live_transcript import SettledWords
 from tests.server.conftest import ServerProcess, engines_idle, spoken
 from tests.server.test_realtime import RATE, Conn, of, session, silence
 
@@ -63,26 +61,6 @@ def thinker_sessions(server: ServerProcess) -> dict[str, int]:
     return stages["thinker"]["kv_cache"]
 
 
-def test_a_clip_transcribed_in_live_passes_gives_the_words_of_the_whole_clip() -> None:
-    """Passes every half second over the speech so far, each from the words settled before it, then the final
-    pass: the same words as one fitted pass over the whole clip, sentence for sentence."""
-    asr = WhisperASR()
-
-    def heard(audio: np.ndarray, prefix: str = "") -> str:
-        segment = asr.start_fitted(audio, RATE, prefix).next_segment()
-        return segment.text.strip() if segment is not None else ""
-
-    settled_any = False
-    for question in QUESTIONS:
-        audio = clip(question)
-        settled = SettledWords()
-        for end in range(RATE // 2, len(audio), RATE // 2):
-            settled.heard(heard(audio[:end], settled.text))
-        settled_any = settled_any or bool(settled.words)
-        assert words(heard(audio, settled.text)) == words(heard(audio)), question
-    assert settled_any  # the passes did settle words, so the final passes continued from them
-
-
 def test_a_committed_turn_is_transcribed_once_for_the_answer_and_the_transcript(
         default_server: ServerProcess) -> None:
     before = counters(default_server)
@@ -100,7 +78,6 @@ def test_a_committed_turn_is_transcribed_once_for_the_answer_and_the_transcript(
             assert said.strip() and of(events, "response.output_audio.delta")
     after = counters(default_server)
     assert grew(before, after, 'turn_transcriptions{model_name="default"}') == 2
-    assert grew(before, after, 'live_transcription_passes{model_name="default"}') >= 1
     assert engines_idle(default_server.wait_idle(timeout_s=60))
 
 

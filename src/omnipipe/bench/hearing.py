@@ -1,5 +1,5 @@
-"""``omnipipe bench hearing``: the words a realtime session hears live (passes over the speech as it arrives, then
-the final pass) against one decode of the whole clip, on spoken questions, per delivery and speed, with every
+"""``omnipipe bench hearing``: the words a realtime session hears (its own pass over the turn's speech in a window
+fitted to it) against one decode of the whole clip, on spoken questions, per delivery and speed, with every
 misheard question listed.
 
     omnipipe bench hearing [--speeds 0.8,1.25] [--deliveries steady,varied] [--questions 24] [--json FILE]
@@ -11,12 +11,11 @@ pipeline (``Omni("tts")``, the packaged Piper voice ``joe``; made once and cache
 samples every run) and ``varied`` (the voice's own noise: a person saying it a little differently). The voice is
 resampled to 24 kHz pcm16, as a microphone's audio reaches a session.
 
-Each clip is heard as a realtime session hears it (``server/routes/realtime/live_transcript.py``): the speech from
-300 ms before it starts (the VAD's ``prefix_padding_ms``), a pass with the session's extras (``fitted_window``,
-``prefix``: the settled words) each ``PASS_EVERY_S`` of speech, words settled by ``SettledWords``, and the final
-pass (``FINAL_EXTRA``) over the speech and the 128 ms of quiet after it (where the VAD's pause starts the turn's
-transcript). ``whole`` is faster-whisper's own decoding of the same audio (what a turn gets without live
-transcription). Both are whisper tiny.en as the transcription pipeline loads it (``WhisperASR``, int8, 1 thread).
+Each clip is heard as a realtime session hears it (``server/routes/realtime/live_transcript.py``): one pass with
+the session's extras (``FINAL_EXTRA``: a fitted window) over the speech from 300 ms before it starts (the VAD's
+``prefix_padding_ms``) to the 128 ms of quiet after it (where the VAD's pause starts the turn's transcript).
+``whole`` is faster-whisper's own decoding of the same audio (what a turn gets without live transcription). Both
+are whisper tiny.en as the transcription pipeline loads it (``WhisperASR``, int8, 1 thread).
 
 Columns: ``WER live`` and ``WER whole``: word errors (substitutions, deletions, insertions) over the words said,
 case, punctuation, fillers ("um", "uh") and a number said or written not counted; ``Live worse`` / ``Live
@@ -154,7 +153,8 @@ def turn_audio(speaker: Speaker, question: SpokenText, delivery: str, speed: flo
 
 # ---------------------------------------------------------------------------------------------------- hearing
 class Listener:
-    """whisper tiny.en as the transcription pipeline runs it: live passes and a whole-clip decode."""
+    """whisper tiny.en as the transcription pipeline runs it: a session's fitted-window pass and a whole-clip
+    decode."""
 
     def __init__(self) -> None:
         from omnipipe.models.default.modeling.whisper import WhisperASR
@@ -167,14 +167,9 @@ class Listener:
         return segment.text.strip() if segment is not None else ""
 
     def live(self, audio: np.ndarray) -> str:
-        """The turn's transcript as a session makes it: a pass each ``PASS_EVERY_S`` of speech from the words
-        settled before it, then the final pass (``FINAL_EXTRA``)."""
-        from omnipipe.server.routes.realtime.live_transcript import FINAL_EXTRA, PASS_EVERY_S, SettledWords
+        """The turn's transcript as a session makes it (``FINAL_EXTRA``)."""
+        from omnipipe.server.routes.realtime.live_transcript import FINAL_EXTRA
 
-        settled = SettledWords()
-        step = int(PASS_EVERY_S * PCM16_RATE_HZ)
-        for end in range(step, audio.size - int(QUIET_AFTER_S * PCM16_RATE_HZ), step):
-            settled.heard(self._fitted(audio[:end], {"fitted_window": True, "prefix": settled.text}))
         return self._fitted(audio, FINAL_EXTRA)
 
     def whole(self, audio: np.ndarray) -> str:

@@ -71,9 +71,9 @@ class ServingTraits:
 
     speech_pipeline: str | None = None  # serves /v1/audio/speech beside this pipeline (text -> audio)
     transcription_pipeline: str | None = None  # serves /v1/audio/transcriptions (audio -> text)
-    # the transcription pipeline decodes live passes (``SamplingParams.extra`` ``fitted_window`` and ``prefix``) and
-    # this pipeline answers a spoken question from its transcript: a realtime session transcribes while the user
-    # speaks and sends the turn's words (``server/routes/realtime/live_transcript.py``)
+    # the transcription pipeline decodes a short clip in a fitted window (``SamplingParams.extra`` ``fitted_window``)
+    # and this pipeline answers a spoken question from its transcript: a realtime session transcribes the turn itself
+    # as it ends and sends its words (``server/routes/realtime/live_transcript.py``)
     live_transcription: bool = False
     # dotted path: (options of the voice stage: dict) -> list[str], the family's voices besides "default" (a
     # checkpoint family reads them from the checkpoint the stage options name)

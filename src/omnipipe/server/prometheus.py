@@ -144,9 +144,6 @@ class ServerMetrics:
         self.turn_transcriptions = Counter(
             f"{PREFIX}realtime_turn_transcriptions", "realtime spoken turns transcribed (once each)", ["model_name"],
             registry=self.registry)
-        self.live_passes = Counter(
-            f"{PREFIX}realtime_live_transcription_passes", "realtime live transcription passes while the user spoke",
-            ["model_name"], registry=self.registry)
         self.speculative_starts = Counter(
             f"{PREFIX}realtime_speculative_starts", "answers started tentatively when the user paused, by outcome "
             "(released: the turn ended; dropped: the user went on)", ["model_name", "outcome"], registry=self.registry)
@@ -189,9 +186,6 @@ class ServerMetrics:
 
     def count_turn_transcription(self) -> None:
         self.turn_transcriptions.labels(self.model_name).inc()
-
-    def count_live_transcription_pass(self) -> None:
-        self.live_passes.labels(self.model_name).inc()
 
     def count_speculative_start(self, outcome: str) -> None:
         """``outcome``: ``released`` or ``dropped``."""

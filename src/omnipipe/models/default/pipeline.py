@@ -108,7 +108,7 @@ ASR = PipelineSpec(
     prompt_processor=f"{_P}.processors.asr_prompt",
     input_modalities=("audio",),
     comprehension_stage="encoder",
-    # 1 thread: a realtime session's live pass (a fitted window) took 140-160 ms with 1 thread, 170-210 ms with 2;
+    # 1 thread: a realtime session's transcript pass (a fitted window) took 140-160 ms with 1 thread, 170-210 ms with 2;
     # a whole 30 s window 600 ms with 1, 550 ms with 2 (measured through AsyncOmni("asr") on the 2-core box)
     default_deploy={"stages": {"encoder": {"threads": 1, "max_num_seqs": 4, **_LONG_STEPS}}},
     **_SPEECH_WEIGHTS,

@@ -54,9 +54,9 @@ class PiperTalkerParams:
 class TranscriptionParams:
     """The encoder's ``SamplingParams.extra``: ``word_timestamps`` adds each segment's words with their times,
     ``prompt`` is text the decoding continues from (spellings, style), ``temperature`` samples the decoding (0:
-    greedy). ``fitted_window`` decodes a short clip (a live pass over speech as it arrives) in one encoder window
-    fitted to its length, ~4x cheaper (``WhisperASR.start_fitted``); ``prefix`` (with it) gives the words the
-    transcript starts with, settled by an earlier pass over the same speech."""
+    greedy). ``fitted_window`` decodes a short clip (a realtime session's turn) in one encoder window fitted to its
+    length, cheaper than a 30 s window (``WhisperASR.start_fitted``); ``prefix`` (with it) gives the words the
+    transcript starts with."""
 
     word_timestamps: bool = False
     prompt: str = ""

@@ -1,7 +1,7 @@
 """Speech recognition with the packaged whisper tiny.en (faster-whisper, CTranslate2).
 
 Two ways to decode a clip: ``start`` runs faster-whisper's own decoding (30 s windows, segments with timestamps),
-and ``start_fitted`` decodes a short clip (a live pass over the speech heard so far) in one encoder window fitted
+and ``start_fitted`` decodes a short clip (a realtime session's turn) in one encoder window fitted
 to its length, optionally continuing from words already settled (``prefix``). Whisper's encoder costs the same for
 any clip in its 30 s window (measured on the 2-core box, 1 thread, int8: 380-430 ms of a ~490 ms pass over a 2 s
 question); a window of 10 s costs 53 ms and the whole pass ~100 ms, with the same words on 6 of the 8 spoken

@@ -3,7 +3,8 @@
 The first step starts a request's decoding and reports the clip's language and duration; each later step decodes
 its next segment (a new 30 s window when the current one is used up), so the transcript streams as it is decoded
 and an aborted request stops between segments. The step after the last segment finishes the request. A request
-with ``fitted_window`` (a live pass over a short clip) is decoded and finished in its first step, as one segment.
+with ``fitted_window`` (a realtime session's turn, a short clip) is decoded and finished in its first step, as one
+segment.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class WhisperEncoderRunner(StageRunner):
                                                          "duration": round(decoding.duration_s, 3)})
 
     def _fitted(self, request: StageRequest, item: dict[str, Any], params: TranscriptionParams) -> RunnerOutput:
-        """A fitted-window decode, whole in this one step (a live pass waits for nothing else)."""
+        """A fitted-window decode, whole in this one step (a session's turn waits for nothing else)."""
         try:
             decoding = self.asr.start_fitted(item["audio"], int(item["sample_rate_hz"]), params.prefix,
                                              float(params.temperature))

@@ -31,7 +31,6 @@ class InputAudioBuffer:
         self.chunks: list[np.ndarray] = []
         self.size_bytes = 0
         self._heard: list[np.ndarray] = []  # the same audio at LISTEN_RATE_HZ
-        self._heard_samples = 0
         self._resampler = soxr.ResampleStream(PCM16_RATE_HZ, LISTEN_RATE_HZ, 1, dtype="float32")
         self._arrivals: list[tuple[int, float]] = []  # (samples in the buffer after a chunk, when it arrived)
         self._speech_from_ms: int | None = None  # where the VAD heard the buffer's speech start
@@ -53,7 +52,6 @@ class InputAudioBuffer:
         heard = np.asarray(heard, dtype=np.float32)
         if heard.size:
             self._heard.append(heard)
-            self._heard_samples += heard.size
         return heard
 
     def audio(self) -> np.ndarray:
@@ -64,11 +62,6 @@ class InputAudioBuffer:
         """The VAD heard the buffer's speech start at ``audio_ms`` (the first start counts)."""
         if self._speech_from_ms is None:
             self._speech_from_ms = audio_ms
-
-    def speech_samples(self) -> int:
-        """How much of the buffer (at ``LISTEN_RATE_HZ``) is speech: from where the VAD heard it start (all of it
-        without one)."""
-        return self._heard_samples - (self._speech_from_ms or 0) * LISTEN_RATE_HZ // 1000
 
     def speech(self, flush: bool = False) -> np.ndarray:
         """The buffer's audio at ``LISTEN_RATE_HZ`` from where the speech started; ``flush``: with the resampler's

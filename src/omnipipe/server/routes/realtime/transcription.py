@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 async def transcribe(session: SessionCore, audio: np.ndarray, extra: dict[str, Any] | None = None, *,
                      rate_hz: int = PCM16_RATE_HZ) -> str:
     """What the server's transcription pipeline hears in ``audio`` (at ``rate_hz``: a spoken item's 24 kHz, or the
-    input's 16 kHz stream, which whisper takes as it is); ``extra``: its ``SamplingParams.extra`` (a live pass's
+    input's 16 kHz stream, which whisper takes as it is); ``extra``: its ``SamplingParams.extra`` (a session's
     ``fitted_window`` and ``prefix``). Raises what the pipeline raised."""
     engine, _ = await session.pool.engine_for("transcription")
     final = None

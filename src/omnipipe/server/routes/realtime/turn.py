@@ -331,8 +331,8 @@ class TurnController:
 
     # ------------------------------------------------------------------ the client's audio events
     async def append(self, event: InputAudioBufferAppend) -> None:
-        """``input_audio_buffer.append`` (dropped unread while the session is paused): kept, heard by the VAD (which
-        moves the turn), transcribed live."""
+        """``input_audio_buffer.append`` (dropped unread while the session is paused): kept, and heard by the VAD
+        (which moves the turn)."""
         arrived = time.perf_counter()
         if self.session.pause.paused:
             return
@@ -344,8 +344,6 @@ class TurnController:
             for vad_event in await asyncio.to_thread(self.vad.feed, heard):
                 await self._hear(vad_event)
             await self._check_idle()
-        if self.buffer.chunks and (self.vad is None or self.vad.speaking) and self.live.enabled():
-            self.live.heard(self.buffer.speech_samples(), self.buffer.speech)
 
     async def commit(self, _: Any = None) -> None:
         """``input_audio_buffer.commit``: the user's speech ended now."""
@@ -496,11 +494,9 @@ class TurnController:
         return words
 
     async def _reset(self) -> None:
-        """Empty the buffer (its audio is dropped), restart the VAD and forget the live transcript (a tentative
-        answer is the caller's)."""
+        """Empty the buffer (its audio is dropped) and restart the VAD (a tentative answer is the caller's)."""
         if self._idle_from_ms is not None:  # the idle count goes on across the reset, in the new buffer's time
             self._idle_from_ms -= self.buffer.buffered_ms()
         self.buffer.reset()
         if self.vad is not None:
             self.vad.reset()
-        await self.live.reset()
