@@ -208,9 +208,9 @@ class AudioInput(BaseModel):
     transcription: InputAudioTranscription | None = None
     noise_reduction: NoiseReduction | None = Field(None, description="accepted; no effect here")
     turn_detection: ServerVad | None = ServerVad()
-    live_transcription: bool = Field(True, description="omnipipe: transcribe the input audio while it arrives and "
-                                     "answer a spoken turn from its transcript (where the pipeline can); false: "
-                                     "the committed audio goes to the pipeline whole")
+    live_transcription: bool = Field(True, description="omnipipe: the session transcribes a spoken turn as it "
+                                     "ends (a pass in a window fitted to the speech) and answers from its transcript "
+                                     "(where the pipeline can); false: the committed audio goes to the pipeline whole")
 
 
 class AudioOutput(BaseModel):

@@ -38,7 +38,7 @@ class Settings:
     max_output_tokens: int | str = "inf"
     temperature: float | None = None
     transcription: dict[str, Any] | None = None  # {model, language}
-    live_transcription: bool = True  # spoken turns transcribed while they arrive (where the pipeline can)
+    live_transcription: bool = True  # spoken turns transcribed by the session as they end (where the pipeline can)
     tools: list[dict[str, Any]] = field(default_factory=list)  # {name, description?, parameters?}, checked
     tool_choice: str | dict[str, str] = "auto"  # auto | none | required | {"type": "function", "name"}
     parallel_tool_calls: bool = True
