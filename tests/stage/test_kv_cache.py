@@ -70,3 +70,54 @@ def test_a_nan_in_one_requests_cache_leaves_its_batch_mates_finite() -> None:
     eager = torch.softmax(new @ keys.transpose(-1, -2) + kv.attention_mask(), dim=-1) @ values
     assert out[0].isnan().all() and torch.isfinite(out[1]).all() and torch.isfinite(eager[1]).all()
     assert torch.equal(out[1], torch.ones(1, 1, 2))
+
+
+class _CopiesToTheDevice(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the copies of host tensors to another device (here the meta device, which holds shapes only: a CPU
+    box has no second device, and a copy from the CPU to the CPU is no copy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's signature
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default):
+            sources = [a for a in args if isinstance(a, torch.Tensor)]
+            if any(s.device.type == "cpu" for s in sources) and isinstance(out, torch.Tensor) \
+                    and out.device.type != "cpu":
+                self.copies += 1
+        return out
+
+
+def test_a_bound_step_reaches_the_device_in_one_copy() -> None:
+    """Slots, writes, mask, positions and block tables are built where the pool is, from one host -> device copy
+    of each row's start and blocks (before: a copy each, a mask built on the host)."""
+    kv = PagedKVCache(num_layers=2, kv_heads=1, head_dim=2, num_blocks=8, block_tokens=4, device="meta")
+    kv.reserve("a", 10)
+    kv.reserve("b", 6)
+    kv.bind(["a"], 5)  # a prefill, before the counting
+    with _CopiesToTheDevice() as counted:
+        kv.bind(["a", "b"], 1, rows=4, width=12)
+        kv.step_inputs()
+        kv.positions()
+        kv.paged_step()
+        for layer in range(2):
+            kv.update(torch.zeros(4, 1, 1, 2, device="meta"), torch.zeros(4, 1, 1, 2, device="meta"), layer)
+    assert counted.copies == 1
+
+
+def test_the_device_built_step_reads_each_rows_slots_and_writes_past_them() -> None:
+    kv = cache(blocks=8)
+    kv.reserve("a", 9)  # blocks 7, 6, 5 (taken from the top)
+    kv.reserve("b", 3)
+    kv.bind(["a", "b"], 2, rows=3, width=8)
+    step = kv.paged_step()
+    a, b = step.block_tables[0].tolist(), step.block_tables[1].tolist()
+    assert step.block_tables[2].tolist() == [-1] * len(a)  # the padding row holds none
+    assert step.slots[0, :2].tolist() == [a[0] * 4, a[0] * 4 + 1] and step.slots[1, :2].tolist() == [b[0] * 4,
+                                                                                                      b[0] * 4 + 1]
+    assert (step.slots[:, 2:] == kv.pad_slot).all() and (step.slots[2] == kv.pad_slot).all()
+    assert kv._bound is not None and kv._bound.writes.tolist() == [a[0] * 4, a[0] * 4 + 1, b[0] * 4, b[0] * 4 + 1,
+                                                                    kv.scratch_slot, kv.scratch_slot]
+    assert step.lengths.tolist() == [2, 2, 2] and kv.positions().tolist() == [[0, 1], [0, 1], [0, 1]]

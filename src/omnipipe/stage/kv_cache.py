@@ -46,18 +46,39 @@ DEFAULT_BLOCK_TOKENS = 16
 class _Entry:
     blocks: list[int]
     length: int = 0  # tokens written and kept
-    slots: torch.Tensor | None = None  # the pool row of each token it reserved, in order
     hashes: list[bytes] = field(default_factory=list)  # of each full block of its prompt
     indexed: int = 0  # its leading blocks that are in the index (shared from it, or written and added)
     shared: int = 0  # tokens it found in the index: never written by it
     needs_extras: bool = False  # its blocks are indexed with their rows of ``extras`` only
     extras: dict[int, torch.Tensor] | None = None  # the prompt's hidden states a later stage reads [T, D], host
 
-    def slot_index(self, block_tokens: int) -> torch.Tensor:
-        if self.slots is None or len(self.slots) != len(self.blocks) * block_tokens:
-            blocks = torch.tensor(self.blocks, dtype=torch.long)
-            self.slots = (blocks[:, None] * block_tokens + torch.arange(block_tokens)).reshape(-1)
-        return self.slots
+
+@dataclass(frozen=True)
+class _BoundStep:
+    """A bound forward's view of the cache, every tensor on the cache's device: ``starts`` [rows] (each row's
+    first new position), ``tables`` [rows, blocks] (its blocks, -1 past them), ``slots`` [rows, width] (the pool
+    row each history position reads: the padding's row past the row's end), ``writes`` [rows x query] (where
+    its new tokens go: a padding row's to the scratch row)."""
+
+    starts: torch.Tensor
+    tables: torch.Tensor
+    slots: torch.Tensor
+    writes: torch.Tensor
+    query: int
+
+    @classmethod
+    def on_device(cls, packed: torch.Tensor, query: int, width: int, block_tokens: int, pad_slot: int,
+                  scratch_slot: int) -> _BoundStep:
+        """From ``packed`` [rows, 1 + blocks] (each row's start, then its blocks), on its device."""
+        starts, tables = packed[:, 0], packed[:, 1:]
+        position = torch.arange(width, device=packed.device)
+        blocks = tables[:, position // block_tokens]  # [rows, width]
+        ends = (starts + query).view(-1, 1)
+        slots = torch.where((position.view(1, -1) < ends) & (blocks >= 0), blocks * block_tokens
+                            + position % block_tokens, pad_slot)
+        new = starts.view(-1, 1) + torch.arange(query, device=packed.device).view(1, -1)  # [rows, query]
+        writes = torch.where((tables[:, :1] >= 0), slots.gather(1, new), scratch_slot)
+        return cls(starts, tables, slots, writes.reshape(-1), query)
 
 
 class KVBudgetError(ValueError):
@@ -91,8 +112,7 @@ class PagedKVCache:
         self.prefix_queries = 0  # prompt tokens looked up in the index, and found there (what vLLM counts)
         self.prefix_hits = 0
         self.kernel: str | None = None  # a paged attention kernel's name (``paged_attention.py``); None: dense
-        self._bound: tuple[torch.Tensor, torch.Tensor, torch.Tensor, int] | None = None
-        self._keys: list[str] = []  # the bound step's requests, row by row
+        self._bound: _BoundStep | None = None
 
     @classmethod
     def for_model(cls, text_config: Any, budget_bytes: int, *, block_tokens: int = DEFAULT_BLOCK_TOKENS,
@@ -264,7 +284,10 @@ class PagedKVCache:
 
         A bucketed step (its shapes fixed, so one compiled graph, or one captured CUDA graph, serves every step of
         its bucket): ``rows`` pads the batch with rows of no request (they read the zero padding row, write the
-        scratch row; their outputs mean nothing), ``width`` (whole blocks) fixes the history's width."""
+        scratch row; their outputs mean nothing), ``width`` (whole blocks) fixes the history's width.
+
+        What the step's forward reads (its slots, writes, mask, positions and block tables) is built on the cache's
+        device from one host -> device copy of each row's start and block table."""
         starts = []
         for key in keys:
             entry = self._entries[key]
@@ -283,17 +306,18 @@ class PagedKVCache:
         padding = (len(keys) if rows is None else rows) - len(keys)
         if padding < 0:
             raise ValueError(f"a bucket of {rows} rows holds no batch of {len(keys)}")
-        slots = torch.full((len(keys) + padding, width or needed), self.pad_slot, dtype=torch.long)
-        for row, key in enumerate(keys):
-            end = starts[row] + query_tokens
-            self._entries[key].length = end
-            slots[row, :end] = self._entries[key].slot_index(self.block_tokens)[:end]
-        writes = torch.stack([slots[row, s:s + query_tokens] for row, s in enumerate(starts)]
-                             + [torch.full((query_tokens,), self.scratch_slot)] * padding)
-        starts += [0] * padding
-        self._bound = (slots.to(self.device), writes.reshape(-1).to(self.device),
-                       torch.tensor(starts, dtype=torch.long), query_tokens)
-        self._keys = keys
+        width = width or needed
+        held = [self._entries[key].blocks for key in keys]
+        table_width = max(width // self.block_tokens, *(len(blocks) for blocks in held))
+        # one row a request: its start, then its blocks in order (-1 past them; a padding row holds none)
+        packed = torch.full((len(keys) + padding, 1 + table_width), -1, dtype=torch.long)
+        packed[:, 0] = 0
+        for row, (key, blocks) in enumerate(zip(keys, held, strict=True)):
+            packed[row, 0] = starts[row]
+            packed[row, 1:1 + len(blocks)] = torch.tensor(blocks, dtype=torch.long)
+            self._entries[key].length = starts[row] + query_tokens
+        self._bound = _BoundStep.on_device(packed.to(self.device), query_tokens, width, self.block_tokens,
+                                           self.pad_slot, self.scratch_slot)
 
     def step_inputs(self) -> dict[str, Any]:
         """The bound step's keyword arguments for the decoder: its mask, this cache, and with a paged attention
@@ -303,38 +327,33 @@ class PagedKVCache:
             inputs.update(paged_step=self.paged_step(), paged_kernel=self.kernel)
         return inputs
 
+    def _step(self, what: str) -> _BoundStep:
+        if self._bound is None:
+            raise RuntimeError(f"bind the batch before asking for its {what}")
+        return self._bound
+
     def paged_step(self) -> Any:
         """The bound step as a paged kernel reads it (``paged_attention.PagedStep``)."""
         from omnipipe.stage.paged_attention import PagedStep
 
-        if self._bound is None:
-            raise RuntimeError("bind the batch before asking for its paged step")
-        slots, _, starts, query = self._bound
-        blocks = [self._entries[key].blocks for key in self._keys]  # a bucket's padding rows hold none: -1
-        tables = torch.full((slots.shape[0], max(len(b) for b in blocks)), -1, dtype=torch.int32)
-        for row, held in enumerate(blocks):
-            tables[row, :len(held)] = torch.tensor(held, dtype=torch.int32)
-        return PagedStep(tables.to(self.device), (starts + query).to(torch.int32).to(self.device),
-                         starts.to(torch.int32).to(self.device), slots, self.block_tokens)
+        step = self._step("paged step")
+        return PagedStep(step.tables.to(torch.int32), (step.starts + step.query).to(torch.int32),
+                         step.starts.to(torch.int32), step.slots, self.block_tokens)
 
     def attention_mask(self, dtype: torch.dtype | None = None) -> torch.Tensor:
         """The bound step's additive mask [rows, 1, query, keys]: 0 where query i of row b may see key j (j <= its
         start + i), the dtype's lowest value elsewhere (the future and the padding past a shorter row)."""
-        if self._bound is None:
-            raise RuntimeError("bind the batch before asking for its mask")
-        slots, _, starts, query = self._bound
-        visible = torch.arange(slots.shape[1]).view(1, 1, -1) <= \
-            (starts.view(-1, 1, 1) + torch.arange(query).view(1, -1, 1))
+        step = self._step("mask")
+        keys = torch.arange(step.slots.shape[1], device=self.device).view(1, 1, -1)
+        visible = keys <= (step.starts.view(-1, 1, 1) + torch.arange(step.query, device=self.device).view(1, -1, 1))
         dtype = dtype or self.dtype
-        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
-        return mask[:, None].to(self.device)
+        mask = torch.zeros(visible.shape, dtype=dtype, device=self.device).masked_fill(~visible, torch.finfo(dtype).min)
+        return mask[:, None]
 
     def positions(self) -> torch.Tensor:
         """The bound step's token positions in the cache [rows, query] (each row's start onwards)."""
-        if self._bound is None:
-            raise RuntimeError("bind the batch before asking for its positions")
-        _, _, starts, query = self._bound
-        return (starts.view(-1, 1) + torch.arange(query).view(1, -1)).to(self.device)
+        step = self._step("positions")
+        return step.starts.view(-1, 1) + torch.arange(step.query, device=self.device).view(1, -1)
 
     # ----------------------------------------------------------------------- what transformers' layers call
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
@@ -343,7 +362,7 @@ class PagedKVCache:
         [rows, heads, longest, dim] (padding past a row's length is masked)."""
         if self._bound is None:
             raise RuntimeError("PagedKVCache.update before bind")
-        slots, writes, _, _ = self._bound
+        slots, writes = self._bound.slots, self._bound.writes
         heads, dim = key_states.shape[1], key_states.shape[3]
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         keys.index_copy_(0, writes, key_states.transpose(1, 2).reshape(-1, heads, dim).to(keys.dtype))
@@ -353,7 +372,7 @@ class PagedKVCache:
         return keys[slots].transpose(1, 2), values[slots].transpose(1, 2)
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return 0 if self._bound is None else int(self._bound[0].shape[1])
+        return 0 if self._bound is None else int(self._bound.slots.shape[1])
 
     is_compileable = False
 
