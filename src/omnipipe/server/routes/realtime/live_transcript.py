@@ -13,6 +13,13 @@ final pass over the whole speech costs no more than one that decodes only the ta
 docs/benchmarks.md). They cost ~180 ms of a core each half second of speech for nothing.
 
 A clip longer than a fitted window takes (``MAX_LIVE_AUDIO_S``) is transcribed in whole 30 s windows instead.
+
+The pass runs on the server's transcription pipeline (``asr``: the same whisper encoder stage, in its own engine),
+not on the answering pipeline's own encoder stage. The session needs the words before it asks for the answer (the
+turn's item, the history the answer is planned from, the ``.completed`` event), and a pipeline gives out only its
+final stages' outputs: through the ``default`` pipeline, the words would reach the thinker and never the session.
+The ``asr`` engine serves ``/v1/audio/transcriptions`` too, so a server that transcribes keeps that second whisper
+anyway; the cost of the separate request is one more hop over the engine's sockets (a few ms), not another decode.
 """
 
 from __future__ import annotations
