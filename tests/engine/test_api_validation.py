@@ -87,3 +87,16 @@ def test_duplicate_running_request_id_is_refused(toy) -> None:
             await agen.aclose()
 
     toy.run(run())
+
+
+def test_audio_streams_to_a_pipeline_that_takes_none_are_refused_by_name(toy) -> None:
+    import numpy as np
+
+    from omnipipe.engine.async_omni_engine import AudioStreamsNotTakenError
+
+    with pytest.raises(AudioStreamsNotTakenError) as excinfo:
+        toy.run(toy.engine.append_audio("s", np.zeros(160, np.float32)))
+    assert "takes no audio streams" in str(excinfo.value) and repr(toy.engine.engine.audio_stage) in str(excinfo.value)
+    with pytest.raises(ValueError, match="stream_id: must be a non-empty string"):
+        toy.run(toy.engine.append_audio("", np.zeros(160, np.float32)))
+    assert toy.run(collect(toy.engine, "fine"))[-1].text == "FINE"

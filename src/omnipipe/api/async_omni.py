@@ -11,6 +11,9 @@ cancellation, a disconnected client) aborts the request in every stage.
 A conversation's requests may name their session (``generate(..., session_id=...)``): a stage may keep state for it
 between them (the default thinker keeps the conversation's KV cache, so a turn prefills only its new tokens) until
 ``end_session(session_id)`` or memory pressure drops it.
+
+Audio may stream in while the user speaks (``append_audio(stream_id, pcm16k)``, float32 at 16 kHz), processed by the
+stage that hears it as it arrives; a request then names it as its audio, ``{"audio": [{"stream": stream_id}]}``.
 """
 
 from __future__ import annotations
@@ -147,6 +150,7 @@ class AsyncOmni:
         state = _ClientRequest(request_id, internal_id)
         clock = RequestClock()
         self.engine.add_request(AddRequest(internal_id, entry, plan, modalities, params, overrides, session_id))
+        self.engine.audio_streams_taken(entry)
         self._requests[internal_id] = state
         self._user_ids[request_id] = internal_id
         text, audio_parts, sample_rate, image = "", [], None, None
@@ -208,11 +212,43 @@ class AsyncOmni:
             state.queue.put_nowait(EngineEvent(internal_id, "aborted", ""))
 
     async def end_session(self, session_id: str) -> None:
-        """The session has ended: every stage drops what it keeps for it (the default thinker its KV cache). Abort
-        or finish the session's requests first: one still running may keep its state again when it ends (bounded
-        by the stage's memory budget, as any session's)."""
+        """The session has ended: every stage drops what it keeps for it (the default thinker its KV cache, a Qwen
+        thinker the session's open audio streams). Abort or finish the session's requests first: one still running
+        may keep its state again when it ends (bounded by the stage's memory budget, as any session's)."""
         _check_id("session_id", session_id)
         self.engine.end_session(session_id)
+
+    async def append_audio(self, stream_id: str, pcm16k: Any, *, session_id: str | None = None) -> None:
+        """Stream audio into the pipeline while the user speaks: ``pcm16k``, float32 mono samples at 16 kHz (a 1-D
+        array or anything ``np.asarray`` makes one of, in [-1, 1]), the next piece of the stream ``stream_id`` (a
+        non-empty string of at most 256 characters; the first append opens it). The stage that hears the prompt's
+        audio processes each piece as it comes (the Qwen-Omni thinkers: log-mel features and audio-encoder
+        chunks), so a request whose prompt audio is ``[{"stream": stream_id}]`` (``multi_modal_data={"audio":
+        [{"stream": stream_id}]}``, its only audio), sent after the last append, starts with that work done; it
+        gives what the whole clip in the prompt gives. The request takes the stream: afterwards it is unknown.
+
+        ``session_id``: the session the stream belongs to; :meth:`end_session` drops its open streams. Raises
+        FieldError naming the argument (a bad value, more open streams or seconds of audio than the stage keeps)
+        and AudioStreamsNotTakenError for a pipeline whose audio stage takes no streams."""
+        _check_id("stream_id", stream_id)
+        if session_id is not None:
+            _check_id("session_id", session_id)
+        try:
+            samples = np.asarray(pcm16k, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise FieldError("pcm16k", f"must be float32 samples (a 1-D array): {exc}") from None
+        if samples.ndim != 1 or samples.size == 0:
+            raise FieldError("pcm16k", f"must be a non-empty 1-D array of samples, got shape {samples.shape}")
+        if not np.isfinite(samples).all():
+            raise FieldError("pcm16k", "has samples that are not finite (NaN or infinity)")
+        await self.start()
+        self.engine.append_audio(stream_id, session_id, samples)
+
+    async def drop_audio_stream(self, stream_id: str) -> None:
+        """Forget the audio stream ``stream_id`` (nothing happens for one not open): a request that names it
+        afterwards fails with a FieldError naming ``prompt.multi_modal_data.audio``."""
+        _check_id("stream_id", stream_id)
+        self.engine.drop_audio_stream(stream_id)
 
     def health(self) -> EngineHealth | None:
         """Whether the engine can make progress: ``ok``, each stage's state (ok, stalled, restarting, down) with its

@@ -58,6 +58,15 @@ class Omni:
         """Every stage drops what it keeps for ``session_id`` (``AsyncOmni.end_session``)."""
         self._call(self._engine.end_session(session_id))
 
+    def append_audio(self, stream_id: str, pcm16k: Any, *, session_id: str | None = None) -> None:
+        """The next piece (float32 mono at 16 kHz) of the audio stream ``stream_id`` (``AsyncOmni.append_audio``);
+        a prompt then names it as ``{"audio": [{"stream": stream_id}]}``."""
+        self._call(self._engine.append_audio(stream_id, pcm16k, session_id=session_id))
+
+    def drop_audio_stream(self, stream_id: str) -> None:
+        """Forget the audio stream ``stream_id`` (``AsyncOmni.drop_audio_stream``)."""
+        self._call(self._engine.drop_audio_stream(stream_id))
+
     async def _generate_all(self, prompts: list[Any], sampling_params: Any, modalities: Any,
                             use_tqdm: bool, session_id: str | None) -> list[OmniRequestOutput]:
         # counts what is produced as it comes (tokens, seconds of audio), not finished requests: a batch of a few

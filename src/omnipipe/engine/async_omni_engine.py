@@ -15,22 +15,54 @@ import logging
 import os
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from omnipipe.config.deploy_config import DeployConfig
 from omnipipe.config.pipeline_spec import EntryInput, PipelineSpec
-from omnipipe.engine.events import AbortRequests, AddRequest, EndSession, EngineEvent, QueryState, ShutdownEngine
+from omnipipe.engine.events import (
+    AbortRequests,
+    AddRequest,
+    AppendAudio,
+    DropAudio,
+    EndSession,
+    EngineEvent,
+    QueryState,
+    ShutdownEngine,
+)
 from omnipipe.engine.liveness import EngineHealth
 from omnipipe.engine.orchestrator import Orchestrator
 from omnipipe.engine.startup import EngineStartError
 from omnipipe.stage.schedulers import SCHEDULERS, has_scheduler
 from omnipipe.util.dotted import resolve
+from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
 
 
 class EngineOverloadedError(RuntimeError):
     """The engine already holds ``max_pending_requests`` requests."""
+
+
+class AudioStreamsNotTakenError(RuntimeError):
+    """The pipeline's audio entry stage takes no audio streams (its runner has no ``max_audio_streams``)."""
+
+
+@dataclass
+class _AudioStream:
+    """An open audio stream as the engine counts it: its session, appends sent and samples."""
+
+    session_id: str | None
+    appends: int = 0
+    samples: int = 0
+
+
+def stream_ids(entry: EntryInput) -> list[str]:
+    """The audio streams an entry input names (``{"stream": id}`` items of its ``audios``)."""
+    audios = entry.data.get("audios") if isinstance(entry.data, dict) else None
+    return [item["stream"] for item in audios or [] if isinstance(item, dict) and isinstance(item.get("stream"), str)]
 
 
 def check_stage_kinds(pipeline: PipelineSpec) -> None:
@@ -57,6 +89,7 @@ class AsyncOmniEngine:
         self.log_level = log_level
         self.progress = progress
         self.in_flight = 0
+        self.audio_streams: dict[str, _AudioStream] = {}  # open streams, until a request takes one or it is dropped
 
     async def start(self) -> None:
         """Start the orchestrator (blocks until stages load); its events reach this loop."""
@@ -114,9 +147,55 @@ class AsyncOmniEngine:
             self.orchestrator.submit(AbortRequests(request_ids))
 
     def end_session(self, session_id: str) -> None:
-        """Have every stage drop what it keeps for ``session_id`` (after any abort submitted before this call)."""
+        """Have every stage drop what it keeps for ``session_id`` (after any abort submitted before this call),
+        the session's audio streams included (each dropped on the socket its appends took, so after them all)."""
+        for stream_id in [key for key, stream in self.audio_streams.items() if stream.session_id == session_id]:
+            self.drop_audio_stream(stream_id)
         if self.orchestrator is not None and self.orchestrator.is_alive:
             self.orchestrator.submit(EndSession(session_id))
+
+    # ------------------------------------------------------------------ audio streams
+    @property
+    def audio_stage(self) -> str:
+        """The stage a prompt's audio goes to: the comprehension stage (the first stage without one)."""
+        return self.pipeline.comprehension_stage or self.pipeline.stages[0].name
+
+    def append_audio(self, stream_id: str, session_id: str | None, pcm: np.ndarray) -> None:
+        """Send ``pcm`` (float32 mono at 16 kHz, checked by the caller) to the audio stage's stream ``stream_id``,
+        within the stage's limits (FieldError naming the argument beyond them)."""
+        assert self.orchestrator is not None
+        stage = self.audio_stage
+        client = self.orchestrator.clients[stage]
+        if not client.max_audio_streams:
+            raise AudioStreamsNotTakenError(
+                f"pipeline {self.pipeline.name!r}: its audio stage {stage!r} ({self.pipeline.stage(stage).runner}) "
+                "takes no audio streams; give the whole clip in the prompt instead")
+        stream = self.audio_streams.get(stream_id)
+        if stream is None:
+            if len(self.audio_streams) >= client.max_audio_streams:
+                raise FieldError("stream_id", f"stage {stage!r} keeps at most {client.max_audio_streams} open audio "
+                                              "stream(s), and that many are open: use or drop one first")
+            stream = _AudioStream(session_id)
+        elif stream.session_id != session_id:
+            raise FieldError("session_id", f"stream {stream_id!r} belongs to session {stream.session_id!r}")
+        if stream.samples + len(pcm) > client.max_audio_stream_s * 16_000:
+            raise FieldError("pcm16k", f"stream {stream_id!r} would be longer than {client.max_audio_stream_s:g} s, "
+                                       f"the most stage {stage!r} takes")
+        self.audio_streams[stream_id] = stream
+        self.orchestrator.submit(AppendAudio(stage, stream_id, session_id, pcm.tobytes(), stream.appends))
+        stream.appends += 1
+        stream.samples += len(pcm)
+
+    def drop_audio_stream(self, stream_id: str) -> None:
+        """Forget the stream here and at its stage (one the stage does not hold: nothing happens there)."""
+        self.audio_streams.pop(stream_id, None)
+        if self.orchestrator is not None and self.orchestrator.is_alive:
+            self.orchestrator.submit(DropAudio(self.audio_stage, stream_id))
+
+    def audio_streams_taken(self, entry: EntryInput) -> None:
+        """A request added with ``entry`` takes the streams it names at its stage: they are no longer open."""
+        for stream_id in stream_ids(entry):
+            self.audio_streams.pop(stream_id, None)
 
     def health(self) -> EngineHealth | None:
         """Whether the engine can make progress (None before it has started); never waits on the engine."""

@@ -35,6 +35,25 @@ class EndSession:
 
 
 @dataclass
+class AppendAudio:
+    """More of an audio stream, for ``stage`` (the pipeline's audio entry stage): float32 16 kHz mono as bytes."""
+
+    stage: str
+    stream_id: str
+    session_id: str | None
+    pcm: bytes
+    seq: int
+
+
+@dataclass
+class DropAudio:
+    """Forget an audio stream at ``stage``."""
+
+    stage: str
+    stream_id: str
+
+
+@dataclass
 class QueryState:
     result: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 

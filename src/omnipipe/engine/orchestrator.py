@@ -2,9 +2,10 @@
 
 - start-up: binds each stage's sockets, launches the stages and waits until every one is ready; teardown stops
   them and removes what the run left.
-- request handler: takes commands off the request queue (add, abort, end of a session, state query, shutdown); an
-  add goes to the entry stage and, with async chunk, registers the request at once with every streaming-fed stage
-  (prewarm); aborts and session ends are broadcast to every stage.
+- request handler: takes commands off the request queue (add, abort, end of a session, an audio stream's append or
+  drop, state query, shutdown); an add goes to the entry stage (after the appends before it: the same socket) and,
+  with async chunk, registers the request at once with every streaming-fed stage (prewarm); an audio stream's
+  messages go to the audio stage on that socket too; aborts and session ends are broadcast to every stage.
 - output handlers, one per stage: route each stage output. Text/audio of a stage the caller asked for goes to
   the caller; step data for a non-streaming edge is gathered and, when the stage finishes the request,
   turned into the next stage's input by the edge's input processor and forwarded.
@@ -31,7 +32,16 @@ import zmq.asyncio
 from omnipipe.config.deploy_config import ORCHESTRATOR, DeployConfig
 from omnipipe.config.pipeline_spec import EdgeSpec, PipelineSpec
 from omnipipe.engine.edge_handoff import EdgeHandoffs
-from omnipipe.engine.events import AbortRequests, AddRequest, EndSession, EngineEvent, QueryState, ShutdownEngine
+from omnipipe.engine.events import (
+    AbortRequests,
+    AddRequest,
+    AppendAudio,
+    DropAudio,
+    EndSession,
+    EngineEvent,
+    QueryState,
+    ShutdownEngine,
+)
 from omnipipe.engine.liveness import EngineHealth, StageLiveness
 from omnipipe.engine.request_in_flight import RequestInFlight
 from omnipipe.engine.route_plan import RoutePlans, streams
@@ -44,7 +54,9 @@ from omnipipe.placement import DEFAULT_LAUNCHER, Launcher, launcher_for
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
+    AudioAppend,
     ChunkRoutes,
+    DropAudioStream,
     DropSession,
     Payload,
     Shutdown,
@@ -259,6 +271,11 @@ class Orchestrator:
                 await self._add_request_or_fail(command)
             elif isinstance(command, AbortRequests):
                 await self._abort(command.request_ids, notify=None)
+            elif isinstance(command, AppendAudio):
+                await self._to_ready_stage(command.stage, AudioAppend(command.stream_id, command.session_id,
+                                                                      command.pcm, command.seq))
+            elif isinstance(command, DropAudio):
+                await self._to_ready_stage(command.stage, DropAudioStream(command.stream_id))
             elif isinstance(command, EndSession):  # after any abort sent before it: the same socket, in order
                 await self.abort_pub.send(control_plane.encode(DropSession(command.session_id)))
             elif isinstance(command, QueryState):
@@ -266,6 +283,13 @@ class Orchestrator:
             elif isinstance(command, ShutdownEngine):
                 await self._abort([*self.requests, *self.supervisor.parked], notify="engine shut down")
                 return
+
+    async def _to_ready_stage(self, stage: str, message: AudioAppend | DropAudioStream) -> None:
+        """An audio stream's message, on the socket the stage's requests come by (in order with them); dropped
+        while the stage is down or restarting (it has lost its streams: the next append's ``seq`` tells it)."""
+        client = self.clients[stage]
+        if client.alive and client.ready.is_set():
+            await client.send(message)
 
     def _submit_for(self, request: RequestInFlight, stage: str, inputs: list[Payload], input_finished: bool) -> Submit:
         route = request.route.routes[stage]
@@ -322,7 +346,7 @@ class Orchestrator:
 
     async def _on_stage_back(self, client: StageClient, message: StageReady) -> None:
         """A restarted stage is ready: re-announce routes that involve it, then submit what waited for it."""
-        client.mark_ready()
+        client.mark_ready(message)
         logger.warning("stage %s is back (pid %d)", client.name, message.pid)
         if message.chunk_address is not None:
             self.chunk_addresses[client.name] = message.chunk_address

@@ -22,6 +22,7 @@ from omnipipe.placement.launcher import Launcher, StageHandle
 from omnipipe.stage.launch import StageLaunch
 from omnipipe.stage.tensor_parallel import free_tcp_address
 from omnipipe.transport import control_plane
+from omnipipe.transport.messages import StageReady
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,9 @@ class StageClient:
         self.load_error: str | None = None
         self.start_error: str | None = None  # a restart that failed (no node fits): the stage is down for good
         self.liveness = liveness  # heartbeats and stall record (engine/liveness.py)
+        # the audio streams its runner takes (StageReady): how many open, how many seconds each; 0: none
+        self.max_audio_streams = 0
+        self.max_audio_stream_s = 0.0
 
     def spawn(self, launch: StageLaunch | None = None) -> None:
         """Start the stage: with ``launch`` the first time, after a death with the launch it last had."""
@@ -121,8 +125,10 @@ class StageClient:
         self.handle = self.launcher.launch(self.launch)
         self.alive = True
 
-    def mark_ready(self) -> None:
+    def mark_ready(self, message: StageReady | None = None) -> None:
         """The stage said it is ready (first start or a restart): it starts with a clean liveness record."""
+        if message is not None:
+            self.max_audio_streams, self.max_audio_stream_s = message.max_audio_streams, message.max_audio_stream_s
         self.ready.set()
         self.ready_since = time.monotonic()
         self.liveness.reset()

@@ -87,7 +87,7 @@ async def wait_ready(clients: list[StageClient], timeout_s: float, cancelled: th
                 message = task.result()
                 if isinstance(message, StageReady):
                     pending.pop(client.name, None)
-                    client.mark_ready()
+                    client.mark_ready(message)
                     on_ready(client, message, list(pending))
                     continue
                 if isinstance(message, StageError) and not message.request_id:

@@ -27,6 +27,11 @@ class BackgroundPrompts(Generic[Processed]):
         """Begin processing ``request`` (the stage admitted it)."""
         self._pending[request.request_id] = self._thread.submit(self._process, request)
 
+    def run(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on the same thread, after everything submitted before it (e.g. an audio stream's append,
+        which a later request's processing then finds done); ``work`` handles its own errors."""
+        self._thread.submit(work)
+
     def result(self, request: StageRequest, wait: bool) -> Processed | None:
         """The request's processed prompt (raising what processing raised); None while it is still being made,
         unless ``wait``. A request never started (a caller driving the runner directly) is started now."""

@@ -124,6 +124,11 @@ class StageRunner(ABC):
     # True for a runner that can shard its model over ``context.world_size`` ranks: rank 0 runs the stage loop
     # and drives the others through ``context.steps``; the others run :meth:`follow`
     supports_tensor_parallel = False
+    # a runner that takes audio streamed in before its request (:meth:`append_audio`): how many streams it keeps
+    # open and how many seconds each may hold (reported in StageReady; the engine refuses appends beyond them, and
+    # appends for a stage whose runner takes none)
+    max_audio_streams = 0
+    max_audio_stream_s = 0.0
 
     def __init__(self, context: RunnerContext) -> None:
         self.context = context
@@ -186,3 +191,12 @@ class StageRunner(ABC):
     def end_session(self, session_id: str) -> None:  # noqa: B027 - an optional hook
         """The caller ended a session (``AsyncOmni.end_session``): drop what the runner keeps across that session's
         requests (e.g. a conversation's KV cache). Called for every session on every stage, known here or not."""
+
+    def append_audio(self, stream_id: str, session_id: str | None, pcm16k: np.ndarray, seq: int) -> None:
+        """More of the audio stream ``stream_id`` (float32 mono at 16 kHz; ``seq`` counts the stream's appends from
+        0): a runner with ``max_audio_streams`` processes it as it arrives, for the request whose prompt audio is
+        ``[{"stream": stream_id}]``. Called on the stage loop, in order with the requests (the same socket)."""
+        raise NotImplementedError(f"{type(self).__name__} takes no audio streams")
+
+    def drop_audio_stream(self, stream_id: str) -> None:  # noqa: B027 - an optional hook
+        """Forget the audio stream ``stream_id`` (unknown: nothing to do)."""

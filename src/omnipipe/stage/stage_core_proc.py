@@ -17,6 +17,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import zmq
 
 from omnipipe.chunk.connector import ChunkConnector, EdgeLink, ReceivedChunk
@@ -33,7 +34,9 @@ from omnipipe.stage.tensor_parallel import StepChannel, TensorParallelGroup
 from omnipipe.transport import control_plane
 from omnipipe.transport.messages import (
     Abort,
+    AudioAppend,
     ChunkRoutes,
+    DropAudioStream,
     DropSession,
     Shutdown,
     StageError,
@@ -219,7 +222,8 @@ class StageCoreProc:
         self.adapter.start()
         self.heartbeat.start()
         self._send(StageReady(self.stage, os.getpid(), time.perf_counter() - start,
-                              self.adapter.connector.listen_address))
+                              self.adapter.connector.listen_address, self.runner.max_audio_streams,
+                              self.runner.max_audio_stream_s))
         logger.info("ready in %.2f s", time.perf_counter() - start)
 
         poller = zmq.Poller()
@@ -277,6 +281,11 @@ class StageCoreProc:
     def _handle_control(self, message: Any) -> None:
         if isinstance(message, Submit):
             self._add_request(message)
+        elif isinstance(message, AudioAppend):
+            self._append_audio(message)
+        elif isinstance(message, DropAudioStream):
+            if self.runner is not None and self.runner.max_audio_streams:
+                self.runner.drop_audio_stream(message.stream_id)
         elif isinstance(message, ChunkRoutes):
             for target, address in message.routes.items():
                 if target in self.send_relays:
@@ -295,6 +304,22 @@ class StageCoreProc:
                                    slots, self.adapter.pending_chunks(), kv_cache))
         elif isinstance(message, Shutdown):
             self.running = False
+
+    def _append_audio(self, message: AudioAppend) -> None:
+        """Hand an audio stream's samples to the runner (the engine sends them only to a runner that takes them).
+        A malformed append is logged and skipped, never the stage's end: the stream's next append then finds a gap
+        in ``seq``, and the request that uses the stream fails."""
+        if self.runner is None or not self.runner.max_audio_streams:
+            logger.warning("audio stream %s: this stage's runner takes no audio streams", message.stream_id)
+            return
+        if len(message.pcm) % 4:
+            logger.warning("audio stream %s: %d bytes are no float32 samples", message.stream_id, len(message.pcm))
+            return
+        try:
+            self.runner.append_audio(message.stream_id, message.session_id,
+                                     np.frombuffer(message.pcm, dtype=np.float32), message.seq)
+        except Exception:
+            logger.exception("audio stream %s: the append failed", message.stream_id)
 
     def _add_request(self, message: Submit) -> None:
         request_id = message.request_id

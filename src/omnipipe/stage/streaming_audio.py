@@ -24,13 +24,23 @@ chunks one call holds (the bound each family's test states)."""
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from omnipipe.util.field_error import FieldError
+
+logger = logging.getLogger(__name__)
+
 SAMPLE_RATE_HZ = 16_000
+AUDIO_FIELD = "prompt.multi_modal_data.audio"
+MAX_OPEN_STREAMS = 32  # a stage's open streams (beyond: the least recently appended one is dropped)
+MAX_STREAM_S = 300.0  # seconds of audio one stream may hold
 _MEL_BLOCK_FRAMES = 16  # streamed mel products over aligned blocks of this many frames (the whole product's panels)
 
 
@@ -270,15 +280,13 @@ class StreamingAudioInput:
                 self.stats["chunks_redone_streaming"] += 1
 
 
-def streamed_clip(audios: list[Any], field: str = "prompt.multi_modal_data.audio") -> StreamedAudio | None:
+def streamed_clip(audios: list[Any], field: str = AUDIO_FIELD) -> StreamedAudio | None:
     """The request's audio as a finished stream, if it is one (it must then be its only clip: the whole-clip
     extractor pads several clips to the longest, which a clip streamed alone never is)."""
     streamed = [clip for clip in audios if isinstance(clip, StreamedAudio)]
     if not streamed:
         return None
     if len(audios) != 1:
-        from omnipipe.util.field_error import FieldError
-
         raise FieldError(field, "a streamed clip must be the request's only audio")
     return streamed[0]
 
@@ -294,3 +302,148 @@ def merge_audio_embeds(embedding: torch.nn.Module, input_ids: torch.Tensor, audi
         raise ValueError(f"the prompt has {int(mask.sum())} audio placeholders for {audio_embeds.shape[0]} "
                          "encoded audio frames")
     return embeds.masked_scatter(mask[..., None].expand_as(embeds), audio_embeds.to(embeds.device, embeds.dtype))
+
+
+def checked_stream_audio(audios: list[Any], field: str) -> list[dict[str, str]] | None:
+    """A prompt's audio items (in the engine's prompt processor): ``[{"stream": id}]`` (a stream appended to with
+    ``AsyncOmni.append_audio``) passes on unchanged, checked; None when no item is a dict (clips, for the
+    processor to load). A dict of another form, or a stream beside other clips, is refused naming it."""
+    if not any(isinstance(item, dict) for item in audios):
+        return None
+    for index, item in enumerate(audios):
+        where = f"{field}[{index}]"
+        if not isinstance(item, dict):
+            continue
+        if set(item) != {"stream"}:
+            raise FieldError(where, f"a dict must be {{'stream': id}} (audio appended with append_audio), got the "
+                                    f"keys {sorted(map(str, item))}")
+        if not isinstance(item["stream"], str) or not item["stream"]:
+            raise FieldError(f"{where}.stream", "must be a non-empty string (the id given to append_audio)")
+    if len(audios) != 1:
+        raise FieldError(field, "a streamed clip must be the request's only audio")
+    return [{"stream": audios[0]["stream"]}]
+
+
+def stream_reference(audios: Any) -> str | None:
+    """The stream id of a request's audio given as ``[{"stream": id}]`` (the form the prompt processors pass on),
+    None for audio given as clips."""
+    if isinstance(audios, list) and len(audios) == 1 and isinstance(audios[0], dict):
+        stream_id = audios[0].get("stream")
+        return stream_id if isinstance(stream_id, str) else None
+    return None
+
+
+@dataclass
+class _OpenStream:
+    stream: StreamingAudioInput | None  # None once it failed (``error``)
+    session_id: str | None
+    next_seq: int = 0
+    samples: int = 0
+    used_at: float = field(default_factory=time.monotonic)
+    error: str | None = None  # set on the stage loop or the processing thread; read on the processing thread
+
+
+class AudioStreams:
+    """A thinker stage's open audio streams, by id: each made by ``new_stream`` on its first append, fed on the
+    runner's prompt-processing thread (``run``: a stream is not thread-safe, and that thread also finishes it, after
+    every append that came before the request on the stage's control socket).
+
+    The stage loop calls ``append``, ``drop``, ``end_session``, ``claim`` (a request admitted with the audio
+    ``[{"stream": id}]`` takes its stream out of the map) and ``release`` (the request left the stage); the
+    processing thread calls ``resolve`` (the request's item with the finished stream as its only audio).
+
+    Limits: ``max_streams`` open streams (a new one beyond drops the least recently appended, whose request then
+    finds it unknown) and ``max_seconds`` of audio each (a longer stream fails, and so does the request that uses
+    it). An append out of sequence (``seq``: appends lost, e.g. the stage restarted while the stream was going)
+    fails the stream rather than give the thinker a clip with a hole."""
+
+    def __init__(self, new_stream: Callable[[], StreamingAudioInput], run: Callable[[Callable[[], None]], None],
+                 max_streams: int = MAX_OPEN_STREAMS, max_seconds: float = MAX_STREAM_S) -> None:
+        self._new_stream = new_stream
+        self._run = run
+        self.max_streams = max_streams
+        self.max_seconds = max_seconds
+        self._open: dict[str, _OpenStream] = {}
+        self._claimed: dict[str, tuple[str, _OpenStream | None]] = {}  # request id -> (stream id, its stream)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def append(self, stream_id: str, session_id: str | None, seq: int, pcm: np.ndarray) -> None:
+        entry = self._open.get(stream_id)
+        if entry is None:
+            while len(self._open) >= self.max_streams:
+                oldest = min(self._open, key=lambda key: self._open[key].used_at)
+                logger.warning("audio stream %s dropped: %d streams are open (the most a stage keeps)", oldest,
+                               len(self._open))
+                del self._open[oldest]
+            entry = self._open[stream_id] = _OpenStream(None, session_id)
+            if seq != 0:
+                entry.error = (f"stream {stream_id!r} lost its first {seq} append(s) (the stage restarted while it "
+                               "streamed)")
+                return
+            entry.stream = self._new_stream()
+        entry.used_at = time.monotonic()
+        if entry.error is not None:
+            return
+        if seq != entry.next_seq:
+            self._fail(entry, f"stream {stream_id!r} lost appends {entry.next_seq} to {seq - 1} (the stage "
+                              "restarted while it streamed)")
+            return
+        entry.next_seq += 1
+        entry.samples += len(pcm)
+        if entry.samples > self.max_seconds * SAMPLE_RATE_HZ:
+            self._fail(entry, f"stream {stream_id!r} is longer than {self.max_seconds:g} s")
+            return
+        stream = entry.stream  # None if the processing thread failed it meanwhile
+        if stream is None:
+            return
+
+        def work() -> None:
+            if entry.error is not None:
+                return
+            try:
+                stream.append(pcm)
+            except Exception as exc:  # noqa: BLE001 - the request that uses the stream fails with it
+                logger.exception("audio stream %s: an append failed", stream_id)
+                self._fail(entry, f"stream {stream_id!r} could not be processed: {exc}")
+
+        self._run(work)
+
+    def drop(self, stream_id: str) -> None:
+        self._open.pop(stream_id, None)
+
+    def end_session(self, session_id: str) -> None:
+        for stream_id in [key for key, entry in self._open.items() if entry.session_id == session_id]:
+            del self._open[stream_id]
+
+    def claim(self, request_id: str, item: dict[str, Any]) -> None:
+        """A request was admitted: if its audio is a stream, it takes it out of the map (known or not)."""
+        stream_id = stream_reference(item.get("audios"))
+        if stream_id is not None:
+            self._claimed[request_id] = (stream_id, self._open.pop(stream_id, None))
+
+    def resolve(self, request_id: str, item: dict[str, Any]) -> dict[str, Any]:
+        """The request's item with its stream finished as its only audio (on the processing thread); FieldError
+        naming the audio for a stream unknown here or one that failed."""
+        if stream_reference(item.get("audios")) is None:
+            return item
+        stream_id, entry = self._claimed.pop(request_id, (stream_reference(item.get("audios")), None))
+        if entry is None:
+            raise FieldError(AUDIO_FIELD, f"stream {stream_id!r} is unknown: never appended to, dropped, or the "
+                                          "stage restarted")
+        if entry.error is not None or entry.stream is None:
+            raise FieldError(AUDIO_FIELD, entry.error or f"stream {stream_id!r} failed")
+        try:
+            streamed = entry.stream.finish()
+        except ValueError as exc:
+            raise FieldError(AUDIO_FIELD, f"stream {stream_id!r}: {exc}") from None
+        return {**item, "audios": [streamed]}
+
+    def release(self, request_id: str) -> None:
+        """The request left the stage: what it claimed goes."""
+        self._claimed.pop(request_id, None)
+
+    @staticmethod
+    def _fail(entry: _OpenStream, error: str) -> None:
+        entry.error, entry.stream = error, None

@@ -49,6 +49,23 @@ class Submit(msgspec.Struct, tag="submit", frozen=True):
     session_id: str | None = None  # the conversation the request belongs to (a runner may keep state for it)
 
 
+class AudioAppend(msgspec.Struct, tag="audio_append", frozen=True):
+    """Orchestrator -> the entry stage, on the socket its requests come by (so a request sent after its stream's
+    appends finds them all): more of the audio stream ``stream_id``, ``pcm`` float32 mono samples at 16 kHz as
+    bytes; ``seq`` counts the stream's appends from 0 (a gap tells the stage appends were lost)."""
+
+    stream_id: str
+    session_id: str | None
+    pcm: bytes
+    seq: int
+
+
+class DropAudioStream(msgspec.Struct, tag="drop_audio_stream", frozen=True):
+    """Orchestrator -> the entry stage: forget the audio stream (after its appends: the same socket)."""
+
+    stream_id: str
+
+
 class ChunkRoutes(msgspec.Struct, tag="chunk_routes", frozen=True):
     """Orchestrator -> producing stage: where each consumer stage's chunk socket is bound (target -> address).
 
@@ -98,6 +115,9 @@ class StageReady(msgspec.Struct, tag="ready", frozen=True):
     pid: int
     load_time_s: float
     chunk_address: str | None = None  # the address this stage's chunk socket is bound to (read back after bind)
+    # the runner's audio streams (``StageRunner.max_audio_streams``, ``max_audio_stream_s``): 0 when it takes none
+    max_audio_streams: int = 0
+    max_audio_stream_s: float = 0.0
 
 
 class StageOutput(msgspec.Struct, tag="output", frozen=True):
@@ -146,6 +166,6 @@ class StateReply(msgspec.Struct, tag="state_reply", frozen=True):
     kv_cache: dict[str, int] = {}
 
 
-ToStage = Submit | ChunkRoutes | Shutdown | StateQuery
+ToStage = Submit | AudioAppend | DropAudioStream | ChunkRoutes | Shutdown | StateQuery
 FromStage = StageOutput | StageError | StageReady | StateReply | StageHeartbeat
 Broadcast = Abort | DropSession

@@ -18,6 +18,7 @@ from omnipipe.chunk.accumulation import FrameChunkOptions
 from omnipipe.chunk.context import ChunkContext
 from omnipipe.chunk.frame_processors import frames_async_chunk, frames_whole
 from omnipipe.config.pipeline_spec import EntryInput
+from omnipipe.stage.streaming_audio import checked_stream_audio
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.media import MAX_VIDEO_FRAMES, encoded_file, load_audio, load_image, load_video
 
@@ -107,16 +108,18 @@ def omni_prompt(prompt: dict[str, Any]) -> EntryInput:
     images = _items(mm, "image")
     audios = _items(mm, "audio")
     videos = _items(mm, "video")
+    # [{"stream": id}]: to the thinker as it is
+    streamed: list[Any] | None = checked_stream_audio(audios, f"{field}.audio")
     data = {
         "text": prompt.get("prompt", ""),
         "history": list(prompt.get("history") or []),
         "images": [np.asarray(load_image(v, named("image", i, len(images)))) for i, v in enumerate(images)],
-        "audios": [np.asarray(load_audio(v, named("audio", i, len(audios)), AUDIO_RATE_HZ), dtype=np.float32)
-                   for i, v in enumerate(audios)],
+        "audios": streamed or [np.asarray(load_audio(v, named("audio", i, len(audios)), AUDIO_RATE_HZ),
+                                          dtype=np.float32) for i, v in enumerate(audios)],
         "videos": [_video(v, named("video", i, len(videos))) for i, v in enumerate(videos)],
         "video_fields": [named("video", i, len(videos)) for i in range(len(videos))],
     }
-    for i, audio in enumerate(data["audios"]):
+    for i, audio in enumerate([] if streamed else data["audios"]):
         if audio.size == 0:
             raise FieldError(named("audio", i, len(audios)), "the audio is empty")
     return EntryInput("thinker", data)

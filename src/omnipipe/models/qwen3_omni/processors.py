@@ -2,7 +2,8 @@
 
 The prompt processor loads the caller's media once, in the engine: images to uint8 arrays, audio to 16 kHz float
 arrays, videos given as frames to a uint8 [T, H, W, 3] array, and video files to their bytes (the thinker samples
-them at its ``video_fps``).
+them at its ``video_fps``). Audio streamed in beforehand (``AsyncOmni.append_audio``) is named as
+``[{"stream": id}]`` and passes to the thinker as it is.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from omnipipe.config.pipeline_spec import EntryInput
+from omnipipe.stage.streaming_audio import checked_stream_audio
 from omnipipe.util.field_error import FieldError
 
 MAX_ITEMS = 8  # media items of one kind in a prompt
@@ -55,7 +57,8 @@ def prompt(prompt: dict[str, Any]) -> EntryInput:
                           for i, v in enumerate(images)]
     if "audio" in mm:
         audios = _as_list(mm["audio"], f"{where}.audio")
-        item["audios"] = [load_audio(v, f"{where}.audio[{i}]") for i, v in enumerate(audios)]
+        item["audios"] = (checked_stream_audio(audios, f"{where}.audio")
+                          or [load_audio(v, f"{where}.audio[{i}]") for i, v in enumerate(audios)])
     if "video" in mm:
         videos = mm["video"]
         # one video given as a list of frames, or several videos

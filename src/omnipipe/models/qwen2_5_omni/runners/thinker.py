@@ -15,6 +15,11 @@ the step read. Layer 0 is what the decoder is fed and
 the last layer (after the final norm, as transformers' ``hidden_states[-1]``) is what it returns, so no forward
 collects the layers in between.
 
+Audio may stream in before its request (``append_audio``; ``stage/streaming_audio.py``): each stream's log-mel
+features and audio-encoder chunks are made on the prompt-processing thread as its appends arrive, and a request
+whose audio is ``[{"stream": id}]`` takes the finished stream, its encoder output merged into the prompt's
+embeddings (the audio tower does not run again).
+
 Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``). SamplingParams (``stage/sampling.py``):
 temperature, top-k, top-p, seed, the repetition penalty over the prompt and the reply (as transformers'
 ``generate``), the presence and frequency penalties over the reply, ``max_tokens``, ``stop``
@@ -27,9 +32,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import torch
 
 from omnipipe.models.qwen2_5_omni.handoff import Qwen25TalkerPrompt
+from omnipipe.models.qwen2_5_omni.modeling.audio_stream import streaming_audio
 from omnipipe.models.qwen2_5_omni.thinker_inputs import MEDIA_KEYS, ThinkerInputs
 from omnipipe.models.qwen2_5_omni.weights.load import load_config, load_part, load_speakers
 from omnipipe.stage.answer_shape import AnswerShape
@@ -41,6 +48,7 @@ from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
+from omnipipe.stage.streaming_audio import MAX_OPEN_STREAMS, MAX_STREAM_S, AudioStreams, merge_audio_embeds
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
@@ -64,6 +72,8 @@ class Qwen25ThinkerState(DecodeState):
 
 class Qwen25ThinkerRunner(BatchedDecoderRunner):
     options: MultimodalThinkerOptions
+    max_audio_streams = MAX_OPEN_STREAMS
+    max_audio_stream_s = MAX_STREAM_S
 
     def load(self) -> None:
         self.options, self.directory, self.dtype = checked_options(self.context, MultimodalThinkerOptions)
@@ -91,7 +101,10 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
             self.speaker_bos = {name: vector(int(s["bos_token"])) for name, s in speakers.items()}
         self.make_kv_cache(config.text_config, self.options, self.dtype, self.options.max_new_tokens, self.decoder)
         self.prompts: BackgroundPrompts[dict[str, torch.Tensor]] = BackgroundPrompts(
-            lambda request: self.inputs(_merged(request)))
+            lambda request: self.inputs(self.audio_streams.resolve(request.request_id, _merged(request))))
+        self.audio_streams = AudioStreams(
+            lambda: streaming_audio(self.inputs.processor.feature_extractor, self.model), self.prompts.run,
+            self.max_audio_streams, self.max_audio_stream_s)
         im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
         eos = im_end if im_end in self.eos_ids else min(self.eos_ids, default=None)
         self.grammars = GrammarCompiler(self.tokenizer, eos_token_id=eos)
@@ -111,7 +124,18 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
 
     # ------------------------------------------------------------------------------------- inputs, off the loop
     def admit(self, request: StageRequest) -> None:
+        self.audio_streams.claim(request.request_id, _merged(request))
         self.prompts.start(request)
+
+    def append_audio(self, stream_id: str, session_id: str | None, pcm16k: np.ndarray, seq: int) -> None:
+        self.audio_streams.append(stream_id, session_id, seq, pcm16k)
+
+    def drop_audio_stream(self, stream_id: str) -> None:
+        self.audio_streams.drop(stream_id)
+
+    def end_session(self, session_id: str) -> None:
+        self.audio_streams.end_session(session_id)
+        super().end_session(session_id)
 
     # ------------------------------------------------------------------------------------------------ prefill
     def _start(self, request: StageRequest, inputs: dict[str, torch.Tensor]) -> RunnerOutput | None:
@@ -146,9 +170,15 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
             attention_mask, False, audio_lengths, media.get("video_second_per_grid"))  # type: ignore[arg-type]
         text_positions = torch.arange(prompt_tokens, device=self.device).view(1, 1, -1)
         position_ids = torch.cat([text_positions, vision_positions])
+        encoders = dict(media)
+        if "audio_embeds" in inputs:  # encoded while it streamed in: merged here, the audio tower not run again
+            del encoders["input_features"]
+            encoders["inputs_embeds"] = merge_audio_embeds(self.model.get_input_embeddings(), input_ids,
+                                                           int(self.mm_tokens["input_features"]),
+                                                           inputs["audio_embeds"])
         decoder_inputs = capture_decoder_inputs(self.model.model, self.decoder, input_ids=input_ids,
                                                 attention_mask=attention_mask, position_ids=position_ids,
-                                                use_cache=False, use_audio_in_video=False, **media)
+                                                use_cache=False, use_audio_in_video=False, **encoders)
         pieces = PromptPieces(decoder_inputs["inputs_embeds"], position_ids, keep=(-1,))
         if request.num_cached_tokens:
             pieces.skip(request.num_cached_tokens, self.kv.prefix_extras(request.request_id))
@@ -159,7 +189,8 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
             stream=TextStream(self._decode_ids, list(request.params.get("stop") or [])),
             prompt=pieces,
             rope_delta=int(rope_deltas.view(-1)[0]), handoff=handoff,
-            input_shapes={key: list(value.shape) for key, value in inputs.items()}, shape=shape)
+            input_shapes={key: list(value.shape) for key, value in inputs.items() if key != "audio_embeds"},
+            shape=shape)
         return None
 
     def _prompt_part(self, ids: torch.Tensor, attention_mask: torch.Tensor, media: dict[str, torch.Tensor],
@@ -266,6 +297,7 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
 
     def free(self, request: StageRequest) -> None:
         self.prompts.forget(request)
+        self.audio_streams.release(request.request_id)
         super().free(request)
 
 

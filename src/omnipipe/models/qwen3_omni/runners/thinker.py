@@ -11,6 +11,11 @@ What the talker needs goes out as step data (``handoff.py``): with the first tok
 (``Qwen3TalkerPrompt``: its ids, its layer-0 embeddings and its multimodal positions' hidden states at the talker's
 ``accept_hidden_layer``, and the grids its rope index needs); with every token, that token's embedding.
 
+Audio may stream in before its request (``append_audio``; ``stage/streaming_audio.py``): each stream's log-mel
+features and audio-encoder chunks are made on the prompt-processing thread as its appends arrive, and a request
+whose audio is ``[{"stream": id}]`` takes the finished stream, its encoder output merged into the prompt's
+embeddings (the audio tower does not run again).
+
 Stage options: ``MultimodalThinkerOptions`` (``stage/checkpoint_options.py``). SamplingParams (``stage/sampling.py``):
 temperature, top-k, top-p, seed, repetition / presence / frequency penalties (over the generated tokens),
 ``max_tokens``, ``stop`` (``stage/text_stream.py``: the text ends before a stop string; text that may begin one is
@@ -23,9 +28,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+import numpy as np
 import torch
 
 from omnipipe.models.qwen3_omni.handoff import Qwen3TalkerPrompt
+from omnipipe.models.qwen3_omni.modeling.audio_stream import streaming_audio
 from omnipipe.models.qwen3_omni.modeling.deepstack import DeepStackPieces
 from omnipipe.models.qwen3_omni.thinker_inputs import ThinkerInputBuilder
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part
@@ -38,6 +45,7 @@ from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
+from omnipipe.stage.streaming_audio import MAX_OPEN_STREAMS, MAX_STREAM_S, AudioStreams, merge_audio_embeds
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError, ToolCallFormat, tool_call_format_for
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
@@ -60,6 +68,8 @@ class Qwen3ThinkerState(DecodeState):
 
 class Qwen3ThinkerRunner(BatchedDecoderRunner):
     options: MultimodalThinkerOptions
+    max_audio_streams = MAX_OPEN_STREAMS
+    max_audio_stream_s = MAX_STREAM_S
 
     def load(self) -> None:
         self.options, self.directory, dtype = checked_options(self.context, MultimodalThinkerOptions)
@@ -79,6 +89,8 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         self.make_kv_cache(self.model.config.text_config, self.options, dtype, self.options.max_new_tokens,
                            self.decoder)
         self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
+        self.audio_streams = AudioStreams(lambda: streaming_audio(self.inputs.feature_extractor, self.model),
+                                          self.prompts.run, self.max_audio_streams, self.max_audio_stream_s)
         self.grammars = GrammarCompiler(self.inputs.tokenizer, eos_token_id=int(self.config.im_end_token_id))
         self.tool_calls = tool_call_format_for(ToolCallFormat(), self.inputs.tokenizer)
 
@@ -93,13 +105,26 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
 
     # ------------------------------------------------------------------------------------- inputs, off the loop
     def admit(self, request: StageRequest) -> None:
+        if request.inputs:
+            self.audio_streams.claim(request.request_id, request.inputs[0])
         self.prompts.start(request)
+
+    def append_audio(self, stream_id: str, session_id: str | None, pcm16k: np.ndarray, seq: int) -> None:
+        self.audio_streams.append(stream_id, session_id, seq, pcm16k)
+
+    def drop_audio_stream(self, stream_id: str) -> None:
+        self.audio_streams.drop(stream_id)
+
+    def end_session(self, session_id: str) -> None:
+        self.audio_streams.end_session(session_id)
+        super().end_session(session_id)
 
     def _process(self, request: StageRequest) -> dict[str, Any]:
         """A request's prompt (chat and media) -> the model's input tensors (on the CPU), videos sampled at
-        ``video_fps``."""
+        ``video_fps``; a streamed clip finished."""
         item = request.inputs[0] if request.inputs else {}
         try:
+            item = self.audio_streams.resolve(request.request_id, item)
             return self.inputs(self._sample_videos(item))
         except FieldError:
             raise
@@ -130,7 +155,9 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
             self.prompts.forget(request)
             return RunnerOutput.failed(request.request_id, exc.reason, exc.engine_field)
         max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
-        media = {key: value for key, value in kwargs.items() if key not in ("input_ids", "attention_mask")}
+        # a streamed clip's encoder output is no key: its features (identical to the whole clip's) are
+        media = {key: value for key, value in kwargs.items()
+                 if key not in ("input_ids", "attention_mask", "audio_embeds")}
         keys = prompt_keys(ids[0], torch.isin(ids[0], self.mm_token_ids), media)
         # the talker reads the prompt's layer-0 and accept-layer hidden states: shared blocks come with theirs
         waiting = self.reserve(request, int(ids.shape[1]) + max_tokens, keys, needs_extras=True)
@@ -143,8 +170,14 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         for key in _MEDIA_FLOATS:
             if key in kwargs:
                 kwargs[key] = kwargs[key].to(self.model.dtype)
+        audio_embeds = kwargs.pop("audio_embeds", None)
         position_ids = self.model._prepare_position_ids_for_generation(ids, {**kwargs, "past_key_values": None})
         self.model.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
+        if audio_embeds is not None:  # encoded while it streamed in: merged here, the audio tower not run again
+            kwargs.pop("input_features")
+            kwargs["inputs_embeds"] = merge_audio_embeds(self.model.get_input_embeddings(), kwargs["input_ids"],
+                                                         int(self.config.thinker_config.audio_token_id),
+                                                         audio_embeds)
         decoder_inputs = capture_decoder_inputs(self.model.model, self.decoder, position_ids=position_ids,
                                                 use_cache=False, **kwargs)
         deepstack = decoder_inputs.get("deepstack_visual_embeds")
@@ -265,4 +298,5 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
 
     def free(self, request: StageRequest) -> None:
         self.prompts.forget(request)
+        self.audio_streams.release(request.request_id)
         super().free(request)
