@@ -221,10 +221,20 @@ def _camera_frames(count: int) -> tuple[list[str], np.ndarray]:
     return urls, np.stack(pixels)
 
 
+def _streamed_turns(server) -> float:
+    """The server's count of realtime turns whose audio streamed into the pipeline while it was spoken."""
+    import httpx
+
+    metrics = httpx.get(f"{server.url}/metrics", headers=server.headers, timeout=30).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("omnipipe:realtime_streamed_turns_total{"))
+
+
 def test_a_realtime_turn_gives_the_thinker_its_camera_frames_as_video(server, reference, checkpoint) -> None:
     """Live camera frames beside a spoken turn (``input_video_frame.append``): the thinker gets the turn's frames
     (the newest video_max_frames, taken at its video_fps) as one video with the audio, exactly as its own processor
-    builds them, and answers as its own generate does; the user item lists the frames it took."""
+    builds them, and answers as its own generate does; the user item lists the frames it took. The audio streamed
+    into the thinker as it was appended (the turn's prompt names the stream, not the clip)."""
     from websockets.sync.client import connect
 
     from omnipipe.models.qwen2_5_omni.pipeline import PIPELINE
@@ -249,6 +259,7 @@ def test_a_realtime_turn_gives_the_thinker_its_camera_frames_as_video(server, re
     for key in ("input_ids", "pixel_values_videos", "video_grid_thw", "input_features"):
         assert torch.equal(processed[key], inputs[key]), key
 
+    streamed = _streamed_turns(server)
     headers = {**server.headers, "OpenAI-Beta": "realtime=v1"}
     with connect(server.url.replace("http", "ws") + "/v1/realtime", additional_headers=headers, max_size=None,
                  open_timeout=60) as ws:
@@ -280,6 +291,7 @@ def test_a_realtime_turn_gives_the_thinker_its_camera_frames_as_video(server, re
     assert done["response"]["status"] == "completed", done
     said = "".join(e["delta"] for e in events if e["type"] == "response.text.delta")
     assert want and said == want
+    assert _streamed_turns(server) == streamed + 1
 
 
 def test_video_frames_go_through_the_image_processor(reference) -> None:

@@ -81,6 +81,23 @@ def test_a_committed_turn_is_transcribed_once_for_the_answer_and_the_transcript(
     assert engines_idle(default_server.wait_idle(timeout_s=60))
 
 
+def test_without_the_sessions_transcript_the_pipeline_hears_the_turn_whole(default_server: ServerProcess) -> None:
+    """``live_transcription: false``: the committed audio goes to the pipeline (its own whisper stage), which takes
+    no audio streams, so the session streams none and the turn's clip goes whole; the answer is to the question."""
+    before = counters(default_server)
+    with session(default_server) as conn:
+        conn.no_vad(audio={"input": {"live_transcription": False}}, max_output_tokens=30)
+        stream(conn, clip("What is the capital of France?"))
+        conn.send("input_audio_buffer.commit")
+        conn.send("response.create")
+        events, done = conn.until("response.done")
+        assert done["response"]["status"] == "completed", (done, of(events, "error"))
+        said = "".join(d["delta"] for d in of(events, "response.output_audio_transcript.delta"))
+        assert "paris" in words(said), said
+    after = counters(default_server)
+    assert grew(before, after, 'streamed_turns{model_name="default"}') == 0
+
+
 def test_a_tentative_answer_the_user_talks_over_leaves_nothing_behind(default_server: ServerProcess) -> None:
     """A 300 ms pause mid-question starts an answer (silence_duration_ms 500): the user goes on, so it is dropped
     unheard; the answer to the whole question, started at the final pause, is the one released."""

@@ -144,6 +144,10 @@ class ServerMetrics:
         self.turn_transcriptions = Counter(
             f"{PREFIX}realtime_turn_transcriptions", "realtime spoken turns transcribed (once each)", ["model_name"],
             registry=self.registry)
+        self.streamed_turns = Counter(
+            f"{PREFIX}realtime_streamed_turns", "realtime spoken turns whose audio streamed into the pipeline while it "
+            "was spoken (the thinker's audio features and encoder made as it came)", ["model_name"],
+            registry=self.registry)
         self.speculative_starts = Counter(
             f"{PREFIX}realtime_speculative_starts", "answers started tentatively when the user paused, by outcome "
             "(released: the turn ended; dropped: the user went on)", ["model_name", "outcome"], registry=self.registry)
@@ -186,6 +190,9 @@ class ServerMetrics:
 
     def count_turn_transcription(self) -> None:
         self.turn_transcriptions.labels(self.model_name).inc()
+
+    def count_streamed_turn(self) -> None:
+        self.streamed_turns.labels(self.model_name).inc()
 
     def count_speculative_start(self, outcome: str) -> None:
         """``outcome``: ``released`` or ``dropped``."""

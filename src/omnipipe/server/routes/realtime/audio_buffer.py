@@ -63,11 +63,15 @@ class InputAudioBuffer:
         if self._speech_from_ms is None:
             self._speech_from_ms = audio_ms
 
+    def flush(self) -> np.ndarray:
+        """The resampler's tail at ``LISTEN_RATE_HZ``, kept with the rest (the audio ends here: a commit)."""
+        return self._keep_heard(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+
     def speech(self, flush: bool = False) -> np.ndarray:
         """The buffer's audio at ``LISTEN_RATE_HZ`` from where the speech started; ``flush``: with the resampler's
         tail (the audio ends here: a commit)."""
         if flush:
-            self._keep_heard(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True))
+            self.flush()
         heard = np.concatenate(self._heard) if self._heard else np.zeros(0, np.float32)
         return heard[(self._speech_from_ms or 0) * LISTEN_RATE_HZ // 1000:]
 

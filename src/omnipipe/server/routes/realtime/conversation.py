@@ -38,6 +38,9 @@ class ConversationItem:
     role: str  # user | assistant | system (a function call: assistant; its output: tool)
     words: str = ""  # text, or the transcript of spoken audio (empty until transcribed)
     audio: np.ndarray | None = None  # a user item's spoken part (24 kHz)
+    # the same audio at 16 kHz, streamed into the pipeline while it was spoken (``AsyncOmni.append_audio``) under
+    # this id, for the turn's prompt to name instead of the clip; used once (None once the turn is taken)
+    audio_stream: str | None = None
     audio_ms: float = 0.0  # an assistant item's audio sent
     spoken: bool = False  # the item's content is audio (a transcript beside it)
     text_part: str | None = None  # a user item's typed part, beside its audio
@@ -102,6 +105,7 @@ class Turn:
 
     texts: list[str] = field(default_factory=list)
     audio: np.ndarray | None = None
+    audio_stream: str | None = None  # the audio's stream, when it is one item's audio that streamed in
     images: list[str] = field(default_factory=list)  # data URLs
     frames: list[Frame] = field(default_factory=list)  # camera frames, by capture time
     heard: bool = False  # spoken words transcribed live are among the texts
@@ -334,6 +338,7 @@ class Conversation:
         for item in self.items:
             item.pending = False
             item.frames = []  # the turn has them; the item keeps their times
+            item.audio_stream = None  # the turn's prompt takes it
         return turn, history
 
     def peek_turn(self, *more: ConversationItem) -> tuple[Turn, list[dict[str, Any]]]:
@@ -377,6 +382,7 @@ class Conversation:
                 turn.heard = turn.heard or item.transcribed
                 turn.speech_end = item.speech_end or turn.speech_end
                 if item.audio is not None and not item.transcribed:
+                    turn.audio_stream = item.audio_stream if turn.audio is None else None  # two clips: whole
                     turn.audio = item.audio if turn.audio is None else np.concatenate([turn.audio, item.audio])
             elif item.words:
                 history.append({"role": item.role, "content": item.words})

@@ -175,8 +175,8 @@ class Responses:
         if session.settings.tools:
             prompt["tools"] = [dict(tool) for tool in session.settings.tools]
         media: dict[str, Any] = {}
-        if turn.audio is not None:
-            media["audio"] = (turn.audio, PCM16_RATE_HZ)
+        if turn.audio is not None:  # the stream it came in as, already heard by the pipeline; else the clip
+            media["audio"] = [{"stream": turn.audio_stream}] if turn.audio_stream else (turn.audio, PCM16_RATE_HZ)
         if turn.images:
             media["image"] = list(turn.images)
         if turn.frames:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from omnipipe.engine.async_omni_engine import AudioStreamsNotTakenError
 from omnipipe.protocol.realtime import COMMIT_EMPTY, SEMANTIC_TURN_END_MS, InputAudioBufferAppend, ServerEvent
 from omnipipe.server.end_of_turn import EndOfTurnModel
 from omnipipe.server.errors import APIError
@@ -237,6 +238,69 @@ def vad_for(turn_detection: dict[str, Any] | None) -> SileroVAD | None:
                      pause_ms=PAUSE_MS if turn_detection.get("speculative_start", True) else None, turn_end=turn_end)
 
 
+class AudioStream:
+    """The input audio streamed into the pipeline while the user speaks, where the pipeline hears audio itself and
+    its audio stage takes streams (the Qwen-Omni thinkers: ``AsyncOmni.append_audio``): the 16 kHz stream the
+    buffer resamples to, from the buffer's first sample, under one id a buffer. At the commit the turn's item takes
+    it (``take``), and the prompt names it instead of the clip, so the thinker has its features and audio encoder
+    output made already; a cleared buffer's stream is dropped. A pipeline that takes no streams, or an append the
+    engine refuses (its limits), leaves the turn to send its clip whole, as before."""
+
+    def __init__(self, session: SessionCore) -> None:
+        self.session = session
+        self.id: str | None = None  # this buffer's stream
+        self.broken = False  # an append failed: this buffer's clip goes whole
+        self.taken = "audio" in session.pipeline.input_modalities  # until the engine says its stage takes none
+        self._count = 0
+
+    def wanted(self) -> bool:
+        """Whether this session streams: its pipeline hears the audio (no session-made transcript) and takes
+        streams."""
+        session = self.session
+        transcribed = session.settings.live_transcription and session.pipeline.serving.live_transcription
+        return self.taken and not transcribed
+
+    async def feed(self, heard: np.ndarray, first: bool) -> None:
+        """The next of the buffer's audio at 16 kHz (``first``: the buffer's first chunk)."""
+        if heard.size == 0 or self.broken or not (first or self.id is not None) or not self.wanted():
+            return
+        if self.id is None:
+            self._count += 1
+            self.id = f"{self.session.session_id}-audio-{self._count}"
+        try:
+            await self.session.engine.append_audio(self.id, heard, session_id=self.session.session_id)
+        except AudioStreamsNotTakenError:
+            self.taken = False  # for the rest of the session
+            self.id = None
+        except Exception:  # noqa: BLE001 - the clip goes whole instead
+            logger.debug("an audio append failed; the turn's clip goes whole", exc_info=True)
+            await self.drop()
+            self.broken = True
+
+    async def take(self, buffer: InputAudioBuffer) -> str | None:
+        """The stream, with the buffer's last samples (the resampler's tail), for the item the buffer becomes;
+        None when the clip goes whole."""
+        stream = self.id
+        tail = buffer.flush() if stream is not None else np.zeros(0, np.float32)
+        if stream is not None and tail.size:
+            try:
+                await self.session.engine.append_audio(stream, tail, session_id=self.session.session_id)
+            except Exception:  # noqa: BLE001 - the clip goes whole instead
+                logger.debug("an audio append failed; the turn's clip goes whole", exc_info=True)
+                await self.drop()
+                return None
+        self.id = None
+        self.broken = False
+        return stream
+
+    async def drop(self) -> None:
+        """Forget this buffer's stream (a clear, a reset)."""
+        stream, self.id = self.id, None
+        self.broken = False
+        if stream is not None:
+            await self.session.engine.drop_audio_stream(stream)
+
+
 class TurnSession(SessionCore, Protocol):
     """What the turn controller uses of its session: the pause (appended audio is dropped), the idle watch (speech
     is activity), the camera frames and the conversation (a commit makes a user item), the responses."""
@@ -262,6 +326,7 @@ class TurnController:
         self.tentative: TentativeAnswer | None = None
         self._pending_item_id: str | None = None  # the item the audio being appended will become
         self._idle_from_ms: float | None = None  # idle_timeout_ms counts from here (buffer ms; None: not counting)
+        self.stream = AudioStream(session)
 
     def now(self) -> Now:
         session = self.session
@@ -337,9 +402,11 @@ class TurnController:
         if self.session.pause.paused:
             return
         samples = decode_pcm16(event.audio, "audio")
+        first = not self.buffer.chunks
         heard = self.buffer.append(samples, arrived)
         if samples.size == 0:
             return
+        await self.stream.feed(heard, first)
         if self.vad is not None:
             for vad_event in await asyncio.to_thread(self.vad.feed, heard):
                 await self._hear(vad_event)
@@ -456,13 +523,17 @@ class TurnController:
         words: str | None = ""
         if not idle:
             words = await self._transcript(self.buffer.speech(flush=True)) if self.live.enabled() else None
+        stream = await self.stream.take(self.buffer)  # the audio streamed in (None: send the clip)
+        if stream is not None:
+            session.metrics.count_streamed_turn()
         await self._reset()
         item_id = self._next_item_id()
         self._pending_item_id = None
         await session.send(ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED,
                            previous_item_id=session.conversation.last_item_id(), item_id=item_id)
         item = ConversationItem(item_id, "user", audio=audio, spoken=True, pending=True, words=words or "",
-                                transcribed=words is not None, idle=idle, speech_end=speech_end)
+                                transcribed=words is not None, idle=idle, speech_end=speech_end,
+                                audio_stream=stream)
         tentative = self.tentative
         if tentative is None:
             item.take_frames(session.frames.take())
@@ -498,5 +569,6 @@ class TurnController:
         if self._idle_from_ms is not None:  # the idle count goes on across the reset, in the new buffer's time
             self._idle_from_ms -= self.buffer.buffered_ms()
         self.buffer.reset()
+        await self.stream.drop()
         if self.vad is not None:
             self.vad.reset()
