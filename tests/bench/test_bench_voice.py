@@ -220,7 +220,8 @@ def test_the_turn_histogram_is_in_the_metrics_text() -> None:
 
 def test_bad_arguments_are_usage_errors() -> None:
     for args in (["--modes", "push"], ["--concurrency", "0"], ["--concurrency", "a"], ["--variants", "nope"],
-                 ["--questions", "0"], ["--pause-s", "-1"], ["--pause-s", "9"]):
+                 ["--questions", "0"], ["--pause-s", "-1"], ["--pause-s", "9"], ["--question-set", "nope"],
+                 ["--question-set", "quality", "--pause-s", "0.8"]):
         with pytest.raises(SystemExit) as exc:
             main(args)
         assert exc.value.code == 2, args

@@ -2,7 +2,7 @@
 the voice page feels, with one or many sessions at once, and with each variant of the server side by side.
 
     omnipipe bench voice [--url URL] [--concurrency 1,4,8] [--modes commit,server_vad,semantic_vad] [--questions 3]
-                         [--pause-s 0.8] [--variants baseline] [--json FILE]
+                         [--question-set voice|quality] [--pause-s 0.8] [--variants baseline] [--json FILE]
 
 Without ``--url`` it starts ``omnipipe serve --pipeline default`` on a free loopback port (a server per distinct
 deploy among the variants, one after the other), waits for ``/health``, and stops it at the end.
@@ -45,7 +45,7 @@ import yaml
 
 from omnipipe.bench.gateway import BenchError, Child, stop_children, wait_until
 from omnipipe.bench.report import machine_info, write_json
-from omnipipe.bench.voice_questions import SpokenQuestion, spoken_questions, transcribe
+from omnipipe.bench.voice_questions import QUESTION_SETS, SpokenQuestion, spoken_questions, transcribe
 from omnipipe.bench.voice_report import format_rows, server_histogram, server_mean_ms, summarize_turns
 from omnipipe.bench.voice_session import SessionPlan, Turn, run_session
 from omnipipe.bench.voice_variants import MODES, VARIANTS, Variant, parse_variants, session_update
@@ -136,7 +136,8 @@ def run_group(args: argparse.Namespace, variants: list[Variant], workdir: Path, 
     with serving(args, variants[0].deploy, workdir) as (url, headers):
         model = served_model(url, headers)
         with httpx.Client(base_url=url, headers=headers, timeout=args.turn_timeout) as client:
-            spoken = spoken_questions(client, model, args.spoken_cache_dir, args.pause_s)
+            spoken = spoken_questions(client, model, args.spoken_cache_dir, args.pause_s,
+                                      QUESTION_SETS[args.question_set])
         for mode in modes:
             for _ in range(args.warmup):
                 plan = SessionPlan(ws_url(url), headers, session_update(mode, args.max_tokens, variants[0]), mode,
@@ -175,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     parser.add_argument("--concurrency", default="1,4,8", help="comma-separated session counts (default: %(default)s)")
     parser.add_argument("--questions", type=int, default=3, help="questions per session (default: %(default)s)")
+    parser.add_argument("--question-set", default="voice", choices=list(QUESTION_SETS),
+                        help="voice: 8 short questions (default); quality: the 30 of bench quality")
     parser.add_argument("--pause-s", type=float, default=0.0,
                         help="a thinking pause this long in the middle of every question (default: none)")
     parser.add_argument("--stagger-s", type=float, default=0.5, help="between session starts (default: %(default)s)")
@@ -202,6 +205,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[l
         parser.error("--concurrency: every level must be >= 1")
     if not 0 <= args.pause_s <= 5:
         parser.error("--pause-s: seconds in [0, 5]")
+    if args.pause_s and args.question_set != "voice":
+        parser.error("--pause-s: the paused forms are of the voice question set's questions")
     if args.questions < 1 or args.max_tokens < 1 or args.warmup < 0 or args.stagger_s < 0 or args.turn_timeout <= 0:
         parser.error("--questions and --max-tokens must be >= 1, --warmup and --stagger-s >= 0, --turn-timeout > 0")
     if args.url and any(v.deploy for v in variants):
@@ -232,6 +237,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_json(args.json, {"meta": {"url": args.url, "pipeline": args.pipeline, "modes": modes,
                                         "concurrency": levels, "questions": args.questions, "pause_s": args.pause_s,
+                                        "question_set": args.question_set,
                                         "stagger_s": args.stagger_s, "max_tokens": args.max_tokens,
                                         "variants": [{"name": v.name, "about": v.about, "deploy": v.deploy,
                                                       "session": v.session} for v in variants],

@@ -32,6 +32,9 @@ _TEXTS = (
     "In which country are the pyramids of Giza?",
 )
 VOICE_QUESTIONS: tuple[Question, ...] = tuple(next(q for q in QUESTIONS if q.text == text) for text in _TEXTS)
+# ``--question-set``: the short set above (its questions have ``PAUSED`` forms), or all of ``bench quality``'s, to
+# set what a session hears against what ``bench quality`` is answered when typed
+QUESTION_SETS: dict[str, tuple[Question, ...]] = {"voice": VOICE_QUESTIONS, "quality": tuple(QUESTIONS)}
 # each question of ``_TEXTS`` as a head ending in a filler and its rest, in the same order
 PAUSED: tuple[tuple[str, str], ...] = (
     ("What is the capital of, um,", "France?"), ("What is the largest planet in, um,", "our solar system?"),
@@ -64,13 +67,13 @@ def cut_trailing_quiet(pcm16: bytes) -> bytes:
     return pcm16[:(int(loud[-1]) + 1) * frame * PCM16_SAMPLE_BYTES]
 
 
-def spoken_questions(client: httpx.Client, model: str, cache_dir: Path | None = None,
-                     pause_s: float = 0.0) -> list[SpokenQuestion]:
-    """Every question of ``VOICE_QUESTIONS`` spoken by the server (RuntimeError when it cannot speak); with
-    ``pause_s``, each as its ``PAUSED`` head, that much silence, and the rest."""
+def spoken_questions(client: httpx.Client, model: str, cache_dir: Path | None = None, pause_s: float = 0.0,
+                     questions: tuple[Question, ...] = VOICE_QUESTIONS) -> list[SpokenQuestion]:
+    """Every question of ``questions`` spoken by the server (RuntimeError when it cannot speak); with ``pause_s``,
+    each of ``VOICE_QUESTIONS`` as its ``PAUSED`` head, that much silence, and the rest."""
     cache = cache_dir or default_spoken_cache()
     if not pause_s:
-        return [SpokenQuestion(q, cut_trailing_quiet(speak(client, model, q.text, cache))) for q in VOICE_QUESTIONS]
+        return [SpokenQuestion(q, cut_trailing_quiet(speak(client, model, q.text, cache))) for q in questions]
     silence = bytes(round(pause_s * PCM16_RATE_HZ) * PCM16_SAMPLE_BYTES)
     return [SpokenQuestion(q, cut_trailing_quiet(speak(client, model, head, cache)) + silence
                            + cut_trailing_quiet(speak(client, model, tail, cache)))
