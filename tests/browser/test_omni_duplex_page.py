@@ -238,9 +238,14 @@ def check_the_recording(stack: Stack, session_id: str, sent: list[dict[str, Any]
     assert sorted(p.name for p in (directory / "user_frames").iterdir()) == \
         [Path(frame["path"]).name for frame in data["recording"]["frames"]]
     colours, audio_s, _ = decoded_replay(directory / "merged_replay.mp4")
-    # the replay lasts the session, and at least until the last frame has had its slot (video_replay.py)
+    # the replay lasts the session, and at least until the last frame has had its slot and the audio has played
+    # (video_replay.replay_duration): an answer whose audio came faster than it plays may end after the session did
+    import wave
+
+    with wave.open(str(directory / "merged_replay.wav"), "rb") as mixed:
+        mix_s = mixed.getnframes() / mixed.getframerate()
     session_s = data["meta"]["ended_at"] - data["meta"]["created_at"]
-    replay_s = max(session_s, data["recording"]["frames"][-1]["t"] + 1 / VIDEO_REPLAY_FPS)
+    replay_s = max(session_s, mix_s, data["recording"]["frames"][-1]["t"] + 1 / VIDEO_REPLAY_FPS)
     assert abs(audio_s - replay_s) < AAC_TOLERANCE_S, (audio_s, session_s, replay_s)
     assert [c for c in runs(colours) if c != "black"] == ["red", "blue"], runs(colours)
 
