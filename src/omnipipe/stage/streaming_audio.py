@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from omnipipe.stage.runner import StageRunner
 from omnipipe.util.field_error import FieldError
 
 logger = logging.getLogger(__name__)
@@ -447,3 +448,22 @@ class AudioStreams:
     @staticmethod
     def _fail(entry: _OpenStream, error: str) -> None:
         entry.error, entry.stream = error, None
+
+
+class AudioStreamRunner(StageRunner):
+    """The audio-stream hooks of a runner that keeps its streams in ``audio_streams`` (an ``AudioStreams`` it makes
+    at load), with this module's limits: appends and drops go to it, and a session's end drops its streams first."""
+
+    max_audio_streams = MAX_OPEN_STREAMS
+    max_audio_stream_s = MAX_STREAM_S
+    audio_streams: AudioStreams
+
+    def append_audio(self, stream_id: str, session_id: str | None, pcm16k: np.ndarray, seq: int) -> None:
+        self.audio_streams.append(stream_id, session_id, seq, pcm16k)
+
+    def drop_audio_stream(self, stream_id: str) -> None:
+        self.audio_streams.drop(stream_id)
+
+    def end_session(self, session_id: str) -> None:
+        self.audio_streams.end_session(session_id)
+        super().end_session(session_id)

@@ -32,7 +32,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 
 from omnipipe.models.qwen2_5_omni.handoff import Qwen25TalkerPrompt
@@ -48,7 +47,7 @@ from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
-from omnipipe.stage.streaming_audio import MAX_OPEN_STREAMS, MAX_STREAM_S, AudioStreams, merge_audio_embeds
+from omnipipe.stage.streaming_audio import AudioStreamRunner, AudioStreams, merge_audio_embeds
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
@@ -70,10 +69,8 @@ class Qwen25ThinkerState(DecodeState):
     input_shapes: dict[str, list[int]] | None = None  # the processor's tensors' shapes, reported with it
 
 
-class Qwen25ThinkerRunner(BatchedDecoderRunner):
+class Qwen25ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
     options: MultimodalThinkerOptions
-    max_audio_streams = MAX_OPEN_STREAMS
-    max_audio_stream_s = MAX_STREAM_S
 
     def load(self) -> None:
         self.options, self.directory, self.dtype = checked_options(self.context, MultimodalThinkerOptions)
@@ -126,16 +123,6 @@ class Qwen25ThinkerRunner(BatchedDecoderRunner):
     def admit(self, request: StageRequest) -> None:
         self.audio_streams.claim(request.request_id, _merged(request))
         self.prompts.start(request)
-
-    def append_audio(self, stream_id: str, session_id: str | None, pcm16k: np.ndarray, seq: int) -> None:
-        self.audio_streams.append(stream_id, session_id, seq, pcm16k)
-
-    def drop_audio_stream(self, stream_id: str) -> None:
-        self.audio_streams.drop(stream_id)
-
-    def end_session(self, session_id: str) -> None:
-        self.audio_streams.end_session(session_id)
-        super().end_session(session_id)
 
     # ------------------------------------------------------------------------------------------------ prefill
     def _start(self, request: StageRequest, inputs: dict[str, torch.Tensor]) -> RunnerOutput | None:

@@ -28,7 +28,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 
 from omnipipe.models.qwen3_omni.handoff import Qwen3TalkerPrompt
@@ -45,7 +44,7 @@ from omnipipe.stage.prompt_processing import BackgroundPrompts
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
-from omnipipe.stage.streaming_audio import MAX_OPEN_STREAMS, MAX_STREAM_S, AudioStreams, merge_audio_embeds
+from omnipipe.stage.streaming_audio import AudioStreamRunner, AudioStreams, merge_audio_embeds
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError, ToolCallFormat, tool_call_format_for
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import warm_up
@@ -66,10 +65,8 @@ class Qwen3ThinkerState(DecodeState):
     handoff: Qwen3TalkerPrompt | None = None
 
 
-class Qwen3ThinkerRunner(BatchedDecoderRunner):
+class Qwen3ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
     options: MultimodalThinkerOptions
-    max_audio_streams = MAX_OPEN_STREAMS
-    max_audio_stream_s = MAX_STREAM_S
 
     def load(self) -> None:
         self.options, self.directory, dtype = checked_options(self.context, MultimodalThinkerOptions)
@@ -108,16 +105,6 @@ class Qwen3ThinkerRunner(BatchedDecoderRunner):
         if request.inputs:
             self.audio_streams.claim(request.request_id, request.inputs[0])
         self.prompts.start(request)
-
-    def append_audio(self, stream_id: str, session_id: str | None, pcm16k: np.ndarray, seq: int) -> None:
-        self.audio_streams.append(stream_id, session_id, seq, pcm16k)
-
-    def drop_audio_stream(self, stream_id: str) -> None:
-        self.audio_streams.drop(stream_id)
-
-    def end_session(self, session_id: str) -> None:
-        self.audio_streams.end_session(session_id)
-        super().end_session(session_id)
 
     def _process(self, request: StageRequest) -> dict[str, Any]:
         """A request's prompt (chat and media) -> the model's input tensors (on the CPU), videos sampled at
