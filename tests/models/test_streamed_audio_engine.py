@@ -190,3 +190,25 @@ def test_the_synchronous_api_streams_audio_too(tmp_path: Path) -> None:
                             output_modalities=["text"], use_tqdm=False)
         assert caught.value.field == AUDIO_FIELD
         engine.end_session("s")
+
+
+def test_a_thinker_with_audio_streams_0_takes_none_and_hears_whole_clips(tmp_path: Path) -> None:
+    from omnipipe.engine.async_omni_engine import AudioStreamsNotTakenError
+
+    pipeline = "qwen3_omni"
+    checkpoint = write_hearing_checkpoint(pipeline, tmp_path / "ckpt")
+    clip = speech_like_clip(1.5, seed=61)
+    no_streams = deploy(checkpoint, pipeline)
+    no_streams["stages"]["thinker"]["options"]["audio_streams"] = 0
+
+    async def run() -> None:
+        async with AsyncOmni(pipeline, no_streams) as engine:
+            with pytest.raises(AudioStreamsNotTakenError):
+                await engine.append_audio("refused", clip[:1600])
+            assert (await answer(engine, [clip], ("text",)))[0]  # whole clips are heard as ever
+
+    asyncio.run(run())
+    bad = deploy(checkpoint, pipeline)
+    bad["stages"]["thinker"]["options"]["audio_streams"] = -1
+    with pytest.raises(Exception, match=r"stages.thinker.options.audio_streams: must be an integer in \[0, 1024\]"):
+        asyncio.run(AsyncOmni(pipeline, bad).__aenter__())

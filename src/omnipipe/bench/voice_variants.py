@@ -35,6 +35,7 @@ _NO_SPECULATION = {"audio": {"input": {"turn_detection": {"speculative_start": F
 _NO_PREFIX_CACHE = {"stages": {"thinker": {"options": {"prefix_cache_bytes": 0}}}}
 _FIRST_PIECE_2 = {"edges": {"thinker->talker": {"options": {"first_chunk_words": 2}}}}
 _FIRST_CHUNK_5 = {"edges": {"talker->code2wav": {"options": {"initial_codec_chunk_frames": 5}}}}
+_NO_AUDIO_STREAM = {"stages": {"thinker": {"options": {"audio_streams": 0}}}}
 _DEADLINE = {"stages": {name: {"options": {"schedule": "deadline"}} for name in ("talker", "code2wav")}}
 
 VARIANTS: tuple[Variant, ...] = (
@@ -44,6 +45,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("no-prefix-cache", "the thinker prefills the whole conversation every turn", deploy=_NO_PREFIX_CACHE),
     Variant("first-piece-2", "the talker's first piece is 2 words (default 4)", deploy=_FIRST_PIECE_2),
     Variant("first-chunk-5", "the first audio chunk is 5 frames, 58 ms (default 10)", deploy=_FIRST_CHUNK_5),
+    Variant("no-audio-stream", "a thinker that hears audio (Qwen-Omni) gets each turn's clip whole at its end, "
+            "not streamed in while the user speaks", deploy=_NO_AUDIO_STREAM),
     Variant("deadline", "talker and vocoder serve the stream whose playback runs dry soonest", deploy=_DEADLINE),
     Variant("camera", "a 640x480 JPEG camera frame each second beside the microphone, as the omni page sends: the "
             "turn's frames go to the thinker with its words", camera_fps=1.0),

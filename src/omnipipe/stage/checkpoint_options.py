@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import torch
 
 from omnipipe.stage.runner import RunnerContext
+from omnipipe.stage.streaming_audio import MAX_OPEN_STREAMS
 from omnipipe.util.field_error import FieldError
 from omnipipe.util.options import options_from_dict
 
@@ -149,16 +150,22 @@ class MultimodalThinkerOptions(DecoderCheckpointOptions):
     """A thinker reading text, images, audio and video: ``max_new_tokens``, a request's cap when its SamplingParams
     leave ``max_tokens`` out; ``video_fps``, frames per second sampled from a video file (and the rate frames given
     as frames are taken to have: it sets the videos' time positions); ``video_max_frames``, at most that many frames
-    of one video, spread evenly."""
+    of one video, spread evenly; ``audio_streams``, the input-audio streams the thinker keeps open at once
+    (``stage/streaming_audio.py``: a realtime session's speech, processed as it is appended), 0 for none (every
+    clip then comes whole at its commit, as from a client that sends files)."""
 
     max_new_tokens: int = 1024
     video_fps: float = 2.0
     video_max_frames: int = 64
+    audio_streams: int = MAX_OPEN_STREAMS
 
     def __post_init__(self) -> None:
         super().__post_init__()
         positive_int("max_new_tokens", self.max_new_tokens, 1 << 20)
         positive_int("video_max_frames", self.video_max_frames, 1024)
+        streams = self.audio_streams
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 0 <= streams <= 1024:
+            raise FieldError("audio_streams", f"must be an integer in [0, 1024], got {streams!r}")
         fps = self.video_fps
         if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= 120:
             raise FieldError("video_fps", f"must be a number in (0, 120], got {fps!r}")

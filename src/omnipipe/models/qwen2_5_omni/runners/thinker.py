@@ -99,6 +99,7 @@ class Qwen25ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
         self.make_kv_cache(config.text_config, self.options, self.dtype, self.options.max_new_tokens, self.decoder)
         self.prompts: BackgroundPrompts[dict[str, torch.Tensor]] = BackgroundPrompts(
             lambda request: self.inputs(self.audio_streams.resolve(request.request_id, _merged(request))))
+        self.max_audio_streams = self.options.audio_streams  # 0: the engine sends every clip whole
         self.audio_streams = AudioStreams(
             lambda: streaming_audio(self.inputs.processor.feature_extractor, self.model), self.prompts.run,
             self.max_audio_streams, self.max_audio_stream_s)

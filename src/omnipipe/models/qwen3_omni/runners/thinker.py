@@ -86,6 +86,7 @@ class Qwen3ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
         self.make_kv_cache(self.model.config.text_config, self.options, dtype, self.options.max_new_tokens,
                            self.decoder)
         self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
+        self.max_audio_streams = self.options.audio_streams  # 0: the engine sends every clip whole
         self.audio_streams = AudioStreams(lambda: streaming_audio(self.inputs.feature_extractor, self.model),
                                           self.prompts.run, self.max_audio_streams, self.max_audio_stream_s)
         self.grammars = GrammarCompiler(self.inputs.tokenizer, eos_token_id=int(self.config.im_end_token_id))
