@@ -29,6 +29,7 @@ from omnipipe.stage.request import RequestStatus
 from omnipipe.stage.runner import RunnerContext
 from omnipipe.stage.runner_driver import Arrival, DriveResult, ForwardCounter, drive
 from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
+from omnipipe.util.field_error import FieldError
 
 GREEDY = {"temperature": 0.0, "max_tokens": 24}  # the model's repetition penalty (1.05) stays on
 LOGITS_BOUND = 1e-5  # of the logits' absmax: float32 rounding of another batch (seen: 3e-7; a wrong rope delta: 2e-4)
@@ -308,3 +309,29 @@ def print_figures(talker: Qwen25TalkerRunner, inputs: list, params: dict[str, An
                 (time.perf_counter() - start)
         print(f"tiny qwen2.5 talker, {n} request(s): {figures[False]:.0f} codes/s batched, {figures[True]:.0f} "
               f"codes/s per request ({figures[False] / figures[True]:.1f}x)")
+
+
+def test_the_speaker_option_sets_the_voice_of_requests_that_name_none(checkpoint: Path, talker: Qwen25TalkerRunner,
+                                                                     inputs: list) -> None:
+    """Qwen3's talker option, here too: the stage's ``speaker`` (any case) is the voice of a request that names
+    none, the same codes as a request naming it; an unknown voice is refused naming the option or the field."""
+    names = sorted(load_speakers(checkpoint))
+    other = next(name for name in names if name != talker.speaker)
+    chosen = runner(checkpoint, speaker=other.upper())
+    assert chosen.speaker == other
+    named = drive(talker, [arrival("named", {**GREEDY, "extra": {"speaker": other}}, inputs[0])])
+    by_option = drive(chosen, [arrival("plain", GREEDY, inputs[0])])
+    default = drive(talker, [arrival("plain", GREEDY, inputs[0])])
+    assert codes(by_option, "plain") == codes(named, "named")
+
+    def voices(result: DriveResult, request_id: str) -> set[str]:  # what the token2wav is told to speak with
+        return {o.data["speaker"] for o in result.outputs[request_id] if o.data}
+
+    assert voices(by_option, "plain") == voices(named, "named") == {other}
+    assert voices(default, "plain") == {talker.speaker} != {other}
+    with pytest.raises(FieldError) as unknown:
+        runner(checkpoint, speaker="nobody")
+    assert unknown.value.field == "stages.talker.options.speaker" and other in unknown.value.rule
+    with pytest.raises(FieldError) as asked:
+        talker.validate({"extra": {"speaker": "nobody"}})
+    assert asked.value.field == "sampling_params.extra.speaker"

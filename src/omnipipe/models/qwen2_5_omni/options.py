@@ -19,10 +19,12 @@ from omnipipe.util.field_error import FieldError
 class TalkerOptions(DecoderCheckpointOptions):
     """``max_new_tokens``: a request's cap in codec codes (50 per second) when its talker SamplingParams give no
     ``max_tokens`` (its KV is reserved for its prompt and that many codes), the name every family's decoder stage
-    gives its cap; ``max_codes`` is its older name here."""
+    gives its cap; ``max_codes`` is its older name here. ``speaker``: the voice of a request that names none (a
+    name in the checkpoint's spk_dict.pt, any case; default ``DEFAULT_SPEAKER``), the option Qwen3's talker has."""
 
     max_new_tokens: int = 2048
     max_codes: int | None = None
+    speaker: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -32,6 +34,8 @@ class TalkerOptions(DecoderCheckpointOptions):
             positive_int("max_codes", self.max_codes, 1 << 20)
             object.__setattr__(self, "max_new_tokens", self.max_codes)
         positive_int("max_new_tokens", self.max_new_tokens, 1 << 20)
+        if self.speaker is not None and (not isinstance(self.speaker, str) or not self.speaker):
+            raise FieldError("speaker", f"must be a voice name, got {self.speaker!r}")
 
 
 @dataclass(frozen=True)

@@ -28,17 +28,18 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 AUDIO_RATE_HZ = 16_000
 MAX_ITEMS = 8  # media items of one kind in a prompt
-DEFAULT_SPEAKER = "Chelsie"  # the voice of a request that names none (talker and token2wav)
+DEFAULT_SPEAKER = "Chelsie"  # the voice of a request that names none, unless the talker's ``speaker`` option says
 
 
 @dataclass(frozen=True)
 class Qwen25TalkerParams:
-    """The talker's ``SamplingParams.extra``: ``speaker`` is the voice (a name in the checkpoint's spk_dict.pt)."""
+    """The talker's ``SamplingParams.extra``: ``speaker`` is the voice (a name in the checkpoint's spk_dict.pt, any
+    case; None: the talker stage's ``speaker`` option)."""
 
-    speaker: str = DEFAULT_SPEAKER
+    speaker: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.speaker, str) or not self.speaker:
+        if self.speaker is not None and (not isinstance(self.speaker, str) or not self.speaker):
             raise FieldError("speaker", f"must be a voice name, got {self.speaker!r}")
 
 

@@ -71,6 +71,8 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         compile_if(self.decoder, self.options.torch_compile)
         self.eos_codes = {self.model.codec_pad_token, self.model.codec_eos_token}
         self.bos_tokens = {name: int(s["bos_token"]) for name, s in load_speakers(directory).items()}
+        default = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.bos_tokens else next(iter(self.bos_tokens), "")
+        self.speaker = self._speaker(self.options.speaker or default, f"stages.{self.context.stage}.options.speaker")
         self.suppress = [self.model.codec_bos_token]  # the codec's begin token is never sampled
         self.make_kv_cache(self.model.config, self.options, self.dtype, self.options.max_new_tokens, self.decoder)
 
@@ -78,11 +80,21 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         if params.get("stop"):
             raise FieldError("sampling_params.stop", "the talker generates codec codes, not text: stop strings do "
                              "not apply (give them to the thinker)")
-        speaker = Qwen25TalkerParams(**(params.get("extra") or {})).speaker
-        if speaker not in self.bos_tokens:
-            raise FieldError("sampling_params.extra.speaker",
-                             f"unknown voice {speaker!r}; this checkpoint has {', '.join(sorted(self.bos_tokens))}")
+        self._request_speaker(params)
         return None
+
+    def _speaker(self, name: str, field_name: str) -> str:
+        """The checkpoint's name of voice ``name`` (any case); a FieldError naming ``field_name`` when it has none."""
+        found = next((known for known in self.bos_tokens if known.lower() == name.lower()), None)
+        if found is None:
+            raise FieldError(field_name, f"unknown voice {name!r}; this checkpoint has "
+                             f"{', '.join(sorted(self.bos_tokens)) or 'none'}")
+        return found
+
+    def _request_speaker(self, params: dict[str, Any]) -> str:
+        """The voice of a request: its ``extra.speaker``, else the stage option's."""
+        speaker = Qwen25TalkerParams(**(params.get("extra") or {})).speaker
+        return self.speaker if speaker is None else self._speaker(speaker, "sampling_params.extra.speaker")
 
     def _tensor(self, value: torch.Tensor) -> torch.Tensor:
         return value.to(self.device, self.dtype, copy=True)  # a copy: inputs are read-only
@@ -112,7 +124,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         prompt, replies, done = self._read(request)
         if prompt is None or (not replies and not done):
             return RunnerOutput.failed(rid, "the talker's first input carries no reply item")
-        speaker = Qwen25TalkerParams(**(request.params.get("extra") or {})).speaker
+        speaker = self._request_speaker(request.params)
         eos_embed, pad_embed = self._tensor(prompt.text_eos), self._tensor(prompt.text_pad)
         model, device = self.model, self.device
         input_ids = prompt.input_ids.to(device).view(1, -1)
