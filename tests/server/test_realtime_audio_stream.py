@@ -38,10 +38,14 @@ class Engine:
         self.dropped.append(stream_id)
 
 
-def session(engine: Engine, modalities: tuple[str, ...] = ("text", "audio"), transcribes: bool = False) -> Any:
-    pipeline = SimpleNamespace(input_modalities=modalities, serving=SimpleNamespace(live_transcription=transcribes))
-    return SimpleNamespace(session_id="sess_1", engine=engine, pipeline=pipeline,
-                           settings=SimpleNamespace(live_transcription=True))
+def audio_stream(engine: Engine, modalities: tuple[str, ...] = ("text", "audio"),
+                 transcribes: bool = False) -> AudioStream:
+    """The stream of session ``sess_1`` on ``engine``, whose pipeline takes ``modalities`` (``transcribes``: its
+    spoken turns are transcribed by the session)."""
+    pipeline: Any = SimpleNamespace(input_modalities=modalities,
+                                    serving=SimpleNamespace(live_transcription=transcribes))
+    settings: Any = SimpleNamespace(live_transcription=True)
+    return AudioStream(pipeline, settings, engine, "sess_1")  # type: ignore[arg-type]
 
 
 def speak(stream: AudioStream, buffer: InputAudioBuffer, seconds: float) -> None:
@@ -53,7 +57,7 @@ def speak(stream: AudioStream, buffer: InputAudioBuffer, seconds: float) -> None
 
 def test_the_buffers_16k_stream_goes_in_as_it_comes_and_the_commit_takes_it_with_its_tail() -> None:
     engine, buffer = Engine(), InputAudioBuffer(max_bytes=10 * RATE * 2)
-    stream = AudioStream(session(engine))
+    stream = audio_stream(engine)
     speak(stream, buffer, 1.0)
     stream_id = asyncio.run(stream.take(buffer))
     assert stream_id == "sess_1-audio-1" and list(engine.appended) == [stream_id]
@@ -67,27 +71,26 @@ def test_the_buffers_16k_stream_goes_in_as_it_comes_and_the_commit_takes_it_with
 
 def test_a_cleared_buffers_stream_is_dropped() -> None:
     engine, buffer = Engine(), InputAudioBuffer(max_bytes=10 * RATE * 2)
-    stream = AudioStream(session(engine))
+    stream = audio_stream(engine)
     speak(stream, buffer, 0.5)
     asyncio.run(stream.drop())
     assert engine.dropped == ["sess_1-audio-1"] and stream.id is None
 
 
 def test_a_pipeline_that_hears_no_audio_stream_or_transcribes_itself_streams_nothing() -> None:
-    for streams_not in (session(Engine(), modalities=("text",)), session(Engine(), transcribes=True)):
+    for stream in (audio_stream(Engine(), modalities=("text",)), audio_stream(Engine(), transcribes=True)):
         buffer = InputAudioBuffer(max_bytes=10 * RATE * 2)
-        stream = AudioStream(streams_not)
         speak(stream, buffer, 0.5)
-        assert asyncio.run(stream.take(buffer)) is None and not streams_not.engine.appended
+        assert asyncio.run(stream.take(buffer)) is None and not stream.engine.appended
 
 
 def test_a_stage_that_takes_no_streams_or_a_refused_append_leaves_the_clip_whole() -> None:
     engine, buffer = Engine(AudioStreamsNotTakenError("no streams")), InputAudioBuffer(max_bytes=10 * RATE * 2)
-    stream = AudioStream(session(engine))
+    stream = audio_stream(engine)
     speak(stream, buffer, 0.3)
     assert asyncio.run(stream.take(buffer)) is None and not stream.taken  # not asked again this session
     engine, buffer = Engine(FieldError("stream_id", "too many open streams")), InputAudioBuffer(10 * RATE * 2)
-    stream = AudioStream(session(engine))
+    stream = audio_stream(engine)
     speak(stream, buffer, 0.3)
     assert asyncio.run(stream.take(buffer)) is None and engine.dropped == ["sess_1-audio-1"]
     buffer.reset()

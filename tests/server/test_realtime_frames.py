@@ -75,9 +75,8 @@ def test_the_buffer_keeps_the_last_frames_only() -> None:
     from omnipipe.models.default.pipeline import DEFAULT
     from omnipipe.protocol.realtime import InputVideoFrameAppend
 
-    session = SimpleNamespace(pause=SimpleNamespace(paused=False), pipeline=DEFAULT,
-                              engine=SimpleNamespace(deploy=None))
-    frames = CameraFrames(session)  # type: ignore[arg-type]
+    engine, pause = SimpleNamespace(deploy=None), SimpleNamespace(paused=False)
+    frames = CameraFrames(DEFAULT, engine, pause)  # type: ignore[arg-type]
     url = frame_url((0, 200, 0))
     held = []
     count = int(2 * BUFFER_MS / MIN_FRAME_INTERVAL_MS)

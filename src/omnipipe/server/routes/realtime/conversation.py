@@ -6,8 +6,9 @@ assistant turn's ``tool_calls``, its output a ``tool`` turn after it)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,12 +21,14 @@ from omnipipe.protocol.realtime import (
 )
 from omnipipe.server.realtime_settings import part_type
 from omnipipe.server.routes.realtime.checks import check_image_part, check_takes_audio, decode_pcm16
-from omnipipe.server.routes.realtime.core import SessionCore
 from omnipipe.server.routes.realtime.events import EventError, new_item_id
 from omnipipe.server.routes.realtime.frames import Frame
 from omnipipe.server.tool_calls import new_call_id
 
 if TYPE_CHECKING:
+    from omnipipe.config.pipeline_spec import PipelineSpec
+    from omnipipe.server.realtime_settings import Settings
+    from omnipipe.server.routes.realtime.events import Send
     from omnipipe.server.routes.realtime.frames import CameraFrames
     from omnipipe.server.routes.realtime.idle import IdleWatch
 
@@ -121,45 +124,24 @@ ALLOWED_CONTENT = {"user": ("input_text", "input_audio", "input_image"), "system
                    "assistant": ("output_text", "output_audio", "text", "audio")}
 
 
-class _Transcriptions(Protocol):
-    """The session's transcriptions (``transcription.Transcriptions``): a spoken user item that joins the
-    conversation ``start``s its own."""
-
-    def start(self, item: ConversationItem) -> None: ...
-
-
-class _Responses(Protocol):
-    """The response in progress (``response.Responses``), whose items may not be changed while it runs."""
-
-    @property
-    def running(self) -> bool: ...
-
-    @property
-    def id(self) -> str | None: ...
-
-    @property
-    def item(self) -> ConversationItem | None: ...
-
-
-class ConversationSession(SessionCore, Protocol):
-    """What the conversation uses of its session: the idle watch and the camera frames a user item takes, the
-    transcriptions a spoken user item starts, the response in progress."""
-
-    idle: IdleWatch
-    frames: CameraFrames
-
-    @property
-    def transcriptions(self) -> _Transcriptions: ...
-
-    @property
-    def responses(self) -> _Responses: ...
-
-
 class Conversation:
-    """The session's items in order; items are only ever added at the end."""
+    """The session's items in order; items are only ever added at the end. ``settings``: the session's (its
+    instructions), changed in place by ``session.update``; ``pipeline`` and ``dialect``: the session's; ``idle``: the
+    idle watch (an item is activity); ``frames``: the camera frames a user item takes; ``transcribe``: start the
+    transcription of a spoken user item that joins; ``answering``: whether an item is the running response's (it may
+    not be changed); ``send``: the session's events."""
 
-    def __init__(self, session: ConversationSession) -> None:
-        self.session = session
+    def __init__(self, settings: Settings, pipeline: PipelineSpec, dialect: str, *, idle: IdleWatch,
+                 frames: CameraFrames, transcribe: Callable[[ConversationItem], None],
+                 answering: Callable[[ConversationItem], bool], send: Send) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.dialect = dialect
+        self.idle = idle
+        self.frames = frames
+        self.transcribe = transcribe
+        self.answering = answering
+        self.send = send
         self.items: list[ConversationItem] = []
 
     def last_item_id(self) -> str | None:
@@ -176,21 +158,19 @@ class Conversation:
 
     async def add(self, item: ConversationItem) -> None:
         """Append an item and announce it (``conversation.item.added`` and ``.done``; beta ``.created``)."""
-        session = self.session
-        session.idle.touch()
+        self.idle.touch()
         previous = self.last_item_id()
         self.items.append(item)
-        await session.send(ServerEvent.CONVERSATION_ITEM_ADDED, previous_item_id=previous,
-                           item=item.wire(session.dialect))
+        await self.send(ServerEvent.CONVERSATION_ITEM_ADDED, previous_item_id=previous, item=item.wire(self.dialect))
         if item.status == "completed":
-            await session.send(ServerEvent.CONVERSATION_ITEM_DONE, previous_item_id=previous,
-                               item=item.wire(session.dialect))
+            await self.send(ServerEvent.CONVERSATION_ITEM_DONE, previous_item_id=previous,
+                            item=item.wire(self.dialect))
         if item.role == "user" and item.spoken:
-            session.transcriptions.start(item)
+            self.transcribe(item)
 
     async def create(self, event: ConversationItemCreate) -> None:
         item = event.item
-        pipeline = self.session.pipeline
+        pipeline = self.pipeline
         if event.previous_item_id is not None and event.previous_item_id != self.last_item_id():
             raise EventError("previous_item_id: items can only be added at the end of the conversation (leave it "
                              "out, or give the last item's id)", "previous_item_id", code="unsupported_parameter")
@@ -228,7 +208,7 @@ class Conversation:
         new = ConversationItem(item.id or new_item_id(), item.role, spoken=spoken, pending=item.role == "user",
                                audio=audio, images=images)
         if item.role == "user":
-            new.take_frames(self.session.frames.take(len(images)))
+            new.take_frames(self.frames.take(len(images)))
         if audio is not None:
             new.text_part = text or None
         else:
@@ -237,7 +217,7 @@ class Conversation:
 
     async def _call(self, item: Any) -> None:
         """A function call the client puts in the conversation (as if the model had made it)."""
-        pipeline = self.session.pipeline
+        pipeline = self.pipeline
         if not pipeline.takes_history:
             raise EventError(f"item.type: pipeline {pipeline.name!r} answers one question at a time; only "
                              "'user' items are supported", "item.type", code="unsupported_item")
@@ -282,14 +262,13 @@ class Conversation:
                 if part.audio is None:
                     raise EventError(f"{param}.audio: required for input_audio content", f"{param}.audio",
                                      code="missing_field")
-                check_takes_audio(self.session.pipeline, f"{param}.audio")
+                check_takes_audio(self.pipeline, f"{param}.audio")
                 samples = decode_pcm16(part.audio, f"{param}.audio")
                 if samples.size == 0:
                     raise EventError(f"{param}.audio: the audio is empty", f"{param}.audio")
                 audio = samples if audio is None else np.concatenate([audio, samples])
             elif part.type == "input_image":
-                images.append(check_image_part(self.session.pipeline, part.image_url, f"{param}.image_url",
-                                               len(images)))
+                images.append(check_image_part(self.pipeline, part.image_url, f"{param}.image_url", len(images)))
             else:
                 value = part.text if part.type in ("input_text", "output_text", "text") else part.transcript
                 if value is not None and value.strip():
@@ -297,9 +276,7 @@ class Conversation:
         return texts, audio, images
 
     def _check_not_answering(self, item: ConversationItem) -> None:
-        responses = self.session.responses
-        if responses.running and (item is responses.item or
-                                  (item.response_id is not None and item.response_id == responses.id)):
+        if self.answering(item):
             raise EventError("item_id: the item's response is still running; cancel it first", "item_id",
                              code="invalid_item")
 
@@ -318,18 +295,18 @@ class Conversation:
         keep = round(len(words) * event.audio_end_ms / item.audio_ms) if item.audio_ms else 0
         item.words = " ".join(words[:keep])
         item.audio_ms = float(event.audio_end_ms)
-        await self.session.send(ServerEvent.CONVERSATION_ITEM_TRUNCATED, item_id=item.id,
-                                content_index=event.content_index, audio_end_ms=event.audio_end_ms)
+        await self.send(ServerEvent.CONVERSATION_ITEM_TRUNCATED, item_id=item.id, content_index=event.content_index,
+                        audio_end_ms=event.audio_end_ms)
 
     async def delete(self, event: ConversationItemDelete) -> None:
         item = self.find(event.item_id)
         self._check_not_answering(item)
         self.items.remove(item)
-        await self.session.send(ServerEvent.CONVERSATION_ITEM_DELETED, item_id=item.id)
+        await self.send(ServerEvent.CONVERSATION_ITEM_DELETED, item_id=item.id)
 
     async def retrieve(self, event: ConversationItemRetrieve) -> None:
         item = self.find(event.item_id)
-        await self.session.send(ServerEvent.CONVERSATION_ITEM_RETRIEVED, item=item.wire(self.session.dialect))
+        await self.send(ServerEvent.CONVERSATION_ITEM_RETRIEVED, item=item.wire(self.dialect))
 
     def take_turn(self) -> tuple[Turn, list[dict[str, Any]]]:
         """The pending user items as the turn (no longer pending), and every other item before them as the
@@ -346,7 +323,7 @@ class Conversation:
         question: the speech not yet committed)."""
         turn = Turn()
         history: list[dict[str, Any]] = []
-        instructions = self.session.settings.instructions.strip()
+        instructions = self.settings.instructions.strip()
         if instructions:
             history.append({"role": "system", "content": instructions})
         calls: set[str] = set()  # the calls the history holds

@@ -1,11 +1,12 @@
-"""Realtime events on the wire: the ids the server gives, a client frame parsed with its dialect's schema, and
-``EventError``, the refusal a bad client event is answered with (an ``error`` event; the connection stays open)."""
+"""Realtime events on the wire: the ids the server gives, a client frame parsed with its dialect's schema,
+``EventError``, the refusal a bad client event is answered with (an ``error`` event; the connection stays open),
+and the way a part of the session sends events (``Send``, ``SendError``)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -20,6 +21,19 @@ class EventError(Exception):
                  type: str = "invalid_request_error") -> None:
         super().__init__(message)
         self.message, self.param, self.code, self.type = message, param, code, type
+
+
+class Send(Protocol):
+    """Send a server event (renamed for the beta dialect; nothing once the session is closed)."""
+
+    async def __call__(self, type_: str, **fields: Any) -> None: ...
+
+
+class SendError(Protocol):
+    """Send an ``error`` event (nothing once the session is closed)."""
+
+    async def __call__(self, message: str, *, param: str | None = None, code: str | None = None,
+                       type_: str = "invalid_request_error", client_event_id: str | None = None) -> None: ...
 
 
 def new_event_id() -> str:

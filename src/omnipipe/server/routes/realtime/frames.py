@@ -22,7 +22,7 @@ from __future__ import annotations
 import io
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.realtime import MAX_FRAME_BYTES, MIN_FRAME_INTERVAL_MS, InputVideoFrameAppend
@@ -90,27 +90,22 @@ def frame_plan(pipeline: PipelineSpec, deploy: Any) -> tuple[str, float, int]:
     return "image", IMAGE_FRAMES_FPS, traits.max_images or 1
 
 
-class FramesSession(Protocol):
-    """What the camera frames use of their session: its pipeline, its engine (the deploy) and its pause."""
-
-    pipeline: PipelineSpec
-    engine: AsyncOmni
-    pause: SessionPause
-
-
 class CameraFrames:
-    """The frames appended since the session's last user item."""
+    """The frames appended since the session's last user item. ``pipeline`` and ``engine``: the session's (how its
+    model takes frames, the video stage's options in the engine's deploy); ``pause``: the session's pause (a paused
+    session drops frames unread)."""
 
-    def __init__(self, session: FramesSession) -> None:
-        self.session = session
+    def __init__(self, pipeline: PipelineSpec, engine: AsyncOmni, pause: SessionPause) -> None:
+        self.pipeline = pipeline
+        self.engine = engine
+        self.pause = pause
         self.frames: deque[Frame] = deque()
         self._last_ms: float | None = None  # the capture time of the last frame accepted in the session
 
     async def append(self, event: InputVideoFrameAppend) -> None:
-        session = self.session
-        if session.pause.paused:
+        if self.pause.paused:
             return  # dropped unread
-        pipeline = session.pipeline
+        pipeline = self.pipeline
         if not {"image", "video"} & set(pipeline.input_modalities):
             raise EventError(f"image: pipeline {pipeline.name!r} takes no images or video (it takes "
                              f"{', '.join(pipeline.input_modalities)})", "image", code="unsupported_modality")
@@ -144,7 +139,7 @@ class CameraFrames:
         frames = [f for f in self.frames if until_ms is None or f.captured_at_ms <= until_ms]
         if not frames:
             return []
-        kind, fps, most = frame_plan(self.session.pipeline, self.session.engine.deploy)
+        kind, fps, most = frame_plan(self.pipeline, self.engine.deploy)
         return sample_frames(frames, fps, most - images_already if kind == "image" else most)
 
     def take(self, images_already: int = 0, until_ms: float | None = None) -> list[Frame]:

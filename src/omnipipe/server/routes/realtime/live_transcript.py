@@ -33,7 +33,9 @@ from omnipipe.server.routes.realtime.audio_buffer import LISTEN_RATE_HZ
 from omnipipe.server.routes.realtime.transcription import transcribe
 
 if TYPE_CHECKING:
-    from omnipipe.server.routes.realtime.core import SessionCore
+    from omnipipe.config.pipeline_spec import PipelineSpec
+    from omnipipe.server.engines import EnginePool
+    from omnipipe.server.realtime_settings import Settings
 
 # the pass's extras: the whole speech in a fitted window (whisper's timestamps kept, a window of at least 20 s:
 # ``models/default/modeling/whisper.py``)
@@ -42,22 +44,25 @@ MAX_LIVE_AUDIO_S = 28.0  # whisper's fitted window takes 29 s (``WhisperASR.star
 
 
 class LiveTranscript:
-    """A session's transcripts of its spoken turns (``final``), when the session makes them itself (``enabled``)."""
+    """A session's transcripts of its spoken turns (``final``), when the session makes them itself (``enabled``).
+    ``settings``: the session's (whether it wants them), changed in place by ``session.update``; ``pipeline``: the
+    session's (whether it can); ``pool``: the server's engines (the transcription pipeline)."""
 
-    def __init__(self, session: SessionCore) -> None:
-        self.session = session
+    def __init__(self, settings: Settings, pipeline: PipelineSpec, pool: EnginePool) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.pool = pool
 
     def enabled(self) -> bool:
         """Whether this session's spoken turns are transcribed by the session (the pipeline can, the session wants
         it)."""
-        session = self.session
-        return (session.settings.live_transcription and session.pipeline.serving.live_transcription
-                and session.pool.endpoint_pipelines.get("transcription") is not None)
+        return (self.settings.live_transcription and self.pipeline.serving.live_transcription
+                and self.pool.endpoint_pipelines.get("transcription") is not None)
 
     def warm_up(self) -> None:
         """Start the transcription pipeline now (it starts on first use), so the first turn does not wait for it."""
         if self.enabled():
-            task = asyncio.create_task(self.session.pool.engine_for("transcription"), name="omnipipe-live-warm-up")
+            task = asyncio.create_task(self.pool.engine_for("transcription"), name="omnipipe-live-warm-up")
             # a failure is the slot's, met again (and reported) by the first transcript
             task.add_done_callback(lambda done: done.cancelled() or done.exception())
 
@@ -65,5 +70,5 @@ class LiveTranscript:
         """The turn's transcript of its speech (``audio``, at ``LISTEN_RATE_HZ``): decoded whole in a fitted window
         (``FINAL_EXTRA``; in 30 s windows when too long for one). Raises what the transcription pipeline raised."""
         if audio.size > MAX_LIVE_AUDIO_S * LISTEN_RATE_HZ:
-            return await transcribe(self.session, audio, rate_hz=LISTEN_RATE_HZ)
-        return await transcribe(self.session, audio, dict(FINAL_EXTRA), rate_hz=LISTEN_RATE_HZ)
+            return await transcribe(self.pool, audio, rate_hz=LISTEN_RATE_HZ)
+        return await transcribe(self.pool, audio, dict(FINAL_EXTRA), rate_hz=LISTEN_RATE_HZ)

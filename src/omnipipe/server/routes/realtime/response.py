@@ -33,13 +33,17 @@ from omnipipe.server.errors import from_engine_error
 from omnipipe.server.realtime_settings import output_modalities_field, response_object
 from omnipipe.server.routes.realtime.checks import check_modalities, check_sampling
 from omnipipe.server.routes.realtime.conversation import ConversationItem, Turn
-from omnipipe.server.routes.realtime.core import SessionCore
-from omnipipe.server.routes.realtime.events import EventError, new_item_id
+from omnipipe.server.routes.realtime.events import EventError, Send, SendError, new_item_id
 from omnipipe.server.routes.realtime.frames import frames_media
 from omnipipe.server.tool_calls import ToolCalls
 from omnipipe.util.playback_clock import PlaybackClock
 
 if TYPE_CHECKING:
+    from omnipipe.api.async_omni import AsyncOmni
+    from omnipipe.config.pipeline_spec import PipelineSpec
+    from omnipipe.server.engines import EnginePool
+    from omnipipe.server.prometheus import ServerMetrics
+    from omnipipe.server.realtime_settings import Settings
     from omnipipe.server.routes.realtime.conversation import Conversation
     from omnipipe.server.routes.realtime.idle import IdleWatch
     from omnipipe.server.routes.realtime.pause import SessionPause
@@ -104,22 +108,31 @@ class AnswerAhead(Protocol):
         """The answer's plan and stream (None, and the answer dropped, when it failed to start)."""
 
 
-class ResponseSession(SessionCore, Protocol):
-    """What a response uses of its session: the pause (a paused session answers nothing), the conversation and the
-    idle watch."""
-
-    pause: SessionPause
-    conversation: Conversation
-    idle: IdleWatch
-
-
 class Responses:
-    """The session's response in progress (at most one): its task, id and assistant item. ``answered``: told when
-    an answer ends, with when its audio plays out (perf_counter; None: it had none)."""
+    """The session's response in progress (at most one): its task, id and assistant item. ``settings``: the
+    session's, changed in place by ``session.update``; ``pipeline``, ``engine``, ``session_id`` and ``dialect``: the
+    session's; ``pool`` and ``metrics``: the server's; ``pause``: the session's pause (a paused session answers
+    nothing); ``conversation``: the items answered and those the answer adds; ``idle``: the idle watch (an answer's
+    end is activity); ``answered``: told when an answer ends, with when its audio plays out (perf_counter; None: it
+    had none); ``send`` and ``send_error``: the session's events."""
 
-    def __init__(self, session: ResponseSession, answered: Callable[[float | None], None]) -> None:
-        self.session = session
+    def __init__(self, settings: Settings, pipeline: PipelineSpec, engine: AsyncOmni, pool: EnginePool,
+                 metrics: ServerMetrics, session_id: str, dialect: str, *, pause: SessionPause,
+                 conversation: Conversation, idle: IdleWatch, answered: Callable[[float | None], None], send: Send,
+                 send_error: SendError) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.engine = engine
+        self.pool = pool
+        self.metrics = metrics
+        self.session_id = session_id
+        self.dialect = dialect
+        self.pause = pause
+        self.conversation = conversation
+        self.idle = idle
         self.answered = answered
+        self.send = send
+        self.send_error = send_error
         self.task: asyncio.Task[None] | None = None
         self.id: str | None = None
         self.item: ConversationItem | None = None
@@ -130,6 +143,11 @@ class Responses:
     def running(self) -> bool:
         return self.task is not None and not self.task.done()
 
+    def holds(self, item: ConversationItem) -> bool:
+        """Whether ``item`` is the running response's (its message, or an item it made): not to be changed while it
+        runs."""
+        return self.running and (item is self.item or (item.response_id is not None and item.response_id == self.id))
+
     async def create(self, event: ResponseCreate) -> None:
         await self.start(event.response)
 
@@ -139,22 +157,21 @@ class Responses:
         ``tentative``: an answer started ahead for this very turn (``speculative_start.py``; the turn controller
         keeps one only while what it was planned from stands): its plan and stream are the response's, unless it
         failed to start."""
-        session = self.session
-        if session.pause.paused:
+        if self.pause.paused:
             raise EventError("the session is paused; send session.resume first", None, code="session_paused")
         if self.running:
             raise EventError("a response is already in progress; cancel it or wait for response.done", None,
                              code="conversation_already_has_active_response")
-        if not session.conversation.has_pending():
+        if not self.conversation.has_pending():
             raise EventError("there is nothing to respond to: create a user message item or commit audio first",
                              None, code="no_input")
         adopted = None
         if tentative is not None:
             adopted = await tentative.adopt()
-            session.metrics.count_speculative_start("released" if adopted is not None else "dropped")
+            self.metrics.count_speculative_start("released" if adopted is not None else "dropped")
         # bad options are refused before the turn is taken
-        plan, outputs = adopted or (self.plan(options, *session.conversation.peek_turn()), None)
-        turn, _ = session.conversation.take_turn()
+        plan, outputs = adopted or (self.plan(options, *self.conversation.peek_turn()), None)
+        turn, _ = self.conversation.take_turn()
         self._speech_end = turn.speech_end if plan.spoken_turn else None
         response_id = tentative.response_id if adopted is not None and tentative is not None \
             else f"resp_{uuid.uuid4().hex[:24]}"
@@ -166,21 +183,20 @@ class Responses:
              history: list[dict[str, Any]]) -> AnswerPlan:
         """What the engine is asked for a turn: the prompt (the history when the pipeline takes it, the turn's
         words and audio), each stage's sampling, the output modalities and token limit."""
-        session = self.session
         modalities, limit = self._modalities_and_limit(options)
         sampling = self._sampling(modalities, limit)
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
-        if session.pipeline.takes_history:
+        if self.pipeline.takes_history:
             prompt["history"] = history
-        if session.settings.tools:
-            prompt["tools"] = [dict(tool) for tool in session.settings.tools]
+        if self.settings.tools:
+            prompt["tools"] = [dict(tool) for tool in self.settings.tools]
         media: dict[str, Any] = {}
         if turn.audio is not None:  # the stream it came in as, already heard by the pipeline; else the clip
             media["audio"] = [{"stream": turn.audio_stream}] if turn.audio_stream else (turn.audio, PCM16_RATE_HZ)
         if turn.images:
             media["image"] = list(turn.images)
         if turn.frames:
-            for key, values in frames_media(session.pipeline, session.engine.deploy, turn.frames).items():
+            for key, values in frames_media(self.pipeline, self.engine.deploy, turn.frames).items():
                 media[key] = media.get(key, []) + values
         if media:
             prompt["multi_modal_data"] = media
@@ -191,22 +207,21 @@ class Responses:
                   "prompt.multi_modal_data.video": "input_video_frame.append",
                   "prompt": "item.content" if typed else "input_audio_buffer",
                   "prompt.tools": "session.tools", "prompt.history": "item"}
-        calls = bool(session.settings.tools) and session.settings.tool_choice != "none"
+        calls = bool(self.settings.tools) and self.settings.tool_choice != "none"
         return AnswerPlan(prompt, modalities, sampling or None, fields, limit, turn.audio is not None or turn.heard,
                           calls)
 
     def _modalities_and_limit(self, options: ResponseOptions | BetaResponseOptions | None,
                               ) -> tuple[list[str], int | str]:
         """The response's output modalities and token limit: the session's, or those the response asks for."""
-        session = self.session
-        modalities = session.settings.modalities
-        limit = session.settings.max_output_tokens
+        modalities = self.settings.modalities
+        limit = self.settings.max_output_tokens
         if options is None:
             return modalities, limit
         asked = options.output_modalities if isinstance(options, ResponseOptions) else options.modalities
         if asked is not None:
-            field_name = output_modalities_field(session.dialect)
-            modalities = check_modalities(session.pipeline, ["text", "audio"] if "audio" in asked else ["text"],
+            field_name = output_modalities_field(self.dialect)
+            modalities = check_modalities(self.pipeline, ["text", "audio"] if "audio" in asked else ["text"],
                                           f"response.{field_name}")
         asked_limit = options.max_output_tokens if isinstance(options, ResponseOptions) \
             else options.max_response_output_tokens
@@ -219,24 +234,23 @@ class Responses:
 
     def _sampling(self, modalities: list[str], limit: int | str) -> dict[str, SamplingParams]:
         """Each stage's sampling for the response: the token limit and temperature, the speed, the voice."""
-        session = self.session
-        pipeline = session.pipeline
+        pipeline = self.pipeline
         params: dict[str, Any] = {}
         if limit != "inf":
             params["max_tokens"] = limit
-        if session.settings.temperature is not None:
-            params["temperature"] = session.settings.temperature
-        if session.settings.tools:  # the tools go with the prompt; how the model may call them, with the thinker
-            choice = session.settings.tool_choice
+        if self.settings.temperature is not None:
+            params["temperature"] = self.settings.temperature
+        if self.settings.tools:  # the tools go with the prompt; how the model may call them, with the thinker
+            choice = self.settings.tool_choice
             params["tool_choice"] = {"name": choice["name"]} if isinstance(choice, dict) else choice
-            params["parallel_tool_calls"] = session.settings.parallel_tool_calls
+            params["parallel_tool_calls"] = self.settings.parallel_tool_calls
         stage = pipeline.comprehension_stage or pipeline.stages[0].name
         sampling = {stage: SamplingParams.from_dict(params)} if params else {}
         speed_stage = pipeline.serving.speed_stage
-        if speed_stage is not None and "audio" in modalities and session.settings.speed != 1.0:
-            sampling[speed_stage] = SamplingParams(extra={"speed": session.settings.speed})
+        if speed_stage is not None and "audio" in modalities and self.settings.speed != 1.0:
+            sampling[speed_stage] = SamplingParams(extra={"speed": self.settings.speed})
         if "audio" in modalities:  # the session's voice, checked when it was set
-            voice = session.pool.check_voice(session.settings.voice, pipeline, "session.voice")
+            voice = self.pool.check_voice(self.settings.voice, pipeline, "session.voice")
             sampling = with_voice(sampling, voice, pipeline, "session.voice")
         return sampling
 
@@ -256,7 +270,7 @@ class Responses:
             return
         self._cancel_reason = reason
         if self.id is not None:
-            await self.session.engine.abort(self.id)
+            await self.engine.abort(self.id)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
@@ -264,7 +278,6 @@ class Responses:
                        outputs: AsyncIterator[OmniRequestOutput] | None = None) -> None:
         """Run the answer (``outputs``: one started ahead) and send its events, ending with ``response.done``
         (completed, cancelled or failed)."""
-        session = self.session
         modalities = plan.modalities
         item = ConversationItem(new_item_id(), "assistant", spoken="audio" in modalities, status="in_progress",
                                 response_id=response_id)
@@ -275,13 +288,13 @@ class Responses:
 
         def response(state: str, output: list[dict[str, Any]], usage: dict[str, Any] | None = None,
                      details: dict[str, Any] | None = None) -> dict[str, Any]:
-            return response_object(session.dialect, response_id, state, modalities, output, details, usage,
-                                   session.settings.voice, plan.max_output_tokens)
+            return response_object(self.dialect, response_id, state, modalities, output, details, usage,
+                                   self.settings.voice, plan.max_output_tokens)
 
         if outputs is None:
             outputs = self.generate(response_id, plan)
         try:
-            await session.send(ServerEvent.RESPONSE_CREATED, response=response("in_progress", []))
+            await self.send(ServerEvent.RESPONSE_CREATED, response=response("in_progress", []))
             if not plan.calls:  # without tools the answer is one message: it opens at once
                 await self._open_message(answer)
             await self._stream(outputs, answer)
@@ -291,7 +304,7 @@ class Responses:
         except Exception as exc:  # noqa: BLE001 - reported as an error event and a failed response
             error = from_engine_error(exc, plan.fields)
             details = {"type": "failed", "error": {"type": error.type, "code": error.code, "message": error.message}}
-            await session.send_error(error.message, param=error.param, code=error.code, type_=error.type)
+            await self.send_error(error.message, param=error.param, code=error.code, type_=error.type)
         finally:
             await outputs.aclose()  # type: ignore[attr-defined]
         text = "".join(answer.text_parts)
@@ -301,39 +314,39 @@ class Responses:
         for output in answer.outputs:
             if output.type == "function_call":
                 output.status = item.status
-            if output in session.conversation.items:  # the answer got as far as adding the item
+            if output in self.conversation.items:  # the answer got as far as adding the item
                 await (self._close_item(answer, text) if output is item else self._close_call(answer, output))
         final = answer.final
         if final is not None:
-            session.metrics.observe(REALTIME_PATH, final.metrics)
+            self.metrics.observe(REALTIME_PATH, final.metrics)
         if answer.audio_samples:
-            session.metrics.observe_spoken_answer(answer.playback.underruns)
+            self.metrics.observe_spoken_answer(answer.playback.underruns)
         metrics = final.metrics if final is not None else None
         out_tokens = metrics.num_output_tokens if metrics is not None else 0
         in_tokens = metrics.num_prompt_tokens if metrics is not None else 0
         cached = metrics.num_cached_tokens if metrics is not None else 0
         usage = {"total_tokens": in_tokens + out_tokens, "input_tokens": in_tokens, "output_tokens": out_tokens,
                  "input_token_details": {"cached_tokens": cached}}
-        session.idle.touch()  # the idle count starts when the answer ends
+        self.idle.touch()  # the idle count starts when the answer ends
         self.answered(answer.playback.ends_at)  # server VAD's idle_timeout_ms counts from there
-        await session.send(ServerEvent.RESPONSE_DONE, response=response(
-            status, [output.wire(session.dialect) for output in answer.outputs
-                     if output in session.conversation.items], usage, details))
+        await self.send(ServerEvent.RESPONSE_DONE, response=response(
+            status, [output.wire(self.dialect) for output in answer.outputs
+                     if output in self.conversation.items], usage, details))
 
     def generate(self, response_id: str, plan: AnswerPlan) -> AsyncIterator[OmniRequestOutput]:
         """The engine's stream of a planned answer (the request starts when it is first read), in the session's name:
         a stage may keep what it computed of the conversation for the next turn (the thinker's prefix cache)."""
-        return self.session.engine.generate(plan.prompt, request_id=response_id, sampling_params=plan.sampling,
-                                            output_modalities=plan.modalities, session_id=self.session.session_id)
+        return self.engine.generate(plan.prompt, request_id=response_id, sampling_params=plan.sampling,
+                                    output_modalities=plan.modalities, session_id=self.session_id)
 
     async def _open_message(self, answer: _Answer) -> None:
         """The answer's message: its output item, conversation item and content part."""
-        session, item = self.session, answer.item
+        item = answer.item
         answer.outputs.append(item)
-        await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_ADDED, response_id=answer.response_id,
-                           output_index=answer.index(item), item=item.wire(session.dialect))
-        await session.conversation.add(item)
-        await session.send(ServerEvent.RESPONSE_CONTENT_PART_ADDED, **answer.base, part=answer.part(""))
+        await self.send(ServerEvent.RESPONSE_OUTPUT_ITEM_ADDED, response_id=answer.response_id,
+                        output_index=answer.index(item), item=item.wire(self.dialect))
+        await self.conversation.add(item)
+        await self.send(ServerEvent.RESPONSE_CONTENT_PART_ADDED, **answer.base, part=answer.part(""))
 
     async def _text(self, answer: _Answer, delta: str) -> None:
         """A piece of the answer's words (blank ones before the message opens wait: a call may follow them)."""
@@ -346,12 +359,11 @@ class Responses:
         answer.text_parts.append(delta)
         kind = ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DELTA if answer.item.spoken \
             else ServerEvent.RESPONSE_OUTPUT_TEXT_DELTA
-        await self.session.send(kind, delta=delta, **answer.base)
+        await self.send(kind, delta=delta, **answer.base)
 
     async def _call_pieces(self, answer: _Answer, pieces: list[dict[str, Any]]) -> None:
         """The model's calls as they come: a ``function_call`` item when a function is named, then its
         arguments' deltas."""
-        session = self.session
         for piece in answer.calls.add(pieces):
             index = piece["index"]
             if "name" in piece:
@@ -359,15 +371,15 @@ class Responses:
                                         name=piece["name"], status="in_progress", response_id=answer.response_id)
                 answer.call_items[index] = call
                 answer.outputs.append(call)
-                await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_ADDED, response_id=answer.response_id,
-                                   output_index=answer.index(call), item=call.wire(session.dialect))
-                await session.conversation.add(call)
+                await self.send(ServerEvent.RESPONSE_OUTPUT_ITEM_ADDED, response_id=answer.response_id,
+                                output_index=answer.index(call), item=call.wire(self.dialect))
+                await self.conversation.add(call)
             if "arguments" in piece:
                 call = answer.call_items[index]
                 call.arguments += piece["arguments"]
-                await session.send(ServerEvent.RESPONSE_FUNCTION_CALL_ARGUMENTS_DELTA,
-                                    response_id=answer.response_id, item_id=call.id,
-                                    output_index=answer.index(call), call_id=call.call_id, delta=piece["arguments"])
+                await self.send(ServerEvent.RESPONSE_FUNCTION_CALL_ARGUMENTS_DELTA, response_id=answer.response_id,
+                                item_id=call.id, output_index=answer.index(call), call_id=call.call_id,
+                                delta=piece["arguments"])
 
     async def _stream(self, outputs: AsyncIterator[OmniRequestOutput], answer: _Answer) -> None:
         """Send the engine's outputs as deltas (the transcript or text, the audio as pcm16 at 24 kHz, the calls'
@@ -402,38 +414,35 @@ class Responses:
         first = answer.audio_samples == 0
         answer.audio_samples += len(data) // 2
         answer.playback.feed(time.perf_counter(), len(data) / 2 / PCM16_RATE_HZ)
-        await self.session.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA, delta=base64.b64encode(data).decode(),
-                                **answer.base)
+        await self.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_DELTA, delta=base64.b64encode(data).decode(), **answer.base)
         if first and answer.speech_end is not None:
             ended_at, turn_end = answer.speech_end
-            self.session.metrics.observe_speech_end_to_first_audio(time.perf_counter() - ended_at, turn_end)
+            self.metrics.observe_speech_end_to_first_audio(time.perf_counter() - ended_at, turn_end)
 
     async def _close_item(self, answer: _Answer, text: str) -> None:
         """The ``.done`` events of the answer's deltas, content part and item (sent also for a cancelled answer)."""
-        session, item, base = self.session, answer.item, answer.base
+        item, base = answer.item, answer.base
         if item.spoken:
-            await session.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_DONE, **base)
-            await session.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DONE, transcript=text, **base)
+            await self.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_DONE, **base)
+            await self.send(ServerEvent.RESPONSE_OUTPUT_AUDIO_TRANSCRIPT_DONE, transcript=text, **base)
         else:
-            await session.send(ServerEvent.RESPONSE_OUTPUT_TEXT_DONE, text=text, **base)
-        await session.send(ServerEvent.RESPONSE_CONTENT_PART_DONE, **base, part=answer.part(text))
+            await self.send(ServerEvent.RESPONSE_OUTPUT_TEXT_DONE, text=text, **base)
+        await self.send(ServerEvent.RESPONSE_CONTENT_PART_DONE, **base, part=answer.part(text))
         await self._item_done(answer, item)
 
     async def _close_call(self, answer: _Answer, call: ConversationItem) -> None:
         """A function call's ``.done`` events (its arguments only when it completed)."""
         if call.status == "completed":
-            await self.session.send(ServerEvent.RESPONSE_FUNCTION_CALL_ARGUMENTS_DONE,
-                                    response_id=answer.response_id, item_id=call.id, output_index=answer.index(call),
-                                    call_id=call.call_id, name=call.name, arguments=call.arguments)
+            await self.send(ServerEvent.RESPONSE_FUNCTION_CALL_ARGUMENTS_DONE, response_id=answer.response_id,
+                            item_id=call.id, output_index=answer.index(call), call_id=call.call_id, name=call.name,
+                            arguments=call.arguments)
         await self._item_done(answer, call)
 
     async def _item_done(self, answer: _Answer, item: ConversationItem) -> None:
-        session = self.session
-        await session.send(ServerEvent.RESPONSE_OUTPUT_ITEM_DONE, response_id=answer.response_id,
-                           output_index=answer.index(item), item=item.wire(session.dialect))
-        items = session.conversation.items
+        await self.send(ServerEvent.RESPONSE_OUTPUT_ITEM_DONE, response_id=answer.response_id,
+                        output_index=answer.index(item), item=item.wire(self.dialect))
+        items = self.conversation.items
         index = items.index(item)
         previous = items[index - 1].id if index else None
-        await session.send(ServerEvent.CONVERSATION_ITEM_DONE, previous_item_id=previous,
-                           item=item.wire(session.dialect))
+        await self.send(ServerEvent.CONVERSATION_ITEM_DONE, previous_item_id=previous, item=item.wire(self.dialect))
 

@@ -1,11 +1,12 @@
-"""One realtime WebSocket's session: its settings (``session.update``, checked against the pipeline), the loop that
-reads client events and hands each to the part of the session that handles it (and tells the turn controller of
-those that change what a tentative answer was planned from), and the one way events are sent (renamed for the beta
-dialect)."""
+"""One realtime WebSocket's session: its settings (``session.update``, checked against the pipeline), the parts it
+is split into and wires together, the loop that reads client events and hands each to the part of the session that
+handles it (and tells the turn controller of those that change what a tentative answer was planned from), and the
+one way events are sent (renamed for the beta dialect)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import uuid
@@ -19,6 +20,7 @@ from starlette.websockets import WebSocketDisconnect
 from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.config.pipeline_spec import PipelineSpec
 from omnipipe.protocol.realtime import BETA, BETA_NAMES, GA, ClientEvent, ServerEvent
+from omnipipe.protocol.worker import CLOSE_NORMAL
 from omnipipe.server.capacity import Session
 from omnipipe.server.end_of_turn import model_ready as end_of_turn_model_ready
 from omnipipe.server.engines import EnginePool
@@ -49,10 +51,12 @@ TURN_EVENTS: dict[str, TurnEvent] = {
 
 
 class RealtimeSession:
-    """A realtime connection's state, split by concept: the idle watch, the pause, the turn (its controller, which
-    holds the input audio buffer and what listens to it), the camera frames, the conversation, the transcriptions of
-    spoken items and the response; each part reaches the others through it, as the narrow Protocol in its own
-    module says (``core.SessionCore``: what all of them use), and none imports this module."""
+    """A realtime connection's state, split by concept: the pause, the idle watch, the camera frames, the
+    transcriptions of spoken items, the conversation, the response and the turn (its controller, which holds the
+    input audio buffer and what listens to it). No part holds the session: each is given the values fixed for the
+    session's life it uses (the pipeline, the engine, the engine pool, the metrics, the session id, the dialect),
+    the settings (one object, changed in place by ``session.update``), the parts made before it, and callables for
+    the rest (sending events, closing the session, what a part made after it says); none imports this module."""
 
     def __init__(self, websocket: WebSocket, engine: AsyncOmni, pipeline: PipelineSpec, pool: EnginePool,
                  metrics: ServerMetrics, handle: Session | None = None, dialect: str = GA) -> None:
@@ -66,15 +70,23 @@ class RealtimeSession:
         self.send_lock = asyncio.Lock()
         self.session_id = f"sess_{uuid.uuid4().hex[:24]}"
         modalities = ["text", "audio"] if "audio" in pipeline.output_modalities else ["text"]
-        self.settings = Settings(modalities=modalities)
-        self.handle = handle  # this connection's slot in the server's session count
-        self.idle = IdleWatch(self)
-        self.pause = SessionPause(self)
-        self.turn = TurnController(self)
-        self.frames = CameraFrames(self)
-        self.conversation = Conversation(self)
-        self.transcriptions = Transcriptions(self)
-        self.responses = Responses(self, answered=self.turn.answer_ended)
+        self.settings = settings = Settings(modalities=modalities)  # changed in place by session.update
+        self.pause = SessionPause(pool.config.pause_timeout_s, handle, stop_input=self._stop_input, send=self.send,
+                                  send_error=self.send_error, close=self.close)
+        self.idle = IdleWatch(pool.config.idle_timeout_s, busy=lambda: self.pause.paused or self.responses.running,
+                              closed=lambda: self.closed, send=self.send, send_error=self.send_error, close=self.close)
+        self.frames = CameraFrames(pipeline, engine, self.pause)
+        self.transcriptions = Transcriptions(settings, pipeline, pool, metrics, self.send)
+        self.conversation = Conversation(settings, pipeline, dialect, idle=self.idle, frames=self.frames,
+                                         transcribe=self.transcriptions.start,
+                                         answering=lambda item: self.responses.holds(item), send=self.send)
+        self.responses = Responses(settings, pipeline, engine, pool, metrics, self.session_id, dialect,
+                                   pause=self.pause, conversation=self.conversation, idle=self.idle,
+                                   answered=lambda ends_at: self.turn.answer_ended(ends_at), send=self.send,
+                                   send_error=self.send_error)
+        self.turn = TurnController(settings, pipeline, engine, pool, metrics, self.session_id, idle=self.idle,
+                                   pause=self.pause, frames=self.frames, conversation=self.conversation,
+                                   responses=self.responses, send=self.send, send_error=self.send_error)
         self.handlers: dict[str, Callable[[Any], Awaitable[None]]] = {
             ClientEvent.SESSION_UPDATE: self.on_session_update,
             ClientEvent.SESSION_PAUSE: self.pause.on_pause,
@@ -111,6 +123,19 @@ class RealtimeSession:
                          type_: str = "invalid_request_error", client_event_id: str | None = None) -> None:
         await self.send(ServerEvent.ERROR, error={"type": type_, "code": code, "message": message, "param": param,
                                                   "event_id": client_event_id})
+
+    async def close(self, reason: str) -> None:
+        """Close the session from the server's side (a timeout; its ``error`` event already sent): nothing more is
+        sent, and the connection closes with 1000 and ``reason``."""
+        self.closed = True
+        with contextlib.suppress(Exception):  # already gone
+            await self.ws.close(code=CLOSE_NORMAL, reason=reason)
+
+    async def _stop_input(self) -> None:
+        """What ``session.pause`` stops: the turn's answer is cancelled and its uncommitted audio dropped, and the
+        camera frames are dropped."""
+        await self.turn.session_paused()
+        self.frames.clear()
 
     def session_object(self) -> dict[str, Any]:
         return session_object(self.settings, self.dialect, self.session_id, self.pool.model_name)

@@ -18,16 +18,20 @@ from omnipipe.protocol.realtime import ServerEvent
 from omnipipe.server.errors import from_engine_error
 
 if TYPE_CHECKING:
+    from omnipipe.config.pipeline_spec import PipelineSpec
+    from omnipipe.server.engines import EnginePool
+    from omnipipe.server.prometheus import ServerMetrics
+    from omnipipe.server.realtime_settings import Settings
     from omnipipe.server.routes.realtime.conversation import ConversationItem
-    from omnipipe.server.routes.realtime.core import SessionCore
+    from omnipipe.server.routes.realtime.events import Send
 
 
-async def transcribe(session: SessionCore, audio: np.ndarray, extra: dict[str, Any] | None = None, *,
+async def transcribe(pool: EnginePool, audio: np.ndarray, extra: dict[str, Any] | None = None, *,
                      rate_hz: int = PCM16_RATE_HZ) -> str:
-    """What the server's transcription pipeline hears in ``audio`` (at ``rate_hz``: a spoken item's 24 kHz, or the
-    input's 16 kHz stream, which whisper takes as it is); ``extra``: its ``SamplingParams.extra`` (a session's
-    ``fitted_window`` and ``prefix``). Raises what the pipeline raised."""
-    engine, _ = await session.pool.engine_for("transcription")
+    """What the server's transcription pipeline (``pool``'s, started on first use) hears in ``audio`` (at
+    ``rate_hz``: a spoken item's 24 kHz, or the input's 16 kHz stream, which whisper takes as it is); ``extra``: its
+    ``SamplingParams.extra`` (a session's ``fitted_window`` and ``prefix``). Raises what the pipeline raised."""
+    engine, _ = await pool.engine_for("transcription")
     final = None
     async for out in engine.generate({"prompt": "", "multi_modal_data": {"audio": (audio, rate_hz)}},
                                      request_id=f"rt-transcribe-{uuid.uuid4().hex}",
@@ -38,22 +42,29 @@ async def transcribe(session: SessionCore, audio: np.ndarray, extra: dict[str, A
 
 
 class Transcriptions:
-    """The session's transcriptions in flight; cancelled when the session ends."""
+    """The session's transcriptions in flight; cancelled when the session ends. ``settings``: the session's (whether
+    the client asked for transcripts), changed in place by ``session.update``; ``pipeline``: the session's (whether
+    it takes the history); ``pool``: the server's engines (the transcription pipeline); ``metrics``: the server's;
+    ``send``: the session's events."""
 
-    def __init__(self, session: SessionCore) -> None:
-        self.session = session
+    def __init__(self, settings: Settings, pipeline: PipelineSpec, pool: EnginePool, metrics: ServerMetrics,
+                 send: Send) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.pool = pool
+        self.metrics = metrics
+        self.send = send
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self, item: ConversationItem) -> None:
         """Transcribe a spoken user item if the client asked for its transcript or the history needs its words
         (an item heard live has them: they are only announced)."""
-        session = self.session
-        announce = session.settings.transcription is not None
+        announce = self.settings.transcription is not None
         if item.transcribed:
             if announce:
                 self._spawn(self._announce(item, item.words), item)
             return
-        remember = session.pipeline.takes_history and session.pool.endpoint_pipelines.get("transcription") is not None
+        remember = self.pipeline.takes_history and self.pool.endpoint_pipelines.get("transcription") is not None
         if announce or remember:
             self._spawn(self._transcribe(item, announce), item)
 
@@ -71,27 +82,25 @@ class Transcriptions:
         """Transcribe a spoken user item (the transcription pipeline, beside the response): its words join the
         conversation, and the client is sent them if it asked for transcription."""
         assert item.audio is not None
-        session = self.session
         try:
-            transcript = await transcribe(session, item.audio)
+            transcript = await transcribe(self.pool, item.audio)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
             if announce:
                 error = from_engine_error(exc, {}).body()["error"]
-                await session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED, **_spoken_part(item), error=error)
+                await self.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_FAILED, **_spoken_part(item), error=error)
             return
         item.words = transcript
-        session.metrics.count_turn_transcription()
+        self.metrics.count_turn_transcription()
         if announce:
             await self._announce(item, transcript)
 
     async def _announce(self, item: ConversationItem, transcript: str) -> None:
         """``conversation.item.input_audio_transcription.completed`` for a spoken user item."""
         assert item.audio is not None
-        await self.session.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, **_spoken_part(item),
-                                transcript=transcript,
-                                usage={"type": "duration", "seconds": round(len(item.audio) / PCM16_RATE_HZ, 3)})
+        await self.send(ServerEvent.INPUT_AUDIO_TRANSCRIPTION_COMPLETED, **_spoken_part(item), transcript=transcript,
+                        usage={"type": "duration", "seconds": round(len(item.audio) / PCM16_RATE_HZ, 3)})
 
 
 def _spoken_part(item: ConversationItem) -> dict[str, Any]:

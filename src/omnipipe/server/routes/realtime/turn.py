@@ -4,9 +4,10 @@ started at the pause, the turn committed, answered, an answer interrupted, the s
 ``transition`` is the whole decision, a pure function: the state, an event and what holds now (``Now``: whether an
 answer runs, what the session's turn detection asks) -> the next state and the actions to take, in order. The
 ``TurnController`` feeds it the events and performs the actions on parts that decide nothing of the turn: the
-input audio buffer (``audio_buffer.py``), the speech VAD and the end-of-turn model behind it (``server/vad.py``)
-and a tentative answer (``speculative_start.py``), none of which holds the session; the live transcript
-(``live_transcript.py``); the camera frames, the conversation and the response, which are the session's.
+input audio buffer (``audio_buffer.py``), the speech VAD and the end-of-turn model behind it (``server/vad.py``),
+a tentative answer (``speculative_start.py``), the live transcript (``live_transcript.py``), the audio streamed
+into the pipeline (``AudioStream``), and the session's camera frames, conversation and response, which it is given.
+None of them, and not the controller either, holds the session: each is given the values and the parts it uses.
 
 Where the turn ends, the event carries when the user's speech ended (``SpeechStopped.ended_at``: the arrival of
 the audio where the VAD heard it stop; ``CommitAsked.ended_at``: the client's commit): the committed item keeps it
@@ -25,7 +26,7 @@ import enum
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,13 +37,17 @@ from omnipipe.server.errors import APIError
 from omnipipe.server.routes.realtime.audio_buffer import InputAudioBuffer
 from omnipipe.server.routes.realtime.checks import check_takes_audio, decode_pcm16
 from omnipipe.server.routes.realtime.conversation import ConversationItem
-from omnipipe.server.routes.realtime.core import SessionCore
-from omnipipe.server.routes.realtime.events import EventError, new_item_id
+from omnipipe.server.routes.realtime.events import EventError, Send, SendError, new_item_id
 from omnipipe.server.routes.realtime.live_transcript import LiveTranscript
 from omnipipe.server.routes.realtime.speculative_start import PAUSE_MS, TentativeAnswer
 from omnipipe.server.vad import SileroVAD, TurnEnd, VadEvent
 
 if TYPE_CHECKING:
+    from omnipipe.api.async_omni import AsyncOmni
+    from omnipipe.config.pipeline_spec import PipelineSpec
+    from omnipipe.server.engines import EnginePool
+    from omnipipe.server.prometheus import ServerMetrics
+    from omnipipe.server.realtime_settings import Settings
     from omnipipe.server.routes.realtime.conversation import Conversation
     from omnipipe.server.routes.realtime.frames import CameraFrames
     from omnipipe.server.routes.realtime.idle import IdleWatch
@@ -246,18 +251,20 @@ class AudioStream:
     output made already; a cleared buffer's stream is dropped. A pipeline that takes no streams, or an append the
     engine refuses (its limits), leaves the turn to send its clip whole, as before."""
 
-    def __init__(self, session: SessionCore) -> None:
-        self.session = session
+    def __init__(self, pipeline: PipelineSpec, settings: Settings, engine: AsyncOmni, session_id: str) -> None:
+        self.pipeline = pipeline
+        self.settings = settings
+        self.engine = engine
+        self.session_id = session_id
         self.id: str | None = None  # this buffer's stream
         self.broken = False  # an append failed: this buffer's clip goes whole
-        self.taken = "audio" in session.pipeline.input_modalities  # until the engine says its stage takes none
+        self.taken = "audio" in pipeline.input_modalities  # until the engine says its stage takes none
         self._count = 0
 
     def wanted(self) -> bool:
         """Whether this session streams: its pipeline hears the audio (no session-made transcript) and takes
         streams."""
-        session = self.session
-        transcribed = session.settings.live_transcription and session.pipeline.serving.live_transcription
+        transcribed = self.settings.live_transcription and self.pipeline.serving.live_transcription
         return self.taken and not transcribed
 
     async def feed(self, heard: np.ndarray, first: bool) -> None:
@@ -266,9 +273,9 @@ class AudioStream:
             return
         if self.id is None:
             self._count += 1
-            self.id = f"{self.session.session_id}-audio-{self._count}"
+            self.id = f"{self.session_id}-audio-{self._count}"
         try:
-            await self.session.engine.append_audio(self.id, heard, session_id=self.session.session_id)
+            await self.engine.append_audio(self.id, heard, session_id=self.session_id)
         except AudioStreamsNotTakenError:
             self.taken = False  # for the rest of the session
             self.id = None
@@ -284,7 +291,7 @@ class AudioStream:
         tail = buffer.flush() if stream is not None else np.zeros(0, np.float32)
         if stream is not None and tail.size:
             try:
-                await self.session.engine.append_audio(stream, tail, session_id=self.session.session_id)
+                await self.engine.append_audio(stream, tail, session_id=self.session_id)
             except Exception:  # noqa: BLE001 - the clip goes whole instead
                 logger.debug("an audio append failed; the turn's clip goes whole", exc_info=True)
                 await self.drop()
@@ -298,45 +305,50 @@ class AudioStream:
         stream, self.id = self.id, None
         self.broken = False
         if stream is not None:
-            await self.session.engine.drop_audio_stream(stream)
-
-
-class TurnSession(SessionCore, Protocol):
-    """What the turn controller uses of its session: the pause (appended audio is dropped), the idle watch (speech
-    is activity), the camera frames and the conversation (a commit makes a user item), the responses."""
-
-    pause: SessionPause
-    idle: IdleWatch
-    frames: CameraFrames
-    conversation: Conversation
-    responses: Responses
+            await self.engine.drop_audio_stream(stream)
 
 
 class TurnController:
     """The session's turn: its state, the input audio buffer and what listens to it, and the tentative answer (held
     only in ``TENTATIVE``). ``handle`` moves the turn; the client's audio events come through ``append``,
-    ``commit`` and ``clear``."""
+    ``commit`` and ``clear``. ``settings``: the session's (its turn detection), changed in place by
+    ``session.update``; ``pipeline``, ``engine`` and ``session_id``: the session's; ``pool`` and ``metrics``: the
+    server's; the parts it drives: ``idle`` (speech is activity), ``pause`` (appended audio is dropped while
+    paused), ``frames`` and ``conversation`` (a commit makes a user item), ``responses``; ``send`` and
+    ``send_error``: the session's events."""
 
-    def __init__(self, session: TurnSession) -> None:
-        self.session = session
+    def __init__(self, settings: Settings, pipeline: PipelineSpec, engine: AsyncOmni, pool: EnginePool,
+                 metrics: ServerMetrics, session_id: str, *, idle: IdleWatch, pause: SessionPause,
+                 frames: CameraFrames, conversation: Conversation, responses: Responses, send: Send,
+                 send_error: SendError) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.engine = engine
+        self.metrics = metrics
+        self.idle = idle
+        self.pause = pause
+        self.frames = frames
+        self.conversation = conversation
+        self.responses = responses
+        self.send = send
+        self.send_error = send_error
         self.state = TurnState.LISTENING
-        self.buffer = InputAudioBuffer(session.pool.config.max_body_bytes)
-        self.vad = vad_for(session.settings.turn_detection)
-        self.live = LiveTranscript(session)
+        self.buffer = InputAudioBuffer(pool.config.max_body_bytes)
+        self.vad = vad_for(settings.turn_detection)
+        self.live = LiveTranscript(settings, pipeline, pool)
         self.tentative: TentativeAnswer | None = None
         self._pending_item_id: str | None = None  # the item the audio being appended will become
         self._idle_from_ms: float | None = None  # idle_timeout_ms counts from here (buffer ms; None: not counting)
-        self.stream = AudioStream(session)
+        self.stream = AudioStream(pipeline, settings, engine, session_id)
 
     def now(self) -> Now:
-        session = self.session
-        detection = session.settings.turn_detection
-        answering = session.responses.running
+        detection = self.settings.turn_detection
+        answering = self.responses.running
         if detection is None:
             return Now(answering=answering)
         return Now(answering=answering,
                    speculate=bool(detection.get("speculative_start", True) and detection.get("create_response", True)
-                                  and self.live.enabled() and not session.pause.paused),
+                                  and self.live.enabled() and not self.pause.paused),
                    respond=detection.get("create_response", True), interrupt=detection.get("interrupt_response", True))
 
     async def handle(self, event: TurnEvent) -> None:
@@ -360,23 +372,22 @@ class TurnController:
             return TurnState.DONE
         if self.vad is not None and self.vad.speaking:
             return TurnState.TENTATIVE if self.tentative is not None else TurnState.SPEAKING
-        if self.session.responses.running:
+        if self.responses.running:
             return TurnState.ANSWERING
-        return TurnState.COMMITTED if self.session.conversation.has_pending() else TurnState.LISTENING
+        return TurnState.COMMITTED if self.conversation.has_pending() else TurnState.LISTENING
 
     async def _perform(self, action: Action, event: TurnEvent) -> None:
-        session = self.session
         if action is Action.BARGE_IN:
-            await session.responses.cancel("turn_detected")
+            await self.responses.cancel("turn_detected")
         elif action is Action.CANCEL:
-            await session.responses.cancel()
+            await self.responses.cancel()
         elif action is Action.START_TENTATIVE:
             self._start_tentative()
         elif action is Action.DROP_TENTATIVE:
             await self._drop_tentative()
         elif action is Action.COMMIT:
             if isinstance(event, SpeechStopped):
-                detection = session.settings.turn_detection or {}
+                detection = self.settings.turn_detection or {}
                 await self._commit((event.ended_at, str(detection.get("type", "server_vad"))))
             elif isinstance(event, CommitAsked):
                 await self._commit((event.ended_at, "commit"))
@@ -385,10 +396,10 @@ class TurnController:
         elif action is Action.RESPOND:
             tentative, self.tentative = self.tentative, None
             try:
-                await session.responses.start(None, tentative)
+                await self.responses.start(None, tentative)
             except BaseException:
                 if tentative is not None and await tentative.drop():  # refused before it could take it
-                    session.metrics.count_speculative_start("dropped")
+                    self.metrics.count_speculative_start("dropped")
                 raise
         else:
             await self._reset()
@@ -399,7 +410,7 @@ class TurnController:
         """``input_audio_buffer.append`` (dropped unread while the session is paused): kept, and heard by the VAD
         (which moves the turn)."""
         arrived = time.perf_counter()
-        if self.session.pause.paused:
+        if self.pause.paused:
             return
         samples = decode_pcm16(event.audio, "audio")
         first = not self.buffer.chunks
@@ -419,8 +430,8 @@ class TurnController:
     async def clear(self, _: Any) -> None:
         """``input_audio_buffer.clear``: the buffer and the camera frames dropped."""
         await self.handle(Cleared())
-        self.session.frames.clear()
-        await self.session.send(ServerEvent.INPUT_AUDIO_BUFFER_CLEARED)
+        self.frames.clear()
+        await self.send(ServerEvent.INPUT_AUDIO_BUFFER_CLEARED)
 
     def answer_ended(self, ends_at: float | None) -> None:
         """An answer ended; its audio plays out at ``ends_at`` (perf_counter; None: it had none): the idle timeout
@@ -431,7 +442,7 @@ class TurnController:
 
     async def detection_changed(self) -> None:
         """The session's ``turn_detection`` changed: its VAD from now on."""
-        self.vad = vad_for(self.session.settings.turn_detection)
+        self.vad = vad_for(self.settings.turn_detection)
         await self.handle(DetectionChanged())
 
     async def session_paused(self) -> None:
@@ -446,43 +457,42 @@ class TurnController:
     async def _hear(self, vad_event: VadEvent) -> None:
         """Announce what the VAD heard and move the turn (a failure to commit or respond is reported as an
         ``error`` event: no client event caused it)."""
-        session, at_ms = self.session, vad_event.audio_ms
+        at_ms = vad_event.audio_ms
         if vad_event.kind == "pause_started":
             await self.handle(SpeechPaused(at_ms))
         elif vad_event.kind == "pause_ended":
             await self.handle(SpeechResumed(at_ms))
         elif vad_event.kind == "speech_started":
-            session.idle.touch()
+            self.idle.touch()
             self._idle_from_ms = None
             self.buffer.speech_started(at_ms)
-            await session.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED, audio_start_ms=at_ms,
-                               item_id=self._next_item_id())
+            await self.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STARTED, audio_start_ms=at_ms,
+                            item_id=self._next_item_id())
             await self.handle(SpeechStarted(at_ms))
         else:
-            await session.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STOPPED, audio_end_ms=at_ms,
-                               item_id=self._next_item_id())
+            await self.send(ServerEvent.INPUT_AUDIO_BUFFER_SPEECH_STOPPED, audio_end_ms=at_ms,
+                            item_id=self._next_item_id())
             try:
                 await self.handle(SpeechStopped(at_ms, self.buffer.arrival_of(at_ms)))
             except (EventError, APIError) as exc:
-                await session.send_error(exc.message, param=exc.param, code=exc.code)
+                await self.send_error(exc.message, param=exc.param, code=exc.code)
 
     async def _check_idle(self) -> None:
         """``idle_timeout_ms`` of silence after the last answer played: commit the silence and answer it."""
-        session = self.session
-        timeout = (session.settings.turn_detection or {}).get("idle_timeout_ms")
+        timeout = (self.settings.turn_detection or {}).get("idle_timeout_ms")
         if timeout is None or self._idle_from_ms is None or (self.vad is not None and self.vad.speaking) \
-                or session.responses.running or session.pause.paused:
+                or self.responses.running or self.pause.paused:
             return
         now_ms = self.buffer.buffered_ms()
         if now_ms - self._idle_from_ms < timeout:
             return
         started_ms, self._idle_from_ms = max(0.0, self._idle_from_ms), None
-        await session.send(ServerEvent.INPUT_AUDIO_BUFFER_TIMEOUT_TRIGGERED, audio_start_ms=int(started_ms),
-                           audio_end_ms=int(now_ms), item_id=self._next_item_id())
+        await self.send(ServerEvent.INPUT_AUDIO_BUFFER_TIMEOUT_TRIGGERED, audio_start_ms=int(started_ms),
+                        audio_end_ms=int(now_ms), item_id=self._next_item_id())
         try:
             await self.handle(IdleTimedOut())
         except (EventError, APIError) as exc:
-            await session.send_error(exc.message, param=exc.param, code=exc.code)
+            await self.send_error(exc.message, param=exc.param, code=exc.code)
 
     def _next_item_id(self) -> str:
         if self._pending_item_id is None:
@@ -492,32 +502,30 @@ class TurnController:
     # ------------------------------------------------------------------ the actions
     def _start_tentative(self) -> None:
         """An answer to the speech so far, started now (nothing reaches the client)."""
-        session = self.session
         speech = self.buffer.speech()
-        frames_until_ms = session.frames.newest_ms()  # the camera frames of the turn: those kept at the pause
-        frames = session.frames.peek(until_ms=frames_until_ms)
+        frames_until_ms = self.frames.newest_ms()  # the camera frames of the turn: those kept at the pause
+        frames = self.frames.peek(until_ms=frames_until_ms)
 
         def plan(words: str) -> AnswerPlan:
             heard = ConversationItem("tentative", "user", words=words, spoken=True, pending=True, transcribed=True)
             heard.take_frames(frames)
-            return session.responses.plan(None, *session.conversation.peek_turn(heard))
+            return self.responses.plan(None, *self.conversation.peek_turn(heard))
 
-        self.tentative = TentativeAnswer(lambda: self.live.final(speech), plan, session.responses.generate,
-                                         session.engine.abort, frames, frames_until_ms)
+        self.tentative = TentativeAnswer(lambda: self.live.final(speech), plan, self.responses.generate,
+                                         self.engine.abort, frames, frames_until_ms)
 
     async def _drop_tentative(self) -> None:
         tentative, self.tentative = self.tentative, None
         if tentative is not None and await tentative.drop():
-            self.session.metrics.count_speculative_start("dropped")
+            self.metrics.count_speculative_start("dropped")
 
     async def _commit(self, speech_end: tuple[float, str] | None) -> None:
         """The buffer becomes a spoken user item at the end of the conversation; ``speech_end``: when the speech
         ended and what ended the turn (None: the silence the idle timeout commits; nothing is transcribed, and the
         thinker is told the user said nothing). The words are the tentative answer's, when one is held."""
-        session = self.session
         if not self.buffer.chunks:
             raise EventError("the input audio buffer is empty", None, code=COMMIT_EMPTY)
-        check_takes_audio(session.pipeline, None)
+        check_takes_audio(self.pipeline, None)
         idle = speech_end is None
         audio = self.buffer.audio()
         words: str | None = ""
@@ -525,22 +533,22 @@ class TurnController:
             words = await self._transcript(self.buffer.speech(flush=True)) if self.live.enabled() else None
         stream = await self.stream.take(self.buffer)  # the audio streamed in (None: send the clip)
         if stream is not None:
-            session.metrics.count_streamed_turn()
+            self.metrics.count_streamed_turn()
         await self._reset()
         item_id = self._next_item_id()
         self._pending_item_id = None
-        await session.send(ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED,
-                           previous_item_id=session.conversation.last_item_id(), item_id=item_id)
+        await self.send(ServerEvent.INPUT_AUDIO_BUFFER_COMMITTED, previous_item_id=self.conversation.last_item_id(),
+                        item_id=item_id)
         item = ConversationItem(item_id, "user", audio=audio, spoken=True, pending=True, words=words or "",
                                 transcribed=words is not None, idle=idle, speech_end=speech_end,
                                 audio_stream=stream)
         tentative = self.tentative
         if tentative is None:
-            item.take_frames(session.frames.take())
+            item.take_frames(self.frames.take())
         else:  # the frames its answer was planned with (those it looked at leave the buffer)
-            session.frames.take(until_ms=tentative.frames_until_ms)
+            self.frames.take(until_ms=tentative.frames_until_ms)
             item.take_frames(tentative.frames)
-        await session.conversation.add(item)
+        await self.conversation.add(item)
 
     async def _transcript(self, speech: np.ndarray) -> str | None:
         """The turn's words, heard live (the tentative answer's, when it has them); None when live transcription
@@ -561,7 +569,7 @@ class TurnController:
             except Exception:  # noqa: BLE001 - the audio goes to the pipeline instead
                 logger.warning("live transcription failed; the turn's audio goes to the pipeline", exc_info=True)
                 return None
-        self.session.metrics.count_turn_transcription()
+        self.metrics.count_turn_transcription()
         return words
 
     async def _reset(self) -> None:
