@@ -11,6 +11,7 @@ import json
 import math
 import signal
 import time
+import wave
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -184,9 +185,9 @@ def test_frames_are_recorded_and_replayed_as_video_with_the_sessions_audio(worke
     assert sorted(p.name for p in (directory / "user_frames").iterdir()) == [Path(f["path"]).name for f in frames]
 
     colours, audio_s, audio = decoded_replay(directory / "merged_replay.mp4")
-    session_s = data["meta"]["ended_at"] - data["meta"]["created_at"]
-    assert abs(audio_s - session_s) < AAC_TOLERANCE_S, (audio_s, session_s)
-    assert len(colours) == math.ceil(session_s * VIDEO_REPLAY_FPS - 1e-6)  # the video spans the session too
+    replay_s = replay_length(directory, data)
+    assert abs(audio_s - replay_s) < AAC_TOLERANCE_S, (audio_s, replay_s)
+    assert len(colours) == math.ceil(replay_s * VIDEO_REPLAY_FPS - 1e-6)  # the video spans the replay too
     assert runs(colours) == ["black", *SENT]  # black until the first frame, then each frame sent, in order
     for frame, colour in zip(frames, SENT, strict=True):  # each from its time on
         assert colours[math.ceil(frame["t"] * VIDEO_REPLAY_FPS - 1e-6)] == colour
@@ -196,6 +197,17 @@ def test_frames_are_recorded_and_replayed_as_video_with_the_sessions_audio(worke
     ai_clip = data["recording"]["turns"][-1]["ai_audio"][0]
     start = round(ai_clip["t_start"] * RATE)
     assert np.abs(audio[1, start:start + round(ai_clip["duration_s"] * RATE)]).max() > 0.05  # the answer, right
+
+
+def replay_length(directory: Path, data: dict[str, Any]) -> float:
+    """How long the replay is documented to last (``video_replay.replay_duration``): the session, or longer to the
+    end of the audio mix (an answer whose audio came faster than it plays can end after the session did) or the
+    last frame's slot."""
+    with wave.open(str(directory / "merged_replay.wav"), "rb") as mixed:
+        mix_s = mixed.getnframes() / mixed.getframerate()
+    frames = data["recording"]["frames"]
+    last_slot_s = frames[-1]["t"] + 1 / VIDEO_REPLAY_FPS if frames else 0.0
+    return max(data["meta"]["ended_at"] - data["meta"]["created_at"], mix_s, last_slot_s)
 
 
 def test_a_session_cut_by_a_gateway_crash_gets_its_replays_on_the_next_cleanup_pass(worker: WorkerProcess,
@@ -225,8 +237,8 @@ def test_a_session_cut_by_a_gateway_crash_gets_its_replays_on_the_next_cleanup_p
     assert data["meta"]["error"] and data["meta"]["ended_at"] > data["meta"]["created_at"]
     colours, audio_s, _ = decoded_replay(directory / "merged_replay.mp4")
     assert runs(colours) == ["black", *SENT[:3]]
-    session_s = data["meta"]["ended_at"] - data["meta"]["created_at"]  # the last moment the recording mentions
-    assert abs(audio_s - session_s) < AAC_TOLERANCE_S, (audio_s, session_s)
+    replay_s = replay_length(directory, data)  # from the last moment the recording mentions
+    assert abs(audio_s - replay_s) < AAC_TOLERANCE_S, (audio_s, replay_s)
     assert data["size_bytes"] == sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
 
 
