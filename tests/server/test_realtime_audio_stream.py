@@ -13,7 +13,9 @@ from typing import Any
 import numpy as np
 
 from omnipipe.engine.async_omni_engine import AudioStreamsNotTakenError
+from omnipipe.protocol.realtime import ConversationItemDelete
 from omnipipe.server.routes.realtime.audio_buffer import InputAudioBuffer
+from omnipipe.server.routes.realtime.conversation import Conversation, ConversationItem
 from omnipipe.server.routes.realtime.turn import AudioStream
 from omnipipe.util.field_error import FieldError
 
@@ -97,3 +99,35 @@ def test_a_stage_that_takes_no_streams_or_a_refused_append_leaves_the_clip_whole
     engine.refuse = None
     speak(stream, buffer, 0.3)  # the next buffer streams again
     assert asyncio.run(stream.take(buffer)) == "sess_1-audio-2"
+
+
+def conversation(engine: Engine, sent: list[str]) -> Conversation:
+    async def send(type_: str, **fields: Any) -> None:
+        sent.append(type_)
+
+    settings: Any = SimpleNamespace(instructions="")
+    return Conversation(settings, None, "ga", idle=None, frames=None, transcribe=lambda item: None,  # type: ignore[arg-type]
+                        answering=lambda item: False, drop_stream=engine.drop_audio_stream, send=send)
+
+
+def spoken_item(item_id: str, stream: str) -> ConversationItem:
+    return ConversationItem(item_id, "user", audio=np.zeros(2400, np.float32), audio_stream=stream, spoken=True,
+                            pending=True)
+
+
+def test_a_streamed_item_no_turn_will_take_has_its_stream_dropped() -> None:
+    """A spoken item's stream is the turn's prompt's when the turn takes it; a deleted item's, and those of a turn
+    of two clips (which go whole), are dropped in the pipeline at once rather than kept until the session ends."""
+    engine, sent = Engine(), []
+    talk = conversation(engine, sent)
+    talk.items.append(spoken_item("one", "s-1"))
+    turn, _ = asyncio.run(talk.take_turn())
+    assert turn.audio_stream == "s-1" and engine.dropped == []  # the prompt names it
+    talk.items.append(spoken_item("deleted", "s-2"))
+    asyncio.run(talk.delete(ConversationItemDelete(type="conversation.item.delete", item_id="deleted")))
+    assert engine.dropped == ["s-2"] and sent == ["conversation.item.deleted"]
+    talk.items += [spoken_item("a", "s-3"), spoken_item("b", "s-4")]
+    turn, _ = asyncio.run(talk.take_turn())
+    assert turn.audio_stream is None and turn.audio is not None and turn.audio.size == 4800  # both clips whole
+    assert engine.dropped == ["s-2", "s-3", "s-4"]
+    assert all(item.audio_stream is None for item in talk.items)

@@ -6,7 +6,7 @@ assistant turn's ``tool_calls``, its output a ``tool`` turn after it)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -129,11 +129,13 @@ class Conversation:
     instructions), changed in place by ``session.update``; ``pipeline`` and ``dialect``: the session's; ``idle``: the
     idle watch (an item is activity); ``frames``: the camera frames a user item takes; ``transcribe``: start the
     transcription of a spoken user item that joins; ``answering``: whether an item is the running response's (it may
-    not be changed); ``send``: the session's events."""
+    not be changed); ``drop_stream``: forget an audio stream in the pipeline (an item's that no turn will take);
+    ``send``: the session's events."""
 
     def __init__(self, settings: Settings, pipeline: PipelineSpec, dialect: str, *, idle: IdleWatch,
                  frames: CameraFrames, transcribe: Callable[[ConversationItem], None],
-                 answering: Callable[[ConversationItem], bool], send: Send) -> None:
+                 answering: Callable[[ConversationItem], bool], drop_stream: Callable[[str], Awaitable[None]],
+                 send: Send) -> None:
         self.settings = settings
         self.pipeline = pipeline
         self.dialect = dialect
@@ -141,6 +143,7 @@ class Conversation:
         self.frames = frames
         self.transcribe = transcribe
         self.answering = answering
+        self.drop_stream = drop_stream
         self.send = send
         self.items: list[ConversationItem] = []
 
@@ -302,20 +305,25 @@ class Conversation:
         item = self.find(event.item_id)
         self._check_not_answering(item)
         self.items.remove(item)
+        if item.audio_stream is not None:  # its audio streamed into the pipeline, and no turn will take it now
+            await self.drop_stream(item.audio_stream)
+            item.audio_stream = None
         await self.send(ServerEvent.CONVERSATION_ITEM_DELETED, item_id=item.id)
 
     async def retrieve(self, event: ConversationItemRetrieve) -> None:
         item = self.find(event.item_id)
         await self.send(ServerEvent.CONVERSATION_ITEM_RETRIEVED, item=item.wire(self.dialect))
 
-    def take_turn(self) -> tuple[Turn, list[dict[str, Any]]]:
+    async def take_turn(self) -> tuple[Turn, list[dict[str, Any]]]:
         """The pending user items as the turn (no longer pending), and every other item before them as the
-        history."""
+        history. Streamed audio the turn's prompt does not name (two clips go whole) is forgotten in the pipeline."""
         turn, history = self.peek_turn()
         for item in self.items:
             item.pending = False
             item.frames = []  # the turn has them; the item keeps their times
-            item.audio_stream = None  # the turn's prompt takes it
+            stream, item.audio_stream = item.audio_stream, None  # the turn's prompt takes it, or no one will
+            if stream is not None and stream != turn.audio_stream:
+                await self.drop_stream(stream)
         return turn, history
 
     def peek_turn(self, *more: ConversationItem) -> tuple[Turn, list[dict[str, Any]]]:

@@ -171,7 +171,7 @@ class Responses:
             self.metrics.count_speculative_start("released" if adopted is not None else "dropped")
         # bad options are refused before the turn is taken
         plan, outputs = adopted or (self.plan(options, *self.conversation.peek_turn()), None)
-        turn, _ = self.conversation.take_turn()
+        turn, _ = await self.conversation.take_turn()
         self._speech_end = turn.speech_end if plan.spoken_turn else None
         response_id = tentative.response_id if adopted is not None and tentative is not None \
             else f"resp_{uuid.uuid4().hex[:24]}"
