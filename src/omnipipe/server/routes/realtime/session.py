@@ -80,7 +80,7 @@ class RealtimeSession:
         self.conversation = Conversation(settings, pipeline, dialect, idle=self.idle, frames=self.frames,
                                          transcribe=self.transcriptions.start,
                                          answering=lambda item: self.responses.holds(item),
-                                         drop_stream=engine.drop_audio_stream, send=self.send)
+                                         drop_stream=lambda stream: engine.drop_audio_stream(stream), send=self.send)
         self.responses = Responses(settings, pipeline, engine, pool, metrics, self.session_id, dialect,
                                    pause=self.pause, conversation=self.conversation, idle=self.idle,
                                    answered=lambda ends_at: self.turn.answer_ended(ends_at), send=self.send,
