@@ -1,4 +1,5 @@
-"""RequestClock.hops: how a sequential request's E2E splits into hops, from the stamps its stages report."""
+"""RequestClock: how a sequential request's E2E splits into hops, from the stamps its stages report, and the prompt
+tokens (and cached ones) its usage counts."""
 
 from __future__ import annotations
 
@@ -30,3 +31,12 @@ def test_finish_reports_hops_only_with_the_plan() -> None:
     stages = {"a": {"arrived_at_s": clock.start_s + 1e-6, "sent_at_s": clock.start_s + 2e-6}}
     assert list(clock.finish(stages, {}, ["a"]).hops_s) == ["caller->a", "a->caller"]
     assert clock.finish(stages, {}).hops_s == {}
+
+
+def test_a_requests_cached_tokens_are_those_of_the_stages_whose_prompt_tokens_it_counts() -> None:
+    """A talker's prompt is made of the thinker's: what it shares in its own prefix cache is in its stage's figures,
+    never in the request's usage (cached_tokens at most prompt_tokens)."""
+    stages = {"thinker": {"prompt_tokens": 40, "cached_prompt_tokens": 32},
+              "talker": {"prompt_tokens": 0, "cached_prompt_tokens": 48}}
+    metrics = RequestClock().finish(stages, {})
+    assert (metrics.num_prompt_tokens, metrics.num_cached_tokens) == (40, 32)

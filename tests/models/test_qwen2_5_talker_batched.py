@@ -239,7 +239,8 @@ def test_a_seeded_sampled_request_is_the_same_alone_and_in_a_batch(talker: Qwen2
 
 def test_a_prompt_prefilled_in_pieces_gives_the_same_codes(checkpoint: Path, talker: Qwen25TalkerRunner,
                                                            inputs: list) -> None:
-    chunked = runner(checkpoint, prefill_chunk_tokens=16)
+    # the prompts share their leading blocks: without the prefix cache every piece of the long one is fed
+    chunked = runner(checkpoint, prefill_chunk_tokens=16, prefix_caching=False)
     streams = [arrival(f"s{i}", GREEDY, inputs[i]) for i in range(3)]
     long_prompt = arrival("long", GREEDY, inputs[5], step=2)
     result = drive(chunked, [*streams, long_prompt])
@@ -335,3 +336,22 @@ def test_the_speaker_option_sets_the_voice_of_requests_that_name_none(checkpoint
     with pytest.raises(FieldError) as asked:
         talker.validate({"extra": {"speaker": "nobody"}})
     assert asked.value.field == "sampling_params.extra.speaker"
+
+
+def test_a_prompt_sharing_its_start_with_an_earlier_one_is_not_prefilled_again(checkpoint: Path,
+                                                                             talker: Qwen25TalkerRunner,
+                                                                             thinker: ThinkerOutputs) -> None:
+    """Two questions opening alike (a second conversation with the same opening, a conversation's next turn): the
+    talker's prompt is the thinker's whole prompt, so the second shares the blocks of the opening, and the codes
+    are those of a talker without the prefix cache."""
+    opening = "tell me about the picture and the sound, " * 5
+    inputs = [thinker.chunks({"text": opening + question}, "it is so") for question in ("first?", "then second?")]
+    plain = runner(checkpoint, prefix_caching=False)
+    hits = []
+    for i, chunks in enumerate(inputs):
+        before = talker.kv.prefix_hits
+        got = drive(talker, [arrival(f"p{i}", GREEDY, chunks)])
+        hits.append(talker.kv.prefix_hits - before)
+        assert codes(got, f"p{i}") == codes(drive(plain, [arrival(f"p{i}", GREEDY, chunks)]), f"p{i}")
+    assert hits[1] >= hits[0] + 2 * talker.kv.block_tokens, hits  # the opening's blocks, at least
+    assert plain.kv.prefix_hits == 0

@@ -246,3 +246,28 @@ def test_batched_frames_per_second_against_stepping_each_request(talker: Qwen3Ta
             figures[n, per_request] = sum(len(frames(result, a.request_id)) for a in arrivals) / seconds
     print("tiny qwen3 talker frames/s: " + ", ".join(
         f"{n} request(s) {figures[n, False]:.0f} batched / {figures[n, True]:.0f} per request" for n in (1, 8)))
+
+
+def test_a_prompt_sharing_its_start_with_an_earlier_one_is_not_prefilled_again(checkpoint: Path,
+                                                                             talker: Qwen3TalkerRunner) -> None:
+    """A conversation's next turn repeats the user turns before it: the talker's prompt keeps only the user turns,
+    so two questions opening alike share the blocks of that opening, and the frames are those of a talker without
+    the prefix cache."""
+    opening = "tell me about the picture and the sound, " * 5
+    thinker = Qwen3ThinkerRunner(RunnerContext("thinker", "cpu", 1, 8, {"model": str(checkpoint)}))
+    thinker.load()
+    try:
+        result = drive(thinker, [Arrival(f"t{i}", {"temperature": 0.0, "max_tokens": 6}, [{"text": opening + q}])
+                                 for i, q in enumerate(("what is first?", "and what is second?"))])
+    finally:
+        thinker.close()
+    data = [[o.data for o in result.outputs[f"t{i}"] if o.data] for i in range(2)]
+    plain = runner(checkpoint, prefix_caching=False)
+    hits = []
+    for i, item in enumerate(data):
+        before = talker.kv.prefix_hits
+        got = drive(talker, [whole(f"p{i}", GREEDY, item)])
+        hits.append(talker.kv.prefix_hits - before)
+        assert frames(got, f"p{i}") == frames(drive(plain, [whole(f"p{i}", GREEDY, item)]), f"p{i}")
+    assert hits[1] >= hits[0] + 2 * talker.kv.block_tokens, hits  # the opening's blocks, at least
+    assert plain.kv.prefix_hits == 0

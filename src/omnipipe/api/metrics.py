@@ -65,7 +65,10 @@ class RequestClock:
             audio_duration_s=duration, rtf=(e2e / duration) if duration > 0 else None,
             num_output_tokens=self.num_tokens, stages=stages, edges=edges,
             num_prompt_tokens=sum(int(m.get("prompt_tokens", 0)) for m in stages.values()),
-            num_cached_tokens=sum(int(m.get("cached_prompt_tokens", 0)) for m in stages.values()),
+            # a prompt's tokens found in a prefix cache, where they count as prompt tokens (a talker's prompt is made
+            # of the thinker's; what it shares is in its stage's figures, not the request's usage)
+            num_cached_tokens=sum(int(m.get("cached_prompt_tokens", 0)) for m in stages.values()
+                                  if int(m.get("prompt_tokens", 0))),
             hops_s=self.hops(plan, stages, end_s) if plan else {},
         )
 

@@ -3,16 +3,32 @@ merged by the model's own code), fed to the decoder ``prefill_chunk_tokens`` at 
 later stage needs gathered over the pieces. A family whose pieces carry more (Qwen3's DeepStack:
 ``models/qwen3_omni/modeling/deepstack.py``) extends ``next_piece``.
 
+``content_keys`` names each position of a prompt given as embeddings (a talker's, built from the thinker's hidden
+states) for the prefix cache: by its input row and its rope position, on which its KV depends with those before it.
+
 ``capture_decoder_inputs`` runs a multimodal model's forward only up to its language model and returns what the model
 would have fed it (``inputs_embeds``, and whatever else the family's language model reads): the vision and audio
 towers run once, whatever the number of pieces."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+def content_keys(inputs_embeds: torch.Tensor, position_ids: torch.Tensor) -> list[bytes]:
+    """Each position's prefix-cache key (``kv_cache.block_hashes``) of a prompt given as its decoder's input rows
+    ``inputs_embeds`` [1, T, D] at rope positions ``position_ids`` [..., 1, T] (or [..., T]): a digest of the row's
+    bytes and its positions. Two prompts share a block only where every row and position up to its end is the same
+    (the KV of a position is a function of those), so a prefix is shared exactly and never approximately."""
+    rows = inputs_embeds.detach()[0].contiguous().cpu()
+    positions = position_ids.detach().reshape(-1, rows.shape[0]).t().contiguous().cpu().to(torch.int64)
+    row_bytes, position_bytes = rows.view(torch.uint8).numpy(), positions.numpy()  # [T, D x bytes], [T, axes]
+    return [hashlib.blake2b(row_bytes[i].tobytes() + position_bytes[i].tobytes(), digest_size=16).digest()
+            for i in range(rows.shape[0])]
 
 
 class _Captured(Exception):

@@ -5,8 +5,10 @@ Every decoding request of the stage steps in one forward of the talker's decoder
 paged KV cache, each row its own length): a row's input is the codec embedding of its last code plus its next reply
 item, projected as the model does, at its own rope position (at decode the three multimodal rows are the row's
 cache length plus its own rope delta, which its prompt's media set). A request's prefill reads the thinker's prompt
-part and first reply item, and is fed ``prefill_chunk_tokens`` at a time between the others' decode steps; it
-reserves the KV of its prompt and ``max_tokens`` codes first (or waits for memory). Each later step reads the next
+part and first reply item, builds its prompt (``stage/prompt_pieces.py``), reserves the KV of the prompt and
+``max_tokens`` codes (or waits for memory), its leading blocks shared where an earlier request computed them (a
+conversation's earlier turns: keyed by input rows and positions, ``content_keys``), and is fed
+``prefill_chunk_tokens`` at a time between the others' decode steps. Each later step reads the next
 reply item (then the text-end embedding, then the pad embedding for ever once the thinker is done). Under async
 chunk a request whose reply item has not arrived yet waits for it (``WAITING_FOR_CHUNK``) while the others step.
 
@@ -33,6 +35,7 @@ from omnipipe.models.qwen2_5_omni.processors import DEFAULT_SPEAKER, Qwen25Talke
 from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
+from omnipipe.stage.prompt_pieces import PromptPieces, content_keys
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
@@ -54,9 +57,7 @@ class Qwen25TalkerState(DecodeState):
     replies: list[torch.Tensor] = field(default_factory=list)  # reply items not read yet
     thinker_done: bool = False
     tail: list[torch.Tensor] = field(default_factory=list)  # text-end, then pad: read after the reply
-    prompt_embeds: torch.Tensor | None = None  # [1, prompt, hidden] projected, while the prefill is in pieces
-    prompt_positions: torch.Tensor | None = None  # [3, 1, prompt]
-    prompt_fed: int = 0  # of ``prompt_embeds``: tokens already in the cache
+    pieces: PromptPieces | None = None  # the prompt projected [1, prompt, hidden] at [3, 1, prompt], while prefilled
 
 
 class Qwen25TalkerRunner(BatchedDecoderRunner):
@@ -111,16 +112,30 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
 
     # ------------------------------------------------------------------------------------------------ prefill
     def _start(self, request: StageRequest) -> RunnerOutput | None:
-        """Reserve the request's KV, read its first input and build its prompt (embeddings projected, positions);
-        an output when it must wait or fail."""
-        rid = request.request_id
-        part = next((chunk["prompt"] for chunk in request.inputs if "prompt" in chunk), None)
-        if part is None:
-            return RunnerOutput.failed(rid, "the talker's first input carries no thinker prompt part")
-        max_codes = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
-        waiting = self.reserve(request, len(part["input_ids"]) + 2 + max_codes)
+        """Read the request's first input, build its prompt (embeddings projected, positions) and reserve its KV,
+        the leading blocks an earlier request computed (a conversation's earlier turns) shared; an output when it
+        must wait or fail."""
+        if request.runner_state is None:
+            failed = self._prompt(request)
+            if failed is not None:
+                return failed
+        state: Qwen25TalkerState = request.runner_state
+        assert state.pieces is not None  # made by _prompt, cleared once the request is prefilled
+        waiting = self.reserve(request, state.pieces.length + state.max_tokens,
+                               content_keys(state.pieces.inputs_embeds, state.pieces.position_ids))
         if waiting is not None:
             return waiting
+        if request.num_cached_tokens:
+            state.pieces.skip(request.num_cached_tokens, {})
+        return None
+
+    def _prompt(self, request: StageRequest) -> RunnerOutput | None:
+        """The request's state with its prompt, from its first input; the output that fails it when that input is
+        not a talker's."""
+        rid = request.request_id
+        if not any("prompt" in chunk for chunk in request.inputs):
+            return RunnerOutput.failed(rid, "the talker's first input carries no thinker prompt part")
+        max_codes = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
         prompt, replies, done = self._read(request)
         if prompt is None or (not replies and not done):
             return RunnerOutput.failed(rid, "the talker's first input carries no reply item")
@@ -151,33 +166,32 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         request.runner_state = Qwen25TalkerState(
             sampling, sampling.make_generator(salt=1), max_codes, prompt_ids=talker_ids, speaker=speaker,
             rope_delta=int(deltas[0, 0] - (1 - mask).sum()), replies=replies[1:], thinker_done=done,
-            tail=[eos_embed, pad_embed], prompt_embeds=model.thinker_to_talker_proj(embeds[None]),
-            prompt_positions=positions)
+            tail=[eos_embed, pad_embed], pieces=PromptPieces(model.thinker_to_talker_proj(embeds[None]), positions))
         return None
 
     def prefill_piece(self, request: StageRequest, budget: int,
                       wait: bool) -> tuple[RunnerOutput | torch.Tensor, int]:
         """Feed the next piece of the request's prompt (at most ``budget`` tokens): the last position's logits once
         the whole prompt is in, else the output to return now; and the tokens fed."""
-        if request.runner_state is None:
+        if not self.kv.holds(request.request_id):
             waiting = self._start(request)
             if waiting is not None:
                 return waiting, 0
         state: Qwen25TalkerState = request.runner_state
         if budget < 1:
             return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
-        embeds, positions = state.prompt_embeds, state.prompt_positions
-        assert embeds is not None and positions is not None  # set by _start, cleared once the request is prefilled
-        start = state.prompt_fed
-        end = min(start + budget, embeds.shape[1])
-        self.kv.bind([request.request_id], end - start)
-        logits = self._forward(embeds[:, start:end], positions[:, :, start:end])
-        state.prompt_fed = end
-        if end < embeds.shape[1]:
-            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), end - start
-        state.prompt_embeds = state.prompt_positions = None
+        pieces = state.pieces
+        assert pieces is not None  # made by _start, cleared once the request is prefilled
+        piece = pieces.next_piece(budget)
+        tokens = int(piece["inputs_embeds"].shape[1])
+        self.kv.bind([request.request_id], tokens)
+        logits = self._forward(piece["inputs_embeds"], piece["position_ids"])
+        pieces.record(tokens, None)
+        if pieces.remaining:
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
+        state.pieces = None
         request.prefilled = True
-        return logits[0], end - start
+        return logits[0], tokens
 
     # ------------------------------------------------------------------------------------------------- steps
     def _forward(self, projected: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

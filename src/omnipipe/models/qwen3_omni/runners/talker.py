@@ -6,7 +6,9 @@ The prefill is the model's: the prompt's user turns projected into the talker (t
 states), then the assistant's opening with the codec's think/speaker/bos ids. It starts once the thinker's first
 chunk (the prompt and the first text embedding) is there, whether the scheduler gave the request a prefill step or,
 its chunk having come in while it was parked, a decode step, and feeds at most ``prefill_chunk_tokens`` a step
-(``stage/prompt_pieces.py``: a long prompt goes in pieces between the others' decode steps). Each step then feeds
+(``stage/prompt_pieces.py``: a long prompt goes in pieces between the others' decode steps). The prompt's leading
+blocks that an earlier request computed (a conversation's next turn repeats the user turns before it) come from the
+prefix cache, keyed by their input rows and positions (``content_keys``). Each step then feeds
 the sum of the last frame's code embeddings plus the next text embedding (``tts_eos`` once the text is done,
 ``tts_pad`` after). A step whose text embedding has not arrived yet waits for the thinker (``WAITING_FOR_CHUNK``).
 
@@ -34,7 +36,7 @@ from omnipipe.models.qwen3_omni.options import DEFAULT_SPEAKER, Qwen3TalkerParam
 from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, read_rows, speaker_ids
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
-from omnipipe.stage.prompt_pieces import PromptPieces
+from omnipipe.stage.prompt_pieces import PromptPieces, content_keys
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
@@ -198,10 +200,14 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         if not state.text:  # the thinker said nothing to speak
             return RunnerOutput.decoded(request.request_id, "stop")
         inputs_embeds, position_ids = self._prompt_inputs(request, state, prompt)
-        waiting = self.reserve(request, int(inputs_embeds.shape[1]) + state.max_tokens)
+        # the prompt's leading blocks another request computed (an earlier turn of the conversation) are shared
+        waiting = self.reserve(request, int(inputs_embeds.shape[1]) + state.max_tokens,
+                               content_keys(inputs_embeds, position_ids))
         if waiting is not None:
             return waiting
         state.pieces, state.prompt = PromptPieces(inputs_embeds, position_ids), None
+        if request.num_cached_tokens:
+            state.pieces.skip(request.num_cached_tokens, {})
         return None
 
     def prefill_piece(self, request: StageRequest, budget: int,
