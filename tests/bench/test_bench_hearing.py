@@ -34,7 +34,8 @@ def test_the_questions_are_twenty_whole_and_four_with_a_pause() -> None:
 
 
 def test_bad_flags_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--speeds", "fast"], ["--speeds", "9"], ["--deliveries", "loud"], ["--questions", "0"]):
+    for argv in (["--speeds", "fast"], ["--speeds", "9"], ["--deliveries", "loud"], ["--voices", "nobody"],
+                 ["--questions", "0"]):
         with pytest.raises(SystemExit):
             main(argv)
         assert argv[0] in capsys.readouterr().err
@@ -42,11 +43,14 @@ def test_bad_flags_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> No
 
 @pytest.mark.models
 def test_the_paused_question_is_heard_whole_live(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The first question ("What is the capital of, um," a pause, "Italy?") spoken by the tts pipeline, heard live
-    (passes, then the final pass) and whole: both keep the word after the pause."""
+    """The first question ("What is the capital of, um," a pause, "Italy?") spoken in both packaged voices (the tts
+    pipeline's and hibari-tts's), heard live (one pass over the turn's speech) and whole: both keep the word after
+    the pause."""
     pytest.importorskip("faster_whisper")
     assert main(["--questions", "1", "--speeds", "1", "--deliveries", "steady", "--cache-dir", str(tmp_path / "c"),
                  "--json", str(tmp_path / "heard.json")]) == 0
-    (heard,) = json.loads((tmp_path / "heard.json").read_text())["results"]
-    assert "italy" in said(heard["live"]) and "italy" in said(heard["whole"]), heard
+    results = json.loads((tmp_path / "heard.json").read_text())["results"]
+    assert [r["voice"] for r in results] == ["joe", "heart"]
+    for heard in results:
+        assert "italy" in said(heard["live"]) and "italy" in said(heard["whole"]), heard
     assert "WER live" in capsys.readouterr().out

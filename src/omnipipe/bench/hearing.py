@@ -2,14 +2,17 @@
 fitted to it) against one decode of the whole clip, on spoken questions, per delivery and speed, with every
 misheard question listed.
 
-    omnipipe bench hearing [--speeds 0.8,1.25] [--deliveries steady,varied] [--questions 24] [--json FILE]
+    omnipipe bench hearing [--voices joe,heart] [--speeds 0.8,1.25] [--deliveries steady,varied] [--questions 24]
+                           [--json FILE]
 
 The questions: 4 with a thinking pause ("What is the capital of, um," 0.8 s of quiet, "Italy?") and 20 short
-factual ones of ``bench quality`` (the paused ones among them, said without the pause). Each is spoken by the tts
-pipeline (``Omni("tts")``, the packaged Piper voice ``joe``; made once and cached under
-``cache_root()/bench-hearing``) at each ``--speeds`` and each delivery: ``steady`` (the talker's noise 0: the same
-samples every run) and ``varied`` (the voice's own noise: a person saying it a little differently). The voice is
-resampled to 24 kHz pcm16, as a microphone's audio reaches a session.
+factual ones of ``bench quality`` (the paused ones among them, said without the pause). Each is spoken (made once and
+cached under ``cache_root()/bench-hearing``) by each of the two packaged voices: ``joe``, the tts pipeline's
+(``Omni("tts")``: Piper's ``joe``, a man's voice), and ``heart``, a woman's voice of another make (the
+``hibari-tts`` package's bundled voice, Kokoro-distilled, run as that package runs it); at each ``--speeds`` and
+each delivery: ``steady`` (the voice's noise fixed: the same samples every run) and ``varied`` (its own noise: a
+person saying it a little differently). The speech is resampled to 24 kHz pcm16, as a microphone's audio reaches a
+session.
 
 Each clip is heard as a realtime session hears it (``server/routes/realtime/live_transcript.py``): one pass with
 the session's extras (``FINAL_EXTRA``: a fitted window) over the speech from 300 ms before it starts (the VAD's
@@ -40,6 +43,7 @@ import numpy as np
 
 from omnipipe.bench.quality import QUESTIONS
 from omnipipe.bench.report import machine_info, write_json
+from omnipipe.bench.second_voice import SECOND_VOICE, second_voice_pcm16
 from omnipipe.bench.voice_questions import cut_trailing_quiet
 from omnipipe.protocol.audio import PCM16_RATE_HZ
 from omnipipe.util.audio import word_error_rate
@@ -62,7 +66,8 @@ FILLERS = frozenset({"um", "uh", "er", "hmm"})
 # a number said is a number written
 _NUMBERS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
             "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty")
-DELIVERIES = {"steady": {"noise_scale": 0.0, "noise_w": 0.0}, "varied": {}}  # talker options
+DELIVERIES = {"steady": {"noise_scale": 0.0, "noise_w": 0.0}, "varied": {}}  # joe's talker options
+VOICES = ("joe", SECOND_VOICE)  # the tts pipeline's Piper voice, and hibari-tts's bundled voice
 
 
 @dataclass(frozen=True)
@@ -101,23 +106,31 @@ def word_errors(reference: Sequence[str], heard: Sequence[str]) -> int:
 
 # ---------------------------------------------------------------------------------------------------- speech
 class Speaker:
-    """Questions spoken by the tts pipeline (one ``Omni("tts")`` per delivery, started on first use), cached."""
+    """Questions spoken by the packaged voices (``joe``: one ``Omni("tts")`` per delivery; ``heart``: hibari-tts;
+    each started on first use), cached."""
 
     def __init__(self, cache_dir: Path) -> None:
         self.cache_dir = cache_dir
         self._engines: dict[str, Omni] = {}
 
-    def speak(self, text: str, delivery: str, speed: float) -> np.ndarray:
-        """``text`` at ``speed``, float32 at 24 kHz, ending at its last speech sample."""
-        key = hashlib.sha256(json.dumps([text, delivery, speed, DELIVERIES[delivery]]).encode()).hexdigest()[:24]
+    def speak(self, text: str, voice: str, delivery: str, speed: float) -> np.ndarray:
+        """``text`` in ``voice`` at ``speed``, float32 at 24 kHz, ending at its last speech sample."""
+        named = [text, delivery, speed, DELIVERIES[delivery]] if voice == "joe" else [text, voice, delivery, speed]
+        key = hashlib.sha256(json.dumps(named).encode()).hexdigest()[:24]
         path = self.cache_dir / f"{key}.pcm"
         if not path.is_file():
             self.cache_dir.mkdir(parents=True, exist_ok=True)
             partial = path.with_suffix(".partial")
-            partial.write_bytes(self._synthesize(text, delivery, speed))
+            make = self._synthesize if voice == "joe" else self._heart_says
+            partial.write_bytes(make(text, delivery, speed))
             partial.replace(path)
         pcm16 = cut_trailing_quiet(path.read_bytes())
         return np.frombuffer(pcm16, "<i2").astype(np.float32) / 32768.0
+
+    @staticmethod
+    def _heart_says(text: str, delivery: str, speed: float) -> bytes:
+        """The second voice (``second_voice.py``): ``steady`` with its noise seeded, ``varied`` drawn."""
+        return second_voice_pcm16(text, speed, seed=0 if delivery == "steady" else None)
 
     def _synthesize(self, text: str, delivery: str, speed: float) -> bytes:
         from omnipipe.api.omni import Omni
@@ -141,12 +154,14 @@ class Speaker:
         self._engines.clear()
 
 
-def turn_audio(speaker: Speaker, question: SpokenText, delivery: str, speed: float) -> np.ndarray:
+def turn_audio(speaker: Speaker, question: SpokenText, voice: str, delivery: str, speed: float) -> np.ndarray:
     """The turn's speech as the session passes it to transcription (24 kHz, pcm16 values): prefix padding, the
     question (its pause, if any), the quiet before the final pass."""
-    parts = [np.zeros(int(PREFIX_PADDING_S * PCM16_RATE_HZ), np.float32), speaker.speak(question.head, delivery, speed)]
+    parts = [np.zeros(int(PREFIX_PADDING_S * PCM16_RATE_HZ), np.float32),
+             speaker.speak(question.head, voice, delivery, speed)]
     if question.tail:
-        parts += [np.zeros(int(PAUSE_S * PCM16_RATE_HZ), np.float32), speaker.speak(question.tail, delivery, speed)]
+        parts += [np.zeros(int(PAUSE_S * PCM16_RATE_HZ), np.float32),
+                  speaker.speak(question.tail, voice, delivery, speed)]
     parts.append(np.zeros(int(QUIET_AFTER_S * PCM16_RATE_HZ), np.float32))
     return np.concatenate(parts)
 
@@ -178,6 +193,7 @@ class Listener:
 
 @dataclass
 class Heard:
+    voice: str
     delivery: str
     speed: float
     question: str
@@ -188,28 +204,32 @@ class Heard:
     words: int
 
 
-def hear(listener: Listener, speaker: Speaker, question: SpokenText, delivery: str, speed: float) -> Heard:
-    audio = turn_audio(speaker, question, delivery, speed)
+def hear(listener: Listener, speaker: Speaker, question: SpokenText, voice: str, delivery: str,
+         speed: float) -> Heard:
+    audio = turn_audio(speaker, question, voice, delivery, speed)
     live, whole = listener.live(audio), listener.whole(audio)
     reference = said(question.text)
-    return Heard(delivery, speed, question.text, live, whole, word_errors(reference, said(live)),
+    return Heard(voice, delivery, speed, question.text, live, whole, word_errors(reference, said(live)),
                  word_errors(reference, said(whole)), len(reference))
 
 
 def format_table(results: list[Heard]) -> str:
-    groups: dict[tuple[str, float], list[Heard]] = {}
+    groups: dict[tuple[str, str, float], list[Heard]] = {}
     for r in results:
-        groups.setdefault((r.delivery, r.speed), []).append(r)
-    groups[("all", 0.0)] = results
-    lines = [f"{'Delivery':<9} {'Speed':>5} {'Questions':>9} {'WER live':>9} {'WER whole':>9} {'Live worse':>10} "
-             f"{'Live better':>11}"]
-    for (delivery, speed), rows in groups.items():
+        groups.setdefault((r.voice, r.delivery, r.speed), []).append(r)
+    for voice in dict.fromkeys(r.voice for r in results):
+        groups[(voice, "all", 0.0)] = [r for r in results if r.voice == voice]
+    groups[("all", "all", 0.0)] = results
+    lines = [f"{'Voice':<6} {'Delivery':<9} {'Speed':>5} {'Questions':>9} {'WER live':>9} {'WER whole':>9} "
+             f"{'Live worse':>10} {'Live better':>11}"]
+    for (voice, delivery, speed), rows in groups.items():
         total = sum(r.words for r in rows)
         live, whole = sum(r.live_errors for r in rows) / total, sum(r.whole_errors for r in rows) / total
         worse = sum(r.live_errors > r.whole_errors for r in rows)
         better = sum(r.live_errors < r.whole_errors for r in rows)
         shown = "" if delivery == "all" else f"{speed:g}"
-        lines.append(f"{delivery:<9} {shown:>5} {len(rows):>9} {live:>9.1%} {whole:>9.1%} {worse:>10} {better:>11}")
+        lines.append(f"{voice:<6} {delivery:<9} {shown:>5} {len(rows):>9} {live:>9.1%} {whole:>9.1%} {worse:>10} "
+                     f"{better:>11}")
     return "\n".join(lines)
 
 
@@ -219,7 +239,7 @@ def format_misheard(results: list[Heard]) -> str:
         return "misheard: none"
     lines = ["misheard (errors live / whole):"]
     for r in missed:
-        lines.append(f"  {r.delivery} x{r.speed:g} {r.question!r}: live {r.live!r} ({r.live_errors}), "
+        lines.append(f"  {r.voice} {r.delivery} x{r.speed:g} {r.question!r}: live {r.live!r} ({r.live_errors}), "
                      f"whole {r.whole!r} ({r.whole_errors})")
     return "\n".join(lines)
 
@@ -234,19 +254,22 @@ def _floats(value: str) -> list[float]:
     return speeds
 
 
-def _deliveries(value: str) -> list[str]:
-    names = [v.strip() for v in value.split(",") if v.strip()]
-    unknown = [n for n in names if n not in DELIVERIES]
-    if not names or unknown:
-        raise argparse.ArgumentTypeError(f"deliveries among {', '.join(DELIVERIES)}, got {value!r}")
-    return names
+def _names(known: Sequence[str], what: str) -> Any:
+    def parse(value: str) -> list[str]:
+        names = [v.strip() for v in value.split(",") if v.strip()]
+        if not names or any(n not in known for n in names):
+            raise argparse.ArgumentTypeError(f"{what} among {', '.join(known)}, got {value!r}")
+        return names
+    return parse
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--speeds", type=_floats, default=[0.8, 1.25], help="speaking rates (default 0.8,1.25)")
-    parser.add_argument("--deliveries", type=_deliveries, default=list(DELIVERIES),
-                        help="steady (the talker's noise 0), varied (its own noise); default both")
+    parser.add_argument("--voices", type=_names(VOICES, "voices"), default=list(VOICES),
+                        help="joe (the tts pipeline's), heart (hibari-tts's bundled voice); default both")
+    parser.add_argument("--deliveries", type=_names(list(DELIVERIES), "deliveries"), default=list(DELIVERIES),
+                        help="steady (the voice's noise fixed), varied (its own noise); default both")
     parser.add_argument("--questions", type=int, default=PLAIN + len(PAUSED),
                         help=f"how many questions, the {len(PAUSED)} paused ones first (default "
                              f"{PLAIN + len(PAUSED)})")
@@ -261,10 +284,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: list[Heard] = []
     started_s = time.perf_counter()
     try:
-        for delivery in args.deliveries:
-            for speed in args.speeds:
-                for question in chosen:
-                    results.append(hear(listener, speaker, question, delivery, speed))
+        for voice in args.voices:
+            for delivery in args.deliveries:
+                for speed in args.speeds:
+                    for question in chosen:
+                        results.append(hear(listener, speaker, question, voice, delivery, speed))
     finally:
         speaker.close()
     print(format_table(results))

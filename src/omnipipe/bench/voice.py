@@ -2,14 +2,15 @@
 the voice page feels, with one or many sessions at once, and with each variant of the server side by side.
 
     omnipipe bench voice [--url URL] [--concurrency 1,4,8] [--modes commit,server_vad,semantic_vad] [--questions 3]
-                         [--question-set voice|quality] [--pause-s 0.8] [--variants baseline] [--json FILE]
+                         [--question-set voice|quality] [--question-voice server|heart] [--pause-s 0.8]
+                         [--variants baseline] [--json FILE]
 
 Without ``--url`` it starts ``omnipipe serve --pipeline default`` on a free loopback port (a server per distinct
 deploy among the variants, one after the other), waits for ``/health``, and stops it at the end.
 
 Each run is a variant, a mode and a concurrency c: c realtime sessions start half a second apart
 (``--stagger-s``), and each asks ``--questions`` short factual questions in turn, spoken by the server's tts
-pipeline and streamed at real-time pace in 40 ms chunks (``bench/voice_session.py`` says how a turn ends in each
+pipeline (or with ``--question-voice heart`` by the second packaged voice, ``bench/second_voice.py``) and streamed at real-time pace in 40 ms chunks (``bench/voice_session.py`` says how a turn ends in each
 mode: ``commit``, the client commits at the end of speech; ``server_vad``, the server's VAD at its defaults;
 ``semantic_vad``, the VAD with the end-of-turn model, eagerness auto). ``--pause-s S`` speaks every question with
 a thinking pause of S seconds after a filler ("What is the capital of, um," ... "Italy?").
@@ -45,7 +46,13 @@ import yaml
 
 from omnipipe.bench.gateway import BenchError, Child, stop_children, wait_until
 from omnipipe.bench.report import machine_info, write_json
-from omnipipe.bench.voice_questions import QUESTION_SETS, SpokenQuestion, spoken_questions, transcribe
+from omnipipe.bench.voice_questions import (
+    QUESTION_SETS,
+    QUESTION_VOICES,
+    SpokenQuestion,
+    spoken_questions,
+    transcribe,
+)
 from omnipipe.bench.voice_report import format_rows, server_histogram, server_mean_ms, summarize_turns
 from omnipipe.bench.voice_session import SessionPlan, Turn, run_session
 from omnipipe.bench.voice_variants import MODES, VARIANTS, Variant, parse_variants, session_update
@@ -157,6 +164,8 @@ def _spoken(client: httpx.Client, model: str, args: argparse.Namespace) -> list[
     """The questions spoken by the server; a server that cannot speak (a Qwen-Omni pipeline serves no
     ``/v1/audio/speech``) asks them in the default pipeline's voice, as a run against it cached them."""
     questions = QUESTION_SETS[args.question_set]
+    if args.question_voice != "server":
+        return spoken_questions(client, model, args.spoken_cache_dir, args.pause_s, questions, args.question_voice)
     try:
         return spoken_questions(client, model, args.spoken_cache_dir, args.pause_s, questions)
     except RuntimeError as cannot:
@@ -196,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--questions", type=int, default=3, help="questions per session (default: %(default)s)")
     parser.add_argument("--question-set", default="voice", choices=list(QUESTION_SETS),
                         help="voice: 8 short questions (default); quality: the 30 of bench quality")
+    parser.add_argument("--question-voice", default="server", choices=list(QUESTION_VOICES),
+                        help="who asks: the server's tts (default), or heart, the second packaged voice (a woman's, "
+                             "hibari-tts's, spoken in this process)")
     parser.add_argument("--pause-s", type=float, default=0.0,
                         help="a thinking pause this long in the middle of every question (default: none)")
     parser.add_argument("--stagger-s", type=float, default=0.5, help="between session starts (default: %(default)s)")
@@ -255,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_json(args.json, {"meta": {"url": args.url, "pipeline": args.pipeline, "modes": modes,
                                         "concurrency": levels, "questions": args.questions, "pause_s": args.pause_s,
-                                        "question_set": args.question_set,
+                                        "question_set": args.question_set, "question_voice": args.question_voice,
                                         "stagger_s": args.stagger_s, "max_tokens": args.max_tokens,
                                         "variants": [{"name": v.name, "about": v.about, "deploy": v.deploy,
                                                       "session": v.session} for v in variants],

@@ -2,7 +2,8 @@
 
 The questions are short factual ones of ``bench quality`` whose answer has a key word ("Paris"). Each is spoken by
 the server's tts pipeline (``/v1/audio/speech``, 24 kHz pcm16, made once and cached as ``bench serve``'s spoken
-dataset is), and its trailing quiet is cut, so the clip ends at its last speech sample: the moment the bench times
+dataset is), or in the second packaged voice (``second_voice.py``: ``--question-voice heart``, cached beside them),
+and its trailing quiet is cut, so the clip ends at its last speech sample: the moment the bench times
 the turn from. An answer is right when its audio, transcribed by the server's ``/v1/audio/transcriptions``, holds
 the key word.
 
@@ -13,6 +14,8 @@ think mid-sentence, the case a VAD cuts and an end-of-turn model should wait thr
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +23,7 @@ import httpx
 import numpy as np
 
 from omnipipe.bench.quality import QUESTIONS, Question, is_correct
+from omnipipe.bench.second_voice import SECOND_VOICE, second_voice_pcm16
 from omnipipe.bench.serve_datasets import default_spoken_cache, speak
 from omnipipe.protocol.audio import PCM16_RATE_HZ, PCM16_SAMPLE_BYTES
 from omnipipe.protocol.worker import TRANSCRIPTION_PATH
@@ -67,16 +71,31 @@ def cut_trailing_quiet(pcm16: bytes) -> bytes:
     return pcm16[:(int(loud[-1]) + 1) * frame * PCM16_SAMPLE_BYTES]
 
 
+QUESTION_VOICES = ("server", SECOND_VOICE)  # ``--question-voice``: the server's tts, or the second packaged voice
+
+
 def spoken_questions(client: httpx.Client, model: str, cache_dir: Path | None = None, pause_s: float = 0.0,
-                     questions: tuple[Question, ...] = VOICE_QUESTIONS) -> list[SpokenQuestion]:
-    """Every question of ``questions`` spoken by the server (RuntimeError when it cannot speak); with ``pause_s``,
-    each of ``VOICE_QUESTIONS`` as its ``PAUSED`` head, that much silence, and the rest."""
+                     questions: tuple[Question, ...] = VOICE_QUESTIONS, voice: str = "server") -> list[SpokenQuestion]:
+    """Every question of ``questions`` spoken by the server (RuntimeError when it cannot speak) or, with ``voice``
+    ``heart``, by the second packaged voice; with ``pause_s``, each of ``VOICE_QUESTIONS`` as its ``PAUSED`` head,
+    that much silence, and the rest."""
     cache = cache_dir or default_spoken_cache()
+
+    def said(text: str) -> bytes:
+        if voice == "server":
+            return cut_trailing_quiet(speak(client, model, text, cache))
+        path = cache / f"{hashlib.sha256(json.dumps([voice, text]).encode()).hexdigest()[:24]}.pcm"
+        if not path.is_file():
+            cache.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(".partial")
+            partial.write_bytes(second_voice_pcm16(text))
+            partial.replace(path)
+        return cut_trailing_quiet(path.read_bytes())
+
     if not pause_s:
-        return [SpokenQuestion(q, cut_trailing_quiet(speak(client, model, q.text, cache))) for q in questions]
+        return [SpokenQuestion(q, said(q.text)) for q in questions]
     silence = bytes(round(pause_s * PCM16_RATE_HZ) * PCM16_SAMPLE_BYTES)
-    return [SpokenQuestion(q, cut_trailing_quiet(speak(client, model, head, cache)) + silence
-                           + cut_trailing_quiet(speak(client, model, tail, cache)))
+    return [SpokenQuestion(q, said(head) + silence + said(tail))
             for q, (head, tail) in zip(VOICE_QUESTIONS, PAUSED, strict=True)]
 
 
