@@ -8,13 +8,13 @@ the voice page feels, with one or many sessions at once, and with each variant o
 Without ``--url`` it starts ``omnipipe serve --pipeline default`` on a free loopback port (a server per distinct
 deploy among the variants, one after the other), waits for ``/health``, and stops it at the end.
 
-Each run is a variant, a mode and a concurrency c: c realtime sessions start half a second apart
-(``--stagger-s``), and each asks ``--questions`` short factual questions in turn, spoken by the server's tts
-pipeline (or with ``--question-voice heart`` by the second packaged voice, ``bench/second_voice.py``) and streamed at real-time pace in 40 ms chunks (``bench/voice_session.py`` says how a turn ends in each
-mode: ``commit``, the client commits at the end of speech; ``server_vad``, the server's VAD at its defaults;
-``semantic_vad``, the VAD with the end-of-turn model, eagerness auto). ``--pause-s S`` speaks every question with
-a thinking pause of S seconds after a filler ("What is the capital of, um," ... "Italy?").
-A warm-up turn per mode runs first on each server, unmeasured.
+Each run is a variant, a mode and a concurrency c: c realtime sessions start half a second apart (``--stagger-s``),
+and each asks ``--questions`` short factual questions in turn, spoken by the server's tts pipeline (or with
+``--question-voice heart`` by the second packaged voice, ``bench/second_voice.py``) and streamed at real-time pace
+in 40 ms chunks (``bench/voice_session.py`` says how a turn ends in each mode: ``commit``, the client commits at the
+end of speech; ``server_vad``, the server's VAD at its defaults; ``semantic_vad``, the VAD with the end-of-turn
+model, eagerness auto). ``--pause-s S`` speaks every question with a thinking pause of S seconds after a filler
+("What is the capital of, um," ... "Italy?"). A warm-up turn per mode runs first on each server, unmeasured.
 
 Columns: ``Turns ok`` (answered turns / asked); ``Cut``: questions the server took for more than one turn (a
 cut turn fails and ends its session); ``p50 ms``, ``p99 ms``, ``max ms``: end of speech (the last speech
