@@ -44,6 +44,9 @@ from omnipipe.models.toy import processors as toy_processors
 from omnipipe.models.toy.runners.talker import ToyTalkerRunner
 from omnipipe.models.toy.runners.thinker import ToyThinkerRunner
 from omnipipe.models.toy.runners.vocoder import ToyVocoderRunner
+from omnipipe.models.voxtral import pipeline as voxtral_pipeline
+from omnipipe.models.voxtral import processors as voxtral_processors
+from omnipipe.models.voxtral.runners.thinker import VoxtralThinkerRunner
 from omnipipe.protocol.realtime import CLIENT_EVENT_MODELS
 from omnipipe.stage.paged_attention import register_kernel
 from omnipipe.stage.runner_driver import ForwardCounter
@@ -57,18 +60,18 @@ _ = SimpleNamespace()
 # processors, weight preparation and status, voice lists (models/*/pipeline.py) and tiny checkpoint writers
 # (models/registry.py).
 _PIPELINES = (default_pipeline.DEFAULT, default_pipeline.TTS, default_pipeline.ASR, image_pipeline.IMAGE,
-              image_pipeline.THINK_AND_DRAW, toy_pipeline.TTS_PIPELINE)
+              image_pipeline.THINK_AND_DRAW, toy_pipeline.TTS_PIPELINE, voxtral_pipeline.TRANSCRIBE_PIPELINE)
 _STAGE_RUNNERS = (WhisperEncoderRunner, DiffusersRunner, qwen2_5_thinker.Qwen25ThinkerRunner,
                   qwen2_5_talker.Qwen25TalkerRunner, Qwen25Token2WavRunner, qwen3_thinker.Qwen3ThinkerRunner,
                   qwen3_talker.Qwen3TalkerRunner, Qwen3Code2WavRunner, ToyThinkerRunner, ToyTalkerRunner,
-                  ToyVocoderRunner)
+                  ToyVocoderRunner, VoxtralThinkerRunner)
 _PROCESSORS = (default_processors.default_prompt, default_processors.tts_prompt, default_processors.asr_prompt,
                default_processors.encoder2thinker, default_processors.thinker2talker, image_processors.image_prompt,
                image_processors.think_and_draw_prompt, image_processors.thinker2diffusion,
                qwen2_5_processors.omni_prompt, qwen2_5_processors.thinker2talker,
                qwen2_5_processors.talker2token2wav, qwen2_5_processors.talker2token2wav_async_chunk,
                qwen3_processors.thinker2talker, toy_processors.text_prompt, toy_processors.tts_prompt,
-               toy_processors.thinker2talker)
+               toy_processors.thinker2talker, voxtral_processors.transcription_prompt)
 _WEIGHTS = (default_prepare.prepare_all, default_prepare.speech_status, image_prepare.prepare_image,
             image_prepare.image_status, image_prepare.prepare_think_and_draw, image_prepare.think_and_draw_status,
             list_voices, qwen2_5_load.list_speakers, qwen3_load.list_speakers, qwen2_5_tiny.write_tiny_checkpoint,

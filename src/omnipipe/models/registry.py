@@ -17,6 +17,8 @@ PIPELINES: dict[str, str] = {
     "toy": "omnipipe.models.toy.pipeline:PIPELINE",
     "toy_tts": "omnipipe.models.toy.pipeline:TTS_PIPELINE",
     "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.pipeline:PIPELINE",
+    "voxtral": "omnipipe.models.voxtral.pipeline:PIPELINE",
+    "voxtral_transcribe": "omnipipe.models.voxtral.pipeline:TRANSCRIBE_PIPELINE",
 }
 
 # pipeline -> dotted path of its family's ``write_tiny_checkpoint(directory, seed) -> Path``: a tiny random
@@ -24,6 +26,7 @@ PIPELINES: dict[str, str] = {
 TINY_CHECKPOINTS: dict[str, str] = {
     "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.weights.tiny:write_tiny_checkpoint",
     "qwen3_omni": "omnipipe.models.qwen3_omni.weights.tiny:write_tiny_checkpoint",
+    "voxtral": "omnipipe.models.voxtral.weights.tiny:write_tiny_checkpoint",
 }
 
 
