@@ -1,4 +1,5 @@
-"""Tests of the Gemma thinker: batched KV-cache decoding, sampling and the Q/A prompt format."""
+"""Tests of the Gemma thinker: batched decoding over the paged KV cache (sliding-window layers masked to their
+window by position), sampling, the prefix cache and the Q/A prompt format."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import random
 import pytest
 import torch
 
+from omnipipe.models.default.modeling.decoder import DEFAULT_KV_CACHE_TOKENS
 from omnipipe.models.default.prompting import build_prompt, prompt_parts, stop_strings
 from omnipipe.stage.sampling import TokenSamplingParams, sample_next_token
 from omnipipe.stage.text_stream import TextStream
@@ -125,7 +127,7 @@ def test_free_releases_the_cache(thinker) -> None:
 def test_request_bookkeeping_errors(thinker) -> None:
     thinker.prefill("dup", [2, 818])
     try:
-        with pytest.raises(ValueError, match="already active"):
+        with pytest.raises(ValueError, match="holds all 2 of these tokens already"):
             thinker.prefill("dup", [2, 818])
         with pytest.raises(ValueError, match="unique"):
             thinker.decode(["dup", "dup"], [5, 5])
@@ -203,13 +205,15 @@ def test_shared_prefix_cache_gives_the_same_tokens_as_a_full_prefill(thinker) ->
     preamble = thinker.tokenizer.encode(prompt_parts("x")[0])
     prompts = [preamble + thinker.tokenizer.encode(prompt_parts(q)[1], add_special_tokens=False)
                for q in ("What is the capital of France?", "Tell me about owls and their eyes.")]
-    thinker.set_shared_prefix([])
     full, full_logits = _greedy_together(thinker, prompts, 6)
-    thinker.set_shared_prefix(preamble)
+    thinker.use_kv_cache(DEFAULT_KV_CACHE_TOKENS, prefix_caching=True)
     try:
+        thinker.prefill("preamble", preamble, logits=False)
+        thinker.free("preamble")  # its full blocks stay for the prompts that begin with it
         cached, cached_logits = _greedy_together(thinker, prompts, 6)
+        assert thinker.kv.prefix_hits >= 2 * (len(preamble) // thinker.kv.block_tokens) * thinker.kv.block_tokens > 0
     finally:
-        thinker.set_shared_prefix([])
+        thinker.use_kv_cache(DEFAULT_KV_CACHE_TOKENS)
     assert cached == full
     for a, b in zip(full_logits, cached_logits, strict=False):
         for x, y in zip(a, b, strict=False):
@@ -224,31 +228,48 @@ def test_rewind_undoes_decode_steps(thinker) -> None:
     thinker.prefill("s", _encode(thinker, PROMPTS[0]))
     try:
         thinker.decode(["r", "s"], [5, 6])
-        mark = thinker.checkpoint("r")
+        mark = thinker.kv.length("r")
         expected = thinker.decode(["r"], [7])[0]
-        thinker.rewind("r", mark)
-        for _ in range(3):  # steps that "failed" half-way, appending K/V that must not count
+        thinker.kv.set_length("r", mark)
+        for _ in range(3):  # steps that "failed" half-way, writing K/V that must not count
             thinker.decode(["r", "s"], [9, 9])
-        thinker.rewind("r", mark)
+        thinker.kv.set_length("r", mark)
         torch.testing.assert_close(thinker.decode(["r"], [7])[0], expected)
     finally:
         thinker.free("r")
         thinker.free("s")
 
 
-def test_layer_cache_reset_survives_growth_and_the_sliding_window() -> None:
-    from omnipipe.models.default.modeling.decoder import LayerCache
-
-    for keep_last in (None, 4):
-        cache = LayerCache(kv_heads=1, head_dim=2, dtype=torch.float32, keep_last=keep_last)
-        for i in range(70):  # past the first reallocation
-            cache.append(torch.full((1, 1, 2), float(i)), torch.full((1, 1, 2), float(-i)))
-        before = tuple(t.clone() for t in cache.view())
-        mark = cache.mark()
-        for _ in range(200):  # appends in place and several reallocations (the window drops old entries)
-            cache.append(torch.full((1, 1, 2), 1e6), torch.full((1, 1, 2), -1e6))
-        cache.reset(mark)
-        for got, want in zip(cache.view(), before, strict=True):
+@pytest.mark.models
+def test_a_rewind_across_the_sliding_window_gives_the_steps_logits_again(thinker) -> None:
+    """A request decoding past the window's edge, rewound to before it (a failed step undone), decodes what it
+    decoded then: its sliding-window layers see the same window again."""
+    window = thinker.config.sliding_window
+    words = ("the", "cat", "sat", "on", "a", "mat", "while", "rain", "fell")
+    ids = _encode(thinker, " ".join(words[i % len(words)] for i in range(window)))[: window - 2]
+    thinker.prefill("edge", ids)
+    try:
+        mark = thinker.kv.length("edge")
+        expected = [thinker.decode(["edge"], [token])[0] for token in (5, 6, 7, 8)]  # crosses the window
+        thinker.kv.set_length("edge", mark)
+        for got, want in zip((thinker.decode(["edge"], [token])[0] for token in (5, 6, 7, 8)), expected, strict=True):
             torch.testing.assert_close(got, want)
-        cache.append(torch.full((1, 1, 2), 70.0), torch.full((1, 1, 2), -70.0))
-        assert cache.view()[0][0, -1, 0] == 70.0 and cache.view()[0][0, -2, 0] == 69.0
+    finally:
+        thinker.free("edge")
+
+
+@pytest.mark.models
+def test_the_sliding_window_mask_comes_from_the_positions(thinker) -> None:
+    """A sliding-window layer's query at position p sees the keys p - window + 1 .. p, a full layer's 0 .. p."""
+    window = thinker.config.sliding_window
+    thinker.prefill("masked", [2] + [818] * (window + 3))
+    try:
+        thinker.kv.reserve("masked", window + 5)
+        thinker.kv.bind(["masked"], 1)
+        local, causal = thinker.step_masks(thinker.kv.positions())
+        position = int(thinker.kv.positions()[0, 0])
+        assert position == window + 4
+        assert local[0, 0, 0].nonzero().flatten().tolist() == list(range(position - window + 1, position + 1))
+        assert causal[0, 0, 0].nonzero().flatten().tolist() == list(range(position + 1))
+    finally:
+        thinker.free("masked", written=False)

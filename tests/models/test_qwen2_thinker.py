@@ -1,5 +1,6 @@
 """Tests of the Qwen2 thinker: the decoder against transformers' Qwen2ForCausalLM on the same weights, batched
-KV-cache decoding, the shared system-prompt prefix and the ChatML prompt format."""
+decoding over the paged KV cache (a NaN in one request's blocks stays there), a system prompt's blocks shared by
+the prefix cache and the ChatML prompt format."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import pytest
 import torch
 
+from omnipipe.models.default.modeling.decoder import DEFAULT_KV_CACHE_TOKENS
 from omnipipe.models.default.prompting import ChatMLFormat
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -83,7 +85,6 @@ def test_greedy_tokens_and_logits_match_transformers(thinker, reference, questio
 
 @pytest.mark.models
 def test_batched_decode_matches_individual_decode(thinker) -> None:
-    thinker.set_shared_prefix([])
     prompts = [_chat_ids(thinker, q) for q in QUESTIONS]
     assert len({len(p) for p in prompts}) == len(prompts)  # different positions in one batch
     alone = [_greedy_alone(thinker, f"alone-{i}", p, DECODE_STEPS)[0] for i, p in enumerate(prompts)]
@@ -96,15 +97,38 @@ def test_shared_system_prompt_cache_gives_the_same_tokens_as_a_full_prefill(thin
     history = [{"role": "user", "content": "My name is Zorblat."}, {"role": "assistant", "content": "Hello, Zorblat!"}]
     prompts = [_chat_ids(thinker, QUESTIONS[0]), _chat_ids(thinker, "What is my name?", history)]
     assert all(p[: len(preamble)] == preamble for p in prompts)
-    thinker.set_shared_prefix([])
     full = _greedy_together(thinker, prompts, 6)
-    thinker.set_shared_prefix(preamble)
+    thinker.use_kv_cache(DEFAULT_KV_CACHE_TOKENS, prefix_caching=True)
     try:
-        assert thinker.shared_prefix_tokens(prompts[0]) == len(preamble)  # the cached prefix is what runs
+        thinker.prefill("preamble", preamble, logits=False)
+        thinker.free("preamble")  # its full blocks stay for the prompts that begin with it
+        thinker.prefill("probe", prompts[0])
+        block = thinker.kv.block_tokens
+        assert thinker.kv.shared_tokens("probe") == len(preamble) // block * block > 0  # the cached blocks run
+        thinker.free("probe")
         cached = _greedy_together(thinker, prompts, 6)
     finally:
-        thinker.set_shared_prefix([])
+        thinker.use_kv_cache(DEFAULT_KV_CACHE_TOKENS)
     assert cached == full
+
+
+@pytest.mark.models
+def test_a_nan_in_one_requests_cache_leaves_its_batch_mates_finite(thinker) -> None:
+    """A shorter row's padding reads the pool's zero row, never another request's blocks: a NaN written into one
+    request's cache stays in its own row of a batched step."""
+    prompts = [_chat_ids(thinker, q) for q in QUESTIONS[:2]]
+    thinker.prefill("poisoned", prompts[0])
+    thinker.prefill("healthy", prompts[1])
+    try:
+        blocks = thinker.kv._entries["poisoned"].blocks
+        for keys in thinker.kv.keys:
+            keys[blocks[0] * thinker.kv.block_tokens] = float("nan")
+        logits = thinker.decode(["poisoned", "healthy"], [1, 1])
+        assert torch.isnan(logits[0]).all()
+        assert torch.isfinite(logits[1]).all()
+    finally:
+        thinker.free("poisoned", written=False)
+        thinker.free("healthy")
 
 
 @pytest.mark.models

@@ -29,7 +29,8 @@ PROMPTS = (
     "Once upon a time, in a small village near the mountains, there lived a",
     "def fibonacci(n):",
 )
-PREFIX = "You are a helpful assistant. Answer each question briefly and precisely."
+PREFIX = ("You are a helpful assistant. Answer each question briefly and precisely, in one plain sentence, without "
+          "lists, tables or code.")  # longer than a KV block: the prompt extending it shares that block
 EXTENSION = " Question: What is the largest planet in our solar system? Answer:"
 DECODE_STEPS = 8
 PREFIX_DECODE_STEPS = 4
@@ -85,19 +86,25 @@ def _scenario(decoder: Any, share: Callable[[list[int]], list[int]]) -> dict[str
     for rid in request_ids:
         decoder.free(rid)
 
+    from omnipipe.models.default.modeling.decoder import DEFAULT_KV_CACHE_TOKENS
+
     prefix = decoder.tokenizer(PREFIX).input_ids
     extended = prefix + decoder.tokenizer(EXTENSION, add_special_tokens=False).input_ids
-    decoder.set_shared_prefix(prefix)
-    prefix_used = decoder.shared_prefix_tokens(extended) == len(prefix)
+    decoder.use_kv_cache(DEFAULT_KV_CACHE_TOKENS, prefix_caching=True)
+    decoder.prefill("prefix", prefix, logits=False)
+    decoder.free("prefix")  # its full blocks stay for the prompt that extends it
     request_ids = ["extended"]
     out = decoder.prefill("extended", extended)
+    block = decoder.kv.block_tokens
+    shared = decoder.kv.shared_tokens("extended")
+    tables = decoder.kv._entries["extended"].blocks  # every rank's must be the same
     record(out[None] if out is not None else None)
     for _ in range(PREFIX_DECODE_STEPS):
         record(decoder.decode(request_ids, greedy()))
     decoder.free("extended")
-    decoder.set_shared_prefix([])
+    decoder.use_kv_cache(DEFAULT_KV_CACHE_TOKENS)
     return {"logits": logits, "tokens": tokens, "skipped": skipped, "kv_cache_bytes": kv_cache_bytes,
-            "prefix_used": prefix_used}
+            "prefix_used": shared == len(prefix) // block * block > 0, "blocks": list(tables)}
 
 
 def _rank_main(model: str, rank: int, world_size: int, port: int, out_dir: Path) -> None:
@@ -192,6 +199,7 @@ def test_two_ranks_give_the_logits_of_one_process(runs) -> None:
 def test_two_ranks_pick_the_greedy_tokens_of_one_process(runs) -> None:
     single, lead = runs["single"], runs["ranks"][0]
     assert single["prefix_used"] and lead["prefix_used"]  # the extended prompt ran on the shared prefix's cache
+    assert all(rank["blocks"] == lead["blocks"] for rank in runs["ranks"])  # the ranks' block tables agree
     assert lead["tokens"] == single["tokens"]
     assert all(rank["tokens"] == single["tokens"] for rank in runs["ranks"][1:])  # what the followers were fed
 

@@ -1,7 +1,8 @@
-"""The default thinker's automatic prefix cache: a request goes on from the longest token prefix it shares with what
-an ended request ran (a conversation's next turn, another conversation with the same system prompt), with the same
-greedy tokens as a full prefill and only the rest prefilled; bounded by a byte budget (least recently used dropped
-first); a session's entries dropped by ``end_session``; through AsyncOmni, 50 sessions opened and ended leave none."""
+"""The default thinker's automatic prefix caching over its paged KV pool: a request's prompt shares the leading
+blocks an earlier request computed (a conversation's next turn: the last turn's prompt and answer; another
+conversation with the same system prompt: that prompt), with the same greedy tokens as a full prefill (float32)
+and only the rest prefilled; the blocks kept for later requests bounded by ``prefix_cache_bytes`` (least recently
+used forgotten first); through AsyncOmni, 50 sessions opened and ended leave no block held."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import time
 from typing import Any
 
 import pytest
-import torch
 
-from omnipipe.models.default.modeling.decoder import LayerCache
-from omnipipe.models.default.modeling.prefix_cache import PrefixCache, common_prefix_length
-from omnipipe.models.default.runners.thinker import ThinkerRunner, _prefix_cache
+from omnipipe.models.default.runners.thinker import (
+    DEFAULT_PREFIX_CACHE_BYTES,
+    KV_BLOCK_TOKENS,
+    ThinkerRunner,
+    _kv_options,
+)
 from omnipipe.stage.request import StageRequest
 from omnipipe.stage.runner import RunnerContext
 
@@ -26,67 +29,21 @@ QUESTIONS = ("What is the capital of France?", "And what river runs through it?"
 MAX_TOKENS = 12
 
 
-# --- the cache alone ----------------------------------------------------------------------------------------------
+def _blocks(tokens: int) -> int:
+    """The tokens of the whole blocks among ``tokens``: what a prefix shares."""
+    return tokens // KV_BLOCK_TOKENS * KV_BLOCK_TOKENS
 
 
-def _caches(num_tokens: int) -> list[LayerCache]:
-    """Two layers' caches holding ``num_tokens`` entries (each entry's values: its position)."""
-    caches = [LayerCache(1, 4, torch.float32, None) for _ in range(2)]
-    for cache in caches:
-        entries = torch.arange(num_tokens, dtype=torch.float32).view(1, num_tokens, 1).expand(1, num_tokens, 4)
-        cache.append(entries, entries)
-    return caches
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    length = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        length += 1
+    return length
 
 
-def test_lookup_copies_the_longest_shared_prefix_and_keeps_the_entry() -> None:
-    cache = PrefixCache(1 << 20)
-    cache.keep([1, 2, 3, 4, 5], _caches(5))
-    cache.keep([1, 2, 7, 7], _caches(4))
-    caches, common = cache.lookup([1, 2, 3, 9, 9, 9])
-    assert common == 3
-    assert [c.view()[0].shape[1] for c in caches] == [3, 3]
-    assert caches[0].view()[0][0, :, 0].tolist() == [0.0, 1.0, 2.0]
-    caches[0].append(torch.full((1, 1, 4), -1.0), torch.full((1, 1, 4), -1.0))  # the copy grows; the entry not
-    assert cache.lookup([1, 2, 3, 4, 5, 6])[1] == 5
-    assert cache.entries() == [(1, 2, 7, 7), (1, 2, 3, 4, 5)]  # the one used last is the most recent
-    assert cache.lookup([8, 1, 2]) is None  # nothing in common
-
-
-def test_lookup_leaves_at_least_one_token_to_prefill() -> None:
-    cache = PrefixCache(1 << 20)
-    cache.keep([1, 2, 3], _caches(3))
-    assert cache.lookup([1, 2, 3])[1] == 2
-
-
-def test_an_entry_a_newer_one_extends_is_dropped_and_a_covered_one_not_kept_again() -> None:
-    cache = PrefixCache(1 << 20)
-    cache.keep([1, 2, 3], _caches(3), "s")
-    cache.keep([1, 2, 3, 4, 5], _caches(5), "s")  # the conversation's next turn serves every prompt the first did
-    assert cache.entries() == [(1, 2, 3, 4, 5)]
-    cache.keep([1, 2], _caches(2))  # held already (and more)
-    assert cache.entries() == [(1, 2, 3, 4, 5)]
-    assert cache.nbytes == sum(c.nbytes for c in _caches(5))
-
-
-def test_the_byte_budget_drops_the_least_recently_used_first_and_end_drops_a_sessions() -> None:
-    one = sum(c.nbytes for c in _caches(4))
-    cache = PrefixCache(3 * one)
-    for first in (1, 2, 3):
-        cache.keep([first, 0, 0, 0], _caches(4), f"s{first}")
-    cache.lookup([1, 0, 0, 0, 9])  # used: now the most recent
-    cache.keep([4, 0, 0, 0], _caches(4))
-    assert [tokens[0] for tokens in cache.entries()] == [3, 1, 4]
-    assert cache.nbytes == 3 * one
-    cache.keep(list(range(400)), _caches(400))  # larger than the whole budget: not kept, nothing dropped
-    assert [tokens[0] for tokens in cache.entries()] == [3, 1, 4]
-    assert cache.end("s1") and not cache.end("s1")
-    assert cache.stats() == {"prefixes": 2, "sessions": 1, "prefix_cache_bytes": 2 * one}
-
-
-def test_common_prefix_length() -> None:
-    assert common_prefix_length([1, 2, 3], [1, 2, 4, 5]) == 2
-    assert common_prefix_length([], [1]) == 0
-    assert common_prefix_length([1, 2], [1, 2]) == 2
+# --- the options ----------------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -96,27 +53,41 @@ def test_common_prefix_length() -> None:
     ({"prefix_cache_bytes": True}, "stages.thinker.options.prefix_cache_bytes: must be an integer >= 0"),
     ({"prefix_cache_bytes": 1, "session_cache_bytes": 1}, "give prefix_cache_bytes or its older name"),
     ({"prefix_cache": "yes"}, "stages.thinker.options.prefix_cache: must be true or false"),
+    ({"kv_cache_bytes": 0}, "stages.thinker.options.kv_cache_bytes: must be an integer >= 1"),
 ])
-def test_a_bad_prefix_cache_option_is_refused_naming_it(options: dict[str, Any], message: str) -> None:
+def test_a_bad_kv_option_is_refused_naming_it(options: dict[str, Any], message: str) -> None:
     runner = ThinkerRunner(RunnerContext("thinker", "cpu", 1, 8, {"model": MODEL, **options}))
     with pytest.raises(ValueError, match=message):
         runner.load()
 
 
-def test_no_prefix_cache_at_a_budget_of_0_or_turned_off() -> None:
-    assert _prefix_cache({"prefix_cache_bytes": 0}) is None
-    assert _prefix_cache({"prefix_cache": False}) is None
-    assert _prefix_cache({"session_cache_bytes": 1 << 20}).budget_bytes == 1 << 20
+def test_prefix_cache_bytes_is_the_room_for_kept_blocks_and_prefix_cache_false_shares_nothing() -> None:
+    assert _kv_options({}).prefix_cache_bytes == DEFAULT_PREFIX_CACHE_BYTES
+    assert _kv_options({"prefix_cache_bytes": 0}).prefix_caching  # the preamble's blocks are still shared
+    off = _kv_options({"prefix_cache": False, "prefix_cache_bytes": 1 << 20})
+    assert not off.prefix_caching and off.prefix_cache_bytes == 0
+    assert _kv_options({"session_cache_bytes": 1 << 20}).prefix_cache_bytes == 1 << 20  # the older name
+    assert _kv_options({"kv_cache_bytes": 1 << 30}).kv_cache_bytes == 1 << 30
 
 
 # --- the runner on the real model --------------------------------------------------------------------------------
 
 
+def _loaded(**options: Any) -> ThinkerRunner:
+    runner = ThinkerRunner(RunnerContext("thinker", "cpu", 1, 8, {"model": MODEL, "weights": "float32", **options}))
+    runner.load()
+    return runner
+
+
 @pytest.fixture(scope="module")
 def runner() -> ThinkerRunner:
-    loaded = ThinkerRunner(RunnerContext("thinker", "cpu", 2, 8, {"model": MODEL, "weights": "int8"}))
-    loaded.load()
-    return loaded
+    return _loaded()
+
+
+@pytest.fixture(scope="module")
+def uncached() -> ThinkerRunner:
+    """The same thinker with ``prefix_cache: false``: every prompt prefilled whole."""
+    return _loaded(prefix_cache=False)
 
 
 def _turn(runner: ThinkerRunner, rid: str, question: str, history: list[dict[str, str]],
@@ -145,44 +116,32 @@ def _conversation(runner: ThinkerRunner, session_id: str | None) -> list[tuple[l
     return turns
 
 
-@pytest.fixture
-def fresh(runner: ThinkerRunner) -> ThinkerRunner:
-    """The module's runner with an empty prefix cache of the default budget (put back afterwards)."""
-    kept = runner.prefixes
-    runner.prefixes = _prefix_cache({})
-    yield runner
-    runner.prefixes = kept
-
-
 def _cached(request: StageRequest) -> int:
     return request.num_cached_tokens
 
 
 @pytest.mark.models
-def test_a_conversation_gives_the_same_tokens_and_prefills_only_each_turns_new_tokens(fresh) -> None:
-    runner = fresh
-    kept, runner.prefixes = runner.prefixes, None
-    without = _conversation(runner, None)
-    runner.prefixes = kept
+def test_a_conversation_gives_the_same_tokens_and_prefills_only_each_turns_new_tokens(runner, uncached) -> None:
+    without = _conversation(uncached, None)
     with_cache = _conversation(runner, "talk")
-    assert [tokens for tokens, _ in with_cache] == [tokens for tokens, _ in without]
+    assert [tokens for tokens, _ in with_cache] == [tokens for tokens, _ in without]  # greedy, float32
     preamble = len(runner.preamble_ids)
     for index, (_, request) in enumerate(with_cache):
         cached = _cached(request)
         new = request.num_prompt_tokens - cached
         if index == 0:
-            assert cached == preamble  # only the shared preamble
+            assert cached == _blocks(preamble) > 0  # only the preamble's blocks
             continue
         # the earlier turns (questions and answers) come from the cache: what is left is the end of the last
-        # answer's turn, the new question's turn and the assistant slot
-        assert cached > preamble + 10
-        assert new <= len(runner.tokenizer.encode(QUESTIONS[index])) + 12
+        # answer's turn, the new question's turn and the assistant slot, and the rest of their last block
+        before = with_cache[index - 1][1]
+        assert cached >= _blocks(before.num_prompt_tokens) and cached > _cached(before)
+        assert new <= len(runner.tokenizer.encode(QUESTIONS[index])) + 12 + KV_BLOCK_TOKENS
     for _, request in without:
-        assert _cached(request) == preamble
-    assert runner.memory_stats()["prefixes"] == 1  # each turn's entry extends the one before: only the last stays
-    assert runner.memory_stats()["sessions"] == 1
-    runner.end_session("talk")
-    assert runner.memory_stats() == {"prefixes": 0, "sessions": 0, "prefix_cache_bytes": 0}
+        assert _cached(request) == 0
+    stats = runner.memory_stats()
+    assert stats["blocks_reserved"] == runner.kv.blocks_for(preamble)  # only the preamble's stay held
+    assert 0 < stats["prefix_cache_bytes"] <= DEFAULT_PREFIX_CACHE_BYTES
 
 
 SYSTEM = ("You are the booking assistant of the Grand Hotel in Lisbon. Guests ask about rooms, prices, breakfast, "
@@ -191,22 +150,16 @@ SYSTEM = ("You are the booking assistant of the Grand Hotel in Lisbon. Guests as
 
 
 @pytest.mark.models
-def test_another_conversation_with_the_same_system_prompt_prefills_only_what_follows_it(fresh) -> None:
-    runner = fresh
+def test_another_conversation_with_the_same_system_prompt_reports_it_cached(runner, uncached) -> None:
     system = [{"role": "system", "content": SYSTEM}]
-    first_text, _, first = _turn(runner, "hotel-1", "How much is a room?", system, None)
+    _, _, first = _turn(runner, "hotel-1", "How much is a room?", system, None)
     _, tokens, second = _turn(runner, "hotel-2", "When does the spa open?", system, None)
     shared = common_prefix(runner, system, "How much is a room?", "When does the spa open?")
     assert shared > len(runner.preamble_ids) + 40  # the system prompt is most of it
-    assert _cached(first) == len(runner.preamble_ids)
-    assert _cached(second) == shared
-    kept, runner.prefixes = runner.prefixes, None
-    try:
-        _, alone, _ = _turn(runner, "hotel-2-alone", "When does the spa open?", system, None)
-    finally:
-        runner.prefixes = kept
+    assert _cached(first) < _cached(second) == _blocks(shared)
+    _, alone, whole = _turn(uncached, "hotel-2-alone", "When does the spa open?", system, None)
+    assert _cached(whole) == 0
     assert tokens == alone  # the same greedy answer as a whole prefill
-    assert runner.memory_stats()["prefixes"] == 2 and runner.memory_stats()["sessions"] == 0
 
 
 def common_prefix(runner: ThinkerRunner, history: list[dict[str, str]], *questions: str) -> int:
@@ -215,37 +168,32 @@ def common_prefix(runner: ThinkerRunner, history: list[dict[str, str]], *questio
 
 
 @pytest.mark.models
-def test_an_aborted_turn_keeps_what_it_ran_for_the_next(fresh) -> None:
-    runner = fresh
+def test_an_aborted_turn_keeps_what_it_ran_for_the_next(runner) -> None:
+    question = "Name three rivers of Spain."
     request = StageRequest("cut", {"max_tokens": MAX_TOKENS}, True, False, [], session_id="cut")
-    request.inputs.append({"text": QUESTIONS[0], "history": []})
+    request.inputs.append({"text": question, "history": []})
     request.input_finished = True
     runner.execute([request], True)
     runner.execute([request], False)  # one answer token through the model, then the caller aborts
     runner.free(request)
-    stats = runner.memory_stats()
-    assert stats["sessions"] == 1 and stats["prefix_cache_bytes"] > 0
-    _, _, again = _turn(runner, "cut-again", QUESTIONS[0], [], "cut")  # the same question asked again
-    assert _cached(again) == again.num_prompt_tokens - 1
-    runner.end_session("cut")
-    assert runner.memory_stats()["sessions"] == 0
+    _, _, again = _turn(runner, "cut-again", question, [], "cut")  # the same question asked again
+    assert _cached(again) == _blocks(again.num_prompt_tokens - 1)  # all but its last token, in whole blocks
 
 
 @pytest.mark.models
-def test_the_byte_budget_keeps_the_most_recently_used(fresh) -> None:
-    runner = fresh
-    _turn(runner, "probe", QUESTIONS[0], [], "probe")
-    one = runner.memory_stats()["prefix_cache_bytes"]
-    runner.prefixes = _prefix_cache({"prefix_cache_bytes": int(1.5 * one)})
-    for index in range(3):
-        _turn(runner, f"q{index}", QUESTIONS[index], [], None)
-    assert runner.memory_stats()["prefixes"] == 1
-    assert runner.memory_stats()["prefix_cache_bytes"] <= int(1.5 * one)
-    _, _, request = _turn(runner, "q2-again", QUESTIONS[2], [], None)  # kept
-    assert _cached(request) == request.num_prompt_tokens - 1
-    _, _, request = _turn(runner, "q0-again", QUESTIONS[0], [], None)  # dropped: only what it shares with q2
-    assert _cached(request) == common_prefix(runner, [], QUESTIONS[0], QUESTIONS[2])
-    assert _cached(request) < request.num_prompt_tokens - 5
+def test_prefix_cache_bytes_bounds_the_blocks_kept_for_later_requests(runner) -> None:
+    kept = runner.kv.max_cached_blocks
+    assert kept == DEFAULT_PREFIX_CACHE_BYTES // (runner.model.token_bytes() * KV_BLOCK_TOKENS)
+    runner.kv.max_cached_blocks = 2  # as prefix_cache_bytes of two blocks makes it
+    try:
+        for index in range(3):
+            _turn(runner, f"q{index}", QUESTIONS[index] + " Answer in French, please, and briefly.", [], None)
+            assert runner.kv.cached_blocks() <= 2
+        _, _, request = _turn(runner, "q2-again", QUESTIONS[2] + " Answer in French, please, and briefly.", [],
+                              None)
+        assert _cached(request) <= _blocks(len(runner.preamble_ids)) + 2 * KV_BLOCK_TOKENS
+    finally:
+        runner.kv.max_cached_blocks = kept
 
 
 # --- through AsyncOmni -------------------------------------------------------------------------------------------
@@ -281,9 +229,13 @@ def test_fifty_sessions_opened_and_ended_leave_no_cache_behind(harness_factory) 
         deadline = time.monotonic() + 10  # a state query may overtake the last session ends (another socket)
         while True:
             held = (await engine.debug_state())["stages"]["thinker"]["kv_cache"]
-            if held["sessions"] == 0 or time.monotonic() > deadline:
+            if held["tokens_used"] < 64 or time.monotonic() > deadline:  # the preamble's (38 tokens) alone
                 return cached, held
 
     cached, held = harness.run(kept_after(50), timeout_s=600)
-    assert all(second > first for first, second in cached)  # each second turn went on from its first
-    assert held == {"prefixes": 0, "sessions": 0, "prefix_cache_bytes": 0}
+    preamble = min(first for first, _ in cached)  # a first turn shares the preamble's blocks at least
+    # each second turn went on from its first (whose blocks other sessions asking the same may share already)
+    assert all(second >= first and second > preamble for first, second in cached)
+    assert held["tokens_used"] < 64  # the preamble's blocks only: no request holds any
+    assert held["blocks_reserved"] == -(-held["tokens_used"] // KV_BLOCK_TOKENS)
+    assert held["prefix_cache_bytes"] <= DEFAULT_PREFIX_CACHE_BYTES

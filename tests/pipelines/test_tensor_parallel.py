@@ -121,8 +121,8 @@ def _conversation(harness: EngineHarness, session: str) -> list[tuple[str, int]]
 
 
 def test_two_ranks_share_the_prefix_cache_alike_and_answer_like_one(tp2: EngineHarness) -> None:
-    """Every rank keeps its shard of the same entries: a conversation's later turns go on from the turn before on
-    both ranks (a rank whose lookup found another count would stop the stage), with one rank's answers."""
+    """Every rank's KV pool shares the same blocks: a conversation's later turns go on from the turn before on
+    both ranks (a rank whose reservation shared another count would stop the stage), with one rank's answers."""
     ranks = _rank_pids(tp2)
     single = EngineHarness("default", _deploy(1))
     try:

@@ -89,7 +89,7 @@ def test_a_required_tool_is_called_and_its_result_answered_with_previous_respons
     assert [item.type for item in follow_up.output] == ["message"]
     assert follow_up.output_text.strip()
     # the conversation so far (the tools' system turn, the question and the call) came from the prefix cache
-    assert follow_up.usage.input_tokens_details.cached_tokens >= response.usage.input_tokens
+    assert follow_up.usage.input_tokens_details.cached_tokens >= response.usage.input_tokens // 16 * 16  # blocks
 
 
 def test_a_named_function_is_called(client: openai.OpenAI) -> None:

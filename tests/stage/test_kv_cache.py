@@ -121,3 +121,55 @@ def test_the_device_built_step_reads_each_rows_slots_and_writes_past_them() -> N
     assert kv._bound is not None and kv._bound.writes.tolist() == [a[0] * 4, a[0] * 4 + 1, b[0] * 4, b[0] * 4 + 1,
                                                                     kv.scratch_slot, kv.scratch_slot]
     assert step.lengths.tolist() == [2, 2, 2] and kv.positions().tolist() == [[0, 1], [0, 1], [0, 1]]
+
+
+def _written(kv: PagedKVCache, key: str, tokens: int, prompt: list[int]) -> None:
+    """Request ``key`` reserved for ``tokens`` tokens (sharing what the index holds of ``prompt``) and its prompt
+    written past what it shares."""
+    from omnipipe.stage.kv_cache import block_hashes
+
+    assert kv.reserve(key, tokens, prompt_tokens=len(prompt), hashes=block_hashes(prompt, kv.block_tokens))
+    fed = len(prompt) - kv.length(key)
+    kv.bind([key], fed)
+    values = torch.ones(1, 1, fed, 2)
+    kv.update(values, values, 0)
+
+
+def test_a_replys_blocks_serve_a_prompt_that_repeats_it_once_its_hashes_are_given() -> None:
+    from omnipipe.stage.kv_cache import block_hashes
+
+    kv = cache(blocks=8)
+    prompt, reply = list(range(6)), [100, 101, 102, 103]
+    _written(kv, "turn-1", 12, prompt)
+    kv.bind(["turn-1"], 4)  # the reply's tokens through the model
+    kv.update(torch.ones(1, 1, 4, 2), torch.ones(1, 1, 4, 2), 0)
+    with pytest.raises(ValueError, match="do not begin with its prompt's"):
+        kv.extend_hashes("turn-1", block_hashes([9, *prompt[1:], *reply], 4))
+    kv.extend_hashes("turn-1", block_hashes(prompt + reply, 4))
+    kv.release("turn-1")
+    _written(kv, "turn-2", 16, prompt + reply + [7, 8])
+    assert kv.shared_tokens("turn-2") == 8  # both full blocks of prompt and reply
+    kv.release("turn-2")
+    _written(kv, "no-reply", 16, prompt + [55, 56, 57, 58])
+    assert kv.shared_tokens("no-reply") == 4  # the prompt's first block only
+
+
+def test_max_cached_blocks_forgets_the_least_recently_released_beyond_it() -> None:
+    kv = PagedKVCache(num_layers=1, kv_heads=1, head_dim=2, num_blocks=8, block_tokens=4, max_cached_blocks=2)
+    for first in (1, 2, 3):
+        _written(kv, f"r{first}", 5, [first] * 5)  # one full block each, indexed once released
+        kv.release(f"r{first}")
+        assert kv.cached_blocks() <= 2
+    assert kv.cached_blocks() == 2 and kv.free_blocks == 8
+    for first, shared in ((1, 0), (2, 4), (3, 4)):  # the first released is forgotten
+        _written(kv, f"again{first}", 5, [first] * 5)
+        assert kv.shared_tokens(f"again{first}") == shared
+        kv.release(f"again{first}", written=False)
+    none_kept = PagedKVCache(num_layers=1, kv_heads=1, head_dim=2, num_blocks=4, block_tokens=4, max_cached_blocks=0)
+    _written(none_kept, "held", 5, [1] * 5)
+    none_kept.index_written("held")  # held for good: its blocks are shared while it holds them
+    _written(none_kept, "reader", 5, [1] * 5)
+    assert none_kept.shared_tokens("reader") == 4 and none_kept.holders() == ["held", "reader"]
+    none_kept.release("reader")
+    none_kept.release("held")
+    assert none_kept.cached_blocks() == 0 and none_kept.free_blocks == 4

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from omnipipe.models.default.modeling.decoder import LayerCache, gather_cache
+from omnipipe.models.default.modeling.decoder import CachedDecoder
 from omnipipe.models.default.modeling.qwen2 import Qwen2Thinker
 from omnipipe.models.qwen2_5_omni.weights import load as qwen2_5_load
 from omnipipe.stage.checkpoint_options import device_on_load
@@ -53,18 +53,32 @@ def test_int8_weights_are_refused_on_a_gpu_before_anything_loads(tmp_path: Path)
         Qwen2Thinker(tmp_path, weights="int8", device="cuda:0")
 
 
-def test_a_layer_cache_lives_on_its_device_as_it_grows() -> None:
-    cache = LayerCache(2, 4, torch.float32, None, device="meta")
-    cache.append(torch.zeros(2, 100, 4, device="meta"), torch.zeros(2, 100, 4, device="meta"))
-    assert cache.k.device.type == "meta" and cache.k.shape[1] >= 100
-    other = LayerCache(2, 4, torch.float32, None, device="meta")
-    keys, values, mask = gather_cache([cache, other], torch.zeros(2, 2, 1, 4, device="meta"),
-                                      torch.zeros(2, 2, 1, 4, device="meta"))
-    assert keys.device.type == "meta" and mask is not None and mask.device.type == "meta"
+def _decoder_kv_on(device: str) -> SimpleNamespace:
+    """What ``CachedDecoder``'s KV methods read of a decoder (2 layers of 2 KV heads of 4 dims, a sliding window of
+    4), with its pool made on ``device``."""
+    decoder = SimpleNamespace(kv_shape=lambda: (2, 2, 4), dtype=torch.float32, device=torch.device(device), kv=None,
+                              sliding_window=4)
+    CachedDecoder.use_kv_cache(decoder, 64)  # type: ignore[arg-type]
+    return decoder
+
+
+def test_the_decoders_kv_pool_and_its_steps_live_on_its_device() -> None:
+    decoder = _decoder_kv_on("meta")
+    kv = decoder.kv
+    assert kv.keys[0].device.type == "meta" and kv.reserve("a", 20) and kv.reserve("b", 4)
+    kv.bind(["a", "b"], 1)
+    keys, values = kv.update(torch.zeros(2, 2, 1, 4, device="meta"), torch.zeros(2, 2, 1, 4, device="meta"), 0)
+    local, causal = CachedDecoder.step_masks(decoder, kv.positions())  # type: ignore[arg-type]
+    assert keys.device.type == values.device.type == local.device.type == causal.device.type == "meta"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_decoder_layer_cache_on_cuda() -> None:
-    cache = LayerCache(2, 4, torch.float32, None, device="cuda")
-    cache.append(torch.ones(2, 3, 4, device="cuda"), torch.ones(2, 3, 4, device="cuda"))
-    assert cache.view()[0].is_cuda
+def test_a_decoders_kv_pool_on_cuda() -> None:
+    decoder = _decoder_kv_on("cuda")
+    kv = decoder.kv
+    kv.reserve("a", 8)
+    kv.bind(["a"], 3)
+    keys, _ = kv.update(torch.ones(1, 2, 3, 4, device="cuda"), torch.ones(1, 2, 3, 4, device="cuda"), 0)
+    assert keys.is_cuda and keys[0, :, :3].eq(1).all()
+    local, _ = CachedDecoder.step_masks(decoder, kv.positions())  # type: ignore[arg-type]
+    assert local.is_cuda

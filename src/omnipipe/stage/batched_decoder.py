@@ -1,13 +1,14 @@
-"""What every batched autoregressive checkpoint runner shares (the Qwen-Omni thinkers and talkers): a per-request
-``DecodeState`` (sampling, generator, tokens so far, its cap) that snapshots and restores the same way for every
-family, and ``BatchedDecoderRunner``: the step itself, the stage's one ``PagedKVCache`` (``stage/kv_cache.py``),
-admission of a request's KV reservation (wait for memory, or a 400 naming what to raise when it can never fit),
-batch-failure isolation (a failed step rewinds each member's cache length and state) and release of a request's
-blocks.
+"""What every batched autoregressive checkpoint runner shares (the Qwen-Omni thinkers and talkers, the default
+family's thinker): a per-request ``DecodeState`` (sampling, generator, tokens so far, its cap) that snapshots and
+restores the same way for every family, and ``BatchedDecoderRunner``: the step itself, the stage's one
+``PagedKVCache`` (``stage/kv_cache.py``), admission of a request's KV reservation (wait for memory, or a 400 naming
+what to raise when it can never fit), batch-failure isolation (a failed step rewinds each member's cache length and
+state) and release of a request's blocks.
 
 The step (``execute``), written once: every request of the batch not yet prefilled feeds its prompt's next piece
 within the step's ``prefill_chunk_tokens`` budget; the prefilled ones whose next input is there decode together in
-one forward; then one sampling over every row that has logits, and each row's output. A family supplies the hooks:
+one forward; then one sampling over every row that has logits, and each row's output. A family supplies the hooks
+(and may size a step's prefill otherwise: ``prefill_budget``):
 ``prefill_piece`` (its prompt, reserved with ``reserve`` and fed with ``self.kv.bind`` and ``self.kv.step_inputs``),
 ``decode_input`` (what a row's next step reads besides its last token, or that it must wait), ``decode`` (the
 batch's forward), ``emit`` (a sampled token's output: stop, cap, hand-off) and ``suppress`` (ids never sampled).
@@ -146,6 +147,10 @@ class BatchedDecoderRunner(StageRunner):
         """Every sampled row's output (a family that works on all of them at once overrides this)."""
         return [self.emit(request, token, logits, extra) for request, token, logits, extra in sampled]
 
+    def prefill_budget(self) -> int:
+        """Prompt tokens one step may prefill, over all its requests (the option ``prefill_chunk_tokens``)."""
+        return self.options.prefill_chunk_tokens
+
     # ------------------------------------------------------------------------------------------------ the step
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
@@ -153,7 +158,7 @@ class BatchedDecoderRunner(StageRunner):
         ready: list[tuple[StageRequest, torch.Tensor, Any]] = []  # (request, logits [vocab], extra)
         rows: list[StageRequest] = []
         inputs: list[Any] = []
-        budget = self.options.prefill_chunk_tokens
+        budget = self.prefill_budget()
         wait = not self._decoding  # no stream is held up while this step waits for a prompt's processing
         for request in batch:
             if not request.prefilled:

@@ -22,6 +22,9 @@ least the prompt's last token is left to prefill), and its own full blocks join 
 request holds keeps its KV while the pool has other free blocks: it is taken back (and forgotten) least recently
 used first. A family whose later stage reads hidden states of the prompt (the talker's hand-off) gives them with
 ``set_extras``; its blocks are indexed with their rows of them, and a prefix is shared only as far as they go.
+A family that shares what a request generated too (a conversation's next turn repeats the last answer) gives the
+hashes of its prompt and reply with ``extend_hashes`` before it releases it. ``max_cached_blocks`` bounds the
+blocks kept for later requests: past it, the least recently used is forgotten as it is released.
 
 Paged attention (``stage/paged_attention.py``): with ``kernel`` set, ``update`` hands the attention the layer's
 pools rather than each row's gathered history, and ``step_inputs`` adds the step's block tables and lengths for the
@@ -90,10 +93,12 @@ class PagedKVCache:
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, num_blocks: int, *,
                  block_tokens: int = DEFAULT_BLOCK_TOKENS, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", prefix_caching: bool = True) -> None:
+                 device: str | torch.device = "cpu", prefix_caching: bool = True,
+                 max_cached_blocks: int | None = None) -> None:
         if num_blocks < 1:
             raise ValueError("a KV cache needs at least one block")
         self.prefix_caching = prefix_caching
+        self.max_cached_blocks = max_cached_blocks  # indexed blocks no request holds, at most (None: any)
         self.block_tokens = block_tokens
         self.num_blocks = num_blocks
         self.dtype, self.device = dtype, torch.device(device)
@@ -191,13 +196,15 @@ class PagedKVCache:
 
     def _take_free(self) -> int:
         """An empty block, else the least recently used indexed block no request holds (forgotten)."""
-        if self._free:
-            block = self._free.pop()
-        else:
-            block, _ = self._cached.popitem(last=False)
-            del self._index[self._hash_of.pop(block)]
-            self._extras.pop(block, None)
+        block = self._free.pop() if self._free else self._forget_oldest_cached()
         self._refs[block] = 1
+        return block
+
+    def _forget_oldest_cached(self) -> int:
+        """Take the least recently used indexed block no request holds out of the index; its number."""
+        block, _ = self._cached.popitem(last=False)
+        del self._index[self._hash_of.pop(block)]
+        self._extras.pop(block, None)
         return block
 
     def shared_tokens(self, key: str) -> int:
@@ -235,8 +242,28 @@ class PagedKVCache:
                 self._extras[block] = {layer: values[rows] for layer, values in entry.extras.items()}
         entry.indexed = max(entry.indexed, upto)
 
+    def extend_hashes(self, key: str, hashes: Sequence[bytes]) -> None:
+        """The chained hashes of request ``key``'s full blocks beyond its prompt's (``block_hashes`` of the tokens
+        it ran: its prompt, then its reply); they start with the ones it was reserved with. Its blocks written
+        that far join the index as its prompt's do."""
+        entry = self._entries[key]
+        if not self.prefix_caching:
+            return
+        if list(hashes[: len(entry.hashes)]) != entry.hashes:
+            raise ValueError(f"request {key}'s hashes do not begin with its prompt's")
+        entry.hashes = list(hashes[: len(entry.blocks)])
+
+    def index_written(self, key: str) -> None:
+        """Add request ``key``'s full blocks written so far to the index now (``bind`` does it for the rows it
+        binds; a request that steps no more, such as a prefix held for good, needs this)."""
+        self._index_written(self._entries[key])
+
     def holds(self, key: str) -> bool:
         return key in self._entries
+
+    def holders(self) -> list[str]:
+        """The requests that hold blocks."""
+        return list(self._entries)
 
     def release(self, key: str, *, written: bool = True) -> None:
         """Free request ``key``'s blocks: an indexed block no other request holds keeps its KV for later requests
@@ -255,6 +282,8 @@ class PagedKVCache:
                 self._cached[block] = None
             else:
                 self._free.append(block)
+        while self.max_cached_blocks is not None and len(self._cached) > self.max_cached_blocks:
+            self._free.append(self._forget_oldest_cached())
 
     def length(self, key: str) -> int:
         return self._entries[key].length

@@ -1,9 +1,16 @@
-"""What the family's torch decoders share: a per-request KV cache, continuous-batching bookkeeping and the
-prefill / batched-decode entry points the thinker runner drives.
+"""What the family's torch decoders share: the KV cache of every request in one pool of blocks
+(``stage/kv_cache.py``'s ``PagedKVCache``, the decoder's ``kv``) and the prefill / batched-decode entry points the
+thinker runner drives.
 
-Requests are prefilled one at a time and then decoded together: ``decode`` runs one batched forward for requests
-sitting at different positions (caches padded to the longest and masked). A model (``GemmaThinker``,
-``Qwen2Thinker``) supplies its config, weights, layers and logits. Not thread-safe: drive it from one thread.
+A request reserves its blocks (``reserve``: its prompt and all it may generate; the leading blocks of its prompt
+that an earlier request computed are shared by their chained hashes, not computed again), is prefilled (a piece at
+a time, or whole) and then decodes with the others: ``decode`` runs one batched forward for requests sitting at
+different positions, each row reading its own blocks (a shorter row's padding reads the cache's zero row, masked,
+so a NaN in one request's cache never reaches another's). ``step_masks`` builds each step's masks from the rows'
+positions: causal, and within the sliding window for a model's sliding-window layers. ``free`` releases a request's
+blocks; given the tokens it ran, its reply's blocks serve later prompts too (a conversation's next turn). A model
+(``GemmaThinker``, ``Qwen2Thinker``) supplies its config, weights, layers and logits. Not thread-safe: drive it
+from one thread.
 
 Tensor parallelism (Megatron style): ``world_size`` processes, each constructed with its ``rank`` and a
 ``torch.distributed`` process group, hold one shard each and run the same calls in the same order. Rank r keeps a
@@ -14,11 +21,13 @@ column-parallel (a slice of the intermediate dimension) and its down projection 
 of o and down are summed with one all-reduce each, so every rank ends a layer with the same hidden states.
 Embeddings and norms are replicated; the lm_head is split by vocabulary (each rank scores its slice of the tokens)
 and rank 0 gathers the slices: only rank 0 gets logits, the others get None. Every rank must pass the same
-``logits`` to ``prefill``/``decode`` (``False`` skips the lm_head and the gather everywhere). Each rank's KV caches
-hold only its own KV heads. With ``world_size`` 1 there is no communication at all.
+``logits`` to ``prefill``/``decode`` (``False`` skips the lm_head and the gather everywhere). Each rank's KV pool
+holds only its own KV heads, in as many blocks as every other rank's: the ranks make the same calls in the same
+order (``reserve``, ``prefill``, ``decode``, ``free``, ``kv.set_length``), so their block tables agree. With
+``world_size`` 1 there is no communication at all.
 
 ``device`` (the stage's, e.g. ``cuda:1``): the weights are read from the checkpoint straight onto it, and the KV
-caches and every step's tensors live there; logits come back on it. int8 weights (``int8``, ``int8-split``) are CPU
+pool and every step's tensors live there; logits come back on it. int8 weights (``int8``, ``int8-split``) are CPU
 only (fbgemm).
 """
 
@@ -27,99 +36,28 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from omnipipe.models.default.modeling.quantized import INT8_FORMATS, Int8Linear, Int8SplitLinear, check_weight_format
+from omnipipe.stage.kv_cache import DEFAULT_BLOCK_TOKENS, KVBudgetError, PagedKVCache, block_hashes
 
 logger = logging.getLogger(__name__)
 
-_SHARED_PREFIX_ID = "\0shared-prefix"
-
-
-class LayerCache:
-    """Growable K/V store for one layer of one request; optionally keeps only the newest entries."""
-
-    def __init__(self, kv_heads: int, head_dim: int, dtype: torch.dtype, keep_last: int | None,
-                 device: torch.device | str = "cpu") -> None:
-        self.keep_last = keep_last
-        self.k = torch.empty(kv_heads, 64, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
-        self.start = 0
-        self.end = 0
-
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Append ``k``/``v`` of shape [kv_heads, n, head_dim]."""
-        n = k.shape[1]
-        if self.end + n > self.k.shape[1]:
-            if self.keep_last is not None:  # drop entries that can no longer be attended to
-                self.start = max(self.start, self.end - self.keep_last)
-            size = self.end - self.start
-            capacity = max(self.k.shape[1], 2 * (size + n))
-            if self.keep_last is not None:
-                capacity = min(capacity, 2 * (self.keep_last + n))
-            k_new = self.k.new_empty(self.k.shape[0], capacity, self.k.shape[2])
-            v_new = torch.empty_like(k_new)
-            k_new[:, :size] = self.k[:, self.start : self.end]
-            v_new[:, :size] = self.v[:, self.start : self.end]
-            self.k, self.v, self.start, self.end = k_new, v_new, 0, size
-        self.k[:, self.end : self.end + n] = k
-        self.v[:, self.end : self.end + n] = v
-        self.end += n
-
-    def view(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The entries attention may see: all, or the newest ``keep_last``."""
-        start = self.start if self.keep_last is None else max(self.start, self.end - self.keep_last)
-        return self.k[:, start : self.end], self.v[:, start : self.end]
-
-    @property
-    def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
-
-    def mark(self) -> tuple[torch.Tensor, torch.Tensor, int, int]:
-        """A cheap checkpoint (no copy): ``append`` writes only past ``end`` or into new tensors, so the entries
-        a mark covers stay intact and ``reset`` brings the cache back to them."""
-        return self.k, self.v, self.start, self.end
-
-    def reset(self, mark: tuple[torch.Tensor, torch.Tensor, int, int]) -> None:
-        self.k, self.v, self.start, self.end = mark
-
-    def copy_first(self, num_entries: int) -> LayerCache:
-        """A new cache holding a copy of the first ``num_entries`` (of a cache that has dropped none)."""
-        if self.start != 0 or not 0 < num_entries <= self.end:
-            raise ValueError(f"cannot copy {num_entries} entries of a cache of [{self.start}, {self.end})")
-        copy = LayerCache(self.k.shape[0], self.k.shape[2], self.k.dtype, self.keep_last, self.k.device)
-        copy.append(self.k[:, :num_entries], self.v[:, :num_entries])
-        return copy
-
-    def clone(self) -> LayerCache:
-        copy = LayerCache.__new__(LayerCache)
-        copy.keep_last, copy.start, copy.end = self.keep_last, self.start, self.end
-        copy.k, copy.v = self.k.clone(), self.v.clone()
-        return copy
-
-
-@dataclass
-class _Request:
-    caches: list[LayerCache]
-    num_tokens: int = 0
-
-
-# a request's KV caches (one per layer) holding the first ``num_tokens`` of a prompt, for ``prefill`` to go on from
-KVPrefix = tuple[list[LayerCache], int]
-# a prefill's attention masks [1, 1, query, key]: (within the sliding window, causal)
-PrefillMasks = tuple[torch.Tensor, torch.Tensor]
+# the KV pool a decoder is made with when its caller names none (``use_kv_cache`` replaces it): tokens of every
+# request together
+DEFAULT_KV_CACHE_TOKENS = 4096
 
 
 class CachedDecoder:
     """A decoder over a converted checkpoint directory (config.json + model.safetensors + tokenizer) with one KV
-    cache per request. Subclasses set ``vocab_size``, ``max_positions``, ``sliding_window`` (None: full attention
-    everywhere) and implement ``_read_config`` (which calls ``_shard_attention``), ``_load_weights`` (keeping this
-    rank's slices, see ``ShardedCheckpoint``), ``_new_caches``, ``_forward`` (over the local ``_heads`` and
-    ``_kv_heads``, passing the outputs of o and down through ``_reduce``) and ``_logits``.
+    pool for its requests (``kv``: ``kv_cache_tokens`` tokens; ``use_kv_cache`` makes another). Subclasses set
+    ``vocab_size``, ``max_positions``, ``sliding_window`` (None: full attention everywhere) and implement
+    ``_read_config`` (which calls ``_shard_attention``), ``_load_weights`` (keeping this rank's slices, see
+    ``ShardedCheckpoint``), ``kv_shape``, ``_forward`` (over the local ``_heads`` and ``_kv_heads``, passing the
+    outputs of o and down through ``_reduce``) and ``_logits``.
 
     ``rank``, ``world_size`` and ``group`` (a ``torch.distributed`` process group; None: the default one) shard the
     model for tensor parallelism (see the module docstring); a ``world_size`` that does not divide the heads, or
@@ -128,6 +66,7 @@ class CachedDecoder:
     vocab_size: int
     max_positions: int
     sliding_window: int | None = None
+    kv: PagedKVCache
     # set by ``_load_weights``: the embedding table, the output head (a view of it when tied; an ``Int8Linear``
     # once quantised) and each layer's weights (a model's own record type)
     _embed: torch.Tensor
@@ -141,7 +80,7 @@ class CachedDecoder:
 
     def __init__(self, model_dir: Path, num_threads: int | None = None, dtype: torch.dtype = torch.float32, *,
                  rank: int = 0, world_size: int = 1, group: Any = None, weights: str = "float32",
-                 device: torch.device | str = "cpu") -> None:
+                 device: torch.device | str = "cpu", kv_cache_tokens: int = DEFAULT_KV_CACHE_TOKENS) -> None:
         from transformers import AutoTokenizer
 
         started_s = time.perf_counter()
@@ -176,8 +115,7 @@ class CachedDecoder:
         self._shard_lm_head()
         if weights in INT8_FORMATS:
             self._quantize(Int8SplitLinear if weights == "int8-split" else Int8Linear)
-        self._requests: dict[str, _Request] = {}
-        self._shared_prefix: tuple[tuple[int, ...], list[LayerCache]] | None = None
+        self.use_kv_cache(kv_cache_tokens)
         logger.info("Loaded %s in %.1f s (%s weights, %d threads)", model_dir, time.perf_counter() - started_s,
                     weights if weights in INT8_FORMATS else dtype, torch.get_num_threads())
 
@@ -189,15 +127,10 @@ class CachedDecoder:
     def _load_weights(self, path: Path) -> None:
         raise NotImplementedError
 
-    def _new_caches(self) -> list[LayerCache]:
-        """An empty cache per layer for a new request."""
-        raise NotImplementedError
-
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, caches: list[list[LayerCache]],
-                 masks: PrefillMasks | None, padded: bool, extend: bool = False) -> torch.Tensor:
-        """Run all layers on ids [batch, seq] and return the last hidden states. Prefill (one request) passes
-        ``masks``; ``extend`` when its cache already holds earlier tokens. Decode (seq 1, ``padded``) attends to
-        each request's cache through ``gather_cache``."""
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run all layers on ids [rows, seq] at ``positions`` [rows, seq] of the step bound to ``kv`` and return
+        the last hidden states; each attention layer stores its keys and values with ``kv.update`` and attends
+        under ``step_masks``."""
         raise NotImplementedError
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -226,6 +159,7 @@ class CachedDecoder:
                 f"which splits the groups of {group} query heads sharing each of the {num_kv_heads} KV heads "
                 "inconsistently")
         self._heads, self._head_start, self._kv_heads, self._kv_head_start = heads, start, kv_heads, kv_start
+        self._num_kv_heads = num_kv_heads
 
     def _shard(self, size: int) -> tuple[int, int]:
         """This rank's contiguous [start, stop) of a dimension of ``size`` split across the ranks."""
@@ -286,120 +220,115 @@ class CachedDecoder:
             torch.distributed.all_reduce(x, group=self.group)
         return x
 
-    # -- request bookkeeping -------------------------------------------------
+    # -- the KV cache -----------------------------------------------------------
+
+    def kv_shape(self) -> tuple[int, int, int]:
+        """(layers, this rank's KV heads, head dim) of the KV cache."""
+        raise NotImplementedError
+
+    def token_bytes(self) -> int:
+        """Bytes of keys and values one token takes in every layer of the whole model (every rank's heads)."""
+        layers, _, head_dim = self.kv_shape()
+        return 2 * layers * self._num_kv_heads * head_dim * torch.empty((), dtype=self.dtype).element_size()
+
+    def use_kv_cache(self, tokens: int, *, block_tokens: int = DEFAULT_BLOCK_TOKENS, prefix_caching: bool = False,
+                     max_cached_blocks: int | None = None) -> None:
+        """Make the KV pool every request's cache is in: ``tokens`` tokens of all requests together, in blocks of
+        ``block_tokens`` (this rank's KV heads only: every rank of a tensor-parallel model has the same blocks);
+        ``prefix_caching`` (off unless asked) and ``max_cached_blocks`` as ``PagedKVCache`` takes them. No request
+        may hold any."""
+        if getattr(self, "kv", None) is not None and self.kv.used_tokens():
+            raise RuntimeError("the KV pool is replaced while requests hold some of it")
+        layers, kv_heads, head_dim = self.kv_shape()
+        self.kv = PagedKVCache(layers, kv_heads, head_dim, max(1, tokens // block_tokens), block_tokens=block_tokens,
+                               dtype=self.dtype, device=self.device, prefix_caching=prefix_caching,
+                               max_cached_blocks=max_cached_blocks)
 
     def active_requests(self) -> list[str]:
         """Ids of requests that currently hold a KV cache."""
-        return list(self._requests)
+        return self.kv.holders()
 
     def num_cached_tokens(self, request_id: str) -> int:
         """Tokens processed so far for a request (its next position)."""
-        return self._requests[request_id].num_tokens
+        return self.kv.length(request_id)
 
     def kv_cache_bytes(self) -> int:
-        """Bytes held by all request KV caches."""
-        return sum(c.nbytes for r in self._requests.values() for c in r.caches)
+        """Bytes of the KV blocks the requests hold (this rank's heads)."""
+        layers, kv_heads, head_dim = self.kv_shape()
+        block = 2 * layers * kv_heads * head_dim * self.kv.block_tokens * self.kv.keys[0].element_size()
+        return self.kv.reserved_blocks() * block
 
-    def checkpoint(self, request_id: str) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor, int, int]]]:
-        """A cheap mark of a request's cache (no copy) that ``rewind`` returns to, undoing later decode steps
-        (e.g. one that failed half-way through a batch)."""
-        request = self._requests[request_id]
-        return request.num_tokens, [cache.mark() for cache in request.caches]
+    def reserve(self, request_id: str, tokens: int, prompt_ids: list[int] | None = None) -> bool:
+        """Reserve room for ``tokens`` tokens of a request (its prompt and all it may generate), sharing the
+        leading blocks of its prompt ``prompt_ids`` that an earlier request computed (``kv.shared_tokens`` says how
+        many tokens); False when the free blocks are too few now, ``KVBudgetError`` when the whole pool is."""
+        prompt = prompt_ids or []
+        hashes = block_hashes(prompt, self.kv.block_tokens) if self.kv.prefix_caching else []
+        return self.kv.reserve(request_id, tokens, prompt_tokens=len(prompt), hashes=hashes)
 
-    def rewind(self, request_id: str,
-               checkpoint: tuple[int, list[tuple[torch.Tensor, torch.Tensor, int, int]]]) -> None:
-        request = self._requests[request_id]
-        request.num_tokens, marks = checkpoint
-        for cache, mark in zip(request.caches, marks, strict=True):
-            cache.reset(mark)
-
-    def free(self, request_id: str) -> bool:
-        """Release a request's KV cache; returns False if it held none."""
-        return self._requests.pop(request_id, None) is not None
-
-    def detach(self, request_id: str) -> KVPrefix | None:
-        """End a request but hand its KV cache over (to be continued by a later ``prefill``); None if it held none."""
-        request = self._requests.pop(request_id, None)
-        return None if request is None else (request.caches, request.num_tokens)
+    def free(self, request_id: str, ran: list[int] | None = None, *, written: bool = True) -> bool:
+        """Release a request's KV cache (``ran``: every token it ran through the model, prompt then reply, so that
+        its blocks serve later prompts beginning with them; ``written=False``: its last step failed and what it
+        wrote is not kept); False if it held none."""
+        if not self.kv.holds(request_id):
+            return False
+        if ran is not None and self.kv.prefix_caching:
+            self.kv.extend_hashes(request_id, block_hashes(ran[: self.kv.length(request_id)], self.kv.block_tokens))
+        self.kv.release(request_id, written=written)
+        return True
 
     # -- forward passes ------------------------------------------------------
 
-    def within_window(self, num_tokens: int) -> bool:
-        """No cache drops an entry within ``num_tokens``: a cache of a prompt's first tokens can be continued."""
-        return self.sliding_window is None or num_tokens <= self.sliding_window
+    def step_masks(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bound step's attention masks [rows, 1, query, keys] (True: attend) for the queries at
+        ``positions`` [rows, query]: (within the sliding window, causal); key j is history position j, and the
+        slots past a row's end read the cache's zero padding row, masked."""
+        keys = torch.arange(self.kv.get_seq_length(), device=self.device).view(1, 1, -1)
+        distance = positions.unsqueeze(-1) - keys  # [rows, query, keys]: how far back the key is
+        causal = distance >= 0
+        local = causal if self.sliding_window is None else causal & (distance < self.sliding_window)
+        return local[:, None], causal[:, None]
 
     @torch.inference_mode()
-    def set_shared_prefix(self, token_ids: list[int]) -> None:
-        """Compute once the KV cache of a prefix many prompts start with (a preamble, a system prompt);
-        ``prefill`` then copies it and runs only the rest of such a prompt. A prefix that fills a sliding window
-        is ignored."""
-        self._shared_prefix = None
-        if not token_ids or not self.within_window(len(token_ids) + 1):
-            return
-        self.prefill(_SHARED_PREFIX_ID, token_ids, logits=False)
-        cached = self._requests.pop(_SHARED_PREFIX_ID)
-        self._shared_prefix = (tuple(token_ids), cached.caches)
-
-    def shared_prefix_tokens(self, token_ids: list[int]) -> int:
-        """How many leading tokens of a prompt the shared prefix's cache would spare its prefill (0: none)."""
-        prefix = self._shared_prefix
-        if prefix is None or not (len(prefix[0]) < len(token_ids) and self.within_window(len(token_ids))):
-            return 0
-        return len(prefix[0]) if tuple(token_ids[: len(prefix[0])]) == prefix[0] else 0
-
-    @torch.inference_mode()
-    def prefill(self, request_id: str, token_ids: list[int], *, logits: bool = True,
-                continue_from: KVPrefix | None = None) -> torch.Tensor | None:
-        """Run the prompt of a new request, create its cache, return float32 logits [vocab] of the last position
-        (None with ``logits=False``, which skips the lm_head: a tensor-parallel follower's call).
-        ``continue_from``: caches holding the KV of the prompt's first tokens (fewer than all of them, within the
-        window: ``within_window``), taken over and extended; otherwise the shared prefix's, when the prompt starts
-        with it."""
-        if request_id in self._requests:
-            raise ValueError(f"request {request_id!r} is already active; free() it first")
+    def prefill(self, request_id: str, token_ids: list[int], *, logits: bool = True) -> torch.Tensor | None:
+        """Run a request's prompt ``token_ids`` (or its first part, a piece at a time) past what its cache holds
+        already (blocks shared from earlier requests, earlier pieces); return float32 logits [vocab] of its last
+        position (None with ``logits=False``, which skips the lm_head: a tensor-parallel follower's call, or a
+        piece before the last). A request that holds no cache yet reserves room for the prompt first."""
         if not token_ids:
             raise ValueError("token_ids must not be empty")
         self._check_tokens(token_ids, len(token_ids))
-        num_tokens = len(token_ids)
-        if continue_from is not None:
-            caches, start = continue_from
-            if not (0 < start < num_tokens and self.within_window(num_tokens)):
-                raise ValueError(f"cannot continue a prompt of {num_tokens} tokens from {start} cached ones")
-        elif self._shared_prefix is not None and (start := self.shared_prefix_tokens(token_ids)):
-            caches = [cache.clone() for cache in self._shared_prefix[1]]  # run only the new tokens against it
-        else:
-            start, caches = 0, self._new_caches()
-        positions = torch.arange(start, num_tokens, device=self.device).unsqueeze(0)
-        # [query, key]: how far back the key is
-        distance = positions.T - torch.arange(num_tokens, device=self.device).unsqueeze(0)
-        causal = distance >= 0
-        local = causal if self.sliding_window is None else causal & (distance < self.sliding_window)
-        masks = (local[None, None], causal[None, None])
+        if not self.kv.holds(request_id) and not self.reserve(request_id, len(token_ids), token_ids):
+            raise KVBudgetError(f"no room in the KV cache for a prompt of {len(token_ids)} tokens now")
+        start = self.kv.length(request_id)
+        if start >= len(token_ids):
+            raise ValueError(f"request {request_id!r} holds all {len(token_ids)} of these tokens already")
+        self.kv.bind([request_id], len(token_ids) - start)
         ids = torch.tensor([token_ids[start:]], dtype=torch.long, device=self.device)
-        hidden = self._forward(ids, positions, [caches], masks, padded=False, extend=start > 0)
-        self._requests[request_id] = _Request(caches=caches, num_tokens=num_tokens)
+        hidden = self._forward(ids, self.kv.positions())
         return self._final_logits(hidden[0, -1]) if logits else None
 
     @torch.inference_mode()
     def decode(self, request_ids: list[str], token_ids: list[int], *, logits: bool = True) -> torch.Tensor | None:
         """Feed one token per active request in one batched forward; returns float32 logits [batch, vocab] (None
-        with ``logits=False``)."""
+        with ``logits=False``). A request reserved for fewer tokens takes one more block when it needs it."""
         if len(request_ids) != len(token_ids):
             raise ValueError("request_ids and token_ids must have the same length")
         if not request_ids:
             raise ValueError("request_ids must not be empty")
         if len(set(request_ids)) != len(request_ids):
             raise ValueError("request_ids must be unique")
-        missing = [rid for rid in request_ids if rid not in self._requests]
+        missing = [rid for rid in request_ids if not self.kv.holds(rid)]
         if missing:
             raise KeyError(f"unknown request ids (prefill first): {missing}")
-        requests = [self._requests[rid] for rid in request_ids]
-        self._check_tokens(token_ids, max(r.num_tokens for r in requests) + 1)
-        positions = torch.tensor([[r.num_tokens] for r in requests], dtype=torch.long, device=self.device)
+        lengths = [self.kv.length(rid) for rid in request_ids]
+        self._check_tokens(token_ids, max(lengths) + 1)
+        for rid, length in zip(request_ids, lengths, strict=True):
+            if not self.kv.reserve(rid, length + 1):
+                raise KVBudgetError(f"no room in the KV cache for request {rid}'s next token")
+        self.kv.bind(request_ids, 1)
         ids = torch.tensor(token_ids, dtype=torch.long, device=self.device).unsqueeze(1)
-        hidden = self._forward(ids, positions, [r.caches for r in requests], None, padded=True)
-        for request in requests:
-            request.num_tokens += 1
+        hidden = self._forward(ids, self.kv.positions())
         return self._final_logits(hidden[:, 0]) if logits else None
 
     def _check_tokens(self, token_ids: list[int], context_tokens: int) -> None:
@@ -456,31 +385,6 @@ def _check_group(rank: int, world_size: int, group: Any) -> None:
     if dist.get_world_size(group) != world_size or dist.get_rank(group) != rank:
         raise ValueError(f"rank {rank} of {world_size} does not match the process group's rank "
                          f"{dist.get_rank(group)} of {dist.get_world_size(group)}")
-
-
-def gather_cache(layer_caches: list[LayerCache], k: torch.Tensor, v: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Append each request's new K/V (k, v: [batch, kv_heads, 1, head_dim]), then stack the visible caches
-    right-padded, with a key mask [batch, 1, 1, keys] (None for a batch of one)."""
-    views = []
-    for b, cache in enumerate(layer_caches):
-        cache.append(k[b], v[b])
-        views.append(cache.view())
-    if len(views) == 1:
-        return views[0][0][None], views[0][1][None], None
-    sizes = [key.shape[1] for key, _ in views]
-    lengths = torch.tensor(sizes, device=k.device)
-    longest = max(sizes)  # from the host's numbers: no device sync per layer
-    keys = k.new_empty(len(views), k.shape[1], longest, k.shape[3])
-    values = torch.empty_like(keys)
-    for b, (key, value) in enumerate(views):
-        length = key.shape[1]
-        keys[b, :, :length] = key
-        values[b, :, :length] = value
-        keys[b, :, length:] = 0  # padding must stay finite: masked weights are 0, and 0 * nan = nan
-        values[b, :, length:] = 0
-    mask = (torch.arange(longest, device=k.device)[None, :] < lengths[:, None])[:, None, None, :]
-    return keys, values, mask
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
-"""A compact Gemma 3 text decoder in plain torch (the request KV caches and batching are ``decoder.py``'s).
+"""A compact Gemma 3 text decoder in plain torch (the KV pool and batching are ``decoder.py``'s).
 
-Sliding-window layers keep only the last ``sliding_window`` keys/values, so their memory stays bounded.
+Sliding-window layers attend to the last ``sliding_window`` positions only: their mask is built from the step's
+positions (``CachedDecoder.step_masks``); their keys and values are kept in the pool like every layer's.
 """
 
 from __future__ import annotations
@@ -13,15 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from omnipipe.models.default.modeling.decoder import (
-    CachedDecoder,
-    LayerCache,
-    PrefillMasks,
-    ShardedCheckpoint,
-    gather_cache,
-    rope_angles,
-    rotate_half,
-)
+from omnipipe.models.default.modeling.decoder import CachedDecoder, ShardedCheckpoint, rope_angles, rotate_half
 from omnipipe.models.default.modeling.quantized import Weight, project
 
 logger = logging.getLogger(__name__)
@@ -160,11 +153,8 @@ class GemmaThinker(CachedDecoder):
             if weights.unused():
                 logger.warning("Ignoring unexpected tensors: %s", weights.unused()[:5])
 
-    def _new_caches(self) -> list[LayerCache]:
-        cfg = self.config
-        return [LayerCache(self._kv_heads, cfg.head_dim, self.dtype, cfg.sliding_window if sliding else None,
-                           self.device)
-                for sliding in cfg.layer_is_sliding]
+    def kv_shape(self) -> tuple[int, int, int]:
+        return len(self.config.layer_is_sliding), self._kv_heads, self.config.head_dim
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = _rms_norm(hidden, self._final_norm, self.config.rms_norm_eps)
@@ -174,16 +164,8 @@ class GemmaThinker(CachedDecoder):
             logits = torch.tanh(logits / cap) * cap
         return logits
 
-    def _forward(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[list[LayerCache]],
-        masks: PrefillMasks | None,
-        padded: bool,
-        extend: bool = False,
-    ) -> torch.Tensor:
-        """Run all layers on ids [batch, seq]; prefill passes masks, decode (seq 1) attends to padded caches."""
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Run all layers on ids [rows, seq]; a sliding-window layer's mask keeps to its window."""
         cfg = self.config
         batch, seq = ids.shape
         hidden = F.embedding(ids, self._embed) * self._embed_scale
@@ -191,6 +173,7 @@ class GemmaThinker(CachedDecoder):
                 rope_angles(positions, self._inv_freq_global, self.dtype))
         heads, kv_heads = self._heads, self._kv_heads  # this rank's
         q_size, kv_size = heads * cfg.head_dim, kv_heads * cfg.head_dim
+        masks = self.step_masks(positions)
         for index, layer in enumerate(self._layers):
             sliding = cfg.layer_is_sliding[index]
             cos, sin = rope[0] if sliding else rope[1]
@@ -204,20 +187,8 @@ class GemmaThinker(CachedDecoder):
             k = _rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            if padded:
-                keys, values, mask = gather_cache([c[index] for c in caches], k, v)
-            elif extend:  # one request whose cache already holds earlier tokens (all within the window)
-                cache = caches[0][index]
-                cache.append(k[0], v[0])
-                key, value = cache.view()
-                keys, values, mask = key[None], value[None], masks[0] if sliding else masks[1]  # type: ignore[index]
-            else:
-                for b, request_caches in enumerate(caches):
-                    cache = request_caches[index]
-                    keep = cache.keep_last
-                    cache.append(k[b, :, -keep:] if keep else k[b], v[b, :, -keep:] if keep else v[b])
-                keys, values, mask = k, v, masks[0] if sliding else masks[1]  # type: ignore[index]
-            attn = self._attention(q, keys, values, mask)
+            keys, values = self.kv.update(k, v, index)
+            attn = self._attention(q, keys, values, masks[0] if sliding else masks[1])
             attn = attn.transpose(1, 2).reshape(batch, seq, q_size)
             x = self._reduce(project(attn, layer.o))  # sum the ranks' heads before the norm
             hidden = residual + _rms_norm(x, layer.post_attn_norm, cfg.rms_norm_eps)
@@ -227,13 +198,12 @@ class GemmaThinker(CachedDecoder):
             hidden = hidden + _rms_norm(x, layer.post_ffn_norm, cfg.rms_norm_eps)
         return hidden
 
-    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         cap = self.config.attn_logit_softcapping
         if cap is None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self._scale, enable_gqa=True)
         groups = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         scores = torch.tanh((q @ k.transpose(-1, -2)) * self._scale / cap) * cap
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.masked_fill(~mask, float("-inf"))
         return torch.softmax(scores.float(), dim=-1).to(q.dtype) @ v

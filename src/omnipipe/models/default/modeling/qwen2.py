@@ -1,4 +1,4 @@
-"""A compact Qwen2 text decoder in plain torch (the request KV caches and batching are ``decoder.py``'s).
+"""A compact Qwen2 text decoder in plain torch (the KV pool and batching are ``decoder.py``'s).
 
 Qwen2 (and the Qwen2.5 instruct models built on it): pre-norm RMSNorm layers, grouped-query attention with biased
 q/k/v projections and rotary positions, a SiLU-gated MLP, full attention in every layer.
@@ -14,15 +14,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from omnipipe.models.default.modeling.decoder import (
-    CachedDecoder,
-    LayerCache,
-    PrefillMasks,
-    ShardedCheckpoint,
-    gather_cache,
-    rope_angles,
-    rotate_half,
-)
+from omnipipe.models.default.modeling.decoder import CachedDecoder, ShardedCheckpoint, rope_angles, rotate_half
 from omnipipe.models.default.modeling.quantized import Weight, project
 
 logger = logging.getLogger(__name__)
@@ -140,30 +132,21 @@ class Qwen2Thinker(CachedDecoder):
             if weights.unused():
                 logger.warning("Ignoring unexpected tensors: %s", weights.unused()[:5])
 
-    def _new_caches(self) -> list[LayerCache]:
-        cfg = self.config
-        return [LayerCache(self._kv_heads, cfg.head_dim, self.dtype, None, self.device) for _ in range(cfg.num_layers)]
+    def kv_shape(self) -> tuple[int, int, int]:
+        return self.config.num_layers, self._kv_heads, self.config.head_dim
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = _rms_norm(hidden, self._final_norm, self.config.rms_norm_eps)
         return project(hidden, self._lm_head).float()
 
-    def _forward(
-        self,
-        ids: torch.Tensor,
-        positions: torch.Tensor,
-        caches: list[list[LayerCache]],
-        masks: PrefillMasks | None,
-        padded: bool,
-        extend: bool = False,
-    ) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         cfg = self.config
         batch, seq = ids.shape
         hidden = F.embedding(ids, self._embed)
         cos, sin = rope_angles(positions, self._inv_freq, self.dtype)
         heads, kv_heads = self._heads, self._kv_heads  # this rank's
         q_size, kv_size = heads * cfg.head_dim, kv_heads * cfg.head_dim
-        causal = masks[1] if masks is not None else None
+        causal = self.step_masks(positions)[1]
         for index, layer in enumerate(self._layers):
             residual = hidden
             x = _rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps)
@@ -173,18 +156,9 @@ class Qwen2Thinker(CachedDecoder):
             v = v.view(batch, seq, kv_heads, cfg.head_dim).transpose(1, 2)
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
-            if padded:
-                keys, values, mask = gather_cache([c[index] for c in caches], k, v)
-            elif extend:  # one request whose cache already holds earlier tokens
-                cache = caches[0][index]
-                cache.append(k[0], v[0])
-                key, value = cache.view()
-                keys, values, mask = key[None], value[None], causal
-            else:
-                for b, request_caches in enumerate(caches):
-                    request_caches[index].append(k[b], v[b])
-                keys, values, mask = k, v, causal
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self._scale, enable_gqa=True)
+            keys, values = self.kv.update(k, v, index)
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=causal, scale=self._scale,
+                                                  enable_gqa=True)
             hidden = residual + self._reduce(project(attn.transpose(1, 2).reshape(batch, seq, q_size), layer.o))
             x = _rms_norm(hidden, layer.post_attn_norm, cfg.rms_norm_eps)
             gate, up = project(x, layer.gate_up).chunk(2, dim=-1)
