@@ -41,6 +41,6 @@ def test_on_the_cpu_it_runs_every_check_and_times_the_released_width_step(
     assert rows["placement"] == "PASS" and rows["NaN isolation"] == "PASS", printed
     assert rows["batched == alone (float32, TF32 off)"] == "PASS", printed
     assert rows["syncs per decode step"] == "skipped", printed
-    assert rows["recompiles after warm-up"] in ("PASS", "FAIL"), printed  # a measurement: today it is FAIL
+    assert rows["recompiles after warm-up"] == "PASS", printed  # the thinker's and the talker's warm-ups cover serving
     steps = [line for line in printed.splitlines() if line.startswith("|") and "not captured yet" in line]
     assert [int(line.split("|")[1]) for line in steps] == [1, 2], printed

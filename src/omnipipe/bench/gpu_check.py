@@ -1,7 +1,7 @@
 """``omnipipe bench gpu-check``: what a first run on a CUDA machine must show, in one command (a few minutes).
 
-Checks, each PASS or FAIL (or measured, or skipped) with what was seen (the tiny Qwen3-Omni thinker, run in this
-process by the stage's own scheduler and step, ``stage/runner_driver.py``):
+Checks, each PASS or FAIL (or measured, or skipped) with what was seen (the tiny Qwen3-Omni thinker, and for the
+recompiles its talker too, run in this process by the stage's own scheduler and step, ``stage/runner_driver.py``):
 
 - placement: every parameter and buffer of the loaded thinker, and its KV pool, on the device;
 - batched == alone: 4 greedy requests stepped together give the tokens each gives alone (float32, TF32 off);
@@ -10,7 +10,8 @@ process by the stage's own scheduler and step, ``stage/runner_driver.py``):
 - syncs per decode step: the device -> host syncs of the runner's whole decode step (forward and sampling), by
   torch's sync debug mode (CUDA only);
 - recompiles after warm-up: with ``torch_compile`` on, graphs compiled by batches of other sizes and prompts after
-  the stage's warm-up (0 is the goal: a recompile stalls every stream in the step).
+  the stage's warm-up, the thinker's and then the talker's (fed the thinker's answers); PASS when both are 0 (a
+  recompile stalls every stream in the step).
 
 Then the step itself at the released width: Qwen3-Omni's thinker text decoder (its released config, ``--layers``
 layers, random bfloat16 weights) over the paged KV cache, a decode step at B rows of ``--context`` tokens of history
@@ -150,18 +151,44 @@ def check_syncs_per_step(checkpoint: Path, device: str) -> tuple[str, str]:
 
 
 def check_recompiles(checkpoint: Path, device: str) -> tuple[str, str]:
+    """Graphs compiled after warm-up by the thinker (batches of 1, 4 and 6 rows, other prompts), then by the talker
+    (the thinker's answers as its requests, whole and streamed in a token a step)."""
     from torch._dynamo.utils import counters
 
-    from omnipipe.stage.runner_driver import drive
+    from omnipipe.models.qwen3_omni.handoff import thinker2talker, thinker2talker_async_chunk
+    from omnipipe.models.qwen3_omni.runners.talker import Qwen3TalkerRunner
+    from omnipipe.stage.runner import RunnerContext
+    from omnipipe.stage.runner_driver import Arrival, drive
 
     runner = _runner(checkpoint, device, torch_compile=True)
     runner.warmup()
     before = counters["stats"]["unique_graphs"]
-    drive(runner, _arrivals(PROMPTS[:1]))
-    drive(runner, _arrivals(PROMPTS, [0, 1, 3, 4]))
-    drive(runner, _arrivals(PROMPTS[1:3] * 3))
-    graphs = counters["stats"]["unique_graphs"] - before
-    return verdict(graphs == 0), f"{graphs} graphs compiled after warm-up (batches of 1, 4 and 6 rows, other prompts)"
+    served = [drive(runner, _arrivals(PROMPTS[:1])), drive(runner, _arrivals(PROMPTS, [0, 1, 3, 4])),
+              drive(runner, _arrivals(PROMPTS[1:3] * 3))]
+    thinker_graphs = counters["stats"]["unique_graphs"] - before
+    runner.close()
+    answers = [[o.data for o in result.outputs[rid] if o.data] for result in served[1:] for rid in result.outputs]
+    torch._dynamo.reset()  # the talker's graphs counted on their own (the recompile limit is per function)
+    talker = Qwen3TalkerRunner(RunnerContext("talker", device, 1, 8, {"model": str(checkpoint),
+                                                                      "torch_compile": True}))
+    talker.load()
+    talker.warmup()
+    before = counters["stats"]["unique_graphs"]
+    drive(talker, [Arrival("t0", dict(GREEDY), thinker2talker(answers[0]))])
+    drive(talker, [Arrival(f"t{i}", dict(GREEDY), thinker2talker(outputs), step=i)
+                   for i, outputs in enumerate(answers[:4])])
+    streamed = []
+    for i, outputs in enumerate(answers[4:]):
+        state: dict[str, Any] = {}
+        chunks = [chunk for n, output in enumerate(outputs)
+                  for chunk in thinker2talker_async_chunk(state, output, n == len(outputs) - 1, None)]
+        streamed.append(Arrival(f"s{i}", dict(GREEDY), chunks[:1], step=i,
+                                more=[(i + 1 + n, chunk) for n, chunk in enumerate(chunks[1:])]))
+    drive(talker, streamed)
+    talker_graphs = counters["stats"]["unique_graphs"] - before
+    return verdict(thinker_graphs == talker_graphs == 0), (
+        f"{thinker_graphs} thinker graphs compiled after warm-up (batches of 1, 4 and 6 rows, other prompts), "
+        f"{talker_graphs} talker graphs (batches of 1, 4 and 6, text whole and streamed)")
 
 
 def released_decoder(layers: int, device: str, dtype: torch.dtype) -> tuple[Any, Any]:

@@ -9,6 +9,7 @@ loads a part straight onto its GPU."""
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -196,10 +197,32 @@ def device_on_load(device: str | torch.device) -> dict[str, Any]:
 
 
 def compile_if(module: torch.nn.Module, enabled: bool) -> torch.nn.Module:
-    """Compile ``module``'s forward with torch.compile (dynamic shapes) when ``enabled``."""
+    """Compile ``module``'s forward with torch.compile (dynamic shapes) when ``enabled``. Its tensor arguments are
+    made contiguous first: a prompt's piece is a slice of the whole prompt's tensors, and a compiled graph guards
+    its inputs' strides, so a slice would compile another graph for a shape it already has."""
     if enabled:
-        module.forward = torch.compile(module.forward, dynamic=True)
+        compiled = torch.compile(module.forward, dynamic=True)
+
+        @functools.wraps(module.forward)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return compiled(*(_contiguous(value) for value in args),
+                            **{name: _contiguous(value) for name, value in kwargs.items()})
+
+        module.forward = forward
     return module
+
+
+def _contiguous(value: Any) -> Any:
+    """A tensor (or each tensor of a list or tuple of them) with the strides of a fresh one of its shape (a copy if
+    it has others, even along dims of size 1, which ``Tensor.contiguous`` leaves as they are); anything else as it
+    is."""
+    if isinstance(value, torch.Tensor):
+        if value.stride() == torch.empty(value.shape, device="meta").stride():
+            return value
+        return torch.empty(value.shape, dtype=value.dtype, device=value.device).copy_(value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(item, torch.Tensor) for item in value):
+        return type(value)(_contiguous(item) for item in value)
+    return value
 
 
 @contextlib.contextmanager

@@ -35,10 +35,12 @@ from omnipipe.models.qwen2_5_omni.processors import DEFAULT_SPEAKER, Qwen25Talke
 from omnipipe.models.qwen2_5_omni.weights.load import load_part, load_speakers
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
+from omnipipe.stage.checkpoint_tensors import read_rows
 from omnipipe.stage.prompt_pieces import PromptPieces, content_keys
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
+from omnipipe.stage.warmup import WarmupRequest, answers_run_on, warm_up_requests
 from omnipipe.util.field_error import FieldError
 
 if TYPE_CHECKING:
@@ -65,6 +67,7 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
 
     def load(self) -> None:
         self.options, directory, self.dtype = checked_options(self.context, TalkerOptions)
+        self.directory = directory
         self.device = torch.device(self.context.device)
         self.model = cast("Qwen2_5OmniTalkerForConditionalGeneration",
                           load_part(directory, "talker", self.device, self.dtype))
@@ -76,6 +79,56 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
         self.speaker = self._speaker(self.options.speaker or default, f"stages.{self.context.stage}.options.speaker")
         self.suppress = [self.model.codec_bos_token]  # the codec's begin token is never sampled
         self.make_kv_cache(self.model.config, self.options, self.dtype, self.options.max_new_tokens, self.decoder)
+
+    def warmup(self) -> None:
+        """A compiled decoder is traced and compiled here, for every call serving makes of it, not in the first
+        requests, where a compile could outlast the stall watchdog and stalls every stream of its step. With
+        ``torch_compile`` on, three requests made from the checkpoint (``_warmup_handoffs``): one whose reply
+        streams in an item a step, decoded alone and across three KV blocks; one with a prompt two blocks longer
+        and its whole reply at once joining at step 3 and one streaming joining at step 5, so prefills and decodes
+        of one and of several rows run at more than one KV width. No end code is sampled, so each runs to its
+        ``max_tokens``; every block taken is free again after."""
+        if not self.options.torch_compile:
+            return
+        block = self.kv.block_tokens
+        first, streamed = self._warmup_handoffs(6, block)
+        whole, _ = self._warmup_handoffs(6 + 2 * block, block, whole=True)
+        greedy = {"temperature": 0.0}
+        requests = [
+            WarmupRequest([first], {**greedy, "max_tokens": 3 * block},
+                          more=tuple((1 + index, chunk) for index, chunk in enumerate(streamed))),
+            WarmupRequest([whole], {**greedy, "max_tokens": 4}, step=3),
+            WarmupRequest([first], {**greedy, "max_tokens": block + 2}, step=5,
+                          more=tuple((6 + index, chunk) for index, chunk in enumerate(streamed)))]
+        with answers_run_on(self, self.eos_codes):
+            warm_up_requests(self, requests)
+
+    def _warmup_handoffs(self, prompt_tokens: int, reply_tokens: int,
+                         whole: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """A thinker's hand-offs for a warm-up request, made from the checkpoint without a thinker: a text prompt of
+        ``prompt_tokens`` plain ids (the talker reads no roles: only media ids change its positions) with the
+        thinker's embedding rows of them as both its embeddings and hidden states, the text-end, pad and voices'
+        begin embeddings, then one reply item per chunk (``reply_tokens`` in all, the first with the prompt), the
+        last one done; ``whole``: every item in the first chunk."""
+        config = self.model.config
+        ids = [1 + index % 8 for index in range(prompt_tokens)]  # low ids: plain text in Qwen tokenizers
+        reply = [ids[index % len(ids)] for index in range(reply_tokens)]
+        speakers = sorted(self.bos_tokens)
+        rows = read_rows(self.directory, "thinker.model.embed_tokens.weight",
+                         [*ids, *reply, config.tts_text_end_token_id, config.tts_text_pad_token_id,
+                          *(self.bos_tokens[name] for name in speakers)])
+        if rows is None:
+            raise ValueError(f"{self.directory}: no thinker.model.embed_tokens.weight (the talker's warm-up reads it)")
+        rows = rows.float()
+        prompt_rows, text = rows[:len(ids)], rows[len(ids):len(ids) + len(reply)]
+        text_eos, text_pad, *bos = rows[len(ids) + len(reply):].unbind(0)
+        prompt = Qwen25TalkerPrompt(torch.tensor(ids), torch.ones(len(ids), dtype=torch.long), prompt_rows,
+                                    prompt_rows, reply[0], text_eos, text_pad, dict(zip(speakers, bos, strict=True)))
+        if whole:
+            return Qwen25TalkerHandoff(text, text, done=True, prompt=prompt).to_chunk(), []
+        first = Qwen25TalkerHandoff(text[:1], text[:1], prompt=prompt).to_chunk()
+        return first, [Qwen25TalkerHandoff(text[index:index + 1], text[index:index + 1],
+                                           done=index == len(text) - 1).to_chunk() for index in range(1, len(text))]
 
     def validate(self, params: dict[str, Any]) -> str | None:
         if params.get("stop"):

@@ -50,7 +50,7 @@ from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.stage.streaming_audio import AudioStreamRunner, AudioStreams, merge_audio_embeds
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
 from omnipipe.stage.text_stream import TextStream
-from omnipipe.stage.warmup import warm_up
+from omnipipe.stage.warmup import WarmupRequest, answers_run_on, short_audio, tiny_image, warm_up_requests
 from omnipipe.util.field_error import FieldError
 
 if TYPE_CHECKING:
@@ -111,11 +111,24 @@ class Qwen25ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
         self.prompts.close()
 
     def warmup(self) -> None:
-        """A compiled decoder is traced and compiled here (a prefill, a decode of two rows), not in the first
-        requests, where it could outlast the stall watchdog."""
-        if self.options.torch_compile:
-            warm_up(self, [{"text": "Hello", "history": [], "images": [], "audios": [], "videos": []}],
-                    {"temperature": 0.0, "max_tokens": 4})
+        """A compiled decoder is traced and compiled here, for every call serving makes of it, not in the first
+        requests, where a compile could outlast the stall watchdog and stalls every stream of its step. With
+        ``torch_compile`` on: a text prompt prefilled in two pieces (its last piece one token), then decoded alone
+        and across three KV blocks; a prompt with an image and a short clip joining at step 3 and a second text
+        prompt at step 5, so decodes of one and of several rows run at more than one KV width. The answers run to
+        their ``max_tokens`` (no end token sampled); every block taken is free again after."""
+        if not self.options.torch_compile:
+            return
+        block = self.kv.block_tokens
+        text = {"text": "Hello, who are you?", "history": [], "images": [], "audios": [], "videos": []}
+        prompt_tokens = int(self.inputs(text)["input_ids"].shape[1])
+        requests = [
+            WarmupRequest([text], {"temperature": 0.0, "max_tokens": 3 * block}),
+            WarmupRequest([{**text, "text": "What is this?", "images": [tiny_image(64)], "audios": [short_audio()]}],
+                          {"temperature": 0.0, "max_tokens": 4}, step=3),
+            WarmupRequest([{**text, "text": "Tell me more."}], {"temperature": 0.0, "max_tokens": block + 2}, step=5)]
+        with answers_run_on(self, self.eos_ids, prefill_chunk_tokens=prompt_tokens - 1):
+            warm_up_requests(self, requests)
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.model.get_input_embeddings()(tokens)

@@ -33,13 +33,15 @@ import torch
 from omnipipe.models.qwen3_omni.handoff import Qwen3TalkerHandoff, Qwen3TalkerPrompt
 from omnipipe.models.qwen3_omni.modeling.code_predictor import BatchedCodePredictor
 from omnipipe.models.qwen3_omni.options import DEFAULT_SPEAKER, Qwen3TalkerParams, TalkerOptions
-from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, read_rows, speaker_ids
+from omnipipe.models.qwen3_omni.weights.load import load_config, load_part, speaker_ids
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
+from omnipipe.stage.checkpoint_tensors import read_rows
 from omnipipe.stage.prompt_pieces import PromptPieces, content_keys
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
+from omnipipe.stage.warmup import WarmupRequest, answers_run_on, warm_up_requests
 from omnipipe.util.field_error import FieldError
 
 if TYPE_CHECKING:
@@ -83,6 +85,52 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
         self._load_text_tokens()
         self.make_kv_cache(self.model.config.text_config, self.options, self.dtype,
                            self.options.max_new_tokens, self.model.model)
+
+    def warmup(self) -> None:
+        """A compiled decoder is traced and compiled here, for every call serving makes of it, not in the first
+        requests, where a compile could outlast the stall watchdog and stalls every stream of its step. With
+        ``torch_compile`` on, three requests made from the checkpoint (``_warmup_handoffs``): one whose text streams
+        in a token a step, decoded alone and across three KV blocks; one with its whole text at once joining at
+        step 3 and one streaming joining at step 5, so decodes of one and of several rows run at more than one KV
+        width. No end code is sampled, so each runs to its ``max_tokens``; every block taken is free again after."""
+        if not self.options.torch_compile:
+            return
+        block = self.kv.block_tokens
+        first, streamed = self._warmup_handoffs(6, block)
+        whole, _ = self._warmup_handoffs(6 + 2 * block, block, whole=True)  # a prompt two KV blocks longer
+        greedy = {"temperature": 0.0}
+        requests = [
+            WarmupRequest([first], {**greedy, "max_tokens": 3 * block},
+                          more=tuple((1 + index, chunk) for index, chunk in enumerate(streamed))),
+            WarmupRequest([whole], {**greedy, "max_tokens": 4}, step=3),
+            WarmupRequest([first], {**greedy, "max_tokens": block + 2}, step=5,
+                          more=tuple((6 + index, chunk) for index, chunk in enumerate(streamed)))]
+        with answers_run_on(self, [self.eos]):
+            warm_up_requests(self, requests)
+
+    def _warmup_handoffs(self, user_tokens: int, reply_tokens: int,
+                         whole: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """A thinker's hand-offs for a warm-up request, made from the checkpoint without a thinker: the prompt
+        ``<|im_start|>user`` (``user_tokens`` plain text ids) ``<|im_end|>`` then ``<|im_start|>assistant`` and its
+        first text embedding, then one chunk per further text token (``reply_tokens`` in all), the last one done;
+        ``whole``: all of the text in the first chunk. The embeddings are the thinker's rows of those ids."""
+        config = self.config
+        plain = [1 + index % 8 for index in range(max(user_tokens, 1))]  # low ids: plain text in Qwen tokenizers
+        newline = plain[0]
+        ids = [config.im_start_token_id, config.user_token_id, *plain, config.im_end_token_id, newline,
+               config.im_start_token_id, config.assistant_token_id, newline]
+        reply = [plain[index % len(plain)] for index in range(reply_tokens)]
+        rows = read_rows(self.directory, "thinker.model.embed_tokens.weight", [*ids, *reply])
+        if rows is None:
+            raise ValueError(f"{self.directory}: no thinker.model.embed_tokens.weight (the talker's warm-up reads it)")
+        rows = rows.float()
+        prompt_embeds, text = rows[:len(ids)], rows[len(ids):]
+        prompt = Qwen3TalkerPrompt(torch.tensor(ids), prompt_embeds, prompt_embeds[:0])
+        if whole:
+            return Qwen3TalkerHandoff(text, done=True, prompt=prompt).to_chunk(), []
+        first = Qwen3TalkerHandoff(text[:1], prompt=prompt).to_chunk()
+        return first, [Qwen3TalkerHandoff(text[index:index + 1], done=index == len(text) - 1).to_chunk()
+                       for index in range(1, len(text))]
 
     def _load_text_tokens(self) -> None:
         """tts_bos / tts_eos / tts_pad: the thinker's embeddings of them (three rows read from the checkpoint),
@@ -189,7 +237,9 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
                   **{k: v.to(self.device) for k, v in prompt.grids.items()}}
         position_ids = self.model._prepare_position_ids_for_generation(inputs_embeds, kwargs)
         self.model.rope_deltas = None  # positions are passed explicitly; leave nothing on the shared model
-        return inputs_embeds, position_ids
+        # float positions for every prompt (the model's are int64 for text, float with media; the rotary embedding
+        # reads them as floats either way): a compiled decoder meets one dtype, so one graph
+        return inputs_embeds, position_ids.float()
 
     def _start(self, request: StageRequest, state: Qwen3TalkerState) -> RunnerOutput | None:
         """The request's prompt built and its KV reserved; else the output to return now (waiting for the thinker

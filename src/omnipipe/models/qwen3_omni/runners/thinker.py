@@ -47,7 +47,7 @@ from omnipipe.stage.sampling import TokenSamplingParams, given_params
 from omnipipe.stage.streaming_audio import AudioStreamRunner, AudioStreams, merge_audio_embeds
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError, ToolCallFormat, tool_call_format_for
 from omnipipe.stage.text_stream import TextStream
-from omnipipe.stage.warmup import warm_up
+from omnipipe.stage.warmup import WarmupRequest, answers_run_on, short_audio, tiny_image, warm_up_requests
 from omnipipe.util.field_error import FieldError
 
 if TYPE_CHECKING:
@@ -96,10 +96,27 @@ class Qwen3ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
         self.prompts.close()
 
     def warmup(self) -> None:
-        """A compiled decoder is traced and compiled here (a prefill, a decode of two rows), not in the first
-        requests, where it could outlast the stall watchdog."""
-        if self.options.torch_compile:
-            warm_up(self, [{"text": "Hello"}], {"temperature": 0.0, "max_tokens": 4})
+        """A compiled decoder is traced and compiled here, for every call serving makes of it, not in the first
+        requests, where a compile could outlast the stall watchdog and stalls every stream of its step. With
+        ``torch_compile`` on: a text prompt prefilled in two pieces (its last piece one token: a prefill's call
+        with the hidden states the talker reads), then decoded alone and across three KV blocks; a prompt with a
+        64-pixel image and a short clip joining at step 3 and one with a 32-pixel image at step 5 (DeepStack's
+        inputs for several visual positions and for one), so decodes of one and of several rows run at more than
+        one KV width. The answers run to their ``max_tokens`` (no end token sampled); every block taken is free
+        again after."""
+        if not self.options.torch_compile:
+            return
+        block = self.kv.block_tokens
+        text = {"text": "Hello, who are you?"}
+        prompt_tokens = int(self.inputs(text)["input_ids"].shape[1])
+        requests = [
+            WarmupRequest([text], {"temperature": 0.0, "max_tokens": 3 * block}),
+            WarmupRequest([{"text": "What is this?", "images": [tiny_image(64)], "audios": [short_audio()]}],
+                          {"temperature": 0.0, "max_tokens": 4}, step=3),
+            WarmupRequest([{"text": "And this?", "images": [tiny_image(32)]}],
+                          {"temperature": 0.0, "max_tokens": block + 2}, step=5)]
+        with answers_run_on(self, self.eos_ids, prefill_chunk_tokens=prompt_tokens - 1):
+            warm_up_requests(self, requests)
 
     # ------------------------------------------------------------------------------------- inputs, off the loop
     def admit(self, request: StageRequest) -> None:
@@ -169,7 +186,9 @@ class Qwen3ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
         decoder_inputs = capture_decoder_inputs(self.model.model, self.decoder, position_ids=position_ids,
                                                 use_cache=False, **kwargs)
         deepstack = decoder_inputs.get("deepstack_visual_embeds")
-        pieces = DeepStackPieces(decoder_inputs["inputs_embeds"], position_ids, keep=(0, self.accept_layer),
+        # float positions for every prompt (the model's are int64 for text, float with media; the rotary embedding
+        # reads them as floats either way): a compiled decoder meets one dtype, so one graph
+        pieces = DeepStackPieces(decoder_inputs["inputs_embeds"], position_ids.float(), keep=(0, self.accept_layer),
                                  visual_pos_masks=decoder_inputs.get("visual_pos_masks"),
                                  deepstack_visual_embeds=list(deepstack) if deepstack else None)
         if request.num_cached_tokens:

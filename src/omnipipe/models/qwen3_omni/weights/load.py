@@ -4,28 +4,16 @@ MoE tensors fused into its layout), on the stage's device and dtype."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from omnipipe.stage.checkpoint_options import device_on_load, quiet_loading
+from omnipipe.stage.checkpoint_tensors import read_tensors
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-
-def read_rows(directory: Path, name: str, rows: list[int]) -> torch.Tensor | None:
-    """Some rows of one 2-D tensor of the checkpoint (only those are read), or None if it has no such tensor."""
-    from safetensors import safe_open
-
-    for file in weight_files(directory):
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            if name in handle.keys():  # noqa: SIM118 - a safetensors handle is no mapping: it has keys() only
-                table = handle.get_slice(name)
-                return torch.stack([table[row:row + 1][0] for row in rows])
-    return None
 
 
 def load_config(directory: Path):
@@ -43,26 +31,6 @@ def speaker_ids(config) -> dict[str, int]:
 def list_speakers(options: dict) -> list[str]:
     """The voices of the checkpoint the talker's stage options name (the server's voice list)."""
     return sorted(speaker_ids(load_config(Path(options["model"]))))
-
-
-def weight_files(directory: Path) -> list[Path]:
-    index = directory / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [directory / name for name in names]
-    return sorted(directory.glob("*.safetensors"))
-
-
-def read_tensors(directory: Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """The named tensors of the checkpoint (only those are read)."""
-    from safetensors import safe_open
-
-    wanted, found = set(names), {}
-    for file in weight_files(directory):
-        with safe_open(str(file), framework="pt", device="cpu") as handle:
-            for key in wanted.intersection(handle.keys()):
-                found[key] = handle.get_tensor(key)
-    return found
 
 
 def _fuse_experts(module: torch.nn.Module, directory: Path, prefix: str, missing: list[str]) -> list[str]:
