@@ -143,7 +143,7 @@ def test_qwen2_5_one_layer_thinker_writes_to_max_tokens(qwen2_5_one_layer: Path)
     request.inputs.append({"text": "hello", "history": [], "images": [], "audios": [], "videos": []})
     out, steps = None, 0
     while out is None or not out.finished:
-        (out,) = runner.execute([request], steps == 0)
+        (out,) = runner.execute([request])
         steps += 1
     generated = list(request.runner_state.generated)
     assert out.finish_reason == "length" and len(generated) == 8

@@ -169,7 +169,7 @@ def drive(runner: DiffusersRunner, arrivals: dict[int, list[StageRequest]], max_
                 continue
             return outputs, latents
         batch, is_prefill = scheduler.schedule()
-        for request, output in zip(batch, runner.execute(batch, is_prefill), strict=True):
+        for request, output in zip(batch, runner.execute(batch), strict=True):
             outputs.setdefault(request.request_id, []).append(output)
             if output.error is not None:
                 scheduler.remove(request.request_id)
@@ -310,9 +310,9 @@ def test_a_request_gets_the_same_image_whoever_shares_its_batch(request, model, 
 def test_a_failed_batched_step_is_retried_from_its_snapshot(digits_like_dir) -> None:
     runner = make_runner(digits_like_dir, scheduler="dpm-solver")
     a, b = (make_request(r, 1, {"class_label": 3}, steps=4, guidance_scale=2.0) for r in "ab")
-    runner.execute([a, b], False)
+    runner.execute([a, b])
     snapshots = [runner.snapshot(r) for r in (a, b)]
-    runner.execute([a, b], False)  # the step that "failed"
+    runner.execute([a, b])  # the step that "failed"
     for r, snap in zip((a, b), snapshots, strict=True):
         runner.restore(r, snap)
         assert r.runner_state.step == 1
@@ -322,7 +322,7 @@ def test_a_failed_batched_step_is_retried_from_its_snapshot(digits_like_dir) -> 
     # a request not started yet snapshots to None, and restoring it frees what the step built
     c = make_request("c", 1, {"class_label": 3})
     assert runner.snapshot(c) is None
-    runner.execute([c], False)
+    runner.execute([c])
     runner.restore(c, None)
     assert c.runner_state is None
 

@@ -334,10 +334,9 @@ def _run_thinker(runner, params: dict, item: dict | None = None) -> tuple[list[s
 
     request = StageRequest("r", params, emit_final=True, emit_data=True, chunk_targets=[])
     request.inputs.append(item or {"text": PROMPT, "history": [], "images": [], "audios": [], "videos": []})
-    deltas, is_prefill = [], True
+    deltas = []
     while True:
-        (out,) = runner.execute([request], is_prefill)
-        is_prefill = False
+        (out,) = runner.execute([request])
         deltas.append(out.text_delta)
         if out.finished:
             generated = list(request.runner_state.generated)

@@ -64,7 +64,7 @@ def _decode(runner, speaker: str, extra: dict) -> np.ndarray:
     request.inputs.append({"frames": codes.reshape(1, -1), "start_frame": 0, "context_frames": 0,
                            "lookahead_frames": 0, "speaker": speaker})
     assert runner.validate(request.params) is None
-    return runner.execute([request], False)[0].audio
+    return runner.execute([request])[0].audio
 
 
 def test_a_reference_mel_changes_the_voice_and_equals_transformers_token2wav(checkpoint, clip) -> None:

@@ -87,7 +87,7 @@ def _run(runner, requests, on_step=None) -> dict[str, list[np.ndarray]]:
                 request.inputs.append(chunks.popleft())
                 batch.append(request)
         if batch:
-            for request, output in zip(batch, runner.execute(batch, False), strict=True):
+            for request, output in zip(batch, runner.execute(batch), strict=True):
                 audio[request.request_id].append(output.audio)
             if on_step is not None:
                 on_step(len(batch))

@@ -302,10 +302,9 @@ def test_the_thinker_stops_before_a_stop_string_and_never_shows_part_of_one(chec
     def run(params: dict[str, Any]) -> tuple[list[str], int, str | None]:
         request = StageRequest("r", params, emit_final=True, emit_data=True, chunk_targets=[])
         request.inputs.append({"text": "hello world"})
-        deltas, units, is_prefill = [], 0, True
+        deltas, units = [], 0
         while True:
-            (out,) = runner.execute([request], is_prefill)
-            is_prefill = False
+            (out,) = runner.execute([request])
             deltas.append(out.text_delta)
             units += out.num_units
             if out.finished:

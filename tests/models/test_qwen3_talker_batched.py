@@ -139,13 +139,14 @@ def test_forwards_per_decode_step_are_constant_in_the_batch(talker: Qwen3TalkerR
     per_step: list[tuple[bool, int, int, int]] = []
     execute = talker.execute
 
-    def counted(batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def counted(batch: list[StageRequest]) -> list[RunnerOutput]:
         decoder.reset(), predictor.reset()
-        outputs = execute(batch, is_prefill)
+        is_prefill = not all(request.prefilled for request in batch)  # before the step: a prompt in it
+        outputs = execute(batch)
         per_step.append((is_prefill, len(batch), decoder.reset(), predictor.reset()))
         return outputs
 
-    talker.execute = counted  # type: ignore[method-assign]  # drive wraps it, and deletes it when done
+    talker.execute = counted  # type: ignore[method-assign]  # removed again below
     try:
         result = drive(talker, [whole(f"r{i}", GREEDY, thinker_data[i]) for i in range(n)])
     finally:

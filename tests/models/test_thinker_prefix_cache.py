@@ -96,10 +96,10 @@ def _turn(runner: ThinkerRunner, rid: str, question: str, history: list[dict[str
     request = StageRequest(rid, {"max_tokens": MAX_TOKENS}, True, False, [], session_id=session_id)
     request.inputs.append({"text": question, "history": history})
     request.input_finished = True
-    output = runner.execute([request], True)[0]
+    output = runner.execute([request])[0]
     text = output.text_delta
     while not output.finished:
-        output = runner.execute([request], False)[0]
+        output = runner.execute([request])[0]
         text += output.text_delta
     tokens = list(request.runner_state.stream.ids)
     runner.free(request)
@@ -173,8 +173,8 @@ def test_an_aborted_turn_keeps_what_it_ran_for_the_next(runner) -> None:
     request = StageRequest("cut", {"max_tokens": MAX_TOKENS}, True, False, [], session_id="cut")
     request.inputs.append({"text": question, "history": []})
     request.input_finished = True
-    runner.execute([request], True)
-    runner.execute([request], False)  # one answer token through the model, then the caller aborts
+    runner.execute([request])
+    runner.execute([request])  # one answer token through the model, then the caller aborts
     runner.free(request)
     _, _, again = _turn(runner, "cut-again", question, [], "cut")  # the same question asked again
     assert _cached(again) == _blocks(again.num_prompt_tokens - 1)  # all but its last token, in whole blocks

@@ -27,7 +27,7 @@ def _request(rid: str, chunk: dict[str, object]) -> StageRequest:
 def test_talker_frames_and_decoder_samples_say_their_playback_seconds() -> None:
     talker = PiperTalkerRunner(RunnerContext("talker", "cpu", 1, 2, {"noise_scale": 0.0, "noise_w": 0.0}))
     talker.load()
-    spoken, silent = talker.execute([_request("a", {"text": "Hello there."}), _request("b", {"text": ""})], False)
+    spoken, silent = talker.execute([_request("a", {"text": "Hello there."}), _request("b", {"text": ""})])
     frames = spoken.data["frames"]
     assert frames.shape[1] > 0
     assert spoken.playback_s == pytest.approx(frames.shape[1] * VOICE_HOP_SAMPLES / VOICE_SAMPLE_RATE_HZ)
@@ -35,7 +35,7 @@ def test_talker_frames_and_decoder_samples_say_their_playback_seconds() -> None:
 
     decoder = PiperCode2WavRunner(RunnerContext("code2wav", "cpu", 1, 2, {}))
     decoder.load()
-    (output,) = decoder.execute([_request("a", {"frames": np.asarray(frames)})], False)
+    (output,) = decoder.execute([_request("a", {"frames": np.asarray(frames)})])
     assert output.audio is not None and len(output.audio) == frames.shape[1] * VOICE_HOP_SAMPLES
     assert output.playback_s == pytest.approx(len(output.audio) / VOICE_SAMPLE_RATE_HZ)
     assert output.playback_s == pytest.approx(spoken.playback_s)

@@ -97,7 +97,7 @@ class _ScriptedRunner(StageRunner):
     def load(self) -> None:
         """Nothing to load."""
 
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         outputs = []
         for r in batch:
             r.take_input()

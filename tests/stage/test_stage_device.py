@@ -96,7 +96,7 @@ class _FailingRunner(StageRunner):
     def load(self) -> None:
         """Nothing to load."""
 
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         raise self.error
 
 
@@ -146,11 +146,11 @@ class _CountingRunner(StageRunner):
     def load(self) -> None:
         """Nothing to load."""
 
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        self.calls.append((is_prefill, len(batch)))
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
+        self.calls.append((not all(request.prefilled for request in batch), len(batch)))
         outputs = []
         for request in batch:
-            if is_prefill:
+            if not request.prefilled:
                 assert request.take_all_inputs() == [{"text": "warm"}]
                 request.runner_state, request.prefilled = 0, True
             request.runner_state += 1

@@ -129,14 +129,14 @@ def check_syncs_per_step(checkpoint: Path, device: str) -> tuple[str, str]:
     counts: list[int] = []
     execute = runner.execute
 
-    def counted(batch: list[Any], is_prefill: bool) -> Any:
-        if is_prefill:
-            return execute(batch, is_prefill)
+    def counted(batch: list[Any]) -> Any:
+        if not all(request.prefilled for request in batch):
+            return execute(batch)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                return execute(batch, is_prefill)
+                return execute(batch)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
                 counts.append(sum("synchroniz" in str(w.message) for w in seen))

@@ -153,7 +153,7 @@ class BatchedDecoderRunner(StageRunner):
 
     # ------------------------------------------------------------------------------------------------ the step
     @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         outputs: dict[str, RunnerOutput] = {}
         ready: list[tuple[StageRequest, torch.Tensor, Any]] = []  # (request, logits [vocab], extra)
         rows: list[StageRequest] = []

@@ -102,15 +102,15 @@ class StageRunner(ABC):
     """Loads a model and runs one step over a batch of requests.
 
     Each output's ``status`` says where the step left its request; the scheduler moves the request there.
-    AR stages: ``execute(batch, is_prefill)`` is called with newly admitted requests (``is_prefill=True``: read
-    ``request.take_all_inputs()``, build the per-request cache) or with the running batch (one decode step each).
-    ``is_prefill`` tells the phase the scheduler picked; a runner that decides by each request's own ``prefilled``
-    (``stage/batched_decoder.py``) may ignore it. A prefill may take several steps (``PREFILLING``: decode steps of
+    AR stages: ``execute(batch)`` is called with newly admitted requests or with the running batch; the runner goes
+    by each request's own ``prefilled`` (the scheduler's phase is its own business): a request not prefilled yet
+    reads ``request.take_all_inputs()`` and builds its cache, one prefilled takes a decode step
+    (``stage/batched_decoder.py``). A prefill may take several steps (``PREFILLING``: decode steps of
     the others run between them) or wait for KV memory (``WAITING_FOR_MEMORY``); a request that has read all its
     input waits for more (``WAITING_FOR_CHUNK``).
-    Generation stages: ``execute(batch, False)``; each request has at least one input chunk, take one with
+    Generation stages: ``execute(batch)``; each request has at least one input chunk, take one with
     ``request.take_input()`` and return its result; the scheduler finishes a request once its input is exhausted.
-    Diffusion stages: ``execute(batch, False)`` is one denoising step for every request of the batch, each at its
+    Diffusion stages: ``execute(batch)`` is one denoising step for every request of the batch, each at its
     own step; a request new to the batch has ``runner_state is None`` and all its input ready
     (``request.take_all_inputs()``); return ``FINISHED`` with the image at its last step.
 
@@ -138,7 +138,7 @@ class StageRunner(ABC):
         """Load weights. Called once in the stage process before it reports ready."""
 
     @abstractmethod
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         """Run one step for every request of ``batch``; return one output per request, in order."""
 
     def follow(self) -> None:

@@ -67,17 +67,16 @@ def drive(runner: StageRunner, arrivals: list[Arrival], max_num_seqs: int = 8, p
 
     step = StageStep(scheduler, runner, deliver, fail, live.__contains__, per_request=per_request)
     calls: list[tuple[bool, list[str]]] = []
-    execute = runner.execute
+    schedule = scheduler.schedule
 
-    def recorded(batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        calls.append((is_prefill, [r.request_id for r in batch]))
-        return execute(batch, is_prefill)
+    def recorded() -> tuple[list[StageRequest], bool]:  # each step's phase, as the scheduler picked it
+        batch, is_prefill = schedule()
+        if batch:
+            calls.append((is_prefill, [r.request_id for r in batch]))
+        return batch, is_prefill
 
-    runner.execute = recorded  # type: ignore[method-assign]
-    try:
-        return _run(runner, scheduler, step, calls, arrivals, requests, outputs, errors, live, max_steps, on_step)
-    finally:
-        del runner.execute
+    scheduler.schedule = recorded  # type: ignore[method-assign]
+    return _run(runner, scheduler, step, calls, arrivals, requests, outputs, errors, live, max_steps, on_step)
 
 
 def _run(runner: StageRunner, scheduler: ARScheduler, step: StageStep, calls: list[tuple[bool, list[str]]],

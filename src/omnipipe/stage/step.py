@@ -62,7 +62,7 @@ class StageStep:
         snapshots = [self._snapshot(request) for request in batch] if len(batch) > 1 else None
         start = time.perf_counter()
         try:
-            outputs = self._execute(batch, is_prefill)
+            outputs = self._execute(batch)
         except Exception as exc:  # a model error fails its request; the stage lives on
             exit_if_cuda_broke(exc)
             if snapshots is None:
@@ -70,7 +70,7 @@ class StageStep:
                 self._fail(batch[0].request_id, f"{type(exc).__name__}: {exc}", None)
             else:
                 logger.exception("runner failed on a batch of %d; retrying its requests one by one", len(batch))
-                self._execute_isolated(batch, is_prefill, snapshots)
+                self._execute_isolated(batch, snapshots)
             return
         elapsed = time.perf_counter() - start
         if elapsed > SLOW_STEP_S:  # what a stall report points at: which batch, which phase
@@ -78,11 +78,11 @@ class StageStep:
                            len(batch), elapsed, ", ".join(r.request_id for r in batch[:8]))
         self._apply(batch, outputs, elapsed)
 
-    def _execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def _execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         if self.per_request and len(batch) > 1:
-            outputs = [output for request in batch for output in self._execute([request], is_prefill)]
+            outputs = [output for request in batch for output in self._execute([request])]
         else:
-            outputs = self.runner.execute(batch, is_prefill)
+            outputs = self.runner.execute(batch)
         if len(outputs) != len(batch):
             raise RuntimeError(f"runner returned {len(outputs)} outputs for a batch of {len(batch)}")
         return outputs
@@ -112,7 +112,7 @@ class StageStep:
             runner_snapshot = NOT_RESTORABLE
         return _Snapshot(list(request.inputs), request.consumed_inputs, request.prefilled, runner_snapshot)
 
-    def _execute_isolated(self, batch: list[StageRequest], is_prefill: bool, snapshots: list[_Snapshot]) -> None:
+    def _execute_isolated(self, batch: list[StageRequest], snapshots: list[_Snapshot]) -> None:
         """After ``execute`` raised on ``batch``, run each of its requests alone, so that only the one(s) that
         make the runner raise fail (each with its own error) and the others get the outputs they would have got
         alone.
@@ -143,7 +143,7 @@ class StageStep:
             start = time.perf_counter()
             try:
                 self.runner.restore(request, snapshot.runner)
-                outputs = self._execute([request], is_prefill)
+                outputs = self._execute([request])
             except Exception as exc:
                 exit_if_cuda_broke(exc)
                 logger.exception("runner failed on %s alone", request_id)

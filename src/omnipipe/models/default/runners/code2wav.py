@@ -23,7 +23,7 @@ class PiperCode2WavRunner(StageRunner):
     def warmup(self) -> None:
         self.decoder.decode_batch([DecoderWindow(np.zeros((self.decoder.latent_channels, 30), np.float32), 10, 10)])
 
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         windows = []
         for request in batch:
             chunk = request.take_input() or {}

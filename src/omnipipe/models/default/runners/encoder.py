@@ -37,8 +37,8 @@ class WhisperEncoderRunner(StageRunner):
 
         self.asr.transcribe(np.zeros(16_000, np.float32), 16_000)
 
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        return [self._start(request) if is_prefill else self._step(request) for request in batch]
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
+        return [self._step(request) if request.prefilled else self._start(request) for request in batch]
 
     def _start(self, request: StageRequest) -> RunnerOutput:
         item = next(iter(request.take_all_inputs()), {})

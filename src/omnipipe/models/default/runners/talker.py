@@ -29,7 +29,7 @@ class PiperTalkerRunner(StageRunner):
     def warmup(self) -> None:
         self.talker.synthesize_latents("Hello there.", noise_scale=self.noise_scale, noise_w=self.noise_w)
 
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         outputs = []
         for request in batch:
             text, rest = first_sentence(str((request.take_input() or {}).get("text", "")))

@@ -412,7 +412,7 @@ class DiffusersRunner(StageRunner):
         return images.permute(0, 2, 3, 1).float().cpu().numpy()
 
     @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         outputs: dict[int, RunnerOutput] = {}
         groups: dict[tuple[int, ...], list[int]] = {}
         for i, request in enumerate(batch):

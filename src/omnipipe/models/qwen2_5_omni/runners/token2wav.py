@@ -86,7 +86,7 @@ class Qwen25Token2WavRunner(StageRunner):
                                int(chunk.get("lookahead_frames", 0)))
 
     @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         outputs = [RunnerOutput(request.request_id) for request in batch]
         decoding: list[tuple[int, Token2WavStream, Token2WavWindow]] = []
         for i, request in enumerate(batch):

@@ -46,7 +46,7 @@ class Qwen3Code2WavRunner(StageRunner):
         return None
 
     @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         chunks = [request.take_input() for request in batch]
         windows = []
         for chunk in chunks:

@@ -43,7 +43,7 @@ class ToyTalkerRunner(StageRunner):
         self.fault_injection = bool(self.context.options.get("fault_injection", False))
 
     @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         pieces = []
         for request in batch:
             chunk = request.take_input()

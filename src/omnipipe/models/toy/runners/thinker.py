@@ -78,17 +78,17 @@ class ToyThinkerRunner(StageRunner):
         request.runner_state = snapshot
 
     @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
-        if is_prefill:
-            for request in batch:
-                text = "".join(item.get("text", "") for item in request.take_all_inputs())
-                ids = encode_text(text) + [EOS]
-                request.num_prompt_tokens = len(ids)
-                k, v = self.model.prefill(ids)
-                request.runner_state = {"k": k, "v": v, "step": 0}
-                request.prefilled = True
-            if self.prefill_delay_s:
-                time.sleep(self.prefill_delay_s)
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
+        newcomers = [request for request in batch if not request.prefilled]  # prefilled, then decoded with the rest
+        for request in newcomers:
+            text = "".join(item.get("text", "") for item in request.take_all_inputs())
+            ids = encode_text(text) + [EOS]
+            request.num_prompt_tokens = len(ids)
+            k, v = self.model.prefill(ids)
+            request.runner_state = {"k": k, "v": v, "step": 0}
+            request.prefilled = True
+        if newcomers and self.prefill_delay_s:
+            time.sleep(self.prefill_delay_s)
         states = [r.runner_state for r in batch]
         length = max(s["k"].shape[0] for s in states)
         k = torch.zeros(len(batch), length, MAX_POSITIONS)

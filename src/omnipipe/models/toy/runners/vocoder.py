@@ -49,7 +49,7 @@ class ToyVocoderRunner(StageRunner):
         self.batch_sizes: list[int] = []
 
     @torch.inference_mode()
-    def execute(self, batch: list[StageRequest], is_prefill: bool) -> list[RunnerOutput]:
+    def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
         chunks = []
         for request in batch:
             chunk = request.take_input()
