@@ -155,8 +155,8 @@ class StageRunner(ABC):
         when the stage stops."""
 
     def memory_stats(self) -> dict[str, int] | None:
-        """What the runner's KV cache holds (``stage/batched_decoder.py``; the default thinker's kept sessions), for
-        /debug/state and metrics; None for a runner without one."""
+        """What the runner's KV cache holds (``stage/batched_decoder.py``: its blocks, those reserved, the tokens
+        used), for /debug/state and metrics; None for a runner without one."""
         return None
 
     def warmup(self) -> None:  # noqa: B027 - an optional hook

@@ -161,8 +161,8 @@ class StateReply(msgspec.Struct, tag="state_reply", frozen=True):
     relay_slots_in_use: int
     pending_chunks: int
     # a batched AR stage's KV cache (``StageRunner.memory_stats``): blocks, blocks_reserved, tokens_used,
-    # block_tokens; the default thinker's prefix cache: prefixes, sessions and prefix_cache_bytes kept; empty for a
-    # stage without one
+    # block_tokens; the default thinker's also prefix_cache_bytes (what its blocks kept for later requests hold);
+    # empty for a stage without one
     kv_cache: dict[str, int] = {}
 
 
