@@ -21,6 +21,7 @@ from omnipipe.bench.prefix_cache import (
     main,
     system_prompt,
 )
+from omnipipe.stage.kv_cache import DEFAULT_BLOCK_TOKENS
 from tests.bench.test_bench_gateway import table_rows
 from tests.conftest import child_processes
 
@@ -94,8 +95,8 @@ def test_the_report_has_a_row_per_turn_the_median_of_the_rounds_and_the_ratio() 
 def test_the_cache_spares_the_system_prompt_and_the_earlier_turns(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """One round, a shorter system prompt: with the cache on, turns 2 and 3 and the second conversation go on from
-    at least the system prompt (turn 2 from all of turn 1's prompt); with it off every turn reports only the shared
-    preamble, and so does the first turn with it on."""
+    at least the system prompt's whole blocks (turn 2 from all of turn 1's); with it off every turn reports only
+    the shared preamble, and so does the first turn with it on."""
     path = tmp_path / "prefix-cache.json"
     before = {p.pid for p in child_processes()}  # a server another module's fixture keeps for the session
     code = main(["--rounds", "1", "--rooms", "6", "--max-tokens", "8", "--json", str(path)])
@@ -117,9 +118,13 @@ def test_the_cache_spares_the_system_prompt_and_the_earlier_turns(tmp_path: Path
     assert 150 < system_tokens < 400, system_tokens
     cached = {(r["variant"], r["conversation"], r["turn"]): r["cached_tokens"][0] for r in data["rows"]}
     prompt = {(r["variant"], r["conversation"], r["turn"]): r["prompt_tokens"][0] for r in data["rows"]}
+    def blocks(tokens: int) -> int:  # the cache shares whole blocks: the tokens of those a prefix fills
+        return tokens // DEFAULT_BLOCK_TOKENS * DEFAULT_BLOCK_TOKENS
+
     for key in ((1, 2), (1, 3), (2, 1)):
-        assert cached[("on", *key)] >= system_tokens, (key, cached)
-    assert cached[("on", 1, 2)] >= prompt[("on", 1, 1)] and cached[("on", 1, 3)] >= prompt[("on", 1, 2)]
+        assert cached[("on", *key)] >= blocks(system_tokens), (key, cached)
+    assert cached[("on", 1, 2)] >= blocks(prompt[("on", 1, 1)])
+    assert cached[("on", 1, 3)] >= blocks(prompt[("on", 1, 2)])
     preamble = cached[("off", 1, 1)]
     assert 0 < preamble < PREAMBLE_AT_MOST
     assert all(cached[("off", *key)] == preamble for key in ((1, 1), (1, 2), (1, 3), (2, 1))), cached
