@@ -23,6 +23,8 @@ from omnipipe.stage.runner import RunnerContext
 from omnipipe.stage.runner_driver import Arrival, DriveResult, ForwardCounter, drive
 from omnipipe.util.field_error import FieldError
 
+pytestmark = pytest.mark.slow  # a tiny Voxtral checkpoint written for the module, run beside transformers' generate
+
 WINDOW_S = 30
 TOKENS_PER_WINDOW = 375  # the released geometry, which the tiny checkpoint keeps: 1500 encoder frames / 4
 
