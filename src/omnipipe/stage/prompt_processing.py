@@ -9,7 +9,9 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
 
-from omnipipe.stage.request import StageRequest
+from omnipipe.stage.request import RequestStatus, StageRequest
+from omnipipe.stage.runner import RunnerOutput
+from omnipipe.util.field_error import FieldError
 
 Processed = TypeVar("Processed")
 
@@ -32,16 +34,22 @@ class BackgroundPrompts(Generic[Processed]):
         which a later request's processing then finds done); ``work`` handles its own errors."""
         self._thread.submit(work)
 
-    def result(self, request: StageRequest, wait: bool) -> Processed | None:
-        """The request's processed prompt (raising what processing raised); None while it is still being made,
-        unless ``wait``. A request never started (a caller driving the runner directly) is started now."""
+    def result(self, request: StageRequest, wait: bool) -> Processed | RunnerOutput:
+        """The request's processed prompt; else the output its prefill returns now: ``PREFILLING`` while the
+        prompt is still being made (unless ``wait``), or the request failed with the field a ``FieldError`` of the
+        processing names (the caller's input: its processing is forgotten). Any other error is raised. A request
+        never started (a caller driving the runner directly) is started now."""
         future = self._pending.get(request.request_id)
         if future is None:
             self.start(request)
             future = self._pending[request.request_id]
         if not future.done() and not wait:
-            return None
-        return future.result()
+            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING)
+        try:
+            return future.result()
+        except FieldError as exc:  # e.g. a video file that cannot be decoded
+            self.forget(request)
+            return RunnerOutput.failed(request.request_id, exc.rule, exc.field)
 
     def forget(self, request: StageRequest) -> None:
         """Drop the request's processing (taken, failed, or the request left the stage)."""

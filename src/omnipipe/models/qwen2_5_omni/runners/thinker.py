@@ -51,7 +51,6 @@ from omnipipe.stage.streaming_audio import AudioStreamRunner, AudioStreams, merg
 from omnipipe.stage.structured_output import GrammarCompiler, GrammarError
 from omnipipe.stage.text_stream import TextStream
 from omnipipe.stage.warmup import WarmupRequest, answers_run_on, short_audio, tiny_image, warm_up_requests
-from omnipipe.util.field_error import FieldError
 
 if TYPE_CHECKING:
     from transformers.models.qwen2_5_omni import Qwen2_5OmniThinkerForConditionalGeneration
@@ -216,13 +215,9 @@ class Qwen25ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
         ``wait``): the last position's logits once the whole prompt is in, else the output to return now; and the
         tokens fed."""
         if request.runner_state is None:
-            try:
-                inputs = self.prompts.result(request, wait)
-            except FieldError as exc:  # e.g. a video file that cannot be decoded: the caller's input
-                self.prompts.forget(request)
-                return RunnerOutput.failed(request.request_id, exc.rule, exc.field), 0
-            if inputs is None:
-                return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
+            inputs = self.prompts.result(request, wait)
+            if isinstance(inputs, RunnerOutput):  # still being made, or the caller's input refused
+                return inputs, 0
             waiting = self._start(request, inputs)
             if waiting is not None:
                 return waiting, 0

@@ -214,13 +214,9 @@ class Qwen3ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
         ``wait``): the last position's logits once the whole prompt is in, else the output to return now; and the
         tokens fed."""
         if request.runner_state is None:
-            try:
-                kwargs = self.prompts.result(request, wait)
-            except FieldError as exc:
-                self.prompts.forget(request)
-                return RunnerOutput.failed(request.request_id, exc.rule, exc.field), 0
-            if kwargs is None:
-                return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
+            kwargs = self.prompts.result(request, wait)
+            if isinstance(kwargs, RunnerOutput):  # still being made, or the caller's input refused
+                return kwargs, 0
             waiting = self._start(request, kwargs)
             if waiting is not None:
                 return waiting, 0

@@ -131,13 +131,9 @@ class VoxtralThinkerRunner(BatchedDecoderRunner):
         ``wait``): the last position's logits once the whole prompt is in, else the output to return now; and the
         tokens fed."""
         if request.runner_state is None:
-            try:
-                processed = self.prompts.result(request, wait)
-            except FieldError as exc:
-                self.prompts.forget(request)
-                return RunnerOutput.failed(request.request_id, exc.rule, exc.field), 0
-            if processed is None:
-                return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
+            processed = self.prompts.result(request, wait)
+            if isinstance(processed, RunnerOutput):  # still being made, or the caller's input refused
+                return processed, 0
             waiting = self._start(request, processed)
             if waiting is not None:
                 return waiting, 0
