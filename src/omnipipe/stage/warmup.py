@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,6 +163,27 @@ def answers_run_on(runner: Any, end_tokens: Iterable[int], prefill_chunk_tokens:
         yield
     finally:
         runner.suppress, runner.options = suppress, options
+
+
+def warm_up_talker(runner: Any, handoffs: Callable[..., tuple[dict[str, Any], list[dict[str, Any]]]],
+                   end_codes: Iterable[int]) -> None:
+    """A talker's warm-up: three requests whose thinker hand-offs ``handoffs(prompt_tokens, reply_tokens,
+    whole=False)`` makes (the first chunk, and the reply's chunks to stream after it): one whose reply streams in a
+    chunk a step, decoded alone and across three KV blocks; one with a prompt two blocks longer and its whole reply
+    at once joining at step 3; one streaming joining at step 5; so prefills and decodes of one and of several rows
+    run at more than one KV width. No end code is sampled (``answers_run_on``): each runs to its ``max_tokens``."""
+    block = runner.kv.block_tokens
+    first, streamed = handoffs(6, block)
+    whole, _ = handoffs(6 + 2 * block, block, whole=True)  # a prompt two KV blocks longer
+    greedy = {"temperature": 0.0}
+    requests = [
+        WarmupRequest([first], {**greedy, "max_tokens": 3 * block},
+                      more=tuple((1 + index, chunk) for index, chunk in enumerate(streamed))),
+        WarmupRequest([whole], {**greedy, "max_tokens": 4}, step=3),
+        WarmupRequest([first], {**greedy, "max_tokens": block + 2}, step=5,
+                      more=tuple((6 + index, chunk) for index, chunk in enumerate(streamed)))]
+    with answers_run_on(runner, end_codes):
+        warm_up_requests(runner, requests)
 
 
 def tiny_image(side: int = 32) -> np.ndarray:

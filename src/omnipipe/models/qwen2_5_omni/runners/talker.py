@@ -40,7 +40,7 @@ from omnipipe.stage.prompt_pieces import PromptPieces, content_keys
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
 from omnipipe.stage.sampling import TokenSamplingParams, given_params
-from omnipipe.stage.warmup import WarmupRequest, answers_run_on, warm_up_requests
+from omnipipe.stage.warmup import warm_up_talker
 from omnipipe.util.field_error import FieldError
 
 if TYPE_CHECKING:
@@ -83,25 +83,10 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
     def warmup(self) -> None:
         """A compiled decoder is traced and compiled here, for every call serving makes of it, not in the first
         requests, where a compile could outlast the stall watchdog and stalls every stream of its step. With
-        ``torch_compile`` on, three requests made from the checkpoint (``_warmup_handoffs``): one whose reply
-        streams in an item a step, decoded alone and across three KV blocks; one with a prompt two blocks longer
-        and its whole reply at once joining at step 3 and one streaming joining at step 5, so prefills and decodes
-        of one and of several rows run at more than one KV width. No end code is sampled, so each runs to its
-        ``max_tokens``; every block taken is free again after."""
-        if not self.options.torch_compile:
-            return
-        block = self.kv.block_tokens
-        first, streamed = self._warmup_handoffs(6, block)
-        whole, _ = self._warmup_handoffs(6 + 2 * block, block, whole=True)
-        greedy = {"temperature": 0.0}
-        requests = [
-            WarmupRequest([first], {**greedy, "max_tokens": 3 * block},
-                          more=tuple((1 + index, chunk) for index, chunk in enumerate(streamed))),
-            WarmupRequest([whole], {**greedy, "max_tokens": 4}, step=3),
-            WarmupRequest([first], {**greedy, "max_tokens": block + 2}, step=5,
-                          more=tuple((6 + index, chunk) for index, chunk in enumerate(streamed)))]
-        with answers_run_on(self, self.eos_codes):
-            warm_up_requests(self, requests)
+        ``torch_compile`` on, ``warm_up_talker``'s three requests, their hand-offs made from the checkpoint
+        (``_warmup_handoffs``); every block taken is free again after."""
+        if self.options.torch_compile:
+            warm_up_talker(self, self._warmup_handoffs, self.eos_codes)
 
     def _warmup_handoffs(self, prompt_tokens: int, reply_tokens: int,
                          whole: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]]]:
