@@ -61,7 +61,7 @@ from omnipipe.protocol.worker import REALTIME_PATH
 from omnipipe.util.net import free_port
 
 PROG = "omnipipe bench voice"
-DEFAULT_SPEAKER = "default"  # the model whose spoken questions a server that cannot speak reuses (as cached)
+QUESTIONS_VOICED_BY = "default"  # the model whose spoken questions a server that cannot speak reuses (as cached)
 
 
 def ws_url(base_url: str) -> str:
@@ -169,12 +169,12 @@ def _spoken(client: httpx.Client, model: str, args: argparse.Namespace) -> list[
     try:
         return spoken_questions(client, model, args.spoken_cache_dir, args.pause_s, questions)
     except RuntimeError as cannot:
-        if model == DEFAULT_SPEAKER:
+        if model == QUESTIONS_VOICED_BY:
             raise
         try:
-            return spoken_questions(client, DEFAULT_SPEAKER, args.spoken_cache_dir, args.pause_s, questions)
+            return spoken_questions(client, QUESTIONS_VOICED_BY, args.spoken_cache_dir, args.pause_s, questions)
         except RuntimeError:
-            raise RuntimeError(f"{cannot}; a run with --pipeline {DEFAULT_SPEAKER} (same --question-set and "
+            raise RuntimeError(f"{cannot}; a run with --pipeline {QUESTIONS_VOICED_BY} (same --question-set and "
                                "--pause-s) keeps its spoken questions for later runs to reuse") from None
 
 
