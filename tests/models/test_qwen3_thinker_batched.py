@@ -163,6 +163,7 @@ def test_batched_decoding_is_faster_than_stepping_each_request(thinker: Qwen3Thi
           f"request ({figures[False] / figures[True]:.1f}x)")
 
 
+@pytest.mark.slow  # stage processes through the engine
 def test_through_the_engine_a_tiny_kv_budget_queues_requests_and_the_state_shows_the_cache(checkpoint: Path) -> None:
     """Real stage processes: six requests at once on a thinker whose KV budget holds about two; every one is
     answered as it is alone, and /debug/state reports the thinker's cache (every block back once they are done)."""
