@@ -151,3 +151,9 @@ _TESTED_ONLY = (CLIENT_EVENT_MODELS, build_prompt, CachedDecoder.num_cached_toke
                 register_kernel, _.block_tables,  # what a paged attention kernel plugs in by and reads
                 _._attn_implementation,  # read by transformers: bench gpu-check's decoder attends with sdpa
                 merge_audio_embeds)  # a streamed clip's audio into a thinker prompt (no runner feeds streams yet)
+
+# The Mimi codec (models/mimi/): its decoder stage, named by dotted path in the CSM and Moshi pipelines; a MimiConfig's
+# halves dropped by assigning None (transformers' property setters); the encode stream's frame count (tests read it)
+from omnipipe.models.mimi.runners.decoder import MimiDecoderRunner  # noqa: E402
+
+_MIMI = (MimiDecoderRunner, _.encoder_config, _.decoder_config, _.frames_encoded)
