@@ -157,3 +157,8 @@ _TESTED_ONLY = (CLIENT_EVENT_MODELS, build_prompt, CachedDecoder.num_cached_toke
 from omnipipe.models.mimi.runners.decoder import MimiDecoderRunner  # noqa: E402
 
 _MIMI = (MimiDecoderRunner, _.encoder_config, _.decoder_config, _.frames_encoded)
+
+# Voxtral's transcription knobs (a request's language), named by dotted path in its voxtral_transcribe pipeline's stage
+from omnipipe.models.voxtral.options import VoxtralTranscriptionParams  # noqa: E402
+
+_VOXTRAL = (VoxtralTranscriptionParams,)

@@ -94,6 +94,17 @@ class ServingTraits:
     # reference voice is refused)
     reference_voice: str | None = None
     reference_param: tuple[str, str] | None = None  # (stage, extra key) a reference voice's value goes to
+    # a full-duplex family (Moshi): a request is a live session hearing an audio stream (``AsyncOmni.append_audio``)
+    # while it speaks, until the stream is dropped; its text and audio stream out as the user's audio comes in
+    duplex: bool = False
+    # a transcription pipeline's ``language`` (ISO 639-1 codes; ``/v1/audio/transcriptions``): those it takes, and the
+    # (stage, extra key) a given one goes to; None there: it transcribes its one language without being told (the
+    # default, whisper tiny.en: English)
+    transcription_languages: tuple[str, ...] = ("en",)
+    language_param: tuple[str, str] | None = None
+    # a transcription pipeline's audio tokens per second of input, its usage's input tokens (the default: whisper's
+    # encoder, 1500 positions per 30 s window)
+    audio_tokens_per_s: float = 50.0
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,9 @@ class PipelineSpec:
                     raise PipelineSpecError(f"pipeline {self.name}: edge {edge.name} names unknown stage {end!r}")
         if self.serving.speed_stage is not None and self.serving.speed_stage not in names:
             raise PipelineSpecError(f"pipeline {self.name}: speed stage {self.serving.speed_stage!r} unknown")
+        language = self.serving.language_param
+        if language is not None and language[0] not in names:
+            raise PipelineSpecError(f"pipeline {self.name}: language stage {language[0]!r} unknown")
         if self.comprehension_stage is not None and self.comprehension_stage not in names:
             raise PipelineSpecError(f"pipeline {self.name}: comprehension stage {self.comprehension_stage!r} unknown")
         for model_stage in self.model_stages:
@@ -203,6 +217,16 @@ class PipelineSpec:
         if with_transcript and "audio" in modalities and "text" in self.output_modalities and "text" not in modalities:
             modalities.insert(0, "text")
         return modalities
+
+    def transcription_extras(self, extra: dict[str, Any], language: str | None) -> dict[str, dict[str, Any]]:
+        """A transcription's ``SamplingParams.extra`` by stage: ``extra`` (if any) for the comprehension stage, and
+        ``language`` for the stage that takes it (``ServingTraits.language_param``; a pipeline that takes none is
+        not told)."""
+        extras = {self.comprehension_stage or self.stages[0].name: dict(extra)} if extra else {}
+        target = self.serving.language_param
+        if language is not None and target is not None:
+            extras[target[0]] = {**extras.get(target[0], {}), target[1]: language}
+        return extras
 
     def edge_options_schema(self, edge: EdgeSpec) -> type | None:
         """The dataclass of ``edge``'s options, or None when it takes none."""

@@ -187,7 +187,9 @@ class NoiseReduction(BaseModel):
 class InputAudioTranscription(BaseModel):
     model_config = _FIELDS
     model: str = Field("whisper-1", min_length=1, examples=["whisper-1"])
-    language: Literal["en"] | None = Field(None, description="the transcription model is English only")
+    language: str | None = Field(None, min_length=2, max_length=32, description=(
+        "one of the transcription pipeline's languages, an ISO 639-1 code or its English name (the default family's: "
+        "en)"))
     prompt: Literal[""] | None = Field(None, description="not supported: only empty")
 
 
@@ -300,7 +302,7 @@ class BetaTurnDetection(ServerVad):
 class BetaInputAudioTranscription(BaseModel):
     model_config = _FIELDS
     model: str = Field("whisper-1", min_length=1, examples=["whisper-1"])
-    language: Literal["en"] | None = None
+    language: str | None = Field(None, min_length=2, max_length=32)
     prompt: Literal[""] | None = None
 
 

@@ -306,8 +306,11 @@ class EnginePool:
     async def engine_for(self, endpoint: str) -> tuple[AsyncOmni, PipelineSpec]:
         name = self.endpoint_pipelines.get(endpoint)
         if name is None:
-            raise APIError(404, f"this server's pipeline {self.main.name!r} has no pipeline for the {endpoint} "
-                           "endpoint", code="endpoint_not_available")
+            main = self.main.pipeline
+            raise APIError(404, f"model: {self.model_name!r} has no pipeline for the {endpoint} endpoint (pipeline "
+                           f"{main.name!r} takes {', '.join(main.input_modalities)} and gives "
+                           f"{', '.join(main.output_modalities) or 'nothing'})", param="model",
+                           code="endpoint_not_available")
         slot = self.slots[name]
         if slot is self.main:
             return slot.ready_engine(), slot.pipeline

@@ -14,7 +14,9 @@ every audio position, the encoder does not run at all.
 
 Stage options: ``VoxtralThinkerOptions`` (``options.py``). SamplingParams (``stage/sampling.py``): temperature,
 top-k, top-p, seed, the penalties, ``max_tokens``, ``stop``. A transcription's last output carries the clip's
-duration in its details (``duration``, seconds), as the transcription endpoint reports it."""
+duration in its details (``duration``, seconds), as the transcription endpoint reports it; its language, when the
+request names one (``SamplingParams.extra["language"]``, ``options.VoxtralTranscriptionParams``), goes into its
+prompt."""
 
 from __future__ import annotations
 
@@ -75,6 +77,9 @@ class VoxtralThinkerRunner(BatchedDecoderRunner):
     def _process(self, request: StageRequest) -> dict[str, Any]:
         """A request's prompt -> its ids and log-mel windows (on the CPU), and a transcription's clip length."""
         item = request.inputs[0] if request.inputs else {}
+        language = (request.params.get("extra") or {}).get("language")  # a transcription's (its stage checked it)
+        if language is not None:
+            item = {**item, "language": language}
         try:
             processed: dict[str, Any] = dict(self.inputs(item))
         except FieldError:

@@ -1,8 +1,10 @@
 """Load a Voxtral checkpoint in transformers' format (``VoxtralForConditionalGeneration``) on a stage's device and
-dtype. What a checkpoint directory must hold is in ``CHECKPOINT_FILES``."""
+dtype. What a checkpoint directory must hold is in ``CHECKPOINT_FILES``; the packages it needs, in
+``NEEDED_MODULES``."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -20,6 +22,12 @@ CHECKPOINT_FILES = (
     "model.safetensors or model-*-of-*.safetensors with model.safetensors.index.json",  # transformers' names
     "tekken.json",  # the tokenizer, converted by transformers (mistral-common is not needed)
     "preprocessor_config.json",  # WhisperFeatureExtractor: 128 mel bins, 16 kHz, hop 160
+)
+# the modules a Voxtral stage imports (transformers 4.54 or later has the model; the tekken converter is newer), each
+# with what to install when it is missing
+NEEDED_MODULES = (
+    ("transformers.models.voxtral", "transformers with Voxtral (VoxtralForConditionalGeneration)"),
+    ("transformers.integrations.mistral.tokenizer", "transformers with the tekken converter"),
 )
 
 
@@ -40,7 +48,19 @@ def load_model(directory: Path, device: str, dtype: torch.dtype) -> VoxtralForCo
     return cast("VoxtralForConditionalGeneration", module.to(device).eval())
 
 
+def _missing(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is None
+    except ModuleNotFoundError:  # a parent package is missing
+        return True
+
+
 def weights_status() -> tuple[bool, str]:
-    """What ``omnipipe models`` says: nothing to prepare; the checkpoint is the caller's."""
-    return True, ("runs a checkpoint you give: --model DIR or stages.thinker.options.model, holding "
-                  f"{', '.join(CHECKPOINT_FILES)} (`omnipipe tiny-checkpoint voxtral DIR` writes a tiny random one)")
+    """What ``omnipipe models`` says: nothing to prepare (the checkpoint is the caller's), ready when the packages
+    a stage imports are installed."""
+    detail = ("runs a checkpoint you give: --model DIR or stages.thinker.options.model, holding "
+              f"{', '.join(CHECKPOINT_FILES)} (`omnipipe tiny-checkpoint voxtral DIR` writes a tiny random one)")
+    missing = [package for module, package in NEEDED_MODULES if _missing(module)]
+    if missing:
+        return False, f"needs {'; '.join(missing)}: install a newer transformers; {detail}"
+    return True, f"{detail}; needs transformers (installed), not mistral-common"

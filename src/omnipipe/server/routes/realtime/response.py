@@ -175,6 +175,11 @@ class Responses:
         self._speech_end = turn.speech_end if plan.spoken_turn else None
         response_id = tentative.response_id if adopted is not None and tentative is not None \
             else f"resp_{uuid.uuid4().hex[:24]}"
+        self.run(response_id, plan, outputs)
+
+    def run(self, response_id: str, plan: AnswerPlan, outputs: AsyncIterator[OmniRequestOutput] | None) -> None:
+        """Run a response (``outputs``: its stream, None: started from ``plan``) and send its events; a duplex
+        session's one long response is run this way, with no turn of the conversation taken."""
         self.id = response_id
         self.task = asyncio.create_task(self._respond(response_id, plan, outputs),
                                         name=f"omnipipe-realtime-{response_id}")

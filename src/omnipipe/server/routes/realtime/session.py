@@ -29,6 +29,7 @@ from omnipipe.server.prometheus import ServerMetrics
 from omnipipe.server.realtime_settings import Change, Settings, changes, session_object
 from omnipipe.server.routes.realtime.checks import check_modalities, check_sampling
 from omnipipe.server.routes.realtime.conversation import Conversation
+from omnipipe.server.routes.realtime.duplex import DuplexTalk
 from omnipipe.server.routes.realtime.events import EventError, new_event_id, parse_event
 from omnipipe.server.routes.realtime.frames import CameraFrames
 from omnipipe.server.routes.realtime.idle import IdleWatch
@@ -36,6 +37,7 @@ from omnipipe.server.routes.realtime.pause import SessionPause
 from omnipipe.server.routes.realtime.response import Responses
 from omnipipe.server.routes.realtime.transcription import Transcriptions
 from omnipipe.server.routes.realtime.turn import InputsChanged, ResponseStarted, TurnController, TurnEvent
+from omnipipe.server.routes.transcription import language_code
 from omnipipe.server.tool_calls import function_tools, tool_choice
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,8 @@ class RealtimeSession:
         self.session_id = f"sess_{uuid.uuid4().hex[:24]}"
         modalities = ["text", "audio"] if "audio" in pipeline.output_modalities else ["text"]
         self.settings = settings = Settings(modalities=modalities)  # changed in place by session.update
+        if pipeline.serving.duplex:  # the model decides itself when to speak
+            settings.turn_detection = None
         self.pause = SessionPause(pool.config.pause_timeout_s, handle, stop_input=self._stop_input, send=self.send,
                                   send_error=self.send_error, close=self.close)
         self.idle = IdleWatch(pool.config.idle_timeout_s, busy=lambda: self.pause.paused or self.responses.running,
@@ -103,6 +107,14 @@ class RealtimeSession:
             ClientEvent.RESPONSE_CREATE: self.responses.create,
             ClientEvent.RESPONSE_CANCEL: self.responses.cancel_by_client,
         }
+        # a duplex family's session: one response from its first audio to its end, no turns (duplex.py)
+        self.duplex = DuplexTalk(settings, pipeline, engine, self.session_id, responses=self.responses) \
+            if pipeline.serving.duplex else None
+        if self.duplex is not None:
+            for kind in self.handlers:
+                if kind not in (ClientEvent.SESSION_UPDATE, ClientEvent.CONVERSATION_ITEM_RETRIEVE):
+                    self.handlers[kind] = self._refused_in_duplex
+            self.handlers[ClientEvent.INPUT_AUDIO_BUFFER_APPEND] = self.duplex.append
 
     # ------------------------------------------------------------------ sending
     async def send(self, type_: str, **fields: Any) -> None:
@@ -145,7 +157,8 @@ class RealtimeSession:
     async def run(self) -> None:
         await self.send(ServerEvent.SESSION_CREATED, session=self.session_object())
         self.idle.start()
-        self.turn.live.warm_up()
+        if self.duplex is None:
+            self.turn.live.warm_up()
         try:
             while not self.closed:
                 message = await self.ws.receive()
@@ -163,6 +176,8 @@ class RealtimeSession:
             self.closed = True
             await self.idle.stop()
             await self.pause.stop_timer()
+            if self.duplex is not None:
+                await self.duplex.close()
             await self.turn.close()
             await self.transcriptions.cancel()
             await self.engine.end_session(self.session_id)  # the stages drop what they kept of the conversation
@@ -178,7 +193,7 @@ class RealtimeSession:
         try:
             event = parse_event(raw, self.dialect, self.handlers)
             await self.handlers[event.type](event)
-            if event.type in TURN_EVENTS:
+            if event.type in TURN_EVENTS and self.duplex is None:
                 await self.turn.handle(TURN_EVENTS[event.type])
         except EventError as exc:
             await self.send_error(exc.message, param=exc.param, code=exc.code, type_=exc.type,
@@ -197,6 +212,8 @@ class RealtimeSession:
     def _check_change(self, change: Change) -> Any:
         """The value a session change sets, checked against the pipeline (an EventError naming its field)."""
         key, value, param = change.key, change.value, change.param
+        if self.duplex is not None:
+            self.duplex.check_change(key, value, param)
         if key == "modalities":
             return check_modalities(self.pipeline, value, param)
         if key == "voice":
@@ -238,10 +255,20 @@ class RealtimeSession:
                                  "server's cache (run `omnipipe download`)", f"{param}.type",
                                  code="unsupported_feature")
             return value
-        if value is not None and self.pool.endpoint_pipelines.get("transcription") is None:
+        transcriber = self.pool.endpoint_pipelines.get("transcription")
+        if value is not None and transcriber is None:
             raise EventError(f"{param}: pipeline {self.pipeline.name!r} has no transcription pipeline", param,
                              code="unsupported_feature")
+        if value is not None and value.get("language") is not None:
+            try:  # one the transcription pipeline takes, as its code
+                value = {**value, "language": language_code(value["language"], self.pool.slots[transcriber].pipeline)}
+            except APIError as exc:
+                raise EventError(f"{param}.{exc.message}", f"{param}.language") from None
         return value
+
+    async def _refused_in_duplex(self, event: Any) -> None:
+        assert self.duplex is not None
+        self.duplex.refuse(event.type)
 
     async def on_session_update(self, event: Any) -> None:
         update = event.session

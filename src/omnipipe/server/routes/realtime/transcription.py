@@ -27,15 +27,18 @@ if TYPE_CHECKING:
 
 
 async def transcribe(pool: EnginePool, audio: np.ndarray, extra: dict[str, Any] | None = None, *,
-                     rate_hz: int = PCM16_RATE_HZ) -> str:
+                     rate_hz: int = PCM16_RATE_HZ, language: str | None = None) -> str:
     """What the server's transcription pipeline (``pool``'s, started on first use) hears in ``audio`` (at
     ``rate_hz``: a spoken item's 24 kHz, or the input's 16 kHz stream, which whisper takes as it is); ``extra``: its
-    ``SamplingParams.extra`` (a session's ``fitted_window`` and ``prefix``). Raises what the pipeline raised."""
-    engine, _ = await pool.engine_for("transcription")
+    ``SamplingParams.extra`` (a session's ``fitted_window`` and ``prefix``); ``language``: the session's, told to a
+    pipeline that takes one (``ServingTraits.language_param``: Voxtral's). Raises what the pipeline raised."""
+    engine, pipeline = await pool.engine_for("transcription")
+    extras = pipeline.transcription_extras(extra or {}, language)
     final = None
     async for out in engine.generate({"prompt": "", "multi_modal_data": {"audio": (audio, rate_hz)}},
                                      request_id=f"rt-transcribe-{uuid.uuid4().hex}",
-                                     sampling_params=SamplingParams(extra=extra) if extra else None,
+                                     sampling_params={stage: SamplingParams(extra=values)
+                                                      for stage, values in extras.items()} or None,
                                      output_modalities=["text"]):
         final = out
     return final.text.strip() if final is not None else ""
@@ -83,7 +86,8 @@ class Transcriptions:
         conversation, and the client is sent them if it asked for transcription."""
         assert item.audio is not None
         try:
-            transcript = await transcribe(self.pool, item.audio)
+            language = (self.settings.transcription or {}).get("language")
+            transcript = await transcribe(self.pool, item.audio, language=language)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - reported to the client, the session goes on
