@@ -162,3 +162,9 @@ _MIMI = (MimiDecoderRunner, _.encoder_config, _.decoder_config, _.frames_encoded
 from omnipipe.models.voxtral.options import VoxtralTranscriptionParams  # noqa: E402
 
 _VOXTRAL = (VoxtralTranscriptionParams,)
+
+# Moshi (models/moshi/): its duplex stage, named by dotted path in the moshi pipeline; its depth decoder's class,
+# imported for the type checker only and named in a cast() string
+from omnipipe.models.moshi.runners.duplex import MoshiDuplexRunner  # noqa: E402
+
+_MOSHI = (MoshiDuplexRunner, _.MoshiDepthDecoder)

@@ -19,6 +19,7 @@ PIPELINES: dict[str, str] = {
     "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.pipeline:PIPELINE",
     "voxtral": "omnipipe.models.voxtral.pipeline:PIPELINE",
     "voxtral_transcribe": "omnipipe.models.voxtral.pipeline:TRANSCRIBE_PIPELINE",
+    "moshi": "omnipipe.models.moshi.pipeline:PIPELINE",
 }
 
 # pipeline -> dotted path of its family's ``write_tiny_checkpoint(directory, seed) -> Path``: a tiny random
@@ -27,6 +28,7 @@ TINY_CHECKPOINTS: dict[str, str] = {
     "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.weights.tiny:write_tiny_checkpoint",
     "qwen3_omni": "omnipipe.models.qwen3_omni.weights.tiny:write_tiny_checkpoint",
     "voxtral": "omnipipe.models.voxtral.weights.tiny:write_tiny_checkpoint",
+    "moshi": "omnipipe.models.moshi.weights.tiny:write_tiny_checkpoint",
 }
 
 

@@ -200,3 +200,9 @@ class StageRunner(ABC):
 
     def drop_audio_stream(self, stream_id: str) -> None:  # noqa: B027 - an optional hook
         """Forget the audio stream ``stream_id`` (unknown: nothing to do)."""
+
+    def woken_requests(self) -> list[str]:
+        """The requests whose next input came to the runner itself since the last call, not as a chunk (audio
+        appended to the stream a live session hears, or the stream's end): the stage wakes each one that waits for
+        a chunk. Asked after the messages of the control socket are handled."""
+        return []

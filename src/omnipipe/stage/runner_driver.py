@@ -110,6 +110,9 @@ def _run(runner: StageRunner, scheduler: ARScheduler, step: StageStep, calls: li
             break
         if on_step is not None:
             on_step(number)
+        for request_id in runner.woken_requests():  # input that came to the runner itself (e.g. appended audio)
+            if request_id in requests:
+                scheduler.on_input(requests[request_id])
         if not scheduler.has_work():
             continue
         calls.clear()

@@ -236,6 +236,9 @@ class StageCoreProc:
                 self._drain(self.abort_sub, control_plane.BROADCAST, self._handle_control)
             if self.ctrl in events:
                 self._drain(self.ctrl, control_plane.TO_STAGE, self._handle_control)
+                for request_id in self.runner.woken_requests():  # a live session's audio came on that socket
+                    if request_id in self.requests:
+                        self.scheduler.on_input(self.requests[request_id])
             if self.wake in events:
                 while self.wake.poll(0):
                     self.wake.recv()
