@@ -168,3 +168,10 @@ _VOXTRAL = (VoxtralTranscriptionParams,)
 from omnipipe.models.moshi.runners.duplex import MoshiDuplexRunner  # noqa: E402
 
 _MOSHI = (MoshiDuplexRunner, _.MoshiDepthDecoder)
+
+# CSM (models/csm/): its backbone stage and reference-voice hook, named by dotted path in its pipeline; transformers'
+# depth decoder class named in a cast() string; the tiny tokenizer's post_processor (set on a tokenizers Tokenizer)
+from omnipipe.models.csm.reference_voice import reference_codes  # noqa: E402
+from omnipipe.models.csm.runners.backbone import CsmBackboneRunner  # noqa: E402
+
+_CSM = (CsmBackboneRunner, reference_codes, _.CsmDepthDecoderForCausalLM, _.post_processor)

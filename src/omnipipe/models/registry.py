@@ -20,6 +20,7 @@ PIPELINES: dict[str, str] = {
     "voxtral": "omnipipe.models.voxtral.pipeline:PIPELINE",
     "voxtral_transcribe": "omnipipe.models.voxtral.pipeline:TRANSCRIBE_PIPELINE",
     "moshi": "omnipipe.models.moshi.pipeline:PIPELINE",
+    "csm": "omnipipe.models.csm.pipeline:PIPELINE",
 }
 
 # pipeline -> dotted path of its family's ``write_tiny_checkpoint(directory, seed) -> Path``: a tiny random
@@ -29,6 +30,7 @@ TINY_CHECKPOINTS: dict[str, str] = {
     "qwen3_omni": "omnipipe.models.qwen3_omni.weights.tiny:write_tiny_checkpoint",
     "voxtral": "omnipipe.models.voxtral.weights.tiny:write_tiny_checkpoint",
     "moshi": "omnipipe.models.moshi.weights.tiny:write_tiny_checkpoint",
+    "csm": "omnipipe.models.csm.weights.tiny:write_tiny_checkpoint",
 }
 
 
