@@ -23,6 +23,7 @@ export function newHooks() {
     answers: [],
     jitterBuffer: true, // false: each answer's audio plays as it arrives (set before the answer starts)
     turnDetection: null, // the session's turn_detection as the last session.updated showed it
+    duplex: false, // the server's model is full duplex (no turns: duplex-page.js)
   };
 }
 

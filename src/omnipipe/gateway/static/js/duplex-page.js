@@ -12,6 +12,10 @@
 // session.update: its instructions, voice and output modalities. When the turn ends is the page's own choice
 // (turn-detection.js): server VAD in that first update, semantic VAD in one of its own after it, so a server that
 // cannot offer it refuses only that (the session then goes on answering at pauses, and says so).
+// A full-duplex model (Moshi) has no turns: its server says so by creating the session with no turn detection
+// (audio.input.turn_detection null, where every other server starts with server VAD). The page then sends no
+// session.update, only the microphone's audio, and plays the one long answer that streams back while the user
+// talks; the turn choice and Pause are disabled (the server refuses both for such a model).
 
 import { bytesToBase64, base64ToBytes } from "./base64.js";
 import { $, formatSeconds, h } from "./dom.js";
@@ -56,6 +60,7 @@ const LABELS = {
   buffering: ["Buffering…", "The answer is arriving; it plays once enough of it is here to play smoothly."],
   speaking: ["Speaking", "Talk to interrupt."],
   paused: ["Paused", "The model is not listening. Resume to go on."],
+  duplex: ["Talking", "The model listens and speaks at the same time: talk whenever you like."],
   closed: ["Session ended", "Press Start for a new session."],
   error: ["Stopped", "See the message on the right."],
 };
@@ -74,6 +79,7 @@ function newSession() {
     queueWait: "",
     countdown: null,
     paused: false,
+    duplex: false, // a full-duplex model: no turns (see the top of this file)
     sending: false,
     userSpeaking: false,
     awaitingResponse: false,
@@ -96,6 +102,7 @@ function currentState() {
   if (["microphone", "connecting", "queued"].includes(session.phase)) return session.phase;
   if (session.phase === "closed" || session.phase === "error") return session.phase;
   if (session.paused) return "paused";
+  if (session.duplex) return "duplex";
   if (player.playing) return "speaking";
   if (player.buffering) return "buffering";
   if (session.userSpeaking) return "hearing";
@@ -107,7 +114,7 @@ function render() {
   const visual = currentState();
   hooks.state = visual === "hearing" ? "listening" : visual;
   const [label, detail] = labels[visual];
-  els.orb.dataset.state = visual;
+  els.orb.dataset.state = visual === "duplex" ? (player.playing ? "speaking" : "listening") : visual;
   els.label.textContent = label;
   if (visual === "queued" && session) {
     // the place is announced when it changes; the wait ticking down beside it is not
@@ -123,7 +130,11 @@ function render() {
   if (presets) presets.element.disabled = Boolean(session); // a preset applies when a session starts
   els.stop.disabled = !session;
   els.stop.textContent = visual === "queued" ? "Leave queue" : "Stop";
-  els.pause.disabled = !live;
+  els.pause.disabled = !live || session.duplex;
+  if (turns) { // a full-duplex model decides itself when to speak
+    turns.element.disabled = Boolean(session && session.duplex);
+    turns.element.title = session && session.duplex ? "This model listens and speaks at the same time" : "";
+  }
   els.pause.textContent = live && session.paused ? "Resume" : "Pause";
   els.pause.setAttribute("aria-pressed", String(Boolean(live && session.paused)));
   if (!live || !session.sending) els.meter.style.width = "0";
@@ -244,8 +255,14 @@ const HANDLERS = {
     hooks.worker = event.worker ?? null;
     showSessionLink(event.session_id);
   },
-  "session.created"() {
+  "session.created"(event) {
     session.phase = "live";
+    if (event.session?.audio?.input?.turn_detection === null) { // a full-duplex model: just talk
+      session.duplex = true;
+      hooks.duplex = true;
+      startSending(session);
+      return;
+    }
     send({
       type: "session.update",
       session: realtimeSession(presets.current(), {

@@ -3,6 +3,7 @@ time, so the session has no turns: its first ``input_audio_buffer.append`` start
 session ends. The user's audio streams into the pipeline as it comes (24 kHz pcm16, resampled to the engine's
 16 kHz, ``AsyncOmni.append_audio``); the model's speech comes back as ``response.output_audio.delta`` and its
 inner-monologue text as ``response.output_audio_transcript.delta``, a frame of each per 80 ms of the user's audio.
+The session's temperature (beta dialect) and ``max_output_tokens`` (a cap in 80 ms frames heard) go to the model.
 Whether the model talks over the user or falls silent for them is its own behaviour: nothing is cancelled.
 
 What belongs to turns has no place here and is refused by name: a turn detection in ``session.update``,
@@ -13,8 +14,6 @@ first."""
 
 from __future__ import annotations
 
-import logging
-import time
 import uuid
 from typing import Any
 
@@ -27,8 +26,6 @@ from omnipipe.server.realtime_settings import Settings
 from omnipipe.server.routes.realtime.checks import decode_pcm16
 from omnipipe.server.routes.realtime.events import EventError
 from omnipipe.server.routes.realtime.response import AnswerPlan, Responses
-
-logger = logging.getLogger(__name__)
 
 ENGINE_RATE_HZ = 16000  # what AsyncOmni.append_audio takes
 # the engine's fields a duplex request can be refused for -> the client's
@@ -67,9 +64,10 @@ class DuplexTalk:
         import soxr
 
         self._resampler = soxr.ResampleStream(PCM16_RATE_HZ, ENGINE_RATE_HZ, 1, dtype="float32")
+        modalities, limit = list(self.settings.modalities), self.settings.max_output_tokens
         plan = AnswerPlan(prompt={"prompt": "", "multi_modal_data": {"audio": [{"stream": self.stream_id}]}},
-                          modalities=list(self.settings.modalities), sampling=None, fields=_FIELDS,
-                          max_output_tokens="inf", spoken_turn=False)
+                          modalities=modalities, sampling=self.responses.sampling(modalities, limit) or None,
+                          fields=_FIELDS, max_output_tokens=limit, spoken_turn=False)
         response_id = f"resp_{uuid.uuid4().hex[:24]}"
         self.started = True
         self.responses.run(response_id, plan, self.responses.generate(response_id, plan))
@@ -93,20 +91,11 @@ class DuplexTalk:
                              "whole; its own words come as the transcript)", param, code="unsupported_feature")
 
     async def close(self) -> None:
-        """The session ended: the stream ends (the model hears the rest of it), then the response is cancelled if
-        it is still running (the client is gone)."""
+        """The session ended: the stream is dropped and the response cancelled (the client is gone; what the
+        resampler still holds, a few ms, is not sent)."""
         if not self.started:
             return
-        started = time.perf_counter()
-        if self._resampler is not None:
-            tail = np.asarray(self._resampler.resample_chunk(np.zeros(0, np.float32), last=True), np.float32)
-            if tail.size:
-                try:
-                    await self.engine.append_audio(self.stream_id, tail, session_id=self.session_id)
-                except Exception:  # noqa: BLE001 - the stream is ending anyway
-                    logger.debug("the duplex stream's last append failed", exc_info=True)
         try:
             await self.engine.drop_audio_stream(self.stream_id)
         finally:
             await self.responses.cancel("session_closed")
-        logger.debug("duplex session %s closed in %.3f s", self.session_id, time.perf_counter() - started)

@@ -189,7 +189,7 @@ class Responses:
         """What the engine is asked for a turn: the prompt (the history when the pipeline takes it, the turn's
         words and audio), each stage's sampling, the output modalities and token limit."""
         modalities, limit = self._modalities_and_limit(options)
-        sampling = self._sampling(modalities, limit)
+        sampling = self.sampling(modalities, limit)
         prompt: dict[str, Any] = {"prompt": " ".join(turn.texts)}
         if self.pipeline.takes_history:
             prompt["history"] = history
@@ -237,7 +237,7 @@ class Responses:
             limit = asked_limit
         return modalities, limit
 
-    def _sampling(self, modalities: list[str], limit: int | str) -> dict[str, SamplingParams]:
+    def sampling(self, modalities: list[str], limit: int | str) -> dict[str, SamplingParams]:
         """Each stage's sampling for the response: the token limit and temperature, the speed, the voice."""
         pipeline = self.pipeline
         params: dict[str, Any] = {}
