@@ -175,3 +175,8 @@ from omnipipe.models.csm.reference_voice import reference_codes  # noqa: E402
 from omnipipe.models.csm.runners.backbone import CsmBackboneRunner  # noqa: E402
 
 _CSM = (CsmBackboneRunner, reference_codes, _.CsmDepthDecoderForCausalLM, _.post_processor)
+
+# the Voxtral Realtime stage runner, named by its pipeline's StageSpec string
+from omnipipe.models.voxtral_realtime.runners.transcriber import VoxtralRealtimeRunner  # noqa: E402
+
+_VOXTRAL_REALTIME = (VoxtralRealtimeRunner,)

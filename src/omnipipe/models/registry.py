@@ -19,6 +19,7 @@ PIPELINES: dict[str, str] = {
     "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.pipeline:PIPELINE",
     "voxtral": "omnipipe.models.voxtral.pipeline:PIPELINE",
     "voxtral_transcribe": "omnipipe.models.voxtral.pipeline:TRANSCRIBE_PIPELINE",
+    "voxtral_realtime": "omnipipe.models.voxtral_realtime.pipeline:PIPELINE",
     "moshi": "omnipipe.models.moshi.pipeline:PIPELINE",
     "csm": "omnipipe.models.csm.pipeline:PIPELINE",
 }
@@ -29,6 +30,7 @@ TINY_CHECKPOINTS: dict[str, str] = {
     "qwen2_5_omni": "omnipipe.models.qwen2_5_omni.weights.tiny:write_tiny_checkpoint",
     "qwen3_omni": "omnipipe.models.qwen3_omni.weights.tiny:write_tiny_checkpoint",
     "voxtral": "omnipipe.models.voxtral.weights.tiny:write_tiny_checkpoint",
+    "voxtral_realtime": "omnipipe.models.voxtral_realtime.weights.tiny:write_tiny_checkpoint",
     "moshi": "omnipipe.models.moshi.weights.tiny:write_tiny_checkpoint",
     "csm": "omnipipe.models.csm.weights.tiny:write_tiny_checkpoint",
 }

@@ -1,0 +1,96 @@
+"""Voxtral Realtime through a real ``omnipipe serve --pipeline voxtral_realtime --model DIR`` process and the real
+``openai`` client, on a tiny checkpoint written by ``omnipipe tiny-checkpoint voxtral_realtime``: a transcription
+(audio in, text out: the pipeline serves ``/v1/audio/transcriptions`` itself), whole and streamed, is the model's
+own ``generate`` output for the clip, its usage counting the audio at 12.5 tokens a second."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+import torch
+
+from tests.models import media_files
+from tests.server.conftest import API_KEY, ServerProcess, running_server
+
+pytestmark = pytest.mark.slow  # a server process with a stage process
+
+CLIP_S = 3
+
+
+def _reference(checkpoint: Path, samples: np.ndarray) -> tuple[str, int]:
+    """The model's own greedy transcript of ``samples`` (as the stage decodes it) and its token count."""
+    from transformers import VoxtralRealtimeForConditionalGeneration
+
+    from omnipipe.models.voxtral_realtime.prompting import RealtimePrompts
+    from omnipipe.models.voxtral_realtime.weights.load import load_config
+
+    prompts = RealtimePrompts(checkpoint, load_config(checkpoint))
+    inputs = prompts(samples)
+    model = VoxtralRealtimeForConditionalGeneration.from_pretrained(checkpoint, local_files_only=True).eval()
+    ids = inputs["input_ids"]
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, input_features=inputs["input_features"],
+                             attention_mask=torch.ones_like(ids), num_delay_tokens=prompts.num_delay_tokens,
+                             do_sample=False)
+    tokens = out[0, ids.shape[1]:].tolist()
+    return str(prompts.tokenizer.decode(tokens, skip_special_tokens=True)), len(tokens)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("voxtral-realtime-server") / "ckpt"
+    subprocess.run([sys.executable, "-m", "omnipipe.cli.main", "tiny-checkpoint", "voxtral_realtime", str(directory)],
+                   check=True, capture_output=True, timeout=300, env={**os.environ, "TRANSFORMERS_VERBOSITY": "error"})
+    return directory
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    deploy = {"stages": {"transcriber": {"threads": 1}}}
+    with running_server("voxtral_realtime", deploy, tmp_path_factory.mktemp("voxtral-realtime-serve"), 300,
+                        extra_args=("--model", str(checkpoint))) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def wav() -> bytes:
+    t = np.arange(16000 * CLIP_S) / 16000
+    tone = 0.3 * np.sin(2 * np.pi * 220 * t) * (1 + 0.5 * np.sin(2 * np.pi * 3 * t))
+    return media_files.wav(tone.astype(np.float32))
+
+
+def test_a_transcription_through_the_openai_server_is_generates(checkpoint: Path, client: openai.OpenAI,
+                                                                wav: bytes) -> None:
+    from omnipipe.util.media import load_audio
+
+    want, count = _reference(checkpoint, load_audio(wav, "audio"))
+    assert count == math.ceil(CLIP_S * 12.5) + 17 - 7  # N - L: 16 + clip + 17 audio tokens, <s> + 16 + 6 prompt
+    transcript = client.audio.transcriptions.create(model="voxtral_realtime", file=("clip.wav", wav))
+    assert transcript.text == want.strip()
+    deltas: list[str] = []
+    done = None
+    for event in client.audio.transcriptions.create(model="voxtral_realtime", file=("clip.wav", wav), stream=True):
+        if event.type == "transcript.text.delta":
+            deltas.append(event.delta)
+        else:
+            assert event.type == "transcript.text.done", event
+            done = event
+    assert "".join(deltas) == want and len(deltas) > 1  # as it decodes, not in one piece
+    assert done is not None and done.text == want.strip()
+    usage = done.usage
+    assert usage is not None and usage.type == "tokens"
+    audio_tokens = math.ceil(CLIP_S * 12.5)
+    assert usage.input_tokens == audio_tokens and usage.output_tokens == count
