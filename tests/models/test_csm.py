@@ -1,8 +1,9 @@
 """CSM on a tiny random checkpoint. The backbone stage in-process with the stage's own scheduler and step: greedy
 float32 frames equal ``CsmForConditionalGeneration.generate`` (with the processor's attention mask) for text alone,
-one and two context clips and a reference voice's codes; eight requests joining at different steps (seeded sampled
-ones among them) equal each stepped alone; the end rule and generate's audio cut; a clip heard again is served from
-the prefix cache without being encoded; bad input fails naming its field. The whole pipeline through ``AsyncOmni``
+one and two context clips and a reference voice's codes with and without its transcript; eight requests joining at
+different steps (seeded sampled ones among them) equal each stepped alone; the end rule and generate's audio cut; a
+clip heard again is served from the prefix cache without being encoded; bad input fails naming its field (a
+reference voice too long for the model when it is made). The whole pipeline through ``AsyncOmni``
 (backbone -> Mimi, streamed and whole) equals ``generate(output_audio=True)``."""
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from omnipipe import AsyncOmni, SamplingParams
 from omnipipe.api.prompt import normalize_prompt
 from omnipipe.models.csm.processors import prompt as csm_prompt
-from omnipipe.models.csm.reference_voice import clip_codes
+from omnipipe.models.csm.reference_voice import clip_codes, reference_codes
 from omnipipe.models.csm.runners.backbone import CsmBackboneRunner
 from omnipipe.models.csm.weights.tiny import CODEBOOK_SIZE, CODEBOOKS, released_config, tokenizer, write_tiny_checkpoint
 from omnipipe.models.registry import get_pipeline
@@ -142,13 +143,35 @@ def _request(item: dict[str, Any], params: dict[str, Any]) -> Any:
     return request
 
 
-def test_a_reference_voice_is_its_clip_heard_first_without_text(checkpoint: Path, backbone: CsmBackboneRunner,
-                                                                model: Any, processor: Any) -> None:
+def test_a_reference_voice_is_its_clip_heard_first_with_its_transcript(checkpoint: Path, backbone: CsmBackboneRunner,
+                                                                       model: Any, processor: Any) -> None:
     voice = clip(1.5, seed=5)
     codes = clip_codes(checkpoint, voice)
     assert len(codes) == 19 and all(len(frame) == CODEBOOKS for frame in codes)  # ceil(36000 / 1920) frames
-    result = drive(backbone, [Arrival("r", greedy(speaker="1", reference=codes), [{"text": TEXT, "audios": []}])])
-    assert frames(result, "r") == generated(model, processor, [("1", "", voice), ("1", TEXT, None)], FRAMES)
+    options = {"model": str(checkpoint)}
+    plain = reference_codes(options, voice, RATE)
+    assert plain == {"codes": codes}
+    said = reference_codes(options, voice, RATE, text="one two three")
+    assert said == {"codes": codes, "text": "one two three"}
+    arrivals = [Arrival("plain", greedy(speaker="1", reference=plain), [{"text": TEXT, "audios": []}]),
+                Arrival("said", greedy(speaker="1", reference=said), [{"text": TEXT, "audios": []}])]
+    result = drive(backbone, arrivals)
+    assert frames(result, "plain") == generated(model, processor, [("1", "", voice), ("1", TEXT, None)], FRAMES)
+    with_words = generated(model, processor, [("1", "one two three", voice), ("1", TEXT, None)], FRAMES)
+    assert frames(result, "said") == with_words != frames(result, "plain")
+
+
+def test_a_reference_voice_that_leaves_no_room_is_refused_when_it_is_made(checkpoint: Path) -> None:
+    """The tiny model has 256 positions: 20 s of clip (250 frames) leave none for a reply (named ``audio``), a
+    transcript past them is named ``text``; 16 s with a short transcript fit."""
+    options = {"model": str(checkpoint)}
+    with pytest.raises(FieldError) as caught:
+        reference_codes(options, clip(20.0, 1), RATE)
+    assert caught.value.field == "audio" and "shorter clip" in caught.value.rule
+    with pytest.raises(FieldError) as caught:
+        reference_codes(options, clip(1.0, 1), RATE, text="say more " * 200)
+    assert caught.value.field == "text"
+    assert len(reference_codes(options, clip(16.0, 1), RATE, text="one two three")["codes"]) == 200
 
 
 def processed(backbone: CsmBackboneRunner) -> None:
@@ -275,8 +298,14 @@ def test_bad_input_is_refused_naming_its_field(backbone: CsmBackboneRunner) -> N
     assert refused({"stop": ["."]}) == "sampling_params.stop"
     assert refused({"extra": {"speaker": "Ethan"}}) == "sampling_params.extra.speaker"
     assert refused({"extra": {"context": [{"speaker": "1", "words": "hi"}]}}) == "sampling_params.extra.context[0]"
-    assert refused({"extra": {"reference": [[1, 2, 3]]}}) == "sampling_params.extra.reference"  # not 8 codebooks
-    assert refused({"extra": {"reference": [[CODEBOOK_SIZE] * CODEBOOKS]}}) == "sampling_params.extra.reference"
+    assert refused({"extra": {"reference": [[1] * CODEBOOKS]}}) == "sampling_params.extra.reference"  # not a dict
+    assert refused({"extra": {"reference": {"codes": [[1, 2, 3]]}}}) == "sampling_params.extra.reference.codes"
+    assert refused({"extra": {"reference": {"codes": [[CODEBOOK_SIZE] * CODEBOOKS]}}}) == \
+        "sampling_params.extra.reference.codes"  # not a Mimi code
+    assert refused({"extra": {"reference": {"codes": [[1] * CODEBOOKS], "text": 3}}}) == \
+        "sampling_params.extra.reference.text"
+    assert refused({"extra": {"reference": {"codes": [[1] * CODEBOOKS], "words": "hi"}}}) == \
+        "sampling_params.extra.reference"
     arrivals = [
         Arrival("mismatch", {**greedy(), "extra": {"context": []}}, [{"text": TEXT, "audios": [clip(1.0, 1)]}]),
         # the tiny model has 256 positions: a 21 s clip (263 frames) leaves no room for a reply

@@ -94,6 +94,12 @@ class ServingTraits:
     # reference voice is refused)
     reference_voice: str | None = None
     reference_param: tuple[str, str] | None = None  # (stage, extra key) a reference voice's value goes to
+    # the reference hook also takes what the clip says (keyword ``text``: the upload's transcript) and the family
+    # hears the clip with it; else a transcript given with an upload is refused (a 400 naming ``text``)
+    reference_text: bool = False
+    # the pipeline answers a conversation (``/v1/chat/completions``, ``/v1/responses``, realtime sessions); False: it
+    # only says the text it is given (CSM) and serves ``/v1/audio/speech`` alone, the others refused naming ``model``
+    chat: bool = True
     # a full-duplex family (Moshi): a request is a live session hearing an audio stream (``AsyncOmni.append_audio``)
     # while it speaks, until the stream is dropped; its text and audio stream out as the user's audio comes in
     duplex: bool = False

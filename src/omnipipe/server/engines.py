@@ -242,7 +242,8 @@ class EnginePool:
         family = {"speech": traits.speech_pipeline, "transcription": traits.transcription_pipeline}
         companions = ({k: v for k, v in family.items() if v} if config.companions is None else config.companions)
         self.endpoint_pipelines: dict[str, str | None] = {
-            "chat": main.name if "text" in main.output_modalities or "audio" in main.output_modalities else None,
+            "chat": main.name if traits.chat and ("text" in main.output_modalities or
+                                                  "audio" in main.output_modalities) else None,
             "speech": main.name if self._is_speech(main) else companions.get("speech"),
             "transcription": main.name if self._is_transcription(main) else companions.get("transcription"),
             "images": main.name if "image" in main.output_modalities else None,
@@ -307,10 +308,11 @@ class EnginePool:
         name = self.endpoint_pipelines.get(endpoint)
         if name is None:
             main = self.main.pipeline
+            served = [name for name, pipeline in self.endpoint_pipelines.items() if pipeline is not None]
             raise APIError(404, f"model: {self.model_name!r} has no pipeline for the {endpoint} endpoint (pipeline "
                            f"{main.name!r} takes {', '.join(main.input_modalities)} and gives "
-                           f"{', '.join(main.output_modalities) or 'nothing'})", param="model",
-                           code="endpoint_not_available")
+                           f"{', '.join(main.output_modalities) or 'nothing'}; it serves "
+                           f"{', '.join(served) or 'no endpoint'})", param="model", code="endpoint_not_available")
         slot = self.slots[name]
         if slot is self.main:
             return slot.ready_engine(), slot.pipeline

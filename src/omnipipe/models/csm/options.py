@@ -51,12 +51,13 @@ class CsmBackboneParams:
     - ``context``: one ``{"speaker": id, "text": what the clip says}`` per clip of the prompt's
       ``multi_modal_data.audio``, in their order: the conversation before the text, each clip a turn CSM hears
       (both keys optional: the request's speaker, no text);
-    - ``reference``: a voice made from a clip (``reference_voice.py``): its Mimi codes, one list of a code per
-      codebook for each frame, heard as the first turn, in the request's speaker, without text."""
+    - ``reference``: a voice made from a clip (``reference_voice.py``), heard as the first turn in the request's
+      speaker: ``{"codes": [[...], ...], "text": "..."}``, its Mimi codes (one list of a code per codebook for each
+      frame) and what the clip says (optional: none, the turn's text empty)."""
 
     speaker: str | None = None
     context: list[dict[str, Any]] | None = None
-    reference: list[list[int]] | None = None
+    reference: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.speaker is not None:
@@ -74,13 +75,25 @@ class CsmBackboneParams:
                 text = turn.get("text", "")
                 if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
                     raise FieldError(f"{where}.text", f"must be a string of at most {MAX_TEXT_CHARS} characters")
-        reference = self.reference
-        if reference is not None:
-            if not isinstance(reference, list) or not 1 <= len(reference) <= MAX_REFERENCE_FRAMES:
-                raise FieldError("reference", f"must be a list of 1 to {MAX_REFERENCE_FRAMES} frames of codes")
-            width = len(reference[0]) if isinstance(reference[0], list) else 0
-            if width == 0 or not all(isinstance(frame, list) and len(frame) == width and
-                                     all(isinstance(code, int) and not isinstance(code, bool) and code >= 0
-                                         for code in frame) for frame in reference):
-                raise FieldError("reference", "every frame must be a list of as many codes (integers >= 0) as the "
-                                 "first")
+        if self.reference is not None:
+            _check_reference(self.reference)
+
+
+def _check_reference(reference: Any) -> None:
+    """A FieldError naming the part of ``reference`` (``CsmBackboneParams.reference``) that is not a voice's codes
+    and transcript."""
+    if not isinstance(reference, dict) or "codes" not in reference or not set(reference) <= {"codes", "text"}:
+        raise FieldError("reference", "must be a dict with 'codes' (the clip's Mimi codes, a list of a code per "
+                         "codebook for each frame) and 'text' (what the clip says, optional)")
+    text = reference.get("text", "")
+    if not isinstance(text, str) or len(text) > MAX_TEXT_CHARS:
+        raise FieldError("reference.text", f"must be a string of at most {MAX_TEXT_CHARS} characters")
+    codes = reference["codes"]
+    if not isinstance(codes, list) or not 1 <= len(codes) <= MAX_REFERENCE_FRAMES:
+        raise FieldError("reference.codes", f"must be a list of 1 to {MAX_REFERENCE_FRAMES} frames of codes")
+    width = len(codes[0]) if isinstance(codes[0], list) else 0
+    if width == 0 or not all(isinstance(frame, list) and len(frame) == width and
+                             all(isinstance(code, int) and not isinstance(code, bool) and code >= 0
+                                 for code in frame) for frame in codes):
+        raise FieldError("reference.codes", "every frame must be a list of as many codes (integers >= 0) as the "
+                         "first")

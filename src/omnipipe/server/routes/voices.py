@@ -1,7 +1,10 @@
 """The voices of the speaking models: ``GET /v1/audio/voices`` lists them (with the OpenAI voice names that select
 each); ``POST /v1/audio/voices`` (multipart: ``name``, ``audio``: a 1 to 30 s clip in wav, mp3, flac or ogg,
-``base_voice`` and ``model`` optional) makes a voice from a clip, for a family whose speaking stages take a speaker
-reference (``ServingTraits.reference_voice``; kept by ``server/voice_registry.py``); ``DELETE
+``base_voice``, ``model`` and ``text`` optional) makes a voice from a clip, for a family whose speaking stages take a
+speaker reference (``ServingTraits.reference_voice``; kept by ``server/voice_registry.py``); ``text`` is what the clip
+says (named as ElevenLabs' and Fish Audio's cloning APIs name it; OpenAI's has none), heard with the clip by a family
+that takes it (``ServingTraits.reference_text``: CSM) and refused with a 400 naming ``text`` by one that cannot;
+``DELETE
 /v1/audio/voices/{name}`` removes one. A voice made from a clip is selected as any other, by name (``voice`` of
 ``/v1/audio/speech``, ``audio.voice`` of chat, ``session.voice`` of a realtime session). For a family whose voices are
 fixed an upload is refused with a 400 naming ``audio``, never kept and ignored.
@@ -22,7 +25,7 @@ from omnipipe.server.errors import APIError, invalid
 from omnipipe.server.voice_registry import VoiceExistsError, valid_name
 from omnipipe.util.field_error import FieldError
 
-FORM_FIELDS = ("name", "audio", "base_voice", "model")
+FORM_FIELDS = ("name", "audio", "base_voice", "model", "text")
 _ERRORS: dict[int | str, dict[str, Any]] = {code: {"model": ErrorResponse} for code in (400, 401, 404, 409, 413)}
 router = APIRouter()
 
@@ -91,9 +94,12 @@ async def create_voice(
     audio: Annotated[UploadFile, File(description="1 to 30 s of the voice (wav, mp3, flac, ogg)")],
     base_voice: Annotated[str | None, Form(description="the model's voice it builds on (default: its first)")] = None,
     model: Annotated[str | None, Form(description="the speaking model (default: the first)")] = None,
+    text: Annotated[str | None, Form(description="what the clip says, for a model that hears a clip with its words "
+                                     "(CSM)")] = None,
 ) -> VoiceCard:
-    """A voice made from ``audio``: 201 with its card; 200 with the card kept when the same name, clip and base voice
-    are registered already (a gateway forwards an upload to every worker)."""
+    """A voice made from ``audio`` (and ``text``, what it says): 201 with its card; 200 with the card kept when the
+    same name, clip, base voice and transcript are registered already (a gateway forwards an upload to every
+    worker)."""
     pool: EnginePool = request.app.state.pool
     await _refuse_unknown_fields(request)
     model_id, pipeline = _speaking_model(pool, model)
@@ -105,13 +111,17 @@ async def create_voice(
         name = valid_name(name)
     except FieldError as exc:
         raise invalid(f"{exc.field}: {exc.rule}", exc.field) from None
+    if text is not None and text.strip() and not pipeline.serving.reference_text:
+        raise invalid(f"text: model {model_id!r} hears a reference clip without its words: leave the transcript out",
+                      "text", code="unsupported_parameter")
     _check_name_is_free(pool, pipeline, name)
     base = _base_voice(pool, pipeline, base_voice)
     clip = await audio.read()
     try:
-        voice, created = await asyncio.to_thread(registry.add, name, clip, base)
+        voice, created = await asyncio.to_thread(registry.add, name, clip, base, text)
     except FieldError as exc:
-        raise invalid(f"{exc.field}: {exc.rule}", exc.field, code="invalid_audio") from None
+        code = "invalid_audio" if exc.field == "audio" else "invalid_value"
+        raise invalid(f"{exc.field}: {exc.rule}", exc.field, code=code) from None
     except VoiceExistsError as exc:
         raise APIError(409, f"name: {exc}", param="name", code="voice_exists") from None
     response.status_code = 201 if created else 200

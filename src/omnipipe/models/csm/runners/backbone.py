@@ -27,8 +27,8 @@ Stage options: ``CsmBackboneOptions`` (``options.py``). SamplingParams (``stage/
 top-p, seed, ``max_tokens`` (frames); the fields left out are the checkpoint's generation config's (sesame/csm-1b:
 temperature 0.9, top-k 50), and the depth decoder samples with its ``depth_decoder_*`` settings unless the request is
 greedy (temperature 0), when every codebook is. ``extra`` (``CsmBackboneParams``): the speaker, the context clips'
-speakers and texts, a reference voice's codes. CSM's special codes (from Mimi's codebook size up) are never
-sampled: Mimi cannot decode them. ``stop`` has no meaning for frames and is refused."""
+speakers and texts, a reference voice's codes and transcript. CSM's special codes (from Mimi's codebook size up)
+are never sampled: Mimi cannot decode them. ``stop`` has no meaning for frames and is refused."""
 
 from __future__ import annotations
 
@@ -97,12 +97,13 @@ class CsmBackboneRunner(BatchedDecoderRunner):
             raise FieldError("sampling_params.stop", "CSM writes audio frames, not text: it takes no stop strings")
         reference = extra_params(params).reference
         if reference is not None:
-            if len(reference[0]) != self.codebooks:
-                raise FieldError("sampling_params.extra.reference", f"frames of {self.codebooks} codes expected "
-                                 f"(the checkpoint's codebooks), got {len(reference[0])}")
-            if max(max(frame) for frame in reference) >= self.codebook_size:
-                raise FieldError("sampling_params.extra.reference", f"codes must be below {self.codebook_size} "
-                                 "(Mimi's codebook size)")
+            codes = reference["codes"]
+            if len(codes[0]) != self.codebooks:
+                raise FieldError("sampling_params.extra.reference.codes", f"frames of {self.codebooks} codes "
+                                 f"expected (the checkpoint's codebooks), got {len(codes[0])}")
+            if max(max(frame) for frame in codes) >= self.codebook_size:
+                raise FieldError("sampling_params.extra.reference.codes", f"codes must be below "
+                                 f"{self.codebook_size} (Mimi's codebook size)")
         return None
 
     # ------------------------------------------------------------------------------------- inputs, off the loop
@@ -117,8 +118,9 @@ class CsmBackboneRunner(BatchedDecoderRunner):
         turns: list[Turn] = []
         if extra.reference is not None:
             where = "sampling_params.extra.reference"
-            turns.append(Turn(speaker, "", codes=torch.tensor(extra.reference, dtype=torch.long), text_field=where,
-                              audio_field=where))
+            turns.append(Turn(speaker, extra.reference.get("text", ""),
+                              codes=torch.tensor(extra.reference["codes"], dtype=torch.long),
+                              text_field=f"{where}.text", audio_field=f"{where}.codes"))
         clips = list(item.get("audios") or [])
         context = extra.context
         if context is not None and len(context) != len(clips):
