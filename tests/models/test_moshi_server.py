@@ -13,12 +13,14 @@ checkpoint written by ``omnipipe tiny-checkpoint moshi``: a ``/v1/realtime`` ses
 from __future__ import annotations
 
 import base64
+import json
 import os
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,7 @@ import torch
 
 from omnipipe.models.moshi.modeling.user_audio import upsample
 from omnipipe.stage.text_stream import TextStream
+from tests.models import media_files
 from tests.models.test_moshi import FRAME_24K, reference, speech, user_codes
 from tests.server.conftest import API_KEY, ServerProcess, running_server
 from tests.server.test_realtime import RATE, Conn, of, pcm16_b64, session
@@ -146,29 +149,50 @@ def test_a_duplex_session_refuses_turns_and_streams_speech_while_the_user_speaks
     assert state["engines"]["moshi"]["status"] == "ready"
 
 
-def test_greedy_transcript_and_speech_equal_the_reference_loop(checkpoint: Path, server: ServerProcess) -> None:
+@dataclass
+class Greedy:
+    """A clip, the frames of speech the server sends back for it, and the reference loop's greedy text tokens and
+    Mimi frames for the audio the server heard of it (``runner``: a duplex runner, to decode text as the stage)."""
+
+    clip: np.ndarray
+    frames: int
+    tokens: list[int]
+    codes: np.ndarray
+    runner: Any
+
+
+@pytest.fixture(scope="module")
+def greedy(checkpoint: Path) -> Greedy:
     from transformers import MoshiForConditionalGeneration
 
     from omnipipe.models.moshi.runners.duplex import MoshiDuplexRunner
     from omnipipe.stage.runner import RunnerContext
 
     clip = _clip(1.6, seed=5)
-    frames = _frames_said(clip)
+    model = MoshiForConditionalGeneration.from_pretrained(checkpoint, local_files_only=True).eval()
+    tokens, codes = reference(model, user_codes(model, _as_heard(clip)))
+    runner = MoshiDuplexRunner(RunnerContext("duplex", "cpu", 1, 8, {"model": str(checkpoint)}))
+    runner.load()
+    return Greedy(clip, _frames_said(clip), tokens, codes, runner)
+
+
+def test_greedy_transcript_and_speech_equal_the_reference_loop(checkpoint: Path, server: ServerProcess,
+                                                               greedy: Greedy) -> None:
+    from transformers import MoshiForConditionalGeneration
+
+    frames, runner = greedy.frames, greedy.runner
     with session(server, beta=True) as conn:
         updated = conn.update(temperature=0.0)
         assert updated["type"] == "session.updated" and updated["session"]["turn_detection"] is None, updated
-        _speak(conn, clip)
+        _speak(conn, greedy.clip)
         _, audio, text = _audio_and_text(conn, frames * FRAME_24K, beta=True)
     model = MoshiForConditionalGeneration.from_pretrained(checkpoint, local_files_only=True).eval()
-    want_tokens, want_frames = reference(model, user_codes(model, _as_heard(clip)))
-    runner = MoshiDuplexRunner(RunnerContext("duplex", "cpu", 1, 8, {"model": str(checkpoint)}))
-    runner.load()
     # the text of the frames heard (a token a frame, and the first before any): frames + 2 tokens, the audio of the
     # last frame said coming after its text, or with it
-    assert text.startswith(_pushed(runner, want_tokens[:frames])), text
-    assert _pushed(runner, want_tokens[:frames + 2]).startswith(text), text
+    assert text.startswith(_pushed(runner, greedy.tokens[:frames])), text
+    assert _pushed(runner, greedy.tokens[:frames + 2]).startswith(text), text
     with torch.inference_mode():  # Mimi is causal: the frames heard so far decode to the start of the whole
-        want_audio = model.audio_encoder.decode(torch.from_numpy(want_frames[:, :frames])[None]).audio_values[0, 0]
+        want_audio = model.audio_encoder.decode(torch.from_numpy(greedy.codes[:, :frames])[None]).audio_values[0, 0]
     want_audio = want_audio.numpy()
     assert audio.size == want_audio.size == frames * FRAME_24K
     assert np.abs(audio - np.clip(want_audio, -1, 1)).max() <= 2e-4 + 1e-4 * float(np.abs(want_audio).max())
@@ -226,3 +250,96 @@ def test_models_lists_moshi_and_speech_on_it_is_refused(server: ServerProcess) -
     with pytest.raises(openai.NotFoundError) as missing:
         client.audio.speech.create(model="moshi", voice="alloy", input="hello")
     assert missing.value.body["param"] == "model"  # type: ignore[index]
+
+
+
+def test_a_text_only_session_streams_the_greedy_text_and_no_audio(server: ServerProcess, greedy: Greedy) -> None:
+    """``output_modalities: ["text"]`` is taken (Moshi's inner monologue is text): the session streams the reference
+    loop's text for the audio heard, and no audio at all."""
+    with session(server) as conn:  # GA takes it before the audio starts
+        updated = conn.update(output_modalities=["text"])
+        assert updated["type"] == "session.updated" and updated["session"]["output_modalities"] == ["text"], updated
+    frames, runner = greedy.frames, greedy.runner
+    whole = _pushed(runner, greedy.tokens[:frames + 2])  # every token of the frames heard (see the greedy test)
+    with session(server, beta=True) as conn:
+        updated = conn.update(temperature=0.0, modalities=["text"])
+        assert updated["type"] == "session.updated" and updated["session"]["modalities"] == ["text"], updated
+        _speak(conn, greedy.clip)
+        events: list[dict[str, Any]] = []
+        text = ""
+        while text != whole:  # the last token's characters may be held back: then the wait for more ends it
+            try:
+                event = json.loads(conn.ws.recv(timeout=10))
+            except TimeoutError:
+                break
+            assert event["type"] != "error", event
+            events.append(event)
+            text += event["delta"] if event["type"] == "response.text.delta" else ""
+    assert [e["type"] for e in events][:2] == ["response.created", "response.output_item.added"], events[:3]
+    assert not [e for e in events if "audio" in e["type"]], [e["type"] for e in events]
+    assert text.startswith(_pushed(runner, greedy.tokens[:frames])) and whole.startswith(text), (text, whole)
+
+
+def test_bad_appends_are_refused_by_name_and_the_session_goes_on(server: ServerProcess) -> None:
+    """Audio that is not base64, or pcm16 of an odd number of bytes, is refused naming ``audio`` (before the
+    response starts, and while it runs); the session hears the good audio around it as if nothing came between."""
+    clip = _clip(2.0, seed=3)
+    bad = (("not base64!", "invalid_base64"), (base64.b64encode(b"\x00\x01\x02").decode(), "invalid_audio"))
+    with session(server) as conn:
+        for audio, code in bad:
+            conn.send("input_audio_buffer.append", audio=audio)
+            _, error = conn.until("error")
+            assert (error["error"]["param"], error["error"]["code"]) == ("audio", code), error
+        _speak(conn, clip[:len(clip) // 2])
+        events, first_half, _ = _audio_and_text(conn, FRAME_24K, beta=False)
+        assert [e["type"] for e in events][:2] == ["response.created", "response.output_item.added"], events[:3]
+        for audio, _ in bad:
+            conn.send("input_audio_buffer.append", audio=audio)
+        _speak(conn, clip[len(clip) // 2:])
+        rest, got, want = [], first_half.size, _frames_said(clip) * FRAME_24K
+        while got < want:  # every frame of the good audio is said, as if nothing came between
+            rest.append(conn.recv())
+            if rest[-1]["type"] == "response.output_audio.delta":
+                got += len(base64.b64decode(rest[-1]["delta"])) // 2
+        assert got == want
+        refused = [e["error"] for e in rest if e["type"] == "error"]
+        assert [(e["param"], e["code"]) for e in refused] == [("audio", code) for _, code in bad], refused
+        assert not [e for e in rest if e["type"] == "response.done"], rest  # the response goes on
+    state = httpx.get(f"{server.url}/debug/state", headers=server.headers, timeout=30).json()
+    assert state["engines"]["moshi"]["status"] == "ready"
+
+
+def test_what_moshi_lacks_is_refused_by_name_and_a_session_still_speaks(server: ServerProcess) -> None:
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+    with pytest.raises(openai.BadRequestError) as caught:  # Moshi hears audio only
+        client.chat.completions.create(model="moshi", messages=[{"role": "user", "content": "hello there"}])
+    assert caught.value.body["param"] == "messages[0].content", caught.value.body  # type: ignore[index]
+    assert "does not take text input" in caught.value.body["message"]  # type: ignore[index]
+    not_audio = {"type": "input_audio", "input_audio": {"data": base64.b64encode(b"hello " * 100).decode(),
+                                                        "format": "wav"}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="moshi", messages=[{"role": "user", "content": [not_audio]}])
+    assert caught.value.body["param"] == "messages[0].content[0].input_audio.data", caught.value.body  # type: ignore[index]
+    assert "is not audio" in caught.value.body["message"]  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.audio.transcriptions.create(model="moshi", file=("clip.wav", b"RIFF" + b"\x00" * 100))
+    assert missing.value.body["param"] == "model", missing.value.body  # type: ignore[index]
+    assert missing.value.body["code"] == "endpoint_not_available"  # type: ignore[index]
+    for beta, field, value, param in (
+            (False, "audio", {"input": {"transcription": {"model": "whisper-1"}}}, "session.audio.input.transcription"),
+            (True, "input_audio_transcription", {"model": "whisper-1"}, "session.input_audio_transcription")):
+        with session(server, beta=beta) as conn:
+            refused = conn.update(**{field: value})
+            assert refused["type"] == "error" and refused["error"]["param"] == param, refused
+            assert "does not transcribe" in refused["error"]["message"], refused
+            clip = _clip(1.0, seed=7)
+            _speak(conn, clip)
+            _audio_and_text(conn, _frames_said(clip) * FRAME_24K, beta=beta)
+    # a spoken question over HTTP (a clip heard as if it streamed in, then its end) is answered
+    import soxr
+
+    heard = np.asarray(soxr.resample(_clip(1.0, seed=7), RATE, 16000), np.float32)
+    spoken = {"type": "input_audio", "input_audio": {"data": base64.b64encode(media_files.wav(heard)).decode(),
+                                                     "format": "wav"}}
+    reply = client.chat.completions.create(model="moshi", messages=[{"role": "user", "content": [spoken]}])
+    assert reply.choices[0].finish_reason == "stop" and reply.choices[0].message.content, reply

@@ -5,6 +5,7 @@ own ``generate`` output for the clip, its usage counting the audio at 12.5 token
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import subprocess
@@ -94,3 +95,67 @@ def test_a_transcription_through_the_openai_server_is_generates(checkpoint: Path
     assert usage is not None and usage.type == "tokens"
     audio_tokens = math.ceil(CLIP_S * 12.5)
     assert usage.input_tokens == audio_tokens and usage.output_tokens == count
+
+
+def _flac(seconds: float, rate: int) -> bytes:
+    """A quiet tone of ``seconds`` as FLAC: a long clip in few bytes (the test server takes bodies of 2 MB)."""
+    import io
+
+    import soundfile
+
+    t = np.arange(int(seconds * rate)) / rate
+    buffer = io.BytesIO()
+    soundfile.write(buffer, (0.01 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), rate, format="FLAC")
+    return buffer.getvalue()
+
+
+def _bad_files() -> list[tuple[str, bytes, str]]:
+    """(name, data, what the refusal says): a text file, random bytes, a clip past the server's 1200 s."""
+    from omnipipe.util.media import MAX_AUDIO_SECONDS
+
+    text = b"these are the notes of a meeting, not a recording\n" * 20
+    return [("notes.txt", text, "is not audio"), ("clip.wav", np.random.default_rng(1).bytes(3000), "is not audio"),
+            ("long.flac", _flac(MAX_AUDIO_SECONDS + 1, 4000), f"longer than {MAX_AUDIO_SECONDS:g} s")]
+
+
+def test_files_that_are_not_audio_or_too_long_are_refused_and_the_server_goes_on(
+        checkpoint: Path, client: openai.OpenAI, wav: bytes) -> None:
+    from omnipipe.util.media import load_audio
+
+    for name, data, says in _bad_files():
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.audio.transcriptions.create(model="voxtral_realtime", file=(name, data))
+        assert says in caught.value.body["message"], caught.value.body  # type: ignore[index]
+    assert client.audio.transcriptions.create(model="voxtral_realtime", file=("clip.wav", wav)).text == _reference(
+        checkpoint, load_audio(wav, "audio"))[0].strip()
+
+
+def test_a_bad_file_is_refused_naming_file(client: openai.OpenAI) -> None:
+    for name, data, _ in _bad_files():
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.audio.transcriptions.create(model="voxtral_realtime", file=(name, data))
+        assert caught.value.body["param"] == "file", caught.value.body  # type: ignore[index]
+
+
+def test_a_language_it_lacks_and_chat_are_refused_by_name(checkpoint: Path, client: openai.OpenAI,
+                                                           wav: bytes) -> None:
+    from omnipipe.util.media import load_audio
+
+    want = _reference(checkpoint, load_audio(wav, "audio"))[0].strip()
+    for language in ("sw", "klingon"):  # Swahili: not one of the 13 it was released for
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.audio.transcriptions.create(model="voxtral_realtime", file=("clip.wav", wav), language=language)
+        assert caught.value.body["param"] == "language", caught.value.body  # type: ignore[index]
+        assert "de (german), ru, zh, ja, it (italian)" in caught.value.body["message"]  # type: ignore[index]
+    # one it has: only checked (the model hears it; the prompt names none)
+    assert client.audio.transcriptions.create(model="voxtral_realtime", file=("clip.wav", wav),
+                                              language="ja").text == want
+    # it transcribes, it does not converse: a chat, spoken or typed, is refused naming the model
+    audio_part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}
+    for content in ([audio_part], "what is the capital of France?"):
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.chat.completions.create(model="voxtral_realtime", messages=[{"role": "user", "content": content}])
+        assert missing.value.body["param"] == "model", missing.value.body  # type: ignore[index]
+        assert missing.value.body["code"] == "endpoint_not_available"  # type: ignore[index]
+        assert "transcri" in missing.value.body["message"]  # type: ignore[index]
+    assert client.audio.transcriptions.create(model="voxtral_realtime", file=("clip.wav", wav)).text == want

@@ -238,3 +238,70 @@ def test_a_realtime_session_answers_a_spoken_turn_in_text_with_voxtrals_transcri
         assert again == _reference(checkpoint, {"text": "and now?", "history": history})
     state = httpx.get(f"{server.url}/debug/state", headers=server.headers, timeout=30).json()
     assert state["engines"]["voxtral_transcribe"]["status"] == "ready"  # the session's transcription engine
+
+
+def _flac(seconds: float, rate: int = 16000) -> bytes:
+    """A quiet tone of ``seconds`` as FLAC: a long clip in few bytes (the test server takes bodies of 2 MB)."""
+    import io
+
+    import soundfile
+
+    t = np.arange(int(seconds * rate)) / rate
+    buffer = io.BytesIO()
+    soundfile.write(buffer, (0.01 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), rate, format="FLAC")
+    return buffer.getvalue()
+
+
+def _chat_refusal(client: openai.OpenAI, data: bytes, fmt: str = "wav") -> dict[str, Any]:
+    audio_part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(model="voxtral", messages=[
+            {"role": "user", "content": [audio_part, {"type": "text", "text": "what do you hear?"}]}])
+    body = caught.value.body
+    assert isinstance(body, dict)
+    return body
+
+
+def test_audio_that_is_not_audio_is_refused_by_name_and_the_server_goes_on(
+        checkpoint: Path, client: openai.OpenAI, wav: bytes, samples: np.ndarray) -> None:
+    noise, text = np.random.default_rng(0).bytes(4000), b"these are the notes of a meeting, not a recording\n" * 20
+    for data in (noise, text, wav[:40]):  # random bytes, a text file, a WAV header with no samples after it
+        body = _chat_refusal(client, data)
+        assert body["param"] == "messages[0].content[0].input_audio.data", body
+        assert "audio" in body["message"], body
+    for name, data in (("notes.txt", text), ("clip.wav", noise)):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.audio.transcriptions.create(model="voxtral", file=(name, data))
+        assert caught.value.body["param"] == "file", caught.value.body  # type: ignore[index]
+    question = "what do you hear?"
+    audio_part = {"type": "input_audio", "input_audio": {"data": base64.b64encode(wav).decode(), "format": "wav"}}
+    reply = client.chat.completions.create(model="voxtral", temperature=0, messages=[
+        {"role": "user", "content": [audio_part, {"type": "text", "text": question}]}])
+    assert reply.choices[0].message.content == _reference(checkpoint, {"text": question, "audios": [samples]})
+
+
+def test_audio_longer_than_voxtral_takes_is_refused_by_name_and_the_server_goes_on(
+        checkpoint: Path, client: openai.OpenAI, wav: bytes, samples: np.ndarray) -> None:
+    """The tiny checkpoint's context (4096 positions) holds ten 30 s windows of 375 tokens and the answer: a clip of
+    eleven windows is refused before its audio is encoded; past the server's 1200 s, any clip is."""
+    from omnipipe.util.media import MAX_AUDIO_SECONDS
+
+    long_clip = _flac(10 * 30 + 5)  # 11 windows: 4125 audio tokens
+    body = _chat_refusal(client, long_clip, "flac")
+    assert body["param"] == "messages[0].content[0].input_audio.data", body
+    assert "4096" in body["message"] and "300 s" in body["message"], body
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.audio.transcriptions.create(model="voxtral", file=("long.flac", long_clip))
+    assert caught.value.body["param"] == "file", caught.value.body  # type: ignore[index]
+    endless = _flac(MAX_AUDIO_SECONDS + 1, rate=4000)
+    assert len(endless) < 1_500_000
+    body = _chat_refusal(client, endless, "flac")
+    assert body["param"] == "messages[0].content[0].input_audio.data", body
+    assert f"longer than {MAX_AUDIO_SECONDS:g} s" in body["message"], body
+    # ten windows fit
+    reply = client.chat.completions.create(model="voxtral", temperature=0, max_tokens=2, messages=[
+        {"role": "user", "content": [{"type": "input_audio", "input_audio": {
+            "data": base64.b64encode(_flac(10 * 30 - 1)).decode(), "format": "flac"}}]}])
+    assert reply.usage is not None and reply.usage.prompt_tokens > 3750
+    transcript = client.audio.transcriptions.create(model="voxtral", file=("clip.wav", wav))
+    assert transcript.text == _reference(checkpoint, _transcription(samples)).strip()

@@ -98,7 +98,8 @@ class ServingTraits:
     # hears the clip with it; else a transcript given with an upload is refused (a 400 naming ``text``)
     reference_text: bool = False
     # the pipeline answers a conversation (``/v1/chat/completions``, ``/v1/responses``, realtime sessions); False: it
-    # only says the text it is given (CSM) and serves ``/v1/audio/speech`` alone, the others refused naming ``model``
+    # only says the text it is given (CSM) or writes down what it hears (a transcription pipeline) and serves that
+    # endpoint alone, the others refused naming ``model``
     chat: bool = True
     # a full-duplex family (Moshi): a request is a live session hearing an audio stream (``AsyncOmni.append_audio``)
     # while it speaks, until the stream is dropped; its text and audio stream out as the user's audio comes in

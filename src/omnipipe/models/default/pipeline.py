@@ -111,5 +111,6 @@ ASR = PipelineSpec(
     # 1 thread: a realtime session's transcript pass (a fitted window) took 140-160 ms with 1 thread, 170-210 ms with 2;
     # a whole 30 s window 600 ms with 1, 550 ms with 2 (measured through AsyncOmni("asr") on the 2-core box)
     default_deploy={"stages": {"encoder": {"threads": 1, "max_num_seqs": 4, **_LONG_STEPS}}},
+    serving=ServingTraits(chat=False),  # it writes down what it hears: /v1/audio/transcriptions alone
     **_SPEECH_WEIGHTS,
 )

@@ -41,5 +41,5 @@ TRANSCRIBE_PIPELINE = PipelineSpec(
     weights_status=_WEIGHTS,
     # the encoder's 1500 frames per 30 s window, stacked four by four: 375 tokens a window
     serving=ServingTraits(transcription_languages=LANGUAGES, language_param=("thinker", "language"),
-                          audio_tokens_per_s=12.5),
+                          audio_tokens_per_s=12.5, chat=False),
 )

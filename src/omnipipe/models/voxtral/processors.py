@@ -11,19 +11,23 @@ from omnipipe.models.voxtral.prompting import TRANSCRIBE_TASK
 from omnipipe.util.field_error import FieldError
 
 MAX_CLIPS = 8  # audio clips in one prompt
+AUDIO_FIELD = "prompt.multi_modal_data.audio"
 
 
-def _audios(mm: dict[str, Any]) -> list[Any]:
-    from omnipipe.util.media import load_audio
-
-    where = "prompt.multi_modal_data.audio"
+def _clips(mm: dict[str, Any]) -> list[Any]:
     value = mm.get("audio")
     if value is None:
         return []
     clips = value if isinstance(value, list) else [value]  # a tuple is one clip: (samples, sample_rate)
     if not 1 <= len(clips) <= MAX_CLIPS:
-        raise FieldError(where, f"give 1 to {MAX_CLIPS} clips, got {len(clips)}")
-    return [load_audio(clip, f"{where}[{i}]") for i, clip in enumerate(clips)]
+        raise FieldError(AUDIO_FIELD, f"give 1 to {MAX_CLIPS} clips, got {len(clips)}")
+    return clips
+
+
+def _audios(mm: dict[str, Any]) -> list[Any]:
+    from omnipipe.util.media import load_audio
+
+    return [load_audio(clip, f"{AUDIO_FIELD}[{i}]") for i, clip in enumerate(_clips(mm))]
 
 
 def prompt(prompt: dict[str, Any]) -> EntryInput:
@@ -35,7 +39,10 @@ def prompt(prompt: dict[str, Any]) -> EntryInput:
 
 def transcription_prompt(prompt: dict[str, Any]) -> EntryInput:
     """One clip to transcribe (Voxtral's transcription prompt, the language left to the model)."""
-    audios = _audios(prompt.get("multi_modal_data") or {})
-    if len(audios) != 1:
-        raise FieldError("prompt.multi_modal_data.audio", f"a transcription takes one clip, got {len(audios)}")
-    return EntryInput("thinker", {"audios": audios, "task": TRANSCRIBE_TASK})
+    from omnipipe.util.media import load_audio
+
+    clips = _clips(prompt.get("multi_modal_data") or {})
+    if len(clips) != 1:
+        raise FieldError(AUDIO_FIELD, f"a transcription takes one clip, got {len(clips)}")
+    # named as the one clip it is (the transcription endpoint's ``file``), not as the first of several
+    return EntryInput("thinker", {"audios": [load_audio(clips[0], AUDIO_FIELD)], "task": TRANSCRIBE_TASK})

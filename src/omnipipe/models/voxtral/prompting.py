@@ -72,9 +72,13 @@ class VoxtralPrompts:
     def text_ids(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def window_count(self, samples: int) -> int:
+        """The 30 s windows a clip of ``samples`` fills (its last one zero-padded; an empty clip still one)."""
+        return max(1, -(-samples // self.window_samples))
+
     def windows(self, samples: np.ndarray) -> torch.Tensor:
         """A clip's log-mel windows [windows, mel bins, frames], the clip zero-padded to whole windows."""
-        count = max(1, -(-len(samples) // self.window_samples))
+        count = self.window_count(len(samples))
         padded = np.zeros(count * self.window_samples, dtype=np.float32)
         padded[:len(samples)] = samples
         features = self.feature_extractor(padded, sampling_rate=self.sample_rate_hz, return_tensors="pt",

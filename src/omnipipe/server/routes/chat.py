@@ -288,7 +288,11 @@ def _sampling_params(body: ChatCompletionRequest, pipeline: PipelineSpec, shape:
         top["stop"] = [body.stop] if isinstance(body.stop, str) else body.stop
     per_stage: dict[str, dict[str, Any]] = {comprehension: top} if top else {}
     extension = body.omnipipe.sampling_params if body.omnipipe is not None else {}
-    field_map: dict[str, str] = {"prompt.multi_modal_data": "messages", "prompt": "messages"}
+    field_map: dict[str, str] = {"prompt.multi_modal_data": "messages", "prompt": "messages",
+                                 # what a stage finds too long for the answer's cap (its KV, its context)
+                                 "sampling_params.max_tokens": ("max_completion_tokens"
+                                                                if body.max_completion_tokens is not None
+                                                                else "max_tokens")}
     for stage, fields in extension.items():
         if stage not in pipeline.stage_names:
             param = f"omnipipe.sampling_params.{stage}"

@@ -7,7 +7,7 @@ position gives the first text token (before any user audio). Each step then, for
 frame is there, together: the depth decoder's codes from each one's last hidden state and text token
 (``modeling/depth.py``), then one forward of the temporal transformer over the stage's paged KV cache
 (``stage/batched_decoder.py``), each row at its own position (its column). A session whose next user frame has not
-arrived waits outside the batch (``WAITING_FOR_CHUNK``) and is woken when it comes (``live_streams.py``).
+arrived waits outside the batch (``WAITING_FOR_CHUNK``) and is woken when it comes (``stage/live_audio.py``).
 
 The user's frames come from (a request item's key, one of): ``stream`` (the id of a live stream appended to with
 ``AsyncOmni.append_audio``, 16 kHz; the session ends when the stream is dropped or its session ended), ``audio`` (a
@@ -34,7 +34,6 @@ import numpy as np
 import torch
 
 from omnipipe.models.mimi.modeling.stream import MimiEncodeStream, check_codes
-from omnipipe.models.moshi.live_streams import LiveStreams
 from omnipipe.models.moshi.modeling.columns import ColumnEmbedder, Layout, delayed
 from omnipipe.models.moshi.modeling.depth import BatchedDepthDecoder
 from omnipipe.models.moshi.modeling.user_audio import INPUT_RATE_HZ, HeardAudio, UserFrames, silence_codes
@@ -43,6 +42,7 @@ from omnipipe.models.moshi.pipeline import FRAME_RATE_HZ
 from omnipipe.models.moshi.weights.load import load_config, load_model, load_tokenizer, model_sampling
 from omnipipe.stage.batched_decoder import BatchedDecoderRunner, DecodeState
 from omnipipe.stage.checkpoint_options import checked_options, compile_if
+from omnipipe.stage.live_audio import LiveAudioRunner, LiveStreams
 from omnipipe.stage.prompt_pieces import PromptPieces
 from omnipipe.stage.request import RequestStatus, StageRequest
 from omnipipe.stage.runner import RunnerOutput
@@ -79,7 +79,7 @@ class MoshiDuplexState(DecodeState):
         return saved
 
 
-class MoshiDuplexRunner(BatchedDecoderRunner):
+class MoshiDuplexRunner(LiveAudioRunner, BatchedDecoderRunner):
     options: MoshiDuplexOptions
 
     def load(self) -> None:
@@ -106,20 +106,6 @@ class MoshiDuplexRunner(BatchedDecoderRunner):
         self.streams = LiveStreams(lambda: HeardAudio(MimiEncodeStream(self.mimi, self.layout.codebooks)),
                                    self.max_audio_streams, int(self.max_audio_stream_s * INPUT_RATE_HZ))
         self.make_kv_cache(config, self.options, dtype, 0, self.decoder)
-
-    # -------------------------------------------------------------------------------------- the user's audio
-    def append_audio(self, stream_id: str, session_id: str | None, pcm16k: np.ndarray, seq: int) -> None:
-        self.streams.append(stream_id, session_id, seq, pcm16k)
-
-    def drop_audio_stream(self, stream_id: str) -> None:
-        self.streams.close(stream_id)
-
-    def end_session(self, session_id: str) -> None:
-        self.streams.end_session(session_id)
-        super().end_session(session_id)
-
-    def woken_requests(self) -> list[str]:
-        return self.streams.woken()
 
     def validate(self, params: dict[str, Any]) -> str | None:
         if params.get("stop"):
@@ -301,7 +287,3 @@ class MoshiDuplexRunner(BatchedDecoderRunner):
         fields = self._frame_fields(extra)
         fields["data"] = {**fields.get("data", {}), "token": token}
         return RunnerOutput.decoded(request.request_id, None, text_delta=delta, **fields)
-
-    def free(self, request: StageRequest) -> None:
-        self.streams.release(request.request_id)
-        super().free(request)

@@ -64,6 +64,8 @@ class VoxtralThinkerRunner(BatchedDecoderRunner):
         self.inputs = VoxtralPrompts(directory, config)
         self.audio_token_id = int(config.audio_token_id)
         self.eos_ids = {self.inputs.ids[EOS]}
+        # the positions the language model was made for: a prompt and its answer past them are refused, not answered
+        self.context_tokens = int(config.text_config.max_position_embeddings)
         self.make_kv_cache(config.text_config, self.options, dtype, self.options.max_new_tokens, self.decoder)
         self.prompts: BackgroundPrompts[dict[str, Any]] = BackgroundPrompts(self._process)
 
@@ -80,15 +82,39 @@ class VoxtralThinkerRunner(BatchedDecoderRunner):
         language = (request.params.get("extra") or {}).get("language")  # a transcription's (its stage checked it)
         if language is not None:
             item = {**item, "language": language}
+        max_tokens = int(given_params(request.params).get("max_tokens", self.options.max_new_tokens))
+        windows = sum(self.inputs.window_count(len(samples)) for samples in item.get("audios") or [])
+        self._check_context(windows * self.inputs.tokens_per_window, windows, max_tokens)  # before the mel features
         try:
             processed: dict[str, Any] = dict(self.inputs(item))
         except FieldError:
             raise
         except (ValueError, RuntimeError) as exc:
             raise FieldError("prompt.multi_modal_data", f"cannot be processed: {exc}") from None
+        self._check_context(int(processed["input_ids"].shape[1]), windows, max_tokens)
         if item.get("task") == TRANSCRIBE_TASK:
             processed["clip_s"] = len(item["audios"][0]) / self.inputs.sample_rate_hz
         return processed
+
+    def _check_context(self, prompt_tokens: int, windows: int, max_tokens: int) -> None:
+        """A prompt of ``prompt_tokens`` (``windows`` of them 30 s audio windows) and up to ``max_tokens`` of answer
+        must fit the model's context; else a FieldError naming the audio (when it has some), saying how much fits."""
+        if prompt_tokens + max_tokens <= self.context_tokens:
+            return
+        context = f"the model's context of {self.context_tokens} tokens"
+        if windows:
+            per_window = self.inputs.tokens_per_window
+            window_s = self.inputs.window_samples / self.inputs.sample_rate_hz
+            other = prompt_tokens - windows * per_window
+            fit = max(0, (self.context_tokens - other - max_tokens) // per_window)
+            raise FieldError("prompt.multi_modal_data.audio",
+                             f"{windows} windows of {window_s:g} s of audio ({windows * per_window} tokens), "
+                             f"{other} other prompt tokens and up to {max_tokens} of answer exceed {context}: give at "
+                             f"most {fit * window_s:g} s of audio (or a lower max_tokens)")
+        if prompt_tokens >= self.context_tokens:
+            raise FieldError("prompt", f"{prompt_tokens} tokens exceed {context}")
+        raise FieldError("sampling_params.max_tokens", f"{prompt_tokens} prompt tokens and up to {max_tokens} of "
+                         f"answer exceed {context}: ask for at most {self.context_tokens - prompt_tokens}")
 
     # ------------------------------------------------------------------------------------------------ prefill
     def _start(self, request: StageRequest, processed: dict[str, Any]) -> RunnerOutput | None:
