@@ -9,7 +9,7 @@ The step (``execute``), written once: every request of the batch not yet prefill
 within the step's ``prefill_chunk_tokens`` budget; the prefilled ones whose next input is there decode together in
 one forward; then one sampling over every row that has logits, and each row's output. A family supplies the hooks
 (and may size a step's prefill otherwise: ``prefill_budget``):
-``prefill_piece`` (its prompt, reserved with ``reserve`` and fed with ``self.kv.bind`` and ``self.kv.step_inputs``),
+``prefill_piece`` (its prompt, reserved with ``reserve`` and fed piece by piece with ``feed_piece``),
 ``decode_input`` (what a row's next step reads besides its last token, or that it must wait), ``decode`` (the
 batch's forward), ``emit`` (a sampled token's output: stop, cap, hand-off) and ``suppress`` (ids never sampled).
 Whether a request decodes is its own ``prefilled`` flag, not the scheduler's guess: a request whose first input
@@ -17,7 +17,7 @@ came while it was parked is prefilled in whatever step it is in."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +150,27 @@ class BatchedDecoderRunner(StageRunner):
     def prefill_budget(self) -> int:
         """Prompt tokens one step may prefill, over all its requests (the option ``prefill_chunk_tokens``)."""
         return self.options.prefill_chunk_tokens
+
+    def feed_piece(self, request: StageRequest, pieces: PromptPieces, budget: int,
+                   forward: Callable[[dict[str, Any]], Any],
+                   hidden_states: Callable[[Any], tuple[torch.Tensor, ...] | None] = lambda out: None,
+                   ) -> tuple[Any, int]:
+        """Feed the next piece of ``request``'s prompt ``pieces`` (at most ``budget`` tokens) through ``forward``
+        (the decoder's keyword arguments for the piece -> its output), bound to the request's KV rows, keeping the
+        hidden states ``hidden_states`` picks from the output (the layers the pieces keep): the output of the last
+        piece and the tokens fed, the request then prefilled; None while pieces remain (or no budget is left), the
+        step's answer being PREFILLING."""
+        if budget < 1:
+            return None, 0
+        piece = pieces.next_piece(budget)
+        tokens = int(piece["inputs_embeds"].shape[1])
+        self.kv.bind([request.request_id], tokens)
+        out = forward(piece)
+        pieces.record(tokens, hidden_states(out))
+        if pieces.remaining:
+            return None, tokens
+        request.prefilled = True
+        return out, tokens
 
     # ------------------------------------------------------------------------------------------------ the step
     @torch.inference_mode()

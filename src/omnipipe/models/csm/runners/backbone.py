@@ -218,18 +218,12 @@ class CsmBackboneRunner(BatchedDecoderRunner):
         state: CsmBackboneState = request.runner_state
         pieces = state.prompt
         assert pieces is not None  # set by _start, cleared once the request is prefilled
-        if budget < 1:
-            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
-        piece = pieces.next_piece(budget)
-        tokens = int(piece["inputs_embeds"].shape[1])
-        self.kv.bind([request.request_id], tokens)
-        out = self.backbone(**piece, **self.kv.step_inputs())
-        pieces.record(tokens, None)
-        if pieces.remaining:
+        out, tokens = self.feed_piece(request, pieces, budget, lambda piece: self.backbone(**piece,
+                                                                                           **self.kv.step_inputs()))
+        if out is None:
             return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
         state.prompt = None
         state.hidden = out.last_hidden_state[0, -1]
-        request.prefilled = True
         return self.model.lm_head(state.hidden), tokens
 
     # ------------------------------------------------------------------------------------------------- steps

@@ -216,19 +216,13 @@ class Qwen25TalkerRunner(BatchedDecoderRunner):
             if waiting is not None:
                 return waiting, 0
         state: Qwen25TalkerState = request.runner_state
-        if budget < 1:
-            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
         pieces = state.pieces
         assert pieces is not None  # made by _start, cleared once the request is prefilled
-        piece = pieces.next_piece(budget)
-        tokens = int(piece["inputs_embeds"].shape[1])
-        self.kv.bind([request.request_id], tokens)
-        logits = self._forward(piece["inputs_embeds"], piece["position_ids"])
-        pieces.record(tokens, None)
-        if pieces.remaining:
+        logits, tokens = self.feed_piece(request, pieces, budget,
+                                         lambda piece: self._forward(piece["inputs_embeds"], piece["position_ids"]))
+        if logits is None:
             return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
         state.pieces = None
-        request.prefilled = True
         return logits[0], tokens
 
     # ------------------------------------------------------------------------------------------------- steps

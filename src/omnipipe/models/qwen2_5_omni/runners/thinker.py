@@ -222,21 +222,16 @@ class Qwen25ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
             if waiting is not None:
                 return waiting, 0
         state: Qwen25ThinkerState = request.runner_state
-        if budget < 1:
-            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
         pieces, handoff = state.prompt, state.handoff
         assert pieces is not None and handoff is not None  # set by _start, cleared once the request is prefilled
-        piece = pieces.next_piece(budget)
-        tokens = int(piece["inputs_embeds"].shape[1])
-        self.kv.bind([request.request_id], tokens)
-        out = self.decoder(**piece, **self.kv.step_inputs())
-        pieces.record(tokens, (out.last_hidden_state,))  # the last layer's hidden states: the decoder's output
-        if pieces.remaining:
+        out, tokens = self.feed_piece(  # the last layer's hidden states kept: the decoder's output
+            request, pieces, budget, lambda piece: self.decoder(**piece, **self.kv.step_inputs()),
+            hidden_states=lambda out: (out.last_hidden_state,))
+        if out is None:
             return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
         self.kv.set_extras(request.request_id, {-1: pieces.gathered(-1)})
         state.handoff = dataclasses.replace(handoff, hidden=pieces.gathered(-1).float().cpu())
         state.prompt = None
-        request.prefilled = True
         return self.model.lm_head(out.last_hidden_state[0, -1]), tokens
 
     # ------------------------------------------------------------------------------------------------- steps

@@ -258,19 +258,13 @@ class Qwen3TalkerRunner(BatchedDecoderRunner):
                 return waiting, 0
         pieces = state.pieces
         assert pieces is not None  # set by _start, cleared once the request is prefilled
-        if budget < 1:
-            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
-        piece = pieces.next_piece(budget)
-        tokens = int(piece["inputs_embeds"].shape[1])
-        self.kv.bind([request.request_id], tokens)
-        out = self.model.model(**piece, **self.kv.step_inputs())
-        pieces.record(tokens, None)
-        if pieces.remaining:
+        out, tokens = self.feed_piece(request, pieces, budget, lambda piece: self.model.model(**piece,
+                                                                                              **self.kv.step_inputs()))
+        if out is None:
             return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
         state.last_position = pieces.position_ids[:, 0, -1]
         state.last_hidden = out.last_hidden_state[0, -1]
         state.pieces = None
-        request.prefilled = True
         return self.model.codec_head(out.last_hidden_state[0, -1]), tokens
 
     # ------------------------------------------------------------------------------------------------- steps

@@ -223,14 +223,11 @@ class Qwen3ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
         state: Qwen3ThinkerState = request.runner_state
         pieces, handoff = state.prompt, state.handoff
         assert pieces is not None and handoff is not None  # set by _start, cleared once the request is prefilled
-        if budget < 1:
-            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
-        piece = pieces.next_piece(budget)
-        tokens = int(piece["inputs_embeds"].shape[1])
-        self.kv.bind([request.request_id], tokens)
-        out = self.decoder(**piece, **self.kv.step_inputs(), output_hidden_states=True)
-        pieces.record(tokens, out.hidden_states)
-        if pieces.remaining:
+        out, tokens = self.feed_piece(
+            request, pieces, budget, lambda piece: self.decoder(**piece, **self.kv.step_inputs(),
+                                                                output_hidden_states=True),
+            hidden_states=lambda out: out.hidden_states)
+        if out is None:
             return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
         state.last_position = pieces.position_ids[:, 0, -1]
         self.kv.set_extras(request.request_id, {layer: pieces.gathered(layer) for layer in pieces.keep})
@@ -239,7 +236,6 @@ class Qwen3ThinkerRunner(AudioStreamRunner, BatchedDecoderRunner):
         state.handoff = dataclasses.replace(handoff, embeds=embeds.float().cpu(),
                                             mm_hidden=pieces.gathered(self.accept_layer)[mm].float().cpu())
         state.prompt = None
-        request.prefilled = True
         return self.model.lm_head(out.last_hidden_state[0, -1]), tokens
 
     # ------------------------------------------------------------------------------------------------- steps

@@ -240,18 +240,12 @@ class VoxtralRealtimeRunner(LiveAudioRunner, BatchedDecoderRunner):
                 return waiting, 0
         pieces = state.prompt
         assert pieces is not None  # set above, cleared once the request is prefilled
-        if budget < 1:
-            return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), 0
-        piece = pieces.next_piece(budget)
-        tokens = int(piece["inputs_embeds"].shape[1])
-        self.kv.bind([request.request_id], tokens)
-        hidden = self._forward(piece["inputs_embeds"], piece["position_ids"])
-        pieces.record(tokens, None)
+        hidden, tokens = self.feed_piece(request, pieces, budget,
+                                         lambda piece: self._forward(piece["inputs_embeds"], piece["position_ids"]))
         state.position += tokens
-        if pieces.remaining:
+        if hidden is None:
             return RunnerOutput(request.request_id, status=RequestStatus.PREFILLING), tokens
         state.prompt = None
-        request.prefilled = True
         return self.model.lm_head(hidden[0, -1]), tokens
 
     # ------------------------------------------------------------------------------------------------- steps
