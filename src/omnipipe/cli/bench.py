@@ -24,6 +24,7 @@ SUITES = {
     "hearing": "omnipipe.bench.hearing",
     "streaming-audio": "omnipipe.bench.streaming_audio",
     "max-num-seqs": "omnipipe.bench.max_num_seqs",
+    "speech-families": "omnipipe.bench.speech_families",
     "tools": "omnipipe.bench.tools",
     "prefix-cache": "omnipipe.bench.prefix_cache",
     "sampler": "omnipipe.bench.sampler",
@@ -51,7 +52,9 @@ _SUITES_HELP = (
     "streaming-audio: a Qwen-Omni thinker's audio features and encoder output made as the clip streams in against "
     "the whole clip at its end: ms left after the last append, and the difference; "
     "max-num-seqs: 8 requests at once through "
-    "AsyncOmni with every stage's max_num_seqs 8 vs 1, both Qwen-Omni families; tools: the default thinker's tool "
+    "AsyncOmni with every stage's max_num_seqs 8 vs 1, both Qwen-Omni families; speech-families: the same for "
+    "csm, voxtral, voxtral_realtime and moshi (frames/s, tokens/s, audio s/s), and their parameter counts at "
+    "--size released; tools: the default thinker's tool "
     "decisions, functions, arguments and JSON validity on 24 prompts, constrained vs free decoding, and the "
     "grammar's cost per decode step; prefix-cache: the default thinker's prefix cache on and off side by side (a "
     "server each): a 3-turn chat with a ~600-token system prompt and a second conversation with the same one, "
