@@ -1,5 +1,6 @@
 """Mimi streamed: a tiny random ``MimiModel`` (the released geometry, filled codebooks) decoded chunk by chunk equals
-one ``MimiModel.decode`` for several chunkings, and one step less context than the modules say is not exact; the
+one ``MimiModel.decode`` for several chunkings, alone and decoded together with other streams; losing any
+carried SEANet state column or the latent context is not exact; the
 streaming encoder's codes are bit-equal to one ``encode`` for uneven pieces of samples; the decoder stage, fed
 ``frames_async_chunk`` windows of two interleaved requests, gives each the whole decode's audio; bad codes and params
 are refused by name; a request's state is freed; a CSM and a Moshi checkpoint load their Mimi by their layout."""
@@ -21,7 +22,9 @@ from omnipipe.models.mimi.modeling.stream import (
     MimiDecodeGeometry,
     MimiDecodeStream,
     MimiEncodeStream,
+    decode_together,
     mimi_decode_geometry,
+    seanet_state_widths,
 )
 from omnipipe.models.mimi.runners.decoder import SAMPLE_RATE_HZ, MimiDecoderRunner
 from omnipipe.models.mimi.weights.tiny import fill_codebooks, tiny_mimi_config, write_tiny_checkpoint
@@ -114,6 +117,11 @@ def test_geometry_is_read_from_the_modules(model: Any) -> None:
     with torch.device("meta"):
         other = MimiModel(MimiConfig(**tiny_mimi_config(**OTHER_STRUCTURE)))
     assert mimi_decode_geometry(other).seanet_context_steps == 12
+    # the SEANet state: the first k7 convolution's 6 inputs, then per upsampling ratio r (8, 6, 5, 4) the
+    # transposed convolution's r-sample tail and the residual block's k3 convolution's 2 inputs (its 1x1 one carries
+    # nothing; the shortcut is an identity), the last k3 convolution's 2 inputs
+    assert seanet_state_widths(released) == (6, 8, 2, 0, 6, 2, 0, 5, 2, 0, 4, 2, 0, 2)
+    assert seanet_state_widths(model) == seanet_state_widths(released)
 
 
 def test_the_decode_is_whole_frames_and_the_codebooks_matter(model: Any, codes: torch.Tensor,
@@ -133,20 +141,33 @@ def test_streamed_decode_equals_the_whole_decode(model: Any, codes: torch.Tensor
 
 
 @pytest.mark.parametrize("structure", [{}, OTHER_STRUCTURE], ids=["released", "other"])
-def test_the_context_the_modules_give_is_the_least_that_is_exact(structure: dict[str, Any]) -> None:
+def test_the_state_the_modules_give_is_the_least_that_is_exact(structure: dict[str, Any]) -> None:
+    """Exact with the upsampling context and the SEANet state the modules give; off with one latent frame less, or
+    with the oldest carried column of any one SEANet layer's state lost (zeroed) at a seam."""
     model = model_of(structure)  # built once per structure
     codes = random_codes(24, seed=3)
     whole = whole_decode(model, codes)
     geometry = mimi_decode_geometry(model)
     chunks = [3] * 8
 
-    def error(**change: int) -> float:
-        stream = MimiDecodeStream(model, geometry=dataclasses.replace(geometry, **change))
-        return relative_error(streamed(stream, codes, chunks), whole)
+    def error(geometry: MimiDecodeGeometry = geometry, lose: int | None = None) -> float:
+        stream = MimiDecodeStream(model, geometry=geometry)
+        pieces = [stream.decode(codes[:, :9])]
+        if lose is not None:  # the state after frame 9 with one layer's oldest column zeroed
+            state = stream.snapshot()
+            layers = list(state.seanet)  # type: ignore[attr-defined]
+            layers[lose] = layers[lose].clone()
+            layers[lose][..., 0] = 0
+            stream.restore(dataclasses.replace(state, seanet=tuple(layers)))  # type: ignore[type-var]
+        return relative_error(torch.cat([*pieces, streamed(stream, codes[:, 9:], chunks[3:])]), whole)
 
+    widths = seanet_state_widths(model)
     assert error() < BOUND
-    assert error(seanet_context_steps=geometry.seanet_context_steps - 1) > 1e-2
-    assert error(upsample_context_frames=0) > 1e-2
+    assert error(dataclasses.replace(geometry, upsample_context_frames=0)) > 1e-2
+    carried = [layer for layer, width in enumerate(widths) if width]
+    assert len(carried) == (10 if not structure else 14)  # the 1x1 convolutions carry nothing
+    for layer in carried:
+        assert error(lose=layer) > 100 * BOUND, f"layer {layer} of widths {widths}"
 
 
 def test_snapshot_and_restore_undo_a_decode(model: Any, codes: torch.Tensor, whole: torch.Tensor) -> None:
@@ -158,6 +179,26 @@ def test_snapshot_and_restore_undo_a_decode(model: Any, codes: torch.Tensor, who
     assert stream.frames_decoded == 9
     rest = stream.decode(codes[:, 9:])
     assert relative_error(torch.cat([first, rest]), whole) < BOUND
+
+
+def test_streams_decoded_together_equal_their_whole_decodes(model: Any) -> None:
+    """Rows at different frames with equal and unequal chunk lengths share a step; a bad row refuses the step before
+    any stream changes."""
+    codes = [random_codes(12, seed=20 + row) for row in range(3)]
+    streams = [MimiDecodeStream(model) for _ in codes]
+    got: list[list[torch.Tensor]] = [[streams[0].decode(codes[0][:, :3])], [], []]  # row 0 three frames ahead
+    with pytest.raises(FieldError, match="outside"):
+        decode_together(streams, [codes[0][:, 3:4], codes[1][:, :1], torch.full((QUANTIZERS, 1), -1)])
+    assert [s.frames_decoded for s in streams] == [3, 0, 0]
+    while streams[1].frames_decoded < 12:
+        sizes = [1 if row != 2 or streams[2].frames_decoded % 4 else 2 for row in range(3)]
+        pieces = [c[:, s.frames_decoded: s.frames_decoded + size]
+                  for c, s, size in zip(codes, streams, sizes, strict=True)]
+        for row, wave in enumerate(decode_together(streams, pieces)):
+            got[row].append(wave)
+    for row in range(3):
+        done = streams[row].frames_decoded
+        assert relative_error(torch.cat(got[row]), whole_decode(model, codes[row][:, :done])) < BOUND
 
 
 def test_fewer_codebooks_decode_as_the_whole_decode_of_them(model: Any, codes: torch.Tensor) -> None:

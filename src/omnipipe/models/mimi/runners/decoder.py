@@ -2,8 +2,9 @@
 audio out. Each request keeps a ``MimiDecodeStream`` (``modeling/stream.py``) from its first chunk until it is freed,
 so its audio, chunk after chunk, equals one ``MimiModel.decode`` of all its frames, whatever the chunk sizes and the
 edge's ``left_context_frames`` (0 is enough: the stream carries its own context; context frames a chunk repeats
-are skipped, and lookahead frames are left for the chunk that brings them as new). Requests are decoded one after
-the other within a step (each its own transformer positions and KV cache).
+are skipped, and lookahead frames are left for the chunk that brings them as new). A step's requests are decoded
+together (``decode_together``): those with equal new-frame counts (all of them, for Moshi's 1-frame chunks) share
+the upsampling and the SEANet pass; the transformer runs per request (each its own positions and KV cache).
 
 Stage options: ``MimiDecoderOptions`` (``options.py``). It takes no SamplingParams."""
 
@@ -17,7 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.models.mimi.modeling.stream import MimiDecodeStream, check_codes, mimi_decode_geometry
+from omnipipe.models.mimi.modeling.stream import (
+    MimiDecodeStream,
+    check_codes,
+    decode_together,
+    mimi_decode_geometry,
+)
 from omnipipe.models.mimi.options import MimiDecoderOptions
 from omnipipe.models.mimi.weights.load import checkpoint_num_codebooks, load_config, load_mimi, mimi_layout
 from omnipipe.stage.checkpoint_options import checked_options
@@ -115,8 +121,9 @@ class MimiDecoderRunner(StageRunner):
 
     @torch.inference_mode()
     def execute(self, batch: list[StageRequest]) -> list[RunnerOutput]:
-        outputs = []
-        for request in batch:
+        outputs: list[RunnerOutput | None] = [None] * len(batch)
+        work: list[tuple[int, MimiDecodeStream, torch.Tensor]] = []  # (place in the batch, stream, new codes)
+        for place, request in enumerate(batch):
             chunk = request.take_input()
             assert chunk is not None  # a generation stage's request is scheduled with an input chunk (StageRunner)
             stream = self._stream(request)
@@ -124,13 +131,15 @@ class MimiDecoderRunner(StageRunner):
                 codes = FrameWindow.from_chunk(chunk, self.model.config, self.num_codebooks).frames_from(
                     stream.frames_decoded)
             except FieldError as error:
-                outputs.append(RunnerOutput.failed(request.request_id, error.rule, error.field))
+                outputs[place] = RunnerOutput.failed(request.request_id, error.rule, error.field)
                 continue
-            wave = stream.decode(codes)
-            outputs.append(RunnerOutput(request.request_id, num_units=codes.shape[1],
-                                        audio=np.ascontiguousarray(wave.float().cpu().numpy(), np.float32),
-                                        playback_s=wave.shape[0] / SAMPLE_RATE_HZ))
-        return outputs
+            work.append((place, stream, codes))
+        waves = decode_together([stream for _, stream, _ in work], [codes for _, _, codes in work])
+        for (place, _, codes), wave in zip(work, waves, strict=True):
+            outputs[place] = RunnerOutput(batch[place].request_id, num_units=codes.shape[1],
+                                          audio=np.ascontiguousarray(wave.float().cpu().numpy(), np.float32),
+                                          playback_s=wave.shape[0] / SAMPLE_RATE_HZ)
+        return [output for output in outputs if output is not None]
 
     def snapshot(self, request: StageRequest) -> Any:
         """The stream's state (a decode binds a new one); None before its first chunk."""
