@@ -104,6 +104,10 @@ class ServingTraits:
     # a full-duplex family (Moshi): a request is a live session hearing an audio stream (``AsyncOmni.append_audio``)
     # while it speaks, until the stream is dropped; its text and audio stream out as the user's audio comes in
     duplex: bool = False
+    # a transcription pipeline that transcribes live (Voxtral Realtime): a request hears an audio stream
+    # (``AsyncOmni.append_audio``) and streams its text as the audio comes, until the stream is dropped; its realtime
+    # sessions are transcription sessions (``server/routes/realtime/transcription_session.py``)
+    live_transcriber: bool = False
     # a transcription pipeline's ``language`` (ISO 639-1 codes; ``/v1/audio/transcriptions``): those it takes, and the
     # (stage, extra key) a given one goes to; None there: it transcribes its one language without being told (the
     # default, whisper tiny.en: English)

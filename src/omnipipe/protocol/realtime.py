@@ -80,6 +80,7 @@ class ServerEvent:
     CONVERSATION_ITEM_TRUNCATED = "conversation.item.truncated"
     CONVERSATION_ITEM_DELETED = "conversation.item.deleted"
     CONVERSATION_ITEM_RETRIEVED = "conversation.item.retrieved"
+    INPUT_AUDIO_TRANSCRIPTION_DELTA = "conversation.item.input_audio_transcription.delta"
     INPUT_AUDIO_TRANSCRIPTION_COMPLETED = "conversation.item.input_audio_transcription.completed"
     INPUT_AUDIO_TRANSCRIPTION_FAILED = "conversation.item.input_audio_transcription.failed"
     RESPONSE_CREATED = "response.created"
@@ -295,6 +296,35 @@ class SessionConfig(BaseModel):
     prompt: None = Field(None, description="not supported: only null (omnipipe keeps no stored prompts)")
 
 
+class TranscriptionAudioInput(BaseModel):
+    """A transcription session's ``audio.input`` (GA ``session.type`` ``transcription``)."""
+
+    model_config = _FIELDS
+    format: PcmFormat = PcmFormat()
+    transcription: InputAudioTranscription | None = Field(
+        None, description="model: echoed (the server's pipeline transcribes); language: checked against the "
+        "pipeline's (the model hears it); null is refused (a transcription session always transcribes)")
+    noise_reduction: NoiseReduction | None = Field(None, description="accepted; no effect here")
+    turn_detection: ServerVad | None = Field(None, description="only null: the client commits each turn "
+                                             "(input_audio_buffer.commit)")
+
+
+class TranscriptionAudioConfig(BaseModel):
+    model_config = _FIELDS
+    input: TranscriptionAudioInput = TranscriptionAudioInput()
+
+
+class TranscriptionSessionConfig(BaseModel):
+    """GA ``session.update``'s ``session`` in a transcription session (a server whose pipeline transcribes live,
+    ``ServingTraits.live_transcriber``): only the fields given change."""
+
+    model_config = _FIELDS
+    type: Literal["transcription"]
+    audio: TranscriptionAudioConfig = TranscriptionAudioConfig()
+    include: list[Literal["item.input_audio_transcription.logprobs"]] | None = Field(
+        None, description="accepted; no effect (transcription events carry no logprobs)")
+
+
 class BetaTurnDetection(ServerVad):
     pass
 
@@ -389,6 +419,11 @@ class _Event(BaseModel):
 class SessionUpdate(_Event):
     type: Literal["session.update"]
     session: SessionConfig
+
+
+class TranscriptionSessionUpdate(_Event):
+    type: Literal["session.update"]
+    session: TranscriptionSessionConfig
 
 
 class BetaSessionUpdate(_Event):
@@ -488,5 +523,7 @@ CLIENT_EVENT: TypeAdapter[Any] = _adapter((SessionUpdate, ResponseCreate, *_COMM
 """Validates one decoded GA client event (``CLIENT_EVENT.validate_python(obj)``) into its model."""
 BETA_CLIENT_EVENT: TypeAdapter[Any] = _adapter((BetaSessionUpdate, BetaResponseCreate, *_COMMON))
 """The same for the beta dialect."""
+TRANSCRIPTION_CLIENT_EVENT: TypeAdapter[Any] = _adapter((TranscriptionSessionUpdate, ResponseCreate, *_COMMON))
+"""The same for a GA transcription session (its ``session.update`` takes ``type: transcription``)."""
 CLIENT_EVENT_MODELS: dict[str, type[_Event]] = _by_type((SessionUpdate, ResponseCreate, *_COMMON))
 """The model of each GA client event type."""

@@ -252,3 +252,25 @@ def part_type(dialect: str, spoken: bool) -> str:
     if dialect == GA:
         return "output_audio" if spoken else "output_text"
     return "audio" if spoken else "text"
+
+
+@dataclass
+class TranscriptionSettings:
+    """A transcription session's settings (GA ``session.type`` ``transcription``): what ``session.update`` sets,
+    echoed in ``session.created/updated``. The turns are committed by the client (no turn detection)."""
+
+    model: str  # echoed: the server's pipeline transcribes whatever the client names
+    language: str | None = None  # checked against the pipeline's languages, as its ISO 639-1 code
+    noise_reduction: dict[str, str] | None = None  # accepted and echoed; no effect
+    include: list[str] | None = None  # accepted and echoed; no effect
+
+
+def transcription_session_object(settings: TranscriptionSettings, session_id: str) -> dict[str, Any]:
+    """A transcription session as ``session.created`` / ``session.updated`` show it (GA)."""
+    return {
+        "type": "transcription", "object": "realtime.transcription_session", "id": session_id,
+        "audio": {"input": {"format": _pcm(), "noise_reduction": settings.noise_reduction, "turn_detection": None,
+                            "transcription": {"model": settings.model, "language": settings.language,
+                                              "prompt": None}}},
+        "include": settings.include,
+    }

@@ -6,7 +6,8 @@ Live: start a session with ``AsyncOmni.generate({"multi_modal_data": {"audio": [
 may be appended to before or after), append the user's audio with ``AsyncOmni.append_audio(id, pcm16k)`` (float32
 mono at 16 kHz, any piece sizes), read the transcript's text deltas as they come (the first once the clip's first
 560 ms are heard, then one token a 80 ms heard, 480 ms behind), and end it with ``AsyncOmni.drop_audio_stream(id)``
-(or ``end_session``): the transcript then ends as the whole clip's does."""
+(or ``end_session``): the transcript then ends as the whole clip's does. A ``/v1/realtime`` session on it is a
+transcription session, each committed turn one such request (``server/routes/realtime/transcription_session.py``)."""
 
 from omnipipe.config.pipeline_spec import PipelineSpec, ServingTraits, StageSpec
 
@@ -28,5 +29,6 @@ PIPELINE = PipelineSpec(
     model_stages=("transcriber",),
     weights_status=f"{_P}.weights.load:weights_status",
     # one audio token per 80 ms at every position
-    serving=ServingTraits(transcription_languages=LANGUAGES, audio_tokens_per_s=12.5, chat=False),
+    serving=ServingTraits(transcription_languages=LANGUAGES, audio_tokens_per_s=12.5, chat=False,
+                          live_transcriber=True),
 )

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from omnipipe.protocol.realtime import BETA_CLIENT_EVENT, CLIENT_EVENT, GA
 from omnipipe.server.errors import from_validation_errors
@@ -44,13 +44,15 @@ def new_item_id() -> str:
     return f"item_{uuid.uuid4().hex[:24]}"
 
 
-def parse_event(raw: Any, dialect: str, supported: Iterable[str]) -> Any:
-    """A decoded client frame -> its event model (the dialect's schema in ``protocol.realtime``), or the
+def parse_event(raw: Any, dialect: str, supported: Iterable[str], schema: TypeAdapter[Any] | None = None) -> Any:
+    """A decoded client frame -> its event model (``schema``, else the dialect's in ``protocol.realtime``), or the
     EventError naming the field the schema refuses (an unknown type lists the ``supported`` ones)."""
     if not isinstance(raw, dict):
         raise EventError("the event must be a JSON object", code="invalid_event")
+    if schema is None:
+        schema = CLIENT_EVENT if dialect == GA else BETA_CLIENT_EVENT
     try:
-        return (CLIENT_EVENT if dialect == GA else BETA_CLIENT_EVENT).validate_python(raw)
+        return schema.validate_python(raw)
     except ValidationError as exc:
         errors = exc.errors()
     kinds = {error["type"] for error in errors}

@@ -1,7 +1,9 @@
 """One realtime WebSocket's session: its settings (``session.update``, checked against the pipeline), the parts it
 is split into and wires together, the loop that reads client events and hands each to the part of the session that
 handles it (and tells the turn controller of those that change what a tentative answer was planned from), and the
-one way events are sent (renamed for the beta dialect)."""
+one way events are sent (renamed for the beta dialect). A duplex family's session (``duplex.py``) and a live
+transcriber's transcription session (``transcription_session.py``) take over the events they handle and refuse the
+rest by name."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from omnipipe.api.async_omni import AsyncOmni
 from omnipipe.config.pipeline_spec import PipelineSpec
-from omnipipe.protocol.realtime import BETA, BETA_NAMES, GA, ClientEvent, ServerEvent
+from omnipipe.protocol.realtime import BETA, BETA_NAMES, GA, TRANSCRIPTION_CLIENT_EVENT, ClientEvent, ServerEvent
 from omnipipe.protocol.worker import CLOSE_NORMAL
 from omnipipe.server.capacity import Session
 from omnipipe.server.end_of_turn import model_ready as end_of_turn_model_ready
@@ -36,6 +38,7 @@ from omnipipe.server.routes.realtime.idle import IdleWatch
 from omnipipe.server.routes.realtime.pause import SessionPause
 from omnipipe.server.routes.realtime.response import Responses
 from omnipipe.server.routes.realtime.transcription import Transcriptions
+from omnipipe.server.routes.realtime.transcription_session import TranscriptionSession
 from omnipipe.server.routes.realtime.turn import InputsChanged, ResponseStarted, TurnController, TurnEvent
 from omnipipe.server.routes.transcription import language_code
 from omnipipe.server.tool_calls import function_tools, tool_choice
@@ -73,8 +76,8 @@ class RealtimeSession:
         self.session_id = f"sess_{uuid.uuid4().hex[:24]}"
         modalities = ["text", "audio"] if "audio" in pipeline.output_modalities else ["text"]
         self.settings = settings = Settings(modalities=modalities)  # changed in place by session.update
-        if pipeline.serving.duplex:  # the model decides itself when to speak
-            settings.turn_detection = None
+        if pipeline.serving.duplex or pipeline.serving.live_transcriber:  # the model speaks when it will; the
+            settings.turn_detection = None  # client commits a transcription session's turns
         self.pause = SessionPause(pool.config.pause_timeout_s, handle, stop_input=self._stop_input, send=self.send,
                                   send_error=self.send_error, close=self.close)
         self.idle = IdleWatch(pool.config.idle_timeout_s, busy=lambda: self.pause.paused or self.responses.running,
@@ -115,6 +118,17 @@ class RealtimeSession:
                 if kind not in (ClientEvent.SESSION_UPDATE, ClientEvent.CONVERSATION_ITEM_RETRIEVE):
                     self.handlers[kind] = self._refused_in_duplex
             self.handlers[ClientEvent.INPUT_AUDIO_BUFFER_APPEND] = self.duplex.append
+        # a live transcriber's session: a transcription session, each committed turn one live request
+        # (transcription_session.py)
+        self.transcribing = TranscriptionSession(pipeline, engine, self.session_id, pool.model_name, idle=self.idle,
+                                                 send=self.send) if pipeline.serving.live_transcriber else None
+        if self.transcribing is not None:
+            for kind in self.handlers:
+                self.handlers[kind] = self._refused_in_transcription
+            self.handlers.update({ClientEvent.SESSION_UPDATE: self.transcribing.on_update,
+                                  ClientEvent.INPUT_AUDIO_BUFFER_APPEND: self.transcribing.append,
+                                  ClientEvent.INPUT_AUDIO_BUFFER_COMMIT: self.transcribing.commit,
+                                  ClientEvent.INPUT_AUDIO_BUFFER_CLEAR: self.transcribing.clear})
 
     # ------------------------------------------------------------------ sending
     async def send(self, type_: str, **fields: Any) -> None:
@@ -151,13 +165,15 @@ class RealtimeSession:
         self.frames.clear()
 
     def session_object(self) -> dict[str, Any]:
+        if self.transcribing is not None:
+            return self.transcribing.session_object()
         return session_object(self.settings, self.dialect, self.session_id, self.pool.model_name)
 
     # ------------------------------------------------------------------ loop
     async def run(self) -> None:
         await self.send(ServerEvent.SESSION_CREATED, session=self.session_object())
         self.idle.start()
-        if self.duplex is None:
+        if self.duplex is None and self.transcribing is None:
             self.turn.live.warm_up()
         try:
             while not self.closed:
@@ -178,6 +194,8 @@ class RealtimeSession:
             await self.pause.stop_timer()
             if self.duplex is not None:
                 await self.duplex.close()
+            if self.transcribing is not None:
+                await self.transcribing.close()
             await self.turn.close()
             await self.transcriptions.cancel()
             await self.engine.end_session(self.session_id)  # the stages drop what they kept of the conversation
@@ -191,9 +209,10 @@ class RealtimeSession:
         client_event_id = raw.get("event_id") if isinstance(raw, dict) and isinstance(raw.get("event_id"), str) \
             else None
         try:
-            event = parse_event(raw, self.dialect, self.handlers)
+            event = parse_event(raw, self.dialect, self.handlers,
+                                TRANSCRIPTION_CLIENT_EVENT if self.transcribing is not None else None)
             await self.handlers[event.type](event)
-            if event.type in TURN_EVENTS and self.duplex is None:
+            if event.type in TURN_EVENTS and self.duplex is None and self.transcribing is None:
                 await self.turn.handle(TURN_EVENTS[event.type])
         except EventError as exc:
             await self.send_error(exc.message, param=exc.param, code=exc.code, type_=exc.type,
@@ -269,6 +288,10 @@ class RealtimeSession:
     async def _refused_in_duplex(self, event: Any) -> None:
         assert self.duplex is not None
         self.duplex.refuse(event.type)
+
+    async def _refused_in_transcription(self, event: Any) -> None:
+        assert self.transcribing is not None
+        self.transcribing.refuse(event.type)
 
     async def on_session_update(self, event: Any) -> None:
         update = event.session
