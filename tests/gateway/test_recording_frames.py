@@ -151,6 +151,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
         yield worker
 
 
+@pytest.mark.slow  # a worker and a gateway, ~8 s
 def test_frames_are_recorded_and_replayed_as_video_with_the_sessions_audio(worker: WorkerProcess,
                                                                           tmp_path: Path) -> None:
     gateway = GatewayProcess([worker.address], tmp_path)
@@ -210,6 +211,7 @@ def replay_length(directory: Path, data: dict[str, Any]) -> float:
     return max(data["meta"]["ended_at"] - data["meta"]["created_at"], mix_s, last_slot_s)
 
 
+@pytest.mark.slow  # a worker and a gateway, ~8 s
 def test_a_session_cut_by_a_gateway_crash_gets_its_replays_on_the_next_cleanup_pass(worker: WorkerProcess,
                                                                                     tmp_path: Path) -> None:
     gateway = GatewayProcess([worker.address], tmp_path)

@@ -215,6 +215,7 @@ def test_malformed_metadata_is_a_relay_error_not_a_crash(peer: _Peer) -> None:
         sender.close()
 
 
+@pytest.mark.slow  # the toy pipeline's stage processes over a real transfer engine, ~5 s
 def test_the_toy_pipeline_runs_with_every_payload_through_mooncake() -> None:
     from omnipipe import AsyncOmni
     from tests.conftest import collect, state_is_idle, wait_until_idle
